@@ -1,0 +1,273 @@
+/*
+ * flashcl — exact attention (FlashAttention) for any OpenCL device.
+ *
+ * Conventions
+ *   - Every function returns a flashcl_status: 0 on success, negative on failure.
+ *     flashcl's own codes live in [-4999, -4000]; negative values in (-1000, 0) are
+ *     OpenCL error codes passed through unchanged; [-2999, -1000] are CLBlast codes.
+ *   - Handles are opaque, come in create/destroy pairs, and destroy(NULL) is a no-op.
+ *   - Operations take a descriptor filled with defaults by its *_init() function.
+ *   - Nothing is printed unless the context was created with verbose != 0.
+ *   - A failed call enqueues nothing and writes nothing to its outputs; a readable
+ *     message is kept in the context (flashcl_context_last_error).
+ */
+#ifndef FLASHCL_H
+#define FLASHCL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#ifdef __APPLE__
+#include <OpenCL/cl.h>
+#else
+#include <CL/cl.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHCL_VERSION_MAJOR 0
+#define FLASHCL_VERSION_MINOR 1
+#define FLASHCL_VERSION_PATCH 0
+#define FLASHCL_VERSION_NUMBER \
+  (FLASHCL_VERSION_MAJOR * 10000 + FLASHCL_VERSION_MINOR * 100 + FLASHCL_VERSION_PATCH)
+#define FLASHCL_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32) && defined(FLASHCL_SHARED_BUILD)
+#define FLASHCL_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FLASHCL_API __attribute__((visibility("default")))
+#else
+#define FLASHCL_API
+#endif
+
+/* ---------------------------------------------------------------- status -- */
+
+/* X(name, value, description). The one table behind flashcl_status and
+ * flashcl_status_string(). */
+#define FLASHCL_STATUS_LIST(X)                                                        \
+  X(FLASHCL_SUCCESS, 0, "success")                                                    \
+  X(FLASHCL_ERROR_INVALID_ARGUMENT, -4001, "invalid argument (NULL pointer or bad value)") \
+  X(FLASHCL_ERROR_INVALID_SHAPE, -4002, "invalid or inconsistent tensor shape")      \
+  X(FLASHCL_ERROR_INVALID_STRIDE, -4003, "invalid tensor stride")                    \
+  X(FLASHCL_ERROR_BUFFER_TOO_SMALL, -4004, "tensor reads or writes past its cl_mem") \
+  X(FLASHCL_ERROR_DTYPE_MISMATCH, -4005, "tensor dtypes do not match")              \
+  X(FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, -4006, "unsupported head dimension")        \
+  X(FLASHCL_ERROR_UNSUPPORTED, -4007, "operation not supported on this device or configuration") \
+  X(FLASHCL_ERROR_OVERFLOW, -4008, "size arithmetic overflows")                     \
+  X(FLASHCL_ERROR_HOST_OUT_OF_MEMORY, -4009, "host memory allocation failed")       \
+  X(FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, -4010, "device memory allocation failed")   \
+  X(FLASHCL_ERROR_DEVICE_NOT_FOUND, -4011, "no matching OpenCL device")             \
+  X(FLASHCL_ERROR_BUILD_FAILED, -4012, "OpenCL program build failed (see last error for the log)") \
+  X(FLASHCL_ERROR_BLAS, -4013, "CLBlast call failed")                              \
+  X(FLASHCL_ERROR_OPENCL, -4014, "OpenCL call failed")                             \
+  X(FLASHCL_ERROR_KERNEL_SOURCE, -4015, "kernel source not found")                 \
+  X(FLASHCL_ERROR_INTERNAL, -4016, "internal error")
+
+typedef enum flashcl_status {
+#define FLASHCL_X_ENUM(name, value, text) name = value,
+  FLASHCL_STATUS_LIST(FLASHCL_X_ENUM)
+#undef FLASHCL_X_ENUM
+  FLASHCL_STATUS_FORCE_INT = 0x7fffffff
+} flashcl_status;
+
+/* Static text for a status. OpenCL codes (e.g. -5) give their CL_* name.
+ * Never returns NULL. */
+FLASHCL_API const char *flashcl_status_string(int status);
+
+/* ----------------------------------------------------------------- types -- */
+
+typedef enum flashcl_dtype {
+  FLASHCL_F32 = 0,
+  FLASHCL_F16 = 1,  /* IEEE binary16, storage only: math is fp32 */
+  FLASHCL_BF16 = 2  /* bfloat16, storage only: math is fp32 */
+} flashcl_dtype;
+
+/* Size in bytes of one element, 0 for an unknown dtype. */
+FLASHCL_API size_t flashcl_dtype_size(flashcl_dtype dtype);
+FLASHCL_API const char *flashcl_dtype_name(flashcl_dtype dtype);
+
+typedef enum flashcl_algo {
+  FLASHCL_ALGO_AUTO = 0,  /* flash, unless a device or option rules it out */
+  FLASHCL_ALGO_FLASH = 1, /* tiled, fused, O(N) extra memory */
+  FLASHCL_ALGO_NAIVE = 2  /* CLBlast GEMMs + softmax, O(N^2) extra memory */
+} flashcl_algo;
+
+/* Which flash kernel family runs. AUTO takes the fastest family this device
+ * supports; PORTABLE is plain OpenCL C 1.2 and works everywhere. The
+ * FLASHCL_KERNEL environment variable ("portable") overrides AUTO. */
+typedef enum flashcl_kernel_family {
+  FLASHCL_KERNEL_AUTO = 0,
+  FLASHCL_KERNEL_PORTABLE = 1
+} flashcl_kernel_family;
+
+/* Index names for flashcl_tensor.shape / .stride. */
+enum { FLASHCL_DIM_BATCH = 0, FLASHCL_DIM_SEQ = 1, FLASHCL_DIM_HEAD = 2, FLASHCL_DIM_HEADDIM = 3 };
+
+/*
+ * A 4-D view of a cl_mem. Logical shape is (batch, seqlen, heads, head_dim) and
+ * element strides follow the same order, so the element (b, n, h, x) lives at
+ *   offset + (b*stride[0] + n*stride[1] + h*stride[2] + x*stride[3]) * dtype_size
+ * bytes. BNHD (FlashAttention's layout) is the contiguous default; BHND is the
+ * same shape with other strides. Strides must be >= 0 and the head_dim stride
+ * must be 1 for q/k/v/o.
+ */
+typedef struct flashcl_tensor {
+  cl_mem buffer;
+  size_t offset; /* bytes */
+  flashcl_dtype dtype;
+  int64_t shape[4];
+  int64_t stride[4];
+} flashcl_tensor;
+
+/* Contiguous (batch, seqlen, heads, head_dim) */
+FLASHCL_API flashcl_status flashcl_tensor_init_bnhd(flashcl_tensor *t, cl_mem buffer, size_t offset,
+                                                    flashcl_dtype dtype, int64_t batch, int64_t seqlen,
+                                                    int64_t heads, int64_t head_dim);
+/* Contiguous (batch, heads, seqlen, head_dim), described with the same logical shape. */
+FLASHCL_API flashcl_status flashcl_tensor_init_bhnd(flashcl_tensor *t, cl_mem buffer, size_t offset,
+                                                    flashcl_dtype dtype, int64_t batch, int64_t seqlen,
+                                                    int64_t heads, int64_t head_dim);
+/* Log-sum-exp output: fp32, contiguous (batch, heads, seqlen) like FlashAttention,
+ * described as logical shape (batch, seqlen, heads, 1). */
+FLASHCL_API flashcl_status flashcl_tensor_init_lse(flashcl_tensor *t, cl_mem buffer, size_t offset,
+                                                   int64_t batch, int64_t seqlen, int64_t heads);
+
+/* --------------------------------------------------------------- context -- */
+
+typedef struct flashcl_context flashcl_context;
+
+typedef struct flashcl_context_options {
+  /* Device choice: NULL uses $FLASHCL_DEVICE, and if that is unset the first GPU,
+   * else the first device of any type. Syntax: "<platform>:<device>" indices
+   * (e.g. "0:1"), or a case-insensitive substring of "<platform name> <device name>". */
+  const char *device;
+  /* Create the queue with CL_QUEUE_PROFILING_ENABLE (benchmarks need it). */
+  int profiling;
+  /* Print diagnostics (device choice, build logs, block sizes) to stderr. */
+  int verbose;
+  /* Read kernels from this directory instead of the embedded copies (for kernel
+   * development). NULL uses $FLASHCL_KERNEL_DIR, and if unset the embedded sources. */
+  const char *kernel_dir;
+} flashcl_context_options;
+
+FLASHCL_API void flashcl_context_options_init(flashcl_context_options *options);
+
+/* options may be NULL (defaults). */
+FLASHCL_API flashcl_status flashcl_context_create(const flashcl_context_options *options,
+                                                  flashcl_context **out);
+/* Wraps the caller's objects (each is clRetain'ed and released on destroy).
+ * queue must belong to context and device. options may be NULL; its device and
+ * profiling fields are ignored. */
+FLASHCL_API flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id device,
+                                                          cl_command_queue queue,
+                                                          const flashcl_context_options *options,
+                                                          flashcl_context **out);
+FLASHCL_API void flashcl_context_destroy(flashcl_context *ctx);
+
+/* The last error message for this context ("" if none); includes kernel build
+ * logs. Valid until the next call on the context. */
+FLASHCL_API const char *flashcl_context_last_error(const flashcl_context *ctx);
+
+/* The context's OpenCL objects (not retained for the caller). */
+FLASHCL_API cl_context flashcl_context_cl_context(const flashcl_context *ctx);
+FLASHCL_API cl_device_id flashcl_context_cl_device(const flashcl_context *ctx);
+FLASHCL_API cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx);
+
+typedef struct flashcl_device_info {
+  char platform_name[128];
+  char device_name[128];
+  char device_version[128];
+  int is_gpu;
+  size_t local_mem_size;     /* M, bytes */
+  size_t max_work_group_size;
+  cl_uint compute_units;
+  cl_ulong global_mem_size;
+  cl_ulong max_mem_alloc_size;
+  int has_fp16;              /* cl_khr_fp16 */
+} flashcl_device_info;
+
+FLASHCL_API flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_device_info *info);
+
+/* ------------------------------------------------------------- attention -- */
+
+typedef struct flashcl_attention_desc {
+  /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim). */
+  float scale;
+  /* Causal mask, aligned to the bottom-right corner (FlashAttention-2): query i of
+   * a sequence with Nq queries and Nk keys sees key j iff j <= i + (Nk - Nq).
+   * A query row that sees no key gets O = 0 and LSE = -inf. */
+  int causal;
+  /* Query and key/value head counts. 0 takes them from the q and k tensors; if set
+   * they must match the tensors. heads_q must be a multiple of heads_kv (GQA/MQA):
+   * query head h reads key/value head h / (heads_q / heads_kv). */
+  int heads_q;
+  int heads_kv;
+
+  /* Variable-length (packed) batches. When cu_seqlens_q is non-NULL, q/o have
+   * shape (1, total_q, heads, d) and k/v shape (1, total_k, heads_kv, d); sequence
+   * s owns rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) of q and the matching range of
+   * cu_seqlens_k in k/v. Both are int32 buffers of num_seqs + 1 non-decreasing
+   * entries starting at 0; max_seqlen_* bound the per-sequence lengths. The LSE
+   * tensor then has shape (1, total_q, heads_q, 1). */
+  cl_mem cu_seqlens_q;
+  cl_mem cu_seqlens_k;
+  int num_seqs;
+  int max_seqlen_q;
+  int max_seqlen_k;
+
+  flashcl_algo algo;
+  flashcl_kernel_family kernel;
+
+  /* Tile sizes for the flash path; 0 picks them from the device's local memory
+   * (see README, "Block sizes"). Non-zero values must be multiples of 8. */
+  int block_r;
+  int block_c;
+} flashcl_attention_desc;
+
+FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);
+
+/*
+ * O = softmax(scale * Q K^T + mask) V, per batch and query head.
+ *   q: (B, Nq, Hq, d)   k, v: (B, Nk, Hkv, d)   o: (B, Nq, Hq, d)
+ *   q, k, v and o share one dtype; head_dim is a multiple of 8 in [8, 256].
+ *   lse (nullable): fp32, (B, Nq, Hq, 1) logical shape, gets the natural-log
+ *   log-sum-exp of each scaled score row: lse = log(sum_j exp(scale * q.k_j)).
+ * The call is asynchronous: it waits on wait_list and, if out_event is non-NULL,
+ * returns an event that completes when o and lse are written.
+ */
+FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                     const flashcl_tensor *q, const flashcl_tensor *k,
+                                                     const flashcl_tensor *v, const flashcl_tensor *o,
+                                                     const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                                     const cl_event *event_wait_list, cl_event *out_event);
+
+typedef enum flashcl_pass { FLASHCL_PASS_FORWARD = 0, FLASHCL_PASS_BACKWARD = 1 } flashcl_pass;
+
+/* Scratch device memory (bytes) the call would allocate for the algorithm that
+ * desc->algo resolves to, beyond q/k/v/o/lse. Runs the same validation as the
+ * operation. */
+FLASHCL_API flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                            const flashcl_tensor *q, const flashcl_tensor *k,
+                                                            const flashcl_tensor *v, flashcl_pass pass,
+                                                            size_t *bytes);
+
+/* Tile plan the flash path would use for this head_dim and dtype on ctx's device. */
+typedef struct flashcl_block_plan {
+  int block_r;      /* Br: query rows per work-group */
+  int block_c;      /* Bc: key/value rows per tile */
+  int threads;      /* work-group size */
+  size_t local_bytes; /* local memory per work-group */
+} flashcl_block_plan;
+
+FLASHCL_API flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype,
+                                                        int block_r, int block_c, flashcl_block_plan *plan);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHCL_H */
