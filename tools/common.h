@@ -1,0 +1,92 @@
+/*
+ * Helpers shared by flashcl-info, flashcl-bench and flashcl-tune.
+ * Only the public flashcl API and plain OpenCL calls are used here.
+ */
+#ifndef FLASHCL_TOOLS_COMMON_H
+#define FLASHCL_TOOLS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "flashcl.h"
+
+#define TOOLS_MAX_LIST 64
+
+typedef struct tools_list {
+  int count;
+  long v[TOOLS_MAX_LIST];
+} tools_list;
+
+/* ---- command line ---- */
+
+/* If argv[*i] is "--name" (value in argv[*i+1]) or "--name=value", stores the
+ * value, advances *i past what it used and returns 1. Returns -1 when the value
+ * is missing, 0 when argv[*i] is another option. */
+int tools_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+/* 1 if argv[i] is exactly "--name". */
+int tools_opt_flag(char **argv, int i, const char *name);
+
+/* "128,256,1k,16K" -> list (k/K multiplies by 1024). 0 on success. */
+int tools_parse_int_list(const char *s, tools_list *out);
+int tools_parse_long(const char *s, long *out);
+/* "f32,f16,bf16" (also float/half/fp32/fp16) -> list of flashcl_dtype. */
+int tools_parse_dtype_list(const char *s, tools_list *out);
+/* "0", "1", "both", "0,1" -> list of 0/1. */
+int tools_parse_causal_list(const char *s, tools_list *out);
+/* "flash,naive" (also "both", "all") -> list of flashcl_algo. */
+int tools_parse_algo_list(const char *s, tools_list *out);
+/* "auto" or "portable" */
+int tools_parse_kernel(const char *s, flashcl_kernel_family *out);
+/* "bnhd" or "bhnd" -> 0 / 1 */
+int tools_parse_layout(const char *s, int *bhnd);
+const char *tools_algo_name(int algo);
+
+/* ---- numbers ---- */
+
+uint16_t tools_f32_to_f16(float f);
+float tools_f16_to_f32(uint16_t h);
+uint16_t tools_f32_to_bf16(float f);
+float tools_bf16_to_f32(uint16_t h);
+
+/* count values uniform in [-1, 1) in dtype's storage format. */
+void tools_fill_random(void *dst, flashcl_dtype dtype, size_t count, uint64_t seed);
+void tools_to_float(const void *src, flashcl_dtype dtype, size_t count, float *dst);
+
+double tools_median(double *values, int n); /* sorts values */
+double tools_min(const double *values, int n);
+/* ||a - b|| / ||b|| in double precision; NaN if either contains NaN/Inf. */
+double tools_rel_l2(const float *a, const float *b, size_t n);
+
+double tools_now_ms(void);
+
+/* ---- OpenCL helpers ---- */
+
+const char *tools_device_type_string(cl_device_type type);
+/* Returns a created buffer of `bytes` filled with random values of dtype, or
+ * NULL with *err set. host_scratch must hold bytes. */
+cl_mem tools_random_buffer(cl_context context, cl_command_queue queue, flashcl_dtype dtype, size_t count,
+                           uint64_t seed, void *host_scratch, cl_int *err);
+/* Reads count elements of dtype from buffer into dst as floats. raw_scratch
+ * must hold count * dtype_size bytes. */
+cl_int tools_read_as_float(cl_command_queue queue, cl_mem buffer, flashcl_dtype dtype, size_t count,
+                           void *raw_scratch, float *dst);
+
+/* A status that means "out of memory" (flashcl's own or OpenCL's). */
+int tools_is_oom(int status);
+
+/* Runs one forward call bracketed by two markers on the context's queue and
+ * waits for it. *ms is END(marker after) - END(marker before) from OpenCL
+ * profiling when the queue has it, else host wall-clock time. Returns the
+ * flashcl/OpenCL status. */
+int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                        const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o, double *ms,
+                        int *used_host_timer);
+
+/* Prints "<status text> (<code>): <last error>" to f. */
+void tools_print_error(FILE *f, flashcl_context *ctx, const char *what, int status);
+
+/* Device of a context, described for headers: "Name (Platform), GPU, 80 CUs". */
+void tools_describe_device(flashcl_context *ctx, char *buf, size_t size);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * flashcl-info: library version, OpenCL platforms/devices, the default device,
+ * and the tile plan flashcl would use on the chosen device.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+#define MAX_PLATFORMS 16
+#define MAX_DEVICES 64
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: flashcl-info [--device SPEC] [--check] [--verbose]\n"
+          "\n"
+          "Lists every OpenCL platform/device, marks the one flashcl picks by default,\n"
+          "and prints device details and the block plan (Br, Bc, threads, local bytes)\n"
+          "for head dims 32..256 and each dtype on the chosen device.\n"
+          "\n"
+          "  --device SPEC  \"<platform>:<device>\" indices or a name substring\n"
+          "                 (default: $FLASHCL_DEVICE, else first GPU, else first device)\n"
+          "  --check        only check that an OpenCL device exists and flashcl can open it;\n"
+          "                 exit status 0 if so, 2 if not\n"
+          "  --verbose      create the context with verbose diagnostics\n");
+}
+
+int main(int argc, char **argv) {
+  static const int head_dims[] = {32, 64, 80, 96, 128, 256};
+  static const flashcl_dtype dtypes[] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
+  const char *device = NULL;
+  int check = 0, verbose = 0, i, status;
+  cl_platform_id platforms[MAX_PLATFORMS];
+  cl_uint nplat = 0, p, total_devices = 0;
+  cl_int err;
+  flashcl_context_options options;
+  flashcl_context *ctx = NULL;
+  cl_device_id chosen = NULL;
+  const char *env;
+
+  for (i = 1; i < argc; ++i) {
+    const char *val = NULL;
+    int r;
+    if ((r = tools_opt_value(argc, argv, &i, "--device", &val)) != 0) {
+      if (r < 0) return 1;
+      device = val;
+    } else if (tools_opt_flag(argv, i, "--check")) {
+      check = 1;
+    } else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) {
+      verbose = 1;
+    } else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
+      usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "flashcl-info: unknown argument '%s'\n", argv[i]);
+      usage(stderr);
+      return 1;
+    }
+  }
+
+  err = clGetPlatformIDs(MAX_PLATFORMS, platforms, &nplat);
+  if (err != CL_SUCCESS || nplat == 0) {
+    fprintf(stderr,
+            "flashcl-info: no OpenCL platform found (%s, %d).\n"
+            "Install an OpenCL driver (ICD), e.g. pocl-opencl-icd for CPUs; see /etc/OpenCL/vendors/.\n",
+            flashcl_status_string(err), (int)err);
+    return 2;
+  }
+
+  flashcl_context_options_init(&options);
+  options.device = device;
+  options.verbose = verbose;
+  status = flashcl_context_create(&options, &ctx);
+  if (status == FLASHCL_SUCCESS) chosen = flashcl_context_cl_device(ctx);
+
+  if (!check) {
+    printf("flashcl %s\n\n", FLASHCL_VERSION_STRING);
+    printf("OpenCL devices (* = %s):\n",
+           device ? "selected by --device"
+                  : ((env = getenv("FLASHCL_DEVICE")) && *env ? "selected by $FLASHCL_DEVICE" : "default"));
+  }
+  for (p = 0; p < nplat; ++p) {
+    char pname[256] = "", dname[256] = "", dver[128] = "";
+    cl_device_id devices[MAX_DEVICES];
+    cl_uint ndev = 0, d;
+    clGetPlatformInfo(platforms[p], CL_PLATFORM_NAME, sizeof pname, pname, NULL);
+    err = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devices, &ndev);
+    if (err != CL_SUCCESS) ndev = 0;
+    if (!check && ndev == 0) printf("      %u:-  (%s: no devices)\n", (unsigned)p, pname);
+    for (d = 0; d < ndev; ++d) {
+      cl_device_type type = 0;
+      clGetDeviceInfo(devices[d], CL_DEVICE_NAME, sizeof dname, dname, NULL);
+      clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+      clGetDeviceInfo(devices[d], CL_DEVICE_VERSION, sizeof dver, dver, NULL);
+      ++total_devices;
+      if (!check)
+        printf("  %c %u:%u  %-4s %s  [%s]  (%s)\n", devices[d] == chosen ? '*' : ' ', (unsigned)p,
+               (unsigned)d, tools_device_type_string(type), dname, pname, dver);
+      else if (devices[d] == chosen)
+        printf("flashcl %s: OpenCL device %u:%u %s (%s, %s)\n", FLASHCL_VERSION_STRING, (unsigned)p,
+               (unsigned)d, dname, pname, tools_device_type_string(type));
+    }
+  }
+
+  if (total_devices == 0) {
+    fprintf(stderr, "flashcl-info: OpenCL platforms exist but none has a device.\n");
+    flashcl_context_destroy(ctx);
+    return 2;
+  }
+  if (status != FLASHCL_SUCCESS) {
+    fprintf(stderr, "flashcl-info: flashcl_context_create(%s) failed: %s (%d)\n", device ? device : "default",
+            flashcl_status_string(status), status);
+    return 2;
+  }
+  if (check) {
+    flashcl_context_destroy(ctx);
+    return 0;
+  }
+
+  {
+    flashcl_device_info info;
+    status = flashcl_context_device_info(ctx, &info);
+    if (status != FLASHCL_SUCCESS) {
+      tools_print_error(stderr, ctx, "flashcl_context_device_info", status);
+      flashcl_context_destroy(ctx);
+      return 1;
+    }
+    printf("\nChosen device\n");
+    printf("  platform            %s\n", info.platform_name);
+    printf("  device              %s\n", info.device_name);
+    printf("  version             %s\n", info.device_version);
+    printf("  type                %s\n", info.is_gpu ? "GPU" : "not a GPU");
+    printf("  compute units       %u\n", (unsigned)info.compute_units);
+    printf("  local memory (M)    %zu bytes (%.1f KiB)\n", info.local_mem_size, info.local_mem_size / 1024.0);
+    printf("  max work-group size %zu\n", info.max_work_group_size);
+    printf("  global memory       %.1f MiB\n", (double)info.global_mem_size / (1024.0 * 1024.0));
+    printf("  max allocation      %.1f MiB\n", (double)info.max_mem_alloc_size / (1024.0 * 1024.0));
+    printf("  cl_khr_fp16         %s\n", info.has_fp16 ? "yes" : "no");
+  }
+  printf("\nEnvironment\n");
+  env = getenv("FLASHCL_DEVICE");
+  printf("  FLASHCL_DEVICE      %s\n", env && *env ? env : "(unset)");
+  env = getenv("FLASHCL_KERNEL_DIR");
+  printf("  FLASHCL_KERNEL_DIR  %s\n", env && *env ? env : "(unset: embedded kernels)");
+  env = getenv("FLASHCL_KERNEL");
+  printf("  FLASHCL_KERNEL      %s\n", env && *env ? env : "(unset: auto)");
+
+  printf("\nDefault block plan (flashcl_attention_block_plan with block_r = block_c = 0)\n");
+  printf("  %-5s %4s %5s %5s %8s %12s\n", "dtype", "d", "Br", "Bc", "threads", "local bytes");
+  for (i = 0; i < (int)(sizeof dtypes / sizeof dtypes[0]); ++i) {
+    size_t j;
+    for (j = 0; j < sizeof head_dims / sizeof head_dims[0]; ++j) {
+      flashcl_block_plan plan;
+      memset(&plan, 0, sizeof plan);
+      status = flashcl_attention_block_plan(ctx, head_dims[j], dtypes[i], 0, 0, &plan);
+      if (status == FLASHCL_SUCCESS)
+        printf("  %-5s %4d %5d %5d %8d %12zu\n", flashcl_dtype_name(dtypes[i]), head_dims[j], plan.block_r,
+               plan.block_c, plan.threads, plan.local_bytes);
+      else
+        printf("  %-5s %4d  %s (%d)\n", flashcl_dtype_name(dtypes[i]), head_dims[j],
+               flashcl_status_string(status), status);
+    }
+  }
+  flashcl_context_destroy(ctx);
+  return 0;
+}
