@@ -1,0 +1,136 @@
+/*
+ * naive.cl: the helper kernels of the naive baseline (Algorithm 0 of the paper).
+ *
+ * The baseline materialises S = scale * Q K^T and P = softmax(S) in device
+ * memory as fp32 and multiplies with CLBlast; these kernels move data between
+ * the caller's strided tensors and the dense fp32 layout the GEMMs use:
+ *   dense[s][h][n][x], s < sequences, h < heads, n < padded length, x < HEAD_DIM,
+ * with rows past a sequence's length set to zero. Query heads of one GQA group
+ * are adjacent (h = kv_head * group + g), so Q of a group is one tall matrix.
+ *
+ * Parameters (-D):
+ *   DTYPE      0 = fp32, 1 = fp16, 2 = bf16 (storage type of the caller's tensors)
+ *   HEAD_DIM   head dimension
+ *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
+ *   VARLEN     1: sequence bounds come from cu_seqlens
+ *   WG         work-group size of naive_softmax (power of two)
+ */
+#ifndef DTYPE
+#define DTYPE 0
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+#ifndef WG
+#define WG 64
+#endif
+
+#if DTYPE == 0
+typedef float store_t;
+#define LOAD(p, i) ((p)[i])
+#define STORE(p, i, x) ((p)[i] = (x))
+#elif DTYPE == 1
+typedef half store_t;
+#define LOAD(p, i) vload_half((i), (p))
+#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
+#else
+typedef ushort store_t;
+#define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
+#define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
+inline ushort bf16_from_float(float x) {
+  uint u = as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (ushort)(u >> 16);
+}
+#endif
+
+/* Start row and length of sequence s in the caller's tensor. */
+inline int2 seq_range(__global const int *cu, int s, int padded, int total) {
+#if VARLEN
+  int a = clamp(cu[s], 0, total), e = clamp(cu[s + 1], 0, total);
+  return (int2)(a, min(max(e - a, 0), padded));
+#else
+  return (int2)(0, padded);
+#endif
+}
+
+/* Global size (HEAD_DIM, padded, sequences * heads). */
+__kernel void naive_pack(__global const store_t *src, long off, long sb, long sn, long sh,
+                         __global float *dst, int heads, int padded, __global const int *cu, int total) {
+  const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
+  const int s = sh_id / heads, h = sh_id - s * heads;
+  const int2 r = seq_range(cu, s, padded, total);
+  float val = 0.0f;
+  if (n < r.y) {
+    long bs = VARLEN ? 0 : s;
+    val = LOAD(src, off + bs * sb + (long)(r.x + n) * sn + (long)h * sh + x);
+  }
+  dst[((long)sh_id * padded + n) * HEAD_DIM + x] = val;
+}
+
+/* One work-group per score row: masked softmax in place, natural-log LSE out.
+ * Rows past the sequence and rows that see no key become all-zero with
+ * LSE = -inf. */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
+    __global float *scores, __global float *lse_ws, int heads, int padded_q, int padded_k,
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+  __local float red[WG];
+  const long row = get_group_id(0);
+  const int lid = get_local_id(0);
+  const int i = (int)(row % padded_q);
+  const int s = (int)(row / ((long)padded_q * heads));
+  const int nq = seq_range(cu_q, s, padded_q, total_q).y;
+  const int nk = seq_range(cu_k, s, padded_k, total_k).y;
+  int visible = i < nq ? nk : 0;
+#if CAUSAL
+  visible = clamp(i + nk - nq + 1, 0, visible);
+#endif
+  __global float *p = scores + row * padded_k;
+
+  float m = -INFINITY;
+  for (int j = lid; j < visible; j += WG) m = fmax(m, p[j]);
+  red[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int w = WG / 2; w > 0; w >>= 1) {
+    if (lid < w) red[lid] = fmax(red[lid], red[lid + w]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+
+  float l = 0.0f;
+  for (int j = lid; j < visible; j += WG) l += exp(p[j] - m);
+  red[lid] = l;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int w = WG / 2; w > 0; w >>= 1) {
+    if (lid < w) red[lid] += red[lid + w];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  l = red[0];
+
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int j = lid; j < padded_k; j += WG) p[j] = j < visible ? exp(p[j] - m) * inv : 0.0f;
+  if (lid == 0) lse_ws[row] = l > 0.0f ? m + log(l) : -INFINITY;
+}
+
+/* Global size (HEAD_DIM, padded_q, sequences * heads). Writes only real rows. */
+__kernel void naive_unpack(__global const float *src, __global const float *lse_ws,
+                           __global store_t *dst, long off, long sb, long sn, long sh,
+                           __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
+                           int heads, int padded, __global const int *cu, int total) {
+  const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
+  const int s = sh_id / heads, h = sh_id - s * heads;
+  const int2 r = seq_range(cu, s, padded, total);
+  if (n >= r.y) return;
+  const long bs = VARLEN ? 0 : s;
+  const long row = (long)sh_id * padded + n;
+  STORE(dst, off + bs * sb + (long)(r.x + n) * sn + (long)h * sh + x, src[row * HEAD_DIM + x]);
+  if (has_lse && x == 0) lse[l_off + bs * l_sb + (long)(r.x + n) * l_sn + (long)h * l_sh] = lse_ws[row];
+}

@@ -1,0 +1,45 @@
+/* Public attention entry points: validate, pick the algorithm, dispatch. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+  (void)ctx;
+  return desc->algo == FLASHCL_ALGO_AUTO ? FLASHCL_ALGO_FLASH : desc->algo;
+}
+
+flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                         const flashcl_tensor *o, const flashcl_tensor *lse,
+                                         cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                         cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  fcl_problem p;
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
+  return fcl_flash_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
+}
+
+flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                const flashcl_tensor *q, const flashcl_tensor *k,
+                                                const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  if (pass != FLASHCL_PASS_FORWARD)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass is not implemented yet");
+  fcl_problem p;
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, NULL, NULL, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) return fcl_naive_workspace(ctx, &p, bytes);
+  *bytes = 0; /* the fused kernel keeps everything on chip */
+  return FLASHCL_SUCCESS;
+}

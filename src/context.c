@@ -1,0 +1,245 @@
+/* Context lifetime and device selection. */
+#include "internal.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void flashcl_context_options_init(flashcl_context_options *options) {
+  if (!options) return;
+  memset(options, 0, sizeof *options);
+}
+
+static char *fcl_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+static int fcl_contains_nocase(const char *hay, const char *needle) {
+  size_t n = strlen(needle);
+  if (n == 0) return 1;
+  for (; *hay; hay++) {
+    size_t i = 0;
+    while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+    if (i == n) return 1;
+  }
+  return 0;
+}
+
+static flashcl_status fcl_query_info(flashcl_context *ctx) {
+  flashcl_device_info *in = &ctx->info;
+  memset(in, 0, sizeof *in);
+  clGetPlatformInfo(ctx->platform, CL_PLATFORM_NAME, sizeof in->platform_name - 1, in->platform_name, NULL);
+  clGetDeviceInfo(ctx->device, CL_DEVICE_NAME, sizeof in->device_name - 1, in->device_name, NULL);
+  clGetDeviceInfo(ctx->device, CL_DEVICE_VERSION, sizeof in->device_version - 1, in->device_version, NULL);
+  cl_device_type type = 0;
+  cl_ulong local = 0;
+  cl_int err = clGetDeviceInfo(ctx->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+  err |= clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+  err |= clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof in->max_work_group_size,
+                         &in->max_work_group_size, NULL);
+  err |= clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof in->compute_units, &in->compute_units,
+                         NULL);
+  err |= clGetDeviceInfo(ctx->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof in->global_mem_size, &in->global_mem_size,
+                         NULL);
+  err |= clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof in->max_mem_alloc_size,
+                         &in->max_mem_alloc_size, NULL);
+  if (err != CL_SUCCESS) return fcl_fail(ctx, FLASHCL_ERROR_OPENCL, "clGetDeviceInfo failed");
+  in->is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
+  in->local_mem_size = (size_t)local;
+  size_t ext_size = 0;
+  if (clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size) == CL_SUCCESS && ext_size) {
+    char *ext = malloc(ext_size + 1);
+    if (ext && clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, ext_size, ext, NULL) == CL_SUCCESS) {
+      ext[ext_size] = '\0';
+      in->has_fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+    }
+    free(ext);
+  }
+  return FLASHCL_SUCCESS;
+}
+
+/* Finds the device named by spec ("p:d" or a name substring), or the default:
+ * the first GPU, else the first device of any type. */
+static flashcl_status fcl_pick_device(flashcl_context *ctx, const char *spec, cl_platform_id *out_p,
+                                      cl_device_id *out_d) {
+  cl_uint np = 0;
+  cl_int err = clGetPlatformIDs(0, NULL, &np);
+  if (err != CL_SUCCESS || np == 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_NOT_FOUND,
+                    "no OpenCL platform found (clGetPlatformIDs: %s); is an ICD such as pocl-opencl-icd installed?",
+                    fcl_cl_error_name(err));
+  cl_platform_id plats[32];
+  if (np > 32) np = 32;
+  clGetPlatformIDs(np, plats, NULL);
+
+  int want_p = -1, want_d = -1;
+  if (spec && *spec) {
+    char tail = 0;
+    if (sscanf(spec, "%d:%d%c", &want_p, &want_d, &tail) != 2) want_p = want_d = -1;
+  }
+  int by_index = want_p >= 0;
+  cl_platform_id any_p = NULL;
+  cl_device_id any_d = NULL;
+  for (cl_uint p = 0; p < np; p++) {
+    cl_uint nd = 0;
+    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0) continue;
+    cl_device_id devs[64];
+    if (nd > 64) nd = 64;
+    clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs, NULL);
+    char pname[256] = {0};
+    clGetPlatformInfo(plats[p], CL_PLATFORM_NAME, sizeof pname - 1, pname, NULL);
+    for (cl_uint d = 0; d < nd; d++) {
+      if (by_index) {
+        if ((int)p == want_p && (int)d == want_d) {
+          *out_p = plats[p];
+          *out_d = devs[d];
+          return FLASHCL_SUCCESS;
+        }
+        continue;
+      }
+      if (spec && *spec) {
+        char dname[256] = {0}, both[520];
+        clGetDeviceInfo(devs[d], CL_DEVICE_NAME, sizeof dname - 1, dname, NULL);
+        snprintf(both, sizeof both, "%s %s", pname, dname);
+        if (fcl_contains_nocase(both, spec)) {
+          *out_p = plats[p];
+          *out_d = devs[d];
+          return FLASHCL_SUCCESS;
+        }
+        continue;
+      }
+      cl_device_type type = 0;
+      clGetDeviceInfo(devs[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+      if (type & CL_DEVICE_TYPE_GPU) {
+        *out_p = plats[p];
+        *out_d = devs[d];
+        return FLASHCL_SUCCESS;
+      }
+      if (!any_d) {
+        any_p = plats[p];
+        any_d = devs[d];
+      }
+    }
+  }
+  if (spec && *spec)
+    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_NOT_FOUND,
+                    "no OpenCL device matches \"%s\" (use \"<platform>:<device>\" indices or a name substring; "
+                    "flashcl-info lists the devices)",
+                    spec);
+  if (!any_d) return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_NOT_FOUND, "no OpenCL device found");
+  *out_p = any_p;
+  *out_d = any_d;
+  return FLASHCL_SUCCESS;
+}
+
+static flashcl_status fcl_alloc_context(const flashcl_context_options *options, flashcl_context **out) {
+  flashcl_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  const char *dir = options && options->kernel_dir ? options->kernel_dir : getenv("FLASHCL_KERNEL_DIR");
+  if (dir && *dir) {
+    ctx->kernel_dir = fcl_strdup(dir);
+    if (!ctx->kernel_dir) {
+      free(ctx);
+      return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+    }
+  }
+  ctx->verbose = options ? options->verbose : 0;
+  *out = ctx;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_context_create(const flashcl_context_options *options, flashcl_context **out) {
+  if (!out) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  *out = NULL;
+  flashcl_context *ctx = NULL;
+  flashcl_status st = fcl_alloc_context(options, &ctx);
+  if (st != FLASHCL_SUCCESS) return st;
+  const char *spec = options && options->device ? options->device : getenv("FLASHCL_DEVICE");
+  st = fcl_pick_device(ctx, spec, &ctx->platform, &ctx->device);
+  if (st != FLASHCL_SUCCESS) {
+    if (ctx->verbose) fprintf(stderr, "flashcl: %s\n", ctx->errmsg);
+    flashcl_context_destroy(ctx);
+    return st;
+  }
+  cl_int err;
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)ctx->platform, 0};
+  ctx->context = clCreateContext(props, 1, &ctx->device, NULL, NULL, &err);
+  if (err == CL_SUCCESS) {
+    cl_command_queue_properties qp = options && options->profiling ? CL_QUEUE_PROFILING_ENABLE : 0;
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    /* clCreateCommandQueue is the 1.2 entry point; NVIDIA's driver still exports it. */
+    ctx->queue = clCreateCommandQueue(ctx->context, ctx->device, qp, &err);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  }
+  if (err != CL_SUCCESS) {
+    st = fcl_cl_fail(ctx, err, "creating the OpenCL context/queue");
+    flashcl_context_destroy(ctx);
+    return st;
+  }
+  st = fcl_query_info(ctx);
+  if (st != FLASHCL_SUCCESS) {
+    flashcl_context_destroy(ctx);
+    return st;
+  }
+  fcl_log(ctx, "device: %s / %s (local memory %zu bytes)", ctx->info.platform_name, ctx->info.device_name,
+          ctx->info.local_mem_size);
+  *out = ctx;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id device, cl_command_queue queue,
+                                              const flashcl_context_options *options, flashcl_context **out) {
+  if (!out) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  *out = NULL;
+  if (!context || !device || !queue) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  cl_context qctx = NULL;
+  cl_device_id qdev = NULL;
+  if (clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL) != CL_SUCCESS ||
+      clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL) != CL_SUCCESS || qctx != context ||
+      qdev != device)
+    return FLASHCL_ERROR_INVALID_ARGUMENT;
+  flashcl_context *ctx = NULL;
+  flashcl_status st = fcl_alloc_context(options, &ctx);
+  if (st != FLASHCL_SUCCESS) return st;
+  clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof ctx->platform, &ctx->platform, NULL);
+  clRetainContext(context);
+  clRetainCommandQueue(queue);
+  ctx->context = context;
+  ctx->device = device;
+  ctx->queue = queue;
+  st = fcl_query_info(ctx);
+  if (st != FLASHCL_SUCCESS) {
+    flashcl_context_destroy(ctx);
+    return st;
+  }
+  *out = ctx;
+  return FLASHCL_SUCCESS;
+}
+
+void flashcl_context_destroy(flashcl_context *ctx) {
+  if (!ctx) return;
+  fcl_release_programs(ctx);
+  if (ctx->queue) clReleaseCommandQueue(ctx->queue);
+  if (ctx->context) clReleaseContext(ctx->context);
+  free(ctx->kernel_dir);
+  free(ctx);
+}
+
+cl_context flashcl_context_cl_context(const flashcl_context *ctx) { return ctx ? ctx->context : NULL; }
+cl_device_id flashcl_context_cl_device(const flashcl_context *ctx) { return ctx ? ctx->device : NULL; }
+cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx) { return ctx ? ctx->queue : NULL; }
+
+flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_device_info *info) {
+  if (!ctx || !info) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  *info = ctx->info;
+  return FLASHCL_SUCCESS;
+}

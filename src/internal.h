@@ -1,0 +1,113 @@
+/* Internal declarations shared by the runtime's translation units. */
+#ifndef FLASHCL_INTERNAL_H
+#define FLASHCL_INTERNAL_H
+
+#include "flashcl.h"
+
+#include <stdarg.h>
+
+#define FLASHCL_ERRMSG_CAP 65536
+
+typedef struct flashcl_program_entry {
+  char *key;          /* "<file>|<options>" */
+  cl_program program;
+  struct flashcl_kernel_entry *kernels;
+  struct flashcl_program_entry *next;
+} flashcl_program_entry;
+
+typedef struct flashcl_kernel_entry {
+  char *name;
+  cl_kernel kernel;
+  struct flashcl_kernel_entry *next;
+} flashcl_kernel_entry;
+
+struct flashcl_context {
+  cl_platform_id platform;
+  cl_device_id device;
+  cl_context context;
+  cl_command_queue queue;
+  flashcl_device_info info;
+  int verbose;
+  char *kernel_dir;
+  flashcl_program_entry *programs;
+  char errmsg[FLASHCL_ERRMSG_CAP];
+};
+
+/* Records a message for flashcl_context_last_error and returns status, so that
+ * error paths read `return fcl_fail(ctx, STATUS, "...", ...)`. ctx may be NULL. */
+flashcl_status fcl_fail(flashcl_context *ctx, flashcl_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Maps an OpenCL error from `what` to a flashcl status and message. */
+flashcl_status fcl_cl_fail(flashcl_context *ctx, cl_int err, const char *what);
+void fcl_clear_error(flashcl_context *ctx);
+void fcl_log(const flashcl_context *ctx, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+const char *fcl_cl_error_name(cl_int err);
+
+/* Builds (once) and returns a kernel of program `file` compiled with `options`. */
+flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options,
+                              const char *kernel_name, cl_kernel *out);
+void fcl_release_programs(flashcl_context *ctx);
+
+/* Kernel source text: from ctx->kernel_dir if set, else the embedded copy.
+ * *owned is set when the caller must free() the returned text. */
+flashcl_status fcl_kernel_source(flashcl_context *ctx, const char *file, const char **text, size_t *size,
+                                 char **owned);
+
+/* Validated view of one attention call: every size the kernels need. */
+typedef struct fcl_problem {
+  flashcl_dtype dtype;
+  int batch;        /* sequences: tensor batch, or num_seqs for varlen */
+  int seqlen_q;     /* per sequence (max for varlen) */
+  int seqlen_k;
+  int heads_q;
+  int heads_kv;
+  int head_dim;
+  int varlen;
+  int causal;
+  float scale;
+} fcl_problem;
+
+flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                 const flashcl_tensor *o, const flashcl_tensor *lse, fcl_problem *p);
+
+/* Checks one tensor: non-NULL buffer, positive shape, strides, fits in its cl_mem. */
+flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
+                                int need_unit_last_stride);
+
+/* Block plan for the portable flash kernels. */
+typedef struct fcl_plan {
+  int br, bc;     /* tile rows of Q and of K/V */
+  int rt, ct;     /* thread grid: rows x columns */
+  int tm, tn;     /* per-thread micro-tile of S */
+  int threads;
+  size_t local_bytes;
+} fcl_plan;
+
+flashcl_status fcl_make_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r, int block_c,
+                             fcl_plan *plan);
+
+flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+
+flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
+                                 const cl_event *wait, cl_event *out_event);
+flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
+                                 const cl_event *wait, cl_event *out_event);
+flashcl_status fcl_naive_workspace(flashcl_context *ctx, const fcl_problem *p, size_t *bytes);
+
+/* Overflow-checked size arithmetic: return 0 on overflow. */
+int fcl_mul_size(size_t a, size_t b, size_t *out);
+int fcl_add_size(size_t a, size_t b, size_t *out);
+
+#endif

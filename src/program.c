@@ -1,0 +1,155 @@
+/* Kernel sources and the per-context program cache.
+ *
+ * Programs are built on first use and cached by (file, build options); the
+ * context is bound to one device, so the key needs no device. Kernel objects are
+ * cached with their program because clCreateKernel is not free on every driver. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct flashcl_embedded_source {
+  const char *name;
+  const char *text;
+  size_t size;
+};
+extern const struct flashcl_embedded_source flashcl_embedded_sources[];
+
+flashcl_status fcl_kernel_source(flashcl_context *ctx, const char *file, const char **text, size_t *size,
+                                 char **owned) {
+  *owned = NULL;
+  if (ctx->kernel_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", ctx->kernel_dir, file);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+      return fcl_fail(ctx, FLASHCL_ERROR_KERNEL_SOURCE, "cannot open kernel source %s (FLASHCL_KERNEL_DIR)", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+      free(buf);
+      fclose(f);
+      return fcl_fail(ctx, FLASHCL_ERROR_KERNEL_SOURCE, "cannot read kernel source %s", path);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *owned = buf;
+    *text = buf;
+    *size = (size_t)n;
+    return FLASHCL_SUCCESS;
+  }
+  for (const struct flashcl_embedded_source *s = flashcl_embedded_sources; s->name; s++) {
+    if (strcmp(s->name, file) == 0) {
+      *text = s->text;
+      *size = s->size;
+      return FLASHCL_SUCCESS;
+    }
+  }
+  return fcl_fail(ctx, FLASHCL_ERROR_KERNEL_SOURCE, "kernel source %s is not embedded in this build", file);
+}
+
+static flashcl_status fcl_build(flashcl_context *ctx, const char *file, const char *options, cl_program *out) {
+  const char *text;
+  size_t size;
+  char *owned;
+  flashcl_status st = fcl_kernel_source(ctx, file, &text, &size, &owned);
+  if (st != FLASHCL_SUCCESS) return st;
+  cl_int err;
+  cl_program prog = clCreateProgramWithSource(ctx->context, 1, &text, &size, &err);
+  free(owned);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateProgramWithSource");
+  fcl_log(ctx, "building %s with \"%s\"", file, options);
+  err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
+  if (err != CL_SUCCESS) {
+    size_t log_size = 0;
+    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &log_size);
+    char *log = malloc(log_size + 1);
+    if (log) {
+      log[0] = '\0';
+      clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log, NULL);
+      log[log_size] = '\0';
+    }
+    fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with options \"%s\" failed (%s):\n%s", file, options,
+             fcl_cl_error_name(err), log ? log : "(no log)");
+    free(log);
+    clReleaseProgram(prog);
+    return FLASHCL_ERROR_BUILD_FAILED;
+  }
+  *out = prog;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options, const char *kernel_name,
+                              cl_kernel *out) {
+  size_t keylen = strlen(file) + strlen(options) + 2;
+  char *key = malloc(keylen);
+  if (!key) return fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
+  snprintf(key, keylen, "%s|%s", file, options);
+  flashcl_program_entry *pe = ctx->programs;
+  while (pe && strcmp(pe->key, key) != 0) pe = pe->next;
+  if (!pe) {
+    cl_program prog = NULL;
+    flashcl_status st = fcl_build(ctx, file, options, &prog);
+    if (st != FLASHCL_SUCCESS) {
+      free(key);
+      return st;
+    }
+    pe = calloc(1, sizeof *pe);
+    if (!pe) {
+      clReleaseProgram(prog);
+      free(key);
+      return fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
+    }
+    pe->key = key;
+    pe->program = prog;
+    pe->next = ctx->programs;
+    ctx->programs = pe;
+  } else {
+    free(key);
+  }
+  flashcl_kernel_entry *ke = pe->kernels;
+  while (ke && strcmp(ke->name, kernel_name) != 0) ke = ke->next;
+  if (!ke) {
+    cl_int err;
+    cl_kernel k = clCreateKernel(pe->program, kernel_name, &err);
+    if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateKernel");
+    ke = calloc(1, sizeof *ke);
+    char *name = malloc(strlen(kernel_name) + 1);
+    if (!ke || !name) {
+      free(ke);
+      free(name);
+      clReleaseKernel(k);
+      return fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
+    }
+    strcpy(name, kernel_name);
+    ke->name = name;
+    ke->kernel = k;
+    ke->next = pe->kernels;
+    pe->kernels = ke;
+  }
+  *out = ke->kernel;
+  return FLASHCL_SUCCESS;
+}
+
+void fcl_release_programs(flashcl_context *ctx) {
+  flashcl_program_entry *pe = ctx->programs;
+  while (pe) {
+    flashcl_kernel_entry *ke = pe->kernels;
+    while (ke) {
+      flashcl_kernel_entry *kn = ke->next;
+      clReleaseKernel(ke->kernel);
+      free(ke->name);
+      free(ke);
+      ke = kn;
+    }
+    flashcl_program_entry *pn = pe->next;
+    clReleaseProgram(pe->program);
+    free(pe->key);
+    free(pe);
+    pe = pn;
+  }
+  ctx->programs = NULL;
+}

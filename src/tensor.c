@@ -1,0 +1,227 @@
+/* Tensor views, the attention descriptor, and argument validation.
+ *
+ * Everything a kernel could trip over is checked here, before anything is
+ * enqueued, so a failed call has no side effects on the device. */
+#include "internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+size_t flashcl_dtype_size(flashcl_dtype dtype) {
+  switch (dtype) {
+  case FLASHCL_F32: return 4;
+  case FLASHCL_F16: return 2;
+  case FLASHCL_BF16: return 2;
+  }
+  return 0;
+}
+
+const char *flashcl_dtype_name(flashcl_dtype dtype) {
+  switch (dtype) {
+  case FLASHCL_F32: return "f32";
+  case FLASHCL_F16: return "f16";
+  case FLASHCL_BF16: return "bf16";
+  }
+  return "invalid";
+}
+
+static flashcl_status fcl_tensor_fill(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
+                                      int64_t b, int64_t n, int64_t h, int64_t d) {
+  if (!t) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  memset(t, 0, sizeof *t);
+  t->buffer = buffer;
+  t->offset = offset;
+  t->dtype = dtype;
+  t->shape[0] = b;
+  t->shape[1] = n;
+  t->shape[2] = h;
+  t->shape[3] = d;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_tensor_init_bnhd(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
+                                        int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  flashcl_status st = fcl_tensor_fill(t, buffer, offset, dtype, batch, seqlen, heads, head_dim);
+  if (st != FLASHCL_SUCCESS) return st;
+  t->stride[3] = 1;
+  t->stride[2] = head_dim;
+  t->stride[1] = heads * head_dim;
+  t->stride[0] = seqlen * heads * head_dim;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_tensor_init_bhnd(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
+                                        int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  flashcl_status st = fcl_tensor_fill(t, buffer, offset, dtype, batch, seqlen, heads, head_dim);
+  if (st != FLASHCL_SUCCESS) return st;
+  t->stride[3] = 1;
+  t->stride[1] = head_dim;
+  t->stride[2] = seqlen * head_dim;
+  t->stride[0] = heads * seqlen * head_dim;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_tensor_init_lse(flashcl_tensor *t, cl_mem buffer, size_t offset, int64_t batch,
+                                       int64_t seqlen, int64_t heads) {
+  flashcl_status st = fcl_tensor_fill(t, buffer, offset, FLASHCL_F32, batch, seqlen, heads, 1);
+  if (st != FLASHCL_SUCCESS) return st;
+  t->stride[3] = 1;
+  t->stride[1] = 1;
+  t->stride[2] = seqlen;
+  t->stride[0] = heads * seqlen;
+  return FLASHCL_SUCCESS;
+}
+
+void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
+  if (!desc) return;
+  memset(desc, 0, sizeof *desc);
+  desc->algo = FLASHCL_ALGO_AUTO;
+  desc->kernel = FLASHCL_KERNEL_AUTO;
+}
+
+flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
+                                int need_unit_last_stride) {
+  static const char *dims[4] = {"batch", "seqlen", "heads", "head_dim"};
+  if (!t) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+  if (!t->buffer) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s.buffer is NULL", name);
+  size_t es = flashcl_dtype_size(t->dtype);
+  if (es == 0) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s has an unknown dtype %d", name, (int)t->dtype);
+  for (int i = 0; i < 4; i++) {
+    if (t->shape[i] <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s.shape[%d] (%s) is %lld; every dimension must be >= 1",
+                      name, i, dims[i], (long long)t->shape[i]);
+    if (t->shape[i] > INT_MAX)
+      return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "%s.shape[%d] (%s) = %lld exceeds the int32 range", name, i,
+                      dims[i], (long long)t->shape[i]);
+    if (t->stride[i] < 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE, "%s.stride[%d] (%s) is negative (%lld)", name, i, dims[i],
+                      (long long)t->stride[i]);
+  }
+  if (need_unit_last_stride && t->stride[3] != 1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE, "%s.stride[3] (head_dim) must be 1, got %lld", name,
+                    (long long)t->stride[3]);
+  if (t->offset % es != 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s.offset %zu is not a multiple of the element size %zu",
+                    name, t->offset, es);
+  /* Last element index, then bytes, all overflow-checked. */
+  size_t last = 0;
+  for (int i = 0; i < 4; i++) {
+    size_t term;
+    if (!fcl_mul_size((size_t)(t->shape[i] - 1), (size_t)t->stride[i], &term) || !fcl_add_size(last, term, &last))
+      return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "%s: shape x stride overflows size_t", name);
+  }
+  size_t end;
+  if (!fcl_add_size(last, 1, &end) || !fcl_mul_size(end, es, &end) || !fcl_add_size(end, t->offset, &end))
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "%s: byte extent overflows size_t", name);
+  size_t mem_size = 0;
+  cl_int err = clGetMemObjectInfo(t->buffer, CL_MEM_SIZE, sizeof mem_size, &mem_size, NULL);
+  if (err != CL_SUCCESS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s.buffer is not a valid cl_mem (%s)", name,
+                    fcl_cl_error_name(err));
+  if (end > mem_size)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                    "%s needs %zu bytes (offset %zu + extent) but its cl_mem holds %zu", name, end, t->offset,
+                    mem_size);
+  return FLASHCL_SUCCESS;
+}
+
+static int fcl_same_shape(const flashcl_tensor *a, const flashcl_tensor *b) {
+  return a->shape[0] == b->shape[0] && a->shape[1] == b->shape[1] && a->shape[2] == b->shape[2] &&
+         a->shape[3] == b->shape[3];
+}
+
+flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 const flashcl_tensor *lse, fcl_problem *p) {
+  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  flashcl_status st;
+  if ((st = fcl_check_tensor(ctx, q, "q", 1)) || (st = fcl_check_tensor(ctx, k, "k", 1)) ||
+      (st = fcl_check_tensor(ctx, v, "v", 1)))
+    return st;
+  if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
+  if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
+
+  if (k->dtype != q->dtype || v->dtype != q->dtype || (o && o->dtype != q->dtype))
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "q, k, v and o must share one dtype (q %s, k %s, v %s%s%s)",
+                    flashcl_dtype_name(q->dtype), flashcl_dtype_name(k->dtype), flashcl_dtype_name(v->dtype),
+                    o ? ", o " : "", o ? flashcl_dtype_name(o->dtype) : "");
+  if (lse && lse->dtype != FLASHCL_F32)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
+  if (desc->algo < FLASHCL_ALGO_AUTO || desc->algo > FLASHCL_ALGO_NAIVE)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.algo %d is not a flashcl_algo", (int)desc->algo);
+  if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_PORTABLE)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel %d is not a flashcl_kernel_family",
+                    (int)desc->kernel);
+  if (desc->block_r < 0 || desc->block_c < 0 || desc->block_r % 8 || desc->block_c % 8)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "desc.block_r/block_c (%d, %d) must be 0 (automatic) or positive multiples of 8", desc->block_r,
+                    desc->block_c);
+  if (!isfinite(desc->scale))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.scale must be finite");
+
+  int64_t d = q->shape[3];
+  if (k->shape[3] != d || v->shape[3] != d)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
+                    (long long)k->shape[3], (long long)v->shape[3]);
+  if (d % 8 != 0 || d < 8 || d > 256)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
+  if (o && !fcl_same_shape(o, q))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
+  if (!fcl_same_shape(k, v))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k and v must have the same shape");
+  if (k->shape[0] != q->shape[0])
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q and k batch differ (%lld vs %lld)",
+                    (long long)q->shape[0], (long long)k->shape[0]);
+  int64_t hq = q->shape[2], hkv = k->shape[2];
+  if ((desc->heads_q && desc->heads_q != hq) || (desc->heads_kv && desc->heads_kv != hkv))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "desc.heads_q/heads_kv (%d, %d) do not match the tensors (%lld, %lld)", desc->heads_q,
+                    desc->heads_kv, (long long)hq, (long long)hkv);
+  if (desc->heads_q < 0 || desc->heads_kv < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "desc.heads_q/heads_kv must not be negative");
+  if (hq % hkv != 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
+                    (long long)hq, (long long)hkv);
+  if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q->shape[1] || lse->shape[2] != hq ||
+              lse->shape[3] != 1))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, seqlen_q, heads_q, 1)");
+
+  memset(p, 0, sizeof *p);
+  p->dtype = q->dtype;
+  p->heads_q = (int)hq;
+  p->heads_kv = (int)hkv;
+  p->head_dim = (int)d;
+  p->causal = desc->causal != 0;
+  p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
+
+  if (desc->cu_seqlens_q || desc->cu_seqlens_k) {
+    if (!desc->cu_seqlens_q || !desc->cu_seqlens_k)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
+    if (desc->num_seqs <= 0 || desc->max_seqlen_q <= 0 || desc->max_seqlen_k <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "varlen needs num_seqs, max_seqlen_q and max_seqlen_k >= 1 (got %d, %d, %d)", desc->num_seqs,
+                      desc->max_seqlen_q, desc->max_seqlen_k);
+    if (q->shape[0] != 1)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "varlen tensors must have batch 1 (packed tokens)");
+    if (desc->max_seqlen_q > q->shape[1] || desc->max_seqlen_k > k->shape[1])
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_q/k exceed the packed token counts");
+    size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = 0;
+    if (clGetMemObjectInfo(desc->cu_seqlens_q, CL_MEM_SIZE, sizeof have_q, &have_q, NULL) != CL_SUCCESS ||
+        clGetMemObjectInfo(desc->cu_seqlens_k, CL_MEM_SIZE, sizeof have_k, &have_k, NULL) != CL_SUCCESS)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "cu_seqlens_q/k are not valid cl_mem objects");
+    if (have_q < need || have_k < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cu_seqlens_q/k need %zu bytes (num_seqs + 1 int32)",
+                      need);
+    p->varlen = 1;
+    p->batch = desc->num_seqs;
+    p->seqlen_q = desc->max_seqlen_q;
+    p->seqlen_k = desc->max_seqlen_k;
+  } else {
+    p->batch = (int)q->shape[0];
+    p->seqlen_q = (int)q->shape[1];
+    p->seqlen_k = (int)k->shape[1];
+  }
+  return FLASHCL_SUCCESS;
+}
