@@ -134,3 +134,26 @@ __kernel void naive_unpack(__global const float *src, __global const float *lse_
   STORE(dst, off + bs * sb + (long)(r.x + n) * sn + (long)h * sh + x, src[row * HEAD_DIM + x]);
   if (has_lse && x == 0) lse[l_off + bs * l_sb + (long)(r.x + n) * l_sn + (long)h * l_sh] = lse_ws[row];
 }
+
+/* Backward: dS = scale * P * (dP - D) in place over dP, one work-group per row,
+ * with D = rowsum(dO * O) from the dense fp32 copies. */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
+    __global const float *probs, __global float *dprobs, __global const float *o, __global const float *dout,
+    int padded_k, float scale) {
+  __local float red[WG];
+  const long row = get_group_id(0);
+  const int lid = get_local_id(0);
+  float acc = 0.0f;
+  for (int x = lid; x < HEAD_DIM; x += WG) acc = mad(o[row * HEAD_DIM + x], dout[row * HEAD_DIM + x], acc);
+  red[lid] = acc;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int w = WG / 2; w > 0; w >>= 1) {
+    if (lid < w) red[lid] += red[lid + w];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float dsum = red[0];
+  for (int j = lid; j < padded_k; j += WG) {
+    const long e = row * padded_k + j;
+    dprobs[e] = scale * probs[e] * (dprobs[e] - dsum);
+  }
+}

@@ -227,6 +227,17 @@ typedef struct flashcl_attention_desc {
    * (see README, "Block sizes"). Non-zero values must be multiples of 8. */
   int block_r;
   int block_c;
+
+  /* Training. deterministic = 1 (the default) computes dQ in its own kernel, so
+   * results are bit-reproducible; 0 accumulates dQ with fp32 atomics inside the
+   * dK/dV kernel (fewer FLOPs, order-dependent rounding). */
+  int deterministic;
+  /* Dropout probability in [0, 1) applied to P; kept entries are scaled by
+   * 1/(1 - p). The mask is regenerated from (seed, offset), never stored; see
+   * README "Dropout" for the counter layout. */
+  float dropout_p;
+  uint64_t seed;
+  uint64_t offset;
 } flashcl_attention_desc;
 
 FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);
@@ -245,6 +256,21 @@ FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx, const
                                                      const flashcl_tensor *v, const flashcl_tensor *o,
                                                      const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
                                                      const cl_event *event_wait_list, cl_event *out_event);
+
+/*
+ * Gradients of flashcl_attention_forward with the same desc (scale, causal, GQA,
+ * varlen, dropout). o and lse are the forward's outputs (lse is required).
+ * dq has q's shape, dk/dv have k's shape; all share q's dtype. With GQA, dk and
+ * dv are summed over the query heads that share a key/value head. Query rows
+ * that see no key get dq = 0 and contribute nothing to dk/dv.
+ */
+FLASHCL_API flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                      const flashcl_tensor *q, const flashcl_tensor *k,
+                                                      const flashcl_tensor *v, const flashcl_tensor *o,
+                                                      const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                                      const flashcl_tensor *dq, const flashcl_tensor *dk,
+                                                      const flashcl_tensor *dv, cl_uint num_events_in_wait_list,
+                                                      const cl_event *event_wait_list, cl_event *out_event);
 
 typedef enum flashcl_pass { FLASHCL_PASS_FORWARD = 0, FLASHCL_PASS_BACKWARD = 1 } flashcl_pass;
 

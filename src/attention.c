@@ -34,12 +34,16 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
-  if (pass != FLASHCL_PASS_FORWARD)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass is not implemented yet");
+  if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
   fcl_problem p;
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, NULL, NULL, &p);
   if (st != FLASHCL_SUCCESS) return st;
-  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) return fcl_naive_workspace(ctx, &p, bytes);
+  const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
+  if (pass == FLASHCL_PASS_BACKWARD)
+    return naive ? fcl_naive_backward_workspace(ctx, &p, bytes)
+                 : fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, bytes);
+  if (naive) return fcl_naive_workspace(ctx, &p, bytes);
   *bytes = 0; /* the fused kernel keeps everything on chip */
   return FLASHCL_SUCCESS;
 }

@@ -105,6 +105,13 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
                                  const cl_event *wait, cl_event *out_event);
 flashcl_status fcl_naive_workspace(flashcl_context *ctx, const fcl_problem *p, size_t *bytes);
+flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                  const flashcl_tensor *o, const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                  const flashcl_tensor *dq, const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                  cl_uint nwait, const cl_event *wait, cl_event *out_event);
+flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_problem *p, size_t *bytes);
+flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, size_t *bytes);
 
 /* Overflow-checked size arithmetic: return 0 on overflow. */
 int fcl_mul_size(size_t a, size_t b, size_t *out);

@@ -40,6 +40,17 @@ static flashcl_status fcl_blas_fail(flashcl_context *ctx, CLBlastStatusCode code
   return fcl_fail(ctx, FLASHCL_ERROR_BLAS, "%s failed: CLBlast status %d", what, (int)code);
 }
 
+/* One strided-batched SGEMM over the (sequence, kv-head) groups, row-major. */
+static flashcl_status fcl_gemm(flashcl_context *ctx, const char *what, int ta, int tb, size_t m, size_t n, size_t kk,
+                               float alpha, cl_mem a, size_t lda, size_t sa, cl_mem b, size_t ldb, size_t sb, cl_mem c,
+                               size_t ldc, size_t sc, size_t batch) {
+  cl_command_queue queue = ctx->queue;
+  CLBlastStatusCode bs = CLBlastSgemmStridedBatched(
+      CLBlastLayoutRowMajor, ta ? CLBlastTransposeYes : CLBlastTransposeNo, tb ? CLBlastTransposeYes : CLBlastTransposeNo,
+      m, n, kk, alpha, a, 0, lda, sa, b, 0, ldb, sb, 0.0f, c, 0, ldc, sc, batch, &queue, NULL);
+  return bs == CLBlastSuccess ? FLASHCL_SUCCESS : fcl_blas_fail(ctx, bs, what);
+}
+
 static flashcl_status fcl_enqueue(flashcl_context *ctx, cl_kernel kern, size_t g0, size_t g1, size_t g2,
                                   size_t l0, cl_uint nwait, const cl_event *wait, cl_event *ev, const char *what) {
   size_t global[3] = {g0, g1, g2};
@@ -62,6 +73,51 @@ static flashcl_status fcl_pack(flashcl_context *ctx, cl_kernel kern, const flash
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_pack)");
   return fcl_enqueue(ctx, kern, (size_t)dim, (size_t)padded, (size_t)batch * heads, 0, nwait, wait, NULL,
                      "enqueue naive_pack");
+}
+
+static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem scores, cl_mem lse_ws,
+                                  const fcl_problem *p, cl_mem cu_q, cl_mem cu_k, int tq, int tk, int wg, size_t rows) {
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_mem(&a, scores);
+  fcl_arg_mem(&a, lse_ws);
+  fcl_arg_int(&a, p->heads_q);
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_mem(&a, cu_q);
+  fcl_arg_mem(&a, cu_k);
+  fcl_arg_int(&a, tq);
+  fcl_arg_int(&a, tk);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_softmax)");
+  return fcl_enqueue(ctx, kern, rows * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_softmax");
+}
+
+/* Writes rows of a dense fp32 [seq][head][row][d] buffer into a caller's tensor
+ * (and the LSE scratch into lse when given). */
+static flashcl_status fcl_unpack(flashcl_context *ctx, cl_kernel kern, cl_mem src, cl_mem lse_ws,
+                                 const flashcl_tensor *t, const flashcl_tensor *lse, int heads, int padded, int batch,
+                                 cl_mem cu, int total, int d, cl_event *ev) {
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_mem(&a, src);
+  fcl_arg_mem(&a, lse_ws);
+  fcl_arg_tensor(&a, t);
+  if (lse) {
+    fcl_arg_mem(&a, lse->buffer);
+    fcl_arg_long(&a, (int64_t)(lse->offset / sizeof(float)));
+    fcl_arg_long(&a, lse->stride[0]);
+    fcl_arg_long(&a, lse->stride[1]);
+    fcl_arg_long(&a, lse->stride[2]);
+  } else {
+    fcl_arg_mem(&a, NULL);
+    for (int i = 0; i < 4; i++) fcl_arg_long(&a, 0);
+  }
+  fcl_arg_int(&a, lse != NULL);
+  fcl_arg_int(&a, heads);
+  fcl_arg_int(&a, padded);
+  fcl_arg_mem(&a, cu);
+  fcl_arg_int(&a, total);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_unpack)");
+  return fcl_enqueue(ctx, kern, (size_t)d, (size_t)padded, (size_t)batch * heads, 0, 0, NULL, ev,
+                     "enqueue naive_unpack");
 }
 
 flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
@@ -115,72 +171,148 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
 
   const size_t g = (size_t)(p->heads_q / p->heads_kv), lq = (size_t)p->seqlen_q, lk = (size_t)p->seqlen_k;
   const size_t groups = (size_t)p->batch * (size_t)p->heads_kv;
-  cl_command_queue queue = ctx->queue;
-  CLBlastStatusCode bs = CLBlastSgemmStridedBatched(
-      CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, g * lq, lk, (size_t)d, p->scale, buf[0], 0,
-      (size_t)d, g * lq * d, buf[1], 0, (size_t)d, lk * d, 0.0f, buf[3], 0, lk, g * lq * lk, groups, &queue, NULL);
-  if (bs != CLBlastSuccess) {
-    st = fcl_blas_fail(ctx, bs, "CLBlastSgemmStridedBatched (S = QK^T)");
-    goto done;
-  }
-  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-
-  fcl_args a = {k_soft, 0, CL_SUCCESS};
-  fcl_arg_mem(&a, buf[3]);
-  fcl_arg_mem(&a, buf[4]);
-  fcl_arg_int(&a, p->heads_q);
-  fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_int(&a, p->seqlen_k);
-  fcl_arg_mem(&a, cu_q);
-  fcl_arg_mem(&a, cu_k);
-  fcl_arg_int(&a, tq);
-  fcl_arg_int(&a, tk);
-  if (a.err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_softmax)");
-    goto done;
-  }
-  if ((st = fcl_enqueue(ctx, k_soft, z.lse * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_softmax")))
+  if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, g * lq, lk, (size_t)d, p->scale, buf[0], (size_t)d, g * lq * d, buf[1],
+                     (size_t)d, lk * d, buf[3], lk, g * lq * lk, groups)))
     goto done;
   if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
 
-  bs = CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, g * lq, (size_t)d,
-                                  lk, 1.0f, buf[3], 0, lk, g * lq * lk, buf[2], 0, (size_t)d, lk * d, 0.0f, buf[0],
-                                  0, (size_t)d, g * lq * d, groups, &queue, NULL);
-  if (bs != CLBlastSuccess) {
-    st = fcl_blas_fail(ctx, bs, "CLBlastSgemmStridedBatched (O = PV)");
-    goto done;
-  }
+  if ((st = fcl_softmax(ctx, k_soft, buf[3], buf[4], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
   if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
 
-  a = (fcl_args){k_unpack, 0, CL_SUCCESS};
-  fcl_arg_mem(&a, buf[0]);
-  fcl_arg_mem(&a, buf[4]);
-  fcl_arg_tensor(&a, o);
-  if (lse) {
-    fcl_arg_mem(&a, lse->buffer);
-    fcl_arg_long(&a, (int64_t)(lse->offset / sizeof(float)));
-    fcl_arg_long(&a, lse->stride[0]);
-    fcl_arg_long(&a, lse->stride[1]);
-    fcl_arg_long(&a, lse->stride[2]);
-  } else {
-    fcl_arg_mem(&a, NULL);
-    for (int i = 0; i < 4; i++) fcl_arg_long(&a, 0);
-  }
-  fcl_arg_int(&a, lse != NULL);
-  fcl_arg_int(&a, p->heads_q);
-  fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_mem(&a, cu_q);
-  fcl_arg_int(&a, tq);
-  if (a.err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_unpack)");
+  if ((st = fcl_gemm(ctx, "O = PV", 0, 0, g * lq, (size_t)d, lk, 1.0f, buf[3], lk, g * lq * lk, buf[2], (size_t)d,
+                     lk * d, buf[0], (size_t)d, g * lq * d, groups)))
     goto done;
-  }
-  st = fcl_enqueue(ctx, k_unpack, (size_t)d, lq, (size_t)p->batch * p->heads_q, 0, 0, NULL, out_event,
-                   "enqueue naive_unpack");
+  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
+
+  st = fcl_unpack(ctx, k_unpack, buf[0], buf[4], o, lse, p->heads_q, p->seqlen_q, p->batch, cu_q, tq, d, out_event);
 
 done:
   /* Released objects live until the commands using them finish. */
   for (int i = 0; i < 5; i++)
+    if (buf[i]) clReleaseMemObject(buf[i]);
+  return st;
+}
+
+flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_problem *p, size_t *bytes) {
+  fcl_naive_sizes z;
+  size_t fwd, t;
+  flashcl_status st = fcl_naive_sizes_of(ctx, p, &z, &fwd);
+  if (st != FLASHCL_SUCCESS) return st;
+  /* Forward's Q/K/V/S/LSE, plus O, dO, dV and dP. */
+  if (!fcl_add_size(fwd, (2 * z.q + z.kv) * sizeof(float), &t) || !fcl_mul_size(z.s, sizeof(float), bytes) ||
+      !fcl_add_size(t, *bytes, bytes))
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "naive backward workspace size overflows size_t");
+  return FLASHCL_SUCCESS;
+}
+
+/* Standard attention backward (Algorithm 3): P is rebuilt with GEMM + softmax,
+ * then dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = dS K, dK = dS^T Q, with
+ * the N x N matrices P and dP in device memory. GQA groups are tall matrices, so
+ * the GEMMs over a group already sum dK and dV over its query heads. */
+flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                  const flashcl_tensor *o, const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                  const flashcl_tensor *dq, const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                  cl_uint nwait, const cl_event *wait, cl_event *out_event) {
+  (void)lse; /* P is rebuilt by the softmax kernel, which recomputes the row statistics */
+  fcl_naive_sizes z;
+  size_t total_bytes;
+  flashcl_status st = fcl_naive_sizes_of(ctx, p, &z, &total_bytes);
+  if (st != FLASHCL_SUCCESS) return st;
+  if ((st = fcl_naive_backward_workspace(ctx, p, &total_bytes))) return st;
+  const size_t largest = z.s > z.q ? z.s : z.q;
+  if (largest * sizeof(float) > ctx->info.max_mem_alloc_size || total_bytes > ctx->info.global_mem_size)
+    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
+                    "naive attention backward needs %zu bytes of scratch (two N x N matrices of %zu bytes each); "
+                    "the device allows %llu bytes per buffer and has %llu in all",
+                    total_bytes, z.s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
+                    (unsigned long long)ctx->info.global_mem_size);
+
+  const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
+  char opts[256];
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d",
+           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg);
+  cl_kernel k_pack, k_soft, k_unpack, k_ds;
+  if ((st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_pack", &k_pack)) ||
+      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_softmax", &k_soft)) ||
+      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_unpack", &k_unpack)) ||
+      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_ds", &k_ds)))
+    return st;
+
+  enum { Q, K, V, DO, O, P, DP, DV, LSE, NBUF };
+  cl_mem buf[NBUF] = {0};
+  const size_t counts[NBUF] = {z.q, z.kv, z.kv, z.q, z.q, z.s, z.s, z.kv, z.lse};
+  for (int i = 0; i < NBUF; i++) {
+    cl_int err;
+    buf[i] = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, counts[i] * sizeof(float), NULL, &err);
+    if (err != CL_SUCCESS) {
+      st = fcl_cl_fail(ctx, err, "allocating the naive backward workspace");
+      goto done;
+    }
+  }
+  cl_command_queue_properties qprops = 0;
+  clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof qprops, &qprops, NULL);
+  const int ooo = (qprops & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
+#define FCL_ORDER() \
+  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL)
+
+  const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
+  const int tq = (int)q->shape[1], tk = (int)k->shape[1], d = p->head_dim;
+  if ((st = fcl_pack(ctx, k_pack, q, buf[Q], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)) ||
+      (st = fcl_pack(ctx, k_pack, k, buf[K], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
+      (st = fcl_pack(ctx, k_pack, v, buf[V], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
+      (st = fcl_pack(ctx, k_pack, d_o, buf[DO], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)) ||
+      (st = fcl_pack(ctx, k_pack, o, buf[O], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)))
+    goto done;
+  FCL_ORDER();
+  const size_t g = (size_t)(p->heads_q / p->heads_kv), lq = (size_t)p->seqlen_q, lk = (size_t)p->seqlen_k;
+  const size_t groups = (size_t)p->batch * (size_t)p->heads_kv, gq = g * lq;
+  if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, gq, lk, (size_t)d, p->scale, buf[Q], (size_t)d, gq * d, buf[K],
+                     (size_t)d, lk * d, buf[P], lk, gq * lk, groups)))
+    goto done;
+  FCL_ORDER();
+  if ((st = fcl_softmax(ctx, k_soft, buf[P], buf[LSE], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
+  FCL_ORDER();
+  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, (size_t)d, gq, 1.0f, buf[P], lk, gq * lk, buf[DO], (size_t)d,
+                     gq * d, buf[DV], (size_t)d, lk * d, groups)) ||
+      (st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, (size_t)d, 1.0f, buf[DO], (size_t)d, gq * d, buf[V],
+                     (size_t)d, lk * d, buf[DP], lk, gq * lk, groups)))
+    goto done;
+  FCL_ORDER();
+  fcl_args a = {k_ds, 0, CL_SUCCESS};
+  fcl_arg_mem(&a, buf[P]);
+  fcl_arg_mem(&a, buf[DP]);
+  fcl_arg_mem(&a, buf[O]);
+  fcl_arg_mem(&a, buf[DO]);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_float(&a, p->scale);
+  if (a.err != CL_SUCCESS) {
+    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_ds)");
+    goto done;
+  }
+  if ((st = fcl_enqueue(ctx, k_ds, z.lse * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_ds"))) goto done;
+  FCL_ORDER();
+  /* O's copy becomes dQ and V's copy becomes dK: neither is read again. */
+  if ((st = fcl_gemm(ctx, "dQ = dS K", 0, 0, gq, (size_t)d, lk, 1.0f, buf[DP], lk, gq * lk, buf[K], (size_t)d, lk * d,
+                     buf[O], (size_t)d, gq * d, groups)) ||
+      (st = fcl_gemm(ctx, "dK = dS^T Q", 1, 0, lk, (size_t)d, gq, 1.0f, buf[DP], lk, gq * lk, buf[Q], (size_t)d,
+                     gq * d, buf[V], (size_t)d, lk * d, groups)))
+    goto done;
+  FCL_ORDER();
+  if ((st = fcl_unpack(ctx, k_unpack, buf[O], buf[LSE], dq, NULL, p->heads_q, p->seqlen_q, p->batch, cu_q, tq, d,
+                       NULL)) ||
+      (st = fcl_unpack(ctx, k_unpack, buf[V], buf[LSE], dk, NULL, p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, d,
+                       NULL)) ||
+      (st = fcl_unpack(ctx, k_unpack, buf[DV], buf[LSE], dv, NULL, p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, d,
+                       NULL)))
+    goto done;
+  if (out_event) {
+    cl_int err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
+    if (err != CL_SUCCESS) st = fcl_cl_fail(ctx, err, "clEnqueueBarrierWithWaitList");
+  }
+#undef FCL_ORDER
+done:
+  for (int i = 0; i < NBUF; i++)
     if (buf[i]) clReleaseMemObject(buf[i]);
   return st;
 }

@@ -78,6 +78,7 @@ void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
   memset(desc, 0, sizeof *desc);
   desc->algo = FLASHCL_ALGO_AUTO;
   desc->kernel = FLASHCL_KERNEL_AUTO;
+  desc->deterministic = 1;
 }
 
 flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
@@ -159,6 +160,12 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
                     desc->block_c);
   if (!isfinite(desc->scale))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.scale must be finite");
+
+  if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1), got %g",
+                    (double)desc->dropout_p);
+  if (desc->dropout_p > 0.0f)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "dropout is not implemented in this version (dropout_p must be 0)");
 
   int64_t d = q->shape[3];
   if (k->shape[3] != d || v->shape[3] != d)

@@ -1,0 +1,253 @@
+/* Public backward entry point and the flash backward path.
+ *
+ * Flash backward runs three kernels: D = rowsum(dO * O), then dK/dV with K/V
+ * resident, then dQ with Q resident (deterministic mode) or, in atomic mode, dQ
+ * accumulated in fp32 by the dK/dV kernel and converted at the end. Scratch is
+ * O(N): D, plus the fp32 dQ accumulator in atomic mode. */
+#include "internal.h"
+#include "kernel_args.h"
+
+#include <stdio.h>
+
+typedef struct fcl_bwd_sizes {
+  size_t dsum;   /* floats of D */
+  size_t dq_acc; /* floats of the atomic dQ accumulator (0 in deterministic mode) */
+} fcl_bwd_sizes;
+
+static flashcl_status fcl_bwd_sizes_of(flashcl_context *ctx, const fcl_problem *p, int atomic, fcl_bwd_sizes *z,
+                                       size_t *bytes) {
+  size_t t;
+  int ok = fcl_mul_size((size_t)p->batch * (size_t)p->heads_q, (size_t)p->seqlen_q, &z->dsum);
+  z->dq_acc = 0;
+  if (atomic) ok = ok && fcl_mul_size(z->dsum, (size_t)p->head_dim, &z->dq_acc);
+  ok = ok && fcl_add_size(z->dsum, z->dq_acc, &t) && fcl_mul_size(t, sizeof(float), bytes);
+  if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "backward workspace size overflows size_t");
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, size_t *bytes) {
+  fcl_bwd_sizes z;
+  return fcl_bwd_sizes_of(ctx, p, atomic, &z, bytes);
+}
+
+/* Rows per tile: the largest multiple of 8 up to 64 whose tiles fit in local memory. */
+static int fcl_bwd_block(const flashcl_context *ctx, int d, int atomic) {
+  for (int bl = 64; bl >= 8; bl -= 8) {
+    size_t dkdv = 4u * (2u * bl * d + 2u * bl + (atomic ? (size_t)bl * d + (size_t)bl * bl : 0));
+    size_t dq = 4u * (2u * bl * d);
+    size_t need = dkdv > dq ? dkdv : dq;
+    if (need <= ctx->info.local_mem_size && (size_t)bl <= ctx->info.max_work_group_size) return bl;
+  }
+  return 0;
+}
+
+static void fcl_arg_lse(fcl_args *a, const flashcl_tensor *lse) {
+  fcl_arg_mem(a, lse->buffer);
+  fcl_arg_long(a, (int64_t)(lse->offset / sizeof(float)));
+  fcl_arg_long(a, lse->stride[0]);
+  fcl_arg_long(a, lse->stride[1]);
+  fcl_arg_long(a, lse->stride[2]);
+}
+
+static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
+                                         const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                         const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                         const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                         const flashcl_tensor *dq, const flashcl_tensor *dk,
+                                         const flashcl_tensor *dv, cl_uint nwait, const cl_event *wait,
+                                         cl_event *out_event) {
+  const int atomic = !desc->deterministic;
+  const int bl = fcl_bwd_block(ctx, p->head_dim, atomic);
+  if (!bl)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
+                    p->head_dim, ctx->info.local_mem_size);
+  fcl_bwd_sizes z;
+  size_t bytes;
+  flashcl_status st = fcl_bwd_sizes_of(ctx, p, atomic, &z, &bytes);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (bytes > ctx->info.max_mem_alloc_size)
+    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
+                    bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
+
+  char opts[256];
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d",
+           (int)p->dtype, p->head_dim, bl, p->causal, p->varlen, atomic);
+  cl_kernel k_pre, k_dkdv, k_dq;
+  if ((st = fcl_get_kernel(ctx, "flash_bwd.cl", opts, "bwd_preprocess", &k_pre)) ||
+      (st = fcl_get_kernel(ctx, "flash_bwd.cl", opts, "bwd_dkdv", &k_dkdv)) ||
+      (st = fcl_get_kernel(ctx, "flash_bwd.cl", opts, atomic ? "bwd_dq_store" : "bwd_dq", &k_dq)))
+    return st;
+
+  cl_int err;
+  cl_mem dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dsum * sizeof(float), NULL, &err);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "allocating the backward scratch (D)");
+  cl_mem acc = NULL;
+  if (atomic) {
+    acc = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dq_acc * sizeof(float), NULL, &err);
+    if (err != CL_SUCCESS) {
+      clReleaseMemObject(dsum);
+      return fcl_cl_fail(ctx, err, "allocating the backward scratch (dQ accumulator)");
+    }
+  }
+  const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
+  const int tq = (int)q->shape[1], tk = (int)k->shape[1], group = p->heads_q / p->heads_kv;
+  cl_event ev[2] = {NULL, NULL};
+  size_t local[3] = {(size_t)bl, 1, 1};
+
+  fcl_args a = {k_pre, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, o);
+  fcl_arg_tensor(&a, d_o);
+  fcl_arg_mem(&a, dsum);
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->heads_q);
+  fcl_arg_mem(&a, cu_q);
+  fcl_arg_int(&a, tq);
+  if (a.err != CL_SUCCESS) {
+    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_preprocess)");
+    goto done;
+  }
+  size_t g_pre[3] = {(size_t)p->seqlen_q, (size_t)p->heads_q, (size_t)p->batch};
+  err = clEnqueueNDRangeKernel(ctx->queue, k_pre, 3, NULL, g_pre, NULL, nwait, nwait ? wait : NULL, &ev[0]);
+  if (err != CL_SUCCESS) {
+    st = fcl_cl_fail(ctx, err, "enqueue bwd_preprocess");
+    goto done;
+  }
+  if (atomic) {
+    const float zero = 0.0f;
+    err = clEnqueueFillBuffer(ctx->queue, acc, &zero, sizeof zero, 0, z.dq_acc * sizeof(float), 1, &ev[0], &ev[1]);
+    if (err != CL_SUCCESS) {
+      st = fcl_cl_fail(ctx, err, "clEnqueueFillBuffer(dQ accumulator)");
+      goto done;
+    }
+  }
+
+  a = (fcl_args){k_dkdv, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, q);
+  fcl_arg_tensor(&a, k);
+  fcl_arg_tensor(&a, v);
+  fcl_arg_tensor(&a, d_o);
+  fcl_arg_tensor(&a, dk);
+  fcl_arg_tensor(&a, dv);
+  fcl_arg_lse(&a, lse);
+  fcl_arg_mem(&a, dsum);
+  fcl_arg_mem(&a, acc);
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_int(&a, p->heads_q);
+  fcl_arg_int(&a, group);
+  fcl_arg_float(&a, p->scale);
+  fcl_arg_mem(&a, cu_q);
+  fcl_arg_mem(&a, cu_k);
+  fcl_arg_int(&a, tq);
+  fcl_arg_int(&a, tk);
+  if (a.err != CL_SUCCESS) {
+    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
+    goto done;
+  }
+  size_t kblocks = ((size_t)p->seqlen_k + bl - 1) / bl;
+  size_t g_kv[3] = {kblocks * bl, (size_t)p->heads_kv, (size_t)p->batch};
+  cl_event dkdv_done = NULL;
+  err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, g_kv, local, 1, atomic ? &ev[1] : &ev[0],
+                               atomic ? &dkdv_done : NULL);
+  if (err != CL_SUCCESS) {
+    st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
+    goto done;
+  }
+
+  a = (fcl_args){k_dq, 0, CL_SUCCESS};
+  if (atomic) {
+    fcl_arg_mem(&a, acc);
+    fcl_arg_tensor(&a, dq);
+    fcl_arg_int(&a, p->seqlen_q);
+    fcl_arg_int(&a, p->heads_q);
+    fcl_arg_mem(&a, cu_q);
+    fcl_arg_int(&a, tq);
+  } else {
+    fcl_arg_tensor(&a, q);
+    fcl_arg_tensor(&a, k);
+    fcl_arg_tensor(&a, v);
+    fcl_arg_tensor(&a, d_o);
+    fcl_arg_tensor(&a, dq);
+    fcl_arg_lse(&a, lse);
+    fcl_arg_mem(&a, dsum);
+    fcl_arg_int(&a, p->seqlen_q);
+    fcl_arg_int(&a, p->seqlen_k);
+    fcl_arg_int(&a, p->heads_q);
+    fcl_arg_int(&a, group);
+    fcl_arg_float(&a, p->scale);
+    fcl_arg_mem(&a, cu_q);
+    fcl_arg_mem(&a, cu_k);
+    fcl_arg_int(&a, tq);
+    fcl_arg_int(&a, tk);
+  }
+  if (a.err != CL_SUCCESS) {
+    if (dkdv_done) clReleaseEvent(dkdv_done);
+    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(dQ)");
+    goto done;
+  }
+  if (atomic) {
+    size_t g[3] = {(size_t)p->head_dim, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
+    /* The last command must cover dK/dV too: on an out-of-order queue waiting on
+     * the dK/dV event is what orders it. */
+    err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
+    clReleaseEvent(dkdv_done);
+  } else {
+    size_t qblocks = ((size_t)p->seqlen_q + bl - 1) / bl;
+    size_t g[3] = {qblocks * bl, (size_t)p->heads_q, (size_t)p->batch};
+    cl_event parts[2] = {NULL, NULL};
+    err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, local, 1, &ev[0], &parts[0]);
+    if (err == CL_SUCCESS && out_event) {
+      /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
+      err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
+    }
+    if (parts[0]) clReleaseEvent(parts[0]);
+  }
+  if (err != CL_SUCCESS) st = fcl_cl_fail(ctx, err, "enqueue dQ");
+
+done:
+  for (int i = 0; i < 2; i++)
+    if (ev[i]) clReleaseEvent(ev[i]);
+  if (acc) clReleaseMemObject(acc);
+  clReleaseMemObject(dsum);
+  return st;
+}
+
+static flashcl_status fcl_check_like(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
+                                     const flashcl_tensor *like) {
+  flashcl_status st = fcl_check_tensor(ctx, t, name, 1);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (t->dtype != like->dtype)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "%s must have dtype %s", name, flashcl_dtype_name(like->dtype));
+  for (int i = 0; i < 4; i++)
+    if (t->shape[i] != like->shape[i])
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s.shape[%d] is %lld, expected %lld", name, i,
+                      (long long)t->shape[i], (long long)like->shape[i]);
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                          const flashcl_tensor *o, const flashcl_tensor *lse,
+                                          const flashcl_tensor *d_o, const flashcl_tensor *dq,
+                                          const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                          cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                          cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!o || !lse || !d_o || !dq || !dk || !dv)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o, lse, d_o, dq, dk and dv must all be non-NULL");
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  fcl_problem p;
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
+      (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
+    return st;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
+                              event_wait_list, out_event);
+  return fcl_flash_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
+                            event_wait_list, out_event);
+}
