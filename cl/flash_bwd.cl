@@ -29,6 +29,9 @@
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
  *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer)
+ *   DROPOUT    1: regenerate the forward's dropout mask (philox.cl must be
+ *              compiled first in the same program); with dropout,
+ *              dV = (P*Z/(1-p))^T dO and dS = P * (dP*Z/(1-p) - D)
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -47,6 +50,9 @@
 #endif
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
 #endif
 
 #define LOG2E 1.4426950408889634f
@@ -120,7 +126,8 @@ __kernel __attribute__((reqd_work_group_size(BLOCK, 1, 1))) void bwd_dkdv(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dk), TENSOR(dv),
     __global const float *lse, long lse_off, long lse_sb, long lse_sn, long lse_sh,
     __global const float *dsum, __global float *dq_acc, int padded_q, int padded_k, int heads_q, int group,
-    float scale, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+    float scale, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed,
+    ulong offset, uint threshold, float keep_scale) {
   __local float Qs[BLOCK * HEAD_DIM];
   __local float dOs[BLOCK * HEAD_DIM];
   __local float Ls[BLOCK]; /* lse in log2 units */
@@ -191,9 +198,19 @@ __kernel __attribute__((reqd_work_group_size(BLOCK, 1, 1))) void bwd_dkdv(
         visible = visible && j <= i + diag;
 #endif
         const float p = visible ? exp2(s * scale_log2 - lrow) : 0.0f;
+        float pd = p;
+#if DROPOUT
+        if (!dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)i, (uint)j, threshold)) {
+          pd = 0.0f;
+          dp = 0.0f;
+        } else {
+          pd *= keep_scale;
+          dp *= keep_scale;
+        }
+#endif
         const float ds = p * (dp - Ds[r]);
         for (int x = 0; x < HEAD_DIM; x++) {
-          dv_acc[x] = mad(p, dOs[r * HEAD_DIM + x], dv_acc[x]);
+          dv_acc[x] = mad(pd, dOs[r * HEAD_DIM + x], dv_acc[x]);
           dk_acc[x] = mad(ds, Qs[r * HEAD_DIM + x], dk_acc[x]);
         }
 #if ATOMIC_DQ
@@ -229,7 +246,8 @@ __kernel __attribute__((reqd_work_group_size(BLOCK, 1, 1))) void bwd_dq(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dq),
     __global const float *lse, long lse_off, long lse_sb, long lse_sn, long lse_sh,
     __global const float *dsum, int padded_q, int padded_k, int heads_q, int group, float scale,
-    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed, ulong offset,
+    uint threshold, float keep_scale) {
   __local float Ks[BLOCK * HEAD_DIM];
   __local float Vs[BLOCK * HEAD_DIM];
   const int t = get_local_id(0);
@@ -282,6 +300,9 @@ __kernel __attribute__((reqd_work_group_size(BLOCK, 1, 1))) void bwd_dq(
       visible = visible && j <= i + diag;
 #endif
       const float p = visible ? exp2(s * scale_log2 - lrow) : 0.0f;
+#if DROPOUT
+      dp = dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)i, (uint)j, threshold) ? dp * keep_scale : 0.0f;
+#endif
       const float ds = p * (dp - drow);
       for (int x = 0; x < HEAD_DIM; x++) dq_acc[x] = mad(ds, Ks[c * HEAD_DIM + x], dq_acc[x]);
     }

@@ -14,6 +14,8 @@
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens
  *   WG         work-group size of naive_softmax (power of two)
+ *   DROPOUT    1: apply the dropout mask of philox.cl (compiled first in the
+ *              same program)
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -29,6 +31,9 @@
 #endif
 #ifndef WG
 #define WG 64
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
 #endif
 
 #if DTYPE == 0
@@ -139,7 +144,7 @@ __kernel void naive_unpack(__global const float *src, __global const float *lse_
  * with D = rowsum(dO * O) from the dense fp32 copies. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
     __global const float *probs, __global float *dprobs, __global const float *o, __global const float *dout,
-    int padded_k, float scale) {
+    int padded_q, int padded_k, float scale, ulong seed, ulong offset, uint threshold, float keep_scale) {
   __local float red[WG];
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
@@ -154,6 +159,22 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
   const float dsum = red[0];
   for (int j = lid; j < padded_k; j += WG) {
     const long e = row * padded_k + j;
-    dprobs[e] = scale * probs[e] * (dprobs[e] - dsum);
+    float dp = dprobs[e];
+#if DROPOUT
+    dp = dropout_keep(seed, offset, (ulong)(row / padded_q), (uint)(row % padded_q), (uint)j, threshold)
+             ? dp * keep_scale : 0.0f;
+#endif
+    dprobs[e] = scale * probs[e] * (dp - dsum);
   }
 }
+
+#if DROPOUT
+/* Global (padded_k, padded_q, sequences * heads_q): dst = P * Z / (1 - p).
+ * dst may be src (each work-item touches one element). */
+__kernel void naive_dropout(__global const float *src, __global float *dst, int padded_q, int padded_k, ulong seed,
+                            ulong offset, uint threshold, float keep_scale) {
+  const int j = get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
+  const long e = ((long)bh * padded_q + i) * padded_k + j;
+  dst[e] = dropout_keep(seed, offset, (ulong)bh, (uint)i, (uint)j, threshold) ? src[e] * keep_scale : 0.0f;
+}
+#endif

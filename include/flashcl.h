@@ -272,6 +272,18 @@ FLASHCL_API flashcl_status flashcl_attention_backward(flashcl_context *ctx, cons
                                                       const flashcl_tensor *dv, cl_uint num_events_in_wait_list,
                                                       const cl_event *event_wait_list, cl_event *out_event);
 
+/*
+ * Debug/test entry point: writes the dropout keep-mask that desc's dropout_p,
+ * seed and offset select, one byte per entry (1 = kept, 0 = dropped), at
+ * mask[((b * heads_q + h) * seqlen_q + i) * seqlen_k + j]. Forward and backward
+ * apply exactly this mask (before any causal or length masking). mask needs
+ * batch * heads_q * seqlen_q * seqlen_k bytes.
+ */
+FLASHCL_API flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flashcl_attention_desc *desc, int batch,
+                                                int heads_q, int seqlen_q, int seqlen_k, cl_mem mask,
+                                                cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                                cl_event *out_event);
+
 typedef enum flashcl_pass { FLASHCL_PASS_FORWARD = 0, FLASHCL_PASS_BACKWARD = 1 } flashcl_pass;
 
 /* Scratch device memory (bytes) the call would allocate for the algorithm that

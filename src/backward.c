@@ -70,12 +70,14 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
                     bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
 
   char opts[256];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d",
-           (int)p->dtype, p->head_dim, bl, p->causal, p->varlen, atomic);
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DDROPOUT=%d",
+           (int)p->dtype, p->head_dim, bl, p->causal, p->varlen, atomic, p->dropout);
+  const char *src = p->dropout ? "philox.cl+flash_bwd.cl" : "flash_bwd.cl";
   cl_kernel k_pre, k_dkdv, k_dq;
-  if ((st = fcl_get_kernel(ctx, "flash_bwd.cl", opts, "bwd_preprocess", &k_pre)) ||
-      (st = fcl_get_kernel(ctx, "flash_bwd.cl", opts, "bwd_dkdv", &k_dkdv)) ||
-      (st = fcl_get_kernel(ctx, "flash_bwd.cl", opts, atomic ? "bwd_dq_store" : "bwd_dq", &k_dq)))
+  if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
+      (st = fcl_get_kernel(ctx, src, opts, atomic ? "bwd_dq_store" : "bwd_dq", &k_dq)))
     return st;
 
   cl_int err;
@@ -140,6 +142,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_arg_mem(&a, cu_k);
   fcl_arg_int(&a, tq);
   fcl_arg_int(&a, tk);
+  fcl_arg_dropout(&a, p);
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
     goto done;
@@ -179,6 +182,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_mem(&a, cu_k);
     fcl_arg_int(&a, tq);
     fcl_arg_int(&a, tk);
+    fcl_arg_dropout(&a, p);
   }
   if (a.err != CL_SUCCESS) {
     if (dkdv_done) clReleaseEvent(dkdv_done);

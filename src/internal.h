@@ -72,7 +72,16 @@ typedef struct fcl_problem {
   int varlen;
   int causal;
   float scale;
+  /* Dropout: kept iff the Philox word >= threshold; kept values scale by keep_scale. */
+  int dropout;
+  cl_uint threshold;
+  float keep_scale;
+  uint64_t seed, offset;
 } fcl_problem;
+
+/* Appends the dropout kernel arguments (seed, offset, threshold, keep_scale). */
+struct fcl_args;
+cl_uint fcl_dropout_threshold(float p);
 
 flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,

@@ -31,4 +31,13 @@ static inline void fcl_arg_tensor(fcl_args *a, const flashcl_tensor *t) {
   fcl_arg_long(a, t->stride[2]);
 }
 
+static inline void fcl_arg_dropout(fcl_args *a, const fcl_problem *p) {
+  cl_ulong seed = p->seed, offset = p->offset;
+  cl_uint threshold = p->threshold;
+  fcl_arg(a, sizeof seed, &seed);
+  fcl_arg(a, sizeof offset, &offset);
+  fcl_arg(a, sizeof threshold, &threshold);
+  fcl_arg_float(a, p->keep_scale);
+}
+
 #endif

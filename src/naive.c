@@ -120,6 +120,23 @@ static flashcl_status fcl_unpack(flashcl_context *ctx, cl_kernel kern, cl_mem sr
                      "enqueue naive_unpack");
 }
 
+/* dst = P * Z / (1 - p) over the dense [seq][head][row][col] score layout. */
+static flashcl_status fcl_dropout_apply(flashcl_context *ctx, const char *src, const char *opts, cl_mem from, cl_mem to,
+                                       const fcl_problem *p) {
+  cl_kernel kern;
+  flashcl_status st = fcl_get_kernel(ctx, src, opts, "naive_dropout", &kern);
+  if (st != FLASHCL_SUCCESS) return st;
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_mem(&a, from);
+  fcl_arg_mem(&a, to);
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_dropout(&a, p);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_dropout)");
+  return fcl_enqueue(ctx, kern, (size_t)p->seqlen_k, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q, 0, 0, NULL,
+                     NULL, "enqueue naive_dropout");
+}
+
 flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
@@ -138,12 +155,13 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
 
   const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
   char opts[256];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d",
-           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg);
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d",
+           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg, p->dropout);
+  const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
   cl_kernel k_pack, k_soft, k_unpack;
-  if ((st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_pack", &k_pack)) ||
-      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_softmax", &k_soft)) ||
-      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_unpack", &k_unpack)))
+  if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "naive_unpack", &k_unpack)))
     return st;
 
   cl_mem buf[5] = {NULL, NULL, NULL, NULL, NULL}; /* Q (reused for O), K, V, S, LSE */
@@ -178,6 +196,10 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
 
   if ((st = fcl_softmax(ctx, k_soft, buf[3], buf[4], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
   if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
+  if (p->dropout) {
+    if ((st = fcl_dropout_apply(ctx, src, opts, buf[3], buf[3], p))) goto done;
+    if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
+  }
 
   if ((st = fcl_gemm(ctx, "O = PV", 0, 0, g * lq, (size_t)d, lk, 1.0f, buf[3], lk, g * lq * lk, buf[2], (size_t)d,
                      lk * d, buf[0], (size_t)d, g * lq * d, groups)))
@@ -230,13 +252,14 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
 
   const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
   char opts[256];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d",
-           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg);
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d",
+           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg, p->dropout);
+  const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
   cl_kernel k_pack, k_soft, k_unpack, k_ds;
-  if ((st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_pack", &k_pack)) ||
-      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_softmax", &k_soft)) ||
-      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_unpack", &k_unpack)) ||
-      (st = fcl_get_kernel(ctx, "naive.cl", opts, "naive_ds", &k_ds)))
+  if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "naive_unpack", &k_unpack)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "naive_ds", &k_ds)))
     return st;
 
   enum { Q, K, V, DO, O, P, DP, DV, LSE, NBUF };
@@ -273,7 +296,12 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
   FCL_ORDER();
   if ((st = fcl_softmax(ctx, k_soft, buf[P], buf[LSE], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
   FCL_ORDER();
-  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, (size_t)d, gq, 1.0f, buf[P], lk, gq * lk, buf[DO], (size_t)d,
+  /* With dropout, dV takes the dropped P, staged in dP's buffer before dP is computed. */
+  if (p->dropout) {
+    if ((st = fcl_dropout_apply(ctx, src, opts, buf[P], buf[DP], p))) goto done;
+    FCL_ORDER();
+  }
+  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, (size_t)d, gq, 1.0f, buf[p->dropout ? DP : P], lk, gq * lk, buf[DO], (size_t)d,
                      gq * d, buf[DV], (size_t)d, lk * d, groups)) ||
       (st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, (size_t)d, 1.0f, buf[DO], (size_t)d, gq * d, buf[V],
                      (size_t)d, lk * d, buf[DP], lk, gq * lk, groups)))
@@ -284,8 +312,10 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
   fcl_arg_mem(&a, buf[DP]);
   fcl_arg_mem(&a, buf[O]);
   fcl_arg_mem(&a, buf[DO]);
+  fcl_arg_int(&a, p->seqlen_q);
   fcl_arg_int(&a, p->seqlen_k);
   fcl_arg_float(&a, p->scale);
+  fcl_arg_dropout(&a, p);
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_ds)");
     goto done;

@@ -51,16 +51,36 @@ flashcl_status fcl_kernel_source(flashcl_context *ctx, const char *file, const c
   return fcl_fail(ctx, FLASHCL_ERROR_KERNEL_SOURCE, "kernel source %s is not embedded in this build", file);
 }
 
-static flashcl_status fcl_build(flashcl_context *ctx, const char *file, const char *options, cl_program *out) {
-  const char *text;
-  size_t size;
-  char *owned;
-  flashcl_status st = fcl_kernel_source(ctx, file, &text, &size, &owned);
+/* `files` names one source, or several joined by '+' that are compiled as one
+ * program in that order (e.g. "philox.cl+flash_bwd.cl"). */
+static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
+  enum { MAX_PARTS = 4 };
+  const char *text[MAX_PARTS];
+  size_t size[MAX_PARTS];
+  char *owned[MAX_PARTS] = {0};
+  cl_uint parts = 0;
+  flashcl_status st = FLASHCL_SUCCESS;
+  for (const char *f = files; *f && st == FLASHCL_SUCCESS;) {
+    const char *plus = strchr(f, '+');
+    size_t len = plus ? (size_t)(plus - f) : strlen(f);
+    char name[256];
+    if (parts == MAX_PARTS || len == 0 || len >= sizeof name) {
+      st = fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "bad kernel source list \"%s\"", files);
+      break;
+    }
+    memcpy(name, f, len);
+    name[len] = '\0';
+    st = fcl_kernel_source(ctx, name, &text[parts], &size[parts], &owned[parts]);
+    if (st == FLASHCL_SUCCESS) parts++;
+    f += len + (plus ? 1 : 0);
+  }
+  cl_int err = CL_SUCCESS;
+  cl_program prog = NULL;
+  if (st == FLASHCL_SUCCESS) prog = clCreateProgramWithSource(ctx->context, parts, text, size, &err);
+  for (cl_uint i = 0; i < MAX_PARTS; i++) free(owned[i]);
   if (st != FLASHCL_SUCCESS) return st;
-  cl_int err;
-  cl_program prog = clCreateProgramWithSource(ctx->context, 1, &text, &size, &err);
-  free(owned);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateProgramWithSource");
+  const char *file = files;
   fcl_log(ctx, "building %s with \"%s\"", file, options);
   err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
   if (err != CL_SUCCESS) {

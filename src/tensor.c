@@ -164,8 +164,6 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1), got %g",
                     (double)desc->dropout_p);
-  if (desc->dropout_p > 0.0f)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "dropout is not implemented in this version (dropout_p must be 0)");
 
   int64_t d = q->shape[3];
   if (k->shape[3] != d || v->shape[3] != d)
@@ -202,6 +200,11 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   p->head_dim = (int)d;
   p->causal = desc->causal != 0;
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
+  p->dropout = desc->dropout_p > 0.0f;
+  p->threshold = fcl_dropout_threshold(desc->dropout_p);
+  p->keep_scale = (float)(1.0 / (1.0 - (double)desc->dropout_p));
+  p->seed = desc->seed;
+  p->offset = desc->offset;
 
   if (desc->cu_seqlens_q || desc->cu_seqlens_k) {
     if (!desc->cu_seqlens_q || !desc->cu_seqlens_k)
