@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA reference timings, in flashcl-bench's terms (same shapes and FLOP count).
+
+Used on the NVIDIA machine to put flashcl's figures next to
+torch.nn.functional.scaled_dot_product_attention. Not part of the library.
+
+  python3 tools/sdpa_bench.py --n 1024,4096,8192 --d 64,128 --backend flash [--bwd] [--causal 0,1]
+
+Shapes follow flashcl-bench: batch = max(1, batch_tokens / N), heads = hidden / d,
+fp16, layout (batch, heads, N, d). TFLOP/s counts 4*N^2*d per head (halved when
+causal); --bwd reports forward+backward with 3.5x the forward FLOPs, as
+FlashAttention-2 counts.
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def time_ms(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--d", default="64,128")
+    ap.add_argument("--causal", default="0")
+    ap.add_argument("--backend", default="flash", choices=sorted(BACKENDS))
+    ap.add_argument("--batch-tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, backend {args.backend}, fp16")
+    print("N,d,causal,batch,heads,pass,ms,tflops")
+    for d in ints(args.d):
+        for n in ints(args.n):
+            for causal in ints(args.causal):
+                b, h = max(1, args.batch_tokens // n), args.hidden // d
+                q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, requires_grad=args.bwd)
+                           for _ in range(3))
+                flops = 4.0 * n * n * d * b * h * (0.5 if causal else 1.0)
+                with sdpa_kernel(BACKENDS[args.backend]):
+                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                    ms = time_ms(fwd, args.warmup, args.reps)
+                    print(f"{n},{d},{causal},{b},{h},fwd,{ms:.3f},{flops / ms * 1e-9:.1f}")
+                    if args.bwd:
+                        out = fwd()
+                        grad = torch.randn_like(out)
+
+                        def step():
+                            o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                            o.backward(grad)
+
+                        ms = time_ms(step, args.warmup, args.reps)
+                        print(f"{n},{d},{causal},{b},{h},fwd+bwd,{ms:.3f},{3.5 * flops / ms * 1e-9:.1f}")
+                del q, k, v
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
