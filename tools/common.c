@@ -340,6 +340,18 @@ int tools_is_oom(int status) {
 int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                         const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o, double *ms,
                         int *used_host_timer) {
+  tools_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.desc = desc;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  return tools_timed_call(ctx, FLASHCL_PASS_FORWARD, &a, ms, used_host_timer);
+}
+
+int tools_timed_call(flashcl_context *ctx, flashcl_pass pass, const tools_attention_args *a, double *ms,
+                     int *used_host_timer) {
   cl_command_queue queue = flashcl_context_cl_queue(ctx);
   cl_command_queue_properties props = 0;
   cl_event before = NULL, after = NULL;
@@ -354,7 +366,11 @@ int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc
   h0 = tools_now_ms();
   err = clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
   if (err != CL_SUCCESS) return err;
-  status = flashcl_attention_forward(ctx, desc, q, k, v, o, NULL, 0, NULL, NULL);
+  if (pass == FLASHCL_PASS_BACKWARD)
+    status = flashcl_attention_backward(ctx, a->desc, a->q, a->k, a->v, a->o, a->lse, a->d_o, a->dq, a->dk, a->dv,
+                                        0, NULL, NULL);
+  else
+    status = flashcl_attention_forward(ctx, a->desc, a->q, a->k, a->v, a->o, a->lse, 0, NULL, NULL);
   if (status != FLASHCL_SUCCESS) {
     clFinish(queue);
     clReleaseEvent(before);

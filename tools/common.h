@@ -75,10 +75,19 @@ cl_int tools_read_as_float(cl_command_queue queue, cl_mem buffer, flashcl_dtype 
 /* A status that means "out of memory" (flashcl's own or OpenCL's). */
 int tools_is_oom(int status);
 
-/* Runs one forward call bracketed by two markers on the context's queue and
- * waits for it. *ms is END(marker after) - END(marker before) from OpenCL
- * profiling when the queue has it, else host wall-clock time. Returns the
- * flashcl/OpenCL status. */
+/* Arguments of one attention call; lse may be NULL for the forward pass. */
+typedef struct tools_attention_args {
+  const flashcl_attention_desc *desc;
+  const flashcl_tensor *q, *k, *v, *o, *lse;
+  const flashcl_tensor *d_o, *dq, *dk, *dv; /* backward only */
+} tools_attention_args;
+
+/* Runs one forward or backward call bracketed by two markers on the context's
+ * queue and waits for it. *ms is END(marker after) - END(marker before) from
+ * OpenCL profiling when the queue has it, else host wall-clock time. Returns
+ * the flashcl/OpenCL status. */
+int tools_timed_call(flashcl_context *ctx, flashcl_pass pass, const tools_attention_args *a, double *ms,
+                     int *used_host_timer);
 int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                         const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o, double *ms,
                         int *used_host_timer);

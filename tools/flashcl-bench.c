@@ -1,6 +1,7 @@
 /*
- * flashcl-bench: forward-pass timings of the flash and naive algorithms over a
- * sweep of sequence lengths, head dims, dtypes and causal masks.
+ * flashcl-bench: timings of the flash and naive attention algorithms (forward,
+ * and with --bwd the backward pass) over a sweep of sequence lengths, head dims,
+ * dtypes and causal masks.
  *
  * Each run is bracketed by two markers on the context's (profiling) queue; the
  * time is END(after) - END(before), i.e. the device time of everything the call
@@ -14,6 +15,8 @@
 
 #include "common.h"
 
+#define MAX_ALGOS 4
+
 typedef struct bench_opts {
   const char *device;
   tools_list n, d, dtype, causal, algo;
@@ -21,23 +24,33 @@ typedef struct bench_opts {
   long batch_tokens, hidden, gqa;
   long reps, warmup;
   int have_batch_tokens, have_hidden, have_reps, have_warmup;
-  double budget_s;
-  int csv, check, bhnd, verbose;
+  double budget_s, dropout;
+  int csv, check, bhnd, verbose, bwd, deterministic;
   flashcl_kernel_family kernel;
 } bench_opts;
 
-typedef struct algo_result {
+/* Buffers and tensors of one (N, d, dtype) config. */
+typedef struct config_bufs {
+  cl_mem mem[9];
+  flashcl_tensor q, k, v, o, lse, d_o, dq, dk, dv;
+  size_t q_count, kv_count;
+  size_t fwd_io, bwd_io; /* bytes the pass reads/writes besides its workspace */
+} config_bufs;
+
+typedef struct row {
   int algo;
-  int status;   /* 0 ok, else flashcl/OpenCL status */
-  int oom;      /* status means out of memory (or skipped as too large) */
-  int ran;
-  int reps;
+  flashcl_pass pass;
+  int status; /* 0 ok, else flashcl/OpenCL status */
+  int oom;    /* status means out of memory (or skipped as too large) */
+  int ran, reps;
   double median_ms, min_ms;
   size_t workspace;
   flashcl_block_plan plan;
   int have_plan;
-  float *out; /* output as float, for the flash/naive comparison */
-} algo_result;
+  float *out[3]; /* outputs as float for the flash/naive comparison: o, or dq, dk, dv */
+  size_t out_count[3];
+  int nout;
+} row;
 
 static int g_host_timer = 0;
 
@@ -45,22 +58,27 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: flashcl-bench [options]\n"
           "\n"
-          "Times flashcl_attention_forward (flash and naive) on one device.\n"
+          "Times flashcl_attention_forward (and with --bwd flashcl_attention_backward),\n"
+          "flash and naive, on one device.\n"
           "Per config: batch = max(1, batch_tokens / N), heads = max(1, hidden / d).\n"
           "\n"
           "  --device SPEC        \"<platform>:<device>\" or a name substring (default:\n"
           "                       $FLASHCL_DEVICE, else first GPU, else first device)\n"
           "  --n LIST             sequence lengths, e.g. 128,256,1k,16k\n"
-          "                       (default GPU: 128..16384, other devices: 128..2048)\n"
+          "                       (default GPU: 128..16384, other devices: 128..4096)\n"
           "  --d LIST             head dims (default 64,128 on GPU, 64 otherwise)\n"
           "  --dtype LIST         f32,f16,bf16 (default f16,f32)\n"
-          "  --causal 0|1|both    (default both on GPU, 0 otherwise)\n"
+          "  --causal 0|1|both    (default both)\n"
           "  --algo LIST          flash,naive (default both)\n"
           "  --batch-tokens T     batch * N (default 16384 on GPU, 2048 otherwise)\n"
           "  --hidden H           heads * d (default 2048 on GPU, 256 otherwise)\n"
           "  --gqa G              query heads per key/value head (default 1)\n"
           "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
           "  --kernel auto|portable  flash kernel family (default auto)\n"
+          "  --bwd                also time the backward pass (after one untimed forward\n"
+          "                       that writes o and lse)\n"
+          "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
+          "  --dropout P          dropout probability for both passes (default 0)\n"
           "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
           "  --warmup W           untimed runs first (default 2 on GPU, 1 otherwise)\n"
           "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
@@ -69,9 +87,13 @@ static void usage(FILE *f) {
           "  --csv                machine-readable CSV on stdout\n"
           "  --verbose            library diagnostics on stderr\n"
           "\n"
-          "TFLOP/s counts 4*N*N*d per head and batch (half of that when causal).\n"
+          "TFLOP/s counts 4*N*N*d (forward) or 10*N*N*d (backward, FlashAttention's\n"
+          "convention) per head and batch, half of that when causal.\n"
           "speedup (on flash rows) = naive median / flash median.\n"
-          "relL2 (on flash rows) = ||o_flash - o_naive|| / ||o_naive||.\n");
+          "relL2 (on flash rows) = ||x_flash - x_naive|| / ||x_naive|| for x = o, or the\n"
+          "largest of the three for x = dq, dk, dv.\n"
+          "A row that runs out of device memory prints OOM; other errors print the\n"
+          "status and the library's message on stderr and make the exit status 1.\n");
 }
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
@@ -81,6 +103,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   o->gqa = 1;
   o->budget_s = 10.0;
   o->check = 1;
+  o->deterministic = 1;
   o->kernel = FLASHCL_KERNEL_AUTO;
   tools_parse_algo_list("flash,naive", &o->algo);
   for (i = 1; i < argc; ++i) {
@@ -101,7 +124,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       if (tools_parse_causal_list(val, &o->causal)) goto bad;
       o->have_causal = 1;
     } else if (OPT("--algo")) {
-      if (tools_parse_algo_list(val, &o->algo)) goto bad;
+      if (tools_parse_algo_list(val, &o->algo) || o->algo.count > MAX_ALGOS) goto bad;
     } else if (OPT("--batch-tokens")) {
       if (tools_parse_long(val, &o->batch_tokens) || o->batch_tokens < 1) goto bad;
       o->have_batch_tokens = 1;
@@ -114,6 +137,13 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       if (tools_parse_layout(val, &o->bhnd)) goto bad;
     } else if (OPT("--kernel")) {
       if (tools_parse_kernel(val, &o->kernel)) goto bad;
+    } else if (OPT("--deterministic")) {
+      if (strcmp(val, "0") && strcmp(val, "1")) goto bad;
+      o->deterministic = val[0] == '1';
+    } else if (OPT("--dropout")) {
+      char *end = NULL;
+      o->dropout = strtod(val, &end);
+      if (!end || *end || !(o->dropout >= 0.0 && o->dropout < 1.0)) goto bad;
     } else if (OPT("--reps")) {
       if (tools_parse_long(val, &o->reps) || o->reps < 1) goto bad;
       o->have_reps = 1;
@@ -124,6 +154,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       char *end = NULL;
       o->budget_s = strtod(val, &end);
       if (!end || *end || !(o->budget_s > 0)) goto bad;
+    } else if (tools_opt_flag(argv, i, "--bwd")) {
+      o->bwd = 1;
     } else if (tools_opt_flag(argv, i, "--no-check")) {
       o->check = 0;
     } else if (tools_opt_flag(argv, i, "--csv")) {
@@ -147,90 +179,167 @@ bad:
 }
 
 /* Defaults depend on the device: a full sweep on GPUs, a short one elsewhere
- * (PoCL on a 2-core CPU finishes it in a few minutes). */
+ * (PoCL on a 2-core CPU finishes it in about two minutes). */
 static void apply_defaults(bench_opts *o, int is_gpu) {
-  if (!o->have_n) {
-    static const long gpu_n[] = {128, 256, 512, 1024, 2048, 4096, 8192, 16384};
-    static const long cpu_n[] = {128, 256, 512, 1024, 2048};
-    const long *src = is_gpu ? gpu_n : cpu_n;
-    int count = is_gpu ? (int)(sizeof gpu_n / sizeof gpu_n[0]) : (int)(sizeof cpu_n / sizeof cpu_n[0]);
-    int i;
-    o->n.count = count;
-    for (i = 0; i < count; ++i) o->n.v[i] = src[i];
-  }
+  if (!o->have_n) tools_parse_int_list(is_gpu ? "128,256,512,1024,2048,4096,8192,16384" : "128,256,512,1024,2048,4096",
+                                       &o->n);
   if (!o->have_d) tools_parse_int_list(is_gpu ? "64,128" : "64", &o->d);
   if (!o->have_dtype) tools_parse_dtype_list("f16,f32", &o->dtype);
-  if (!o->have_causal) tools_parse_causal_list(is_gpu ? "both" : "0", &o->causal);
+  if (!o->have_causal) tools_parse_causal_list("both", &o->causal);
   if (!o->have_batch_tokens) o->batch_tokens = is_gpu ? 16384 : 2048;
   if (!o->have_hidden) o->hidden = is_gpu ? 2048 : 256;
   if (!o->have_reps) o->reps = is_gpu ? 10 : 3;
   if (!o->have_warmup) o->warmup = is_gpu ? 2 : 1;
 }
 
-static void fmt_ms(char *buf, size_t size, const algo_result *r) {
-  if (r->oom) snprintf(buf, size, "OOM");
-  else if (r->status) snprintf(buf, size, "error %d", r->status);
-  else snprintf(buf, size, "%.3f", r->median_ms);
-}
-
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
-/* Runs one algorithm on allocated tensors; fills r. */
-static void run_algo(flashcl_context *ctx, const bench_opts *o, const flashcl_tensor *q, const flashcl_tensor *k,
-                     const flashcl_tensor *v, const flashcl_tensor *out, int causal, size_t io_bytes,
-                     cl_ulong global_mem, size_t q_count, void *raw_scratch, algo_result *r) {
+/* Releases the buffers; the sizes stay (OOM rows still report them). */
+static void release_bufs(config_bufs *b) {
+  int i;
+  for (i = 0; i < 9; ++i) {
+    if (b->mem[i]) clReleaseMemObject(b->mem[i]);
+    b->mem[i] = NULL;
+  }
+}
+
+/* Allocates the config's buffers (random q, k, v and, for --bwd, d_o). Returns
+ * 0 or a status; OOM statuses are recognised by tools_is_oom. */
+static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, long batch, long n,
+                      long heads, long heads_kv, long d, flashcl_dtype dtype, uint64_t seed, void *scratch,
+                      config_bufs *b) {
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  const size_t esize = flashcl_dtype_size(dtype);
+  const size_t lse_bytes = (size_t)batch * (size_t)heads * (size_t)n * sizeof(float);
+  flashcl_status (*init)(flashcl_tensor *, cl_mem, size_t, flashcl_dtype, int64_t, int64_t, int64_t, int64_t) =
+      o->bhnd ? flashcl_tensor_init_bhnd : flashcl_tensor_init_bnhd;
+  cl_int err = CL_SUCCESS;
+  int st = 0;
+
+  memset(b, 0, sizeof *b);
+  b->q_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
+  b->kv_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)d;
+  b->fwd_io = (2 * b->q_count + 2 * b->kv_count) * esize;
+  b->bwd_io = (4 * b->q_count + 4 * b->kv_count) * esize + lse_bytes;
+  if ((cl_ulong)(o->bwd ? b->bwd_io : b->fwd_io) > info->global_mem_size ||
+      (cl_ulong)(b->q_count * esize) > info->max_mem_alloc_size)
+    return FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
+
+  b->mem[0] = tools_random_buffer(clctx, queue, dtype, b->q_count, seed + 1, scratch, &err);
+  if (b->mem[0]) b->mem[1] = tools_random_buffer(clctx, queue, dtype, b->kv_count, seed + 2, scratch, &err);
+  if (b->mem[1]) b->mem[2] = tools_random_buffer(clctx, queue, dtype, b->kv_count, seed + 3, scratch, &err);
+  if (b->mem[2]) b->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->q_count * esize, NULL, &err);
+  if (!b->mem[3] || err) goto fail;
+  if (o->bwd) {
+    b->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, lse_bytes, NULL, &err);
+    if (b->mem[4]) b->mem[5] = tools_random_buffer(clctx, queue, dtype, b->q_count, seed + 4, scratch, &err);
+    if (b->mem[5]) b->mem[6] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->q_count * esize, NULL, &err);
+    if (b->mem[6]) b->mem[7] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->kv_count * esize, NULL, &err);
+    if (b->mem[7]) b->mem[8] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->kv_count * esize, NULL, &err);
+    if (!b->mem[8] || err) goto fail;
+  }
+  st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
+  if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
+  if (!st) st = init(&b->v, b->mem[2], 0, dtype, batch, n, heads_kv, d);
+  if (!st) st = init(&b->o, b->mem[3], 0, dtype, batch, n, heads, d);
+  if (!st && o->bwd) {
+    st = flashcl_tensor_init_lse(&b->lse, b->mem[4], 0, batch, n, heads);
+    if (!st) st = init(&b->d_o, b->mem[5], 0, dtype, batch, n, heads, d);
+    if (!st) st = init(&b->dq, b->mem[6], 0, dtype, batch, n, heads, d);
+    if (!st) st = init(&b->dk, b->mem[7], 0, dtype, batch, n, heads_kv, d);
+    if (!st) st = init(&b->dv, b->mem[8], 0, dtype, batch, n, heads_kv, d);
+  }
+  if (st) {
+    tools_print_error(stderr, ctx, "flashcl_tensor_init", st);
+    release_bufs(b);
+    return st;
+  }
+  return 0;
+fail:
+  release_bufs(b);
+  return err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+}
+
+static int read_output(cl_command_queue queue, const flashcl_tensor *t, size_t count, void *scratch, row *r) {
+  float *dst = (float *)malloc(count * sizeof(float));
+  if (!dst) return -1;
+  if (tools_read_as_float(queue, t->buffer, t->dtype, count, scratch, dst) != CL_SUCCESS) {
+    free(dst);
+    return -1;
+  }
+  r->out[r->nout] = dst;
+  r->out_count[r->nout] = count;
+  r->nout++;
+  return 0;
+}
+
+/* Times one (pass, algo) row on allocated buffers; fills r. */
+static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, int causal, cl_ulong global_mem,
+                    void *scratch, row *r) {
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
   flashcl_attention_desc desc;
-  double times[1024];
-  double ms = 0.0;
-  long reps = o->reps, i;
+  tools_attention_args args;
+  double times[1000], ms = 0.0, spent = 0.0;
+  long reps = o->reps < 1000 ? o->reps : 1000, i;
+  size_t io;
   int st, host_timer = 0;
 
   flashcl_attention_desc_init(&desc);
   desc.causal = causal;
   desc.algo = (flashcl_algo)r->algo;
   desc.kernel = o->kernel;
+  desc.deterministic = o->deterministic;
+  desc.dropout_p = (float)o->dropout;
+  desc.seed = 0x5eedu;
+  desc.offset = 0;
   if (o->gqa > 1) {
-    desc.heads_q = (int)q->shape[FLASHCL_DIM_HEAD];
-    desc.heads_kv = (int)k->shape[FLASHCL_DIM_HEAD];
+    desc.heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
+    desc.heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
+  }
+  memset(&args, 0, sizeof args);
+  args.desc = &desc;
+  args.q = &b->q;
+  args.k = &b->k;
+  args.v = &b->v;
+  args.o = &b->o;
+  if (r->pass == FLASHCL_PASS_BACKWARD) {
+    args.lse = &b->lse;
+    args.d_o = &b->d_o;
+    args.dq = &b->dq;
+    args.dk = &b->dk;
+    args.dv = &b->dv;
   }
 
-  st = flashcl_attention_workspace_size(ctx, &desc, q, k, v, FLASHCL_PASS_FORWARD, &r->workspace);
-  if (st != FLASHCL_SUCCESS) {
-    r->status = st;
-    r->oom = tools_is_oom(st);
-    if (!r->oom) tools_print_error(stderr, ctx, "  flashcl_attention_workspace_size", st);
-    return;
-  }
-  if (r->algo == FLASHCL_ALGO_FLASH &&
-      flashcl_attention_block_plan(ctx, (int)q->shape[FLASHCL_DIM_HEADDIM], q->dtype, 0, 0, &r->plan) ==
+  st = flashcl_attention_workspace_size(ctx, &desc, &b->q, &b->k, &b->v, r->pass, &r->workspace);
+  if (st != FLASHCL_SUCCESS) goto failed;
+  if (r->algo == FLASHCL_ALGO_FLASH && r->pass == FLASHCL_PASS_FORWARD &&
+      flashcl_attention_block_plan(ctx, (int)b->q.shape[FLASHCL_DIM_HEADDIM], b->q.dtype, 0, 0, &r->plan) ==
           FLASHCL_SUCCESS)
     r->have_plan = 1;
-  if ((cl_ulong)io_bytes + r->workspace > global_mem) { /* would not fit: do not even try */
+  io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
+  if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
     r->status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
     r->oom = 1;
     return;
   }
-
-  for (i = 0; i < o->warmup; ++i) {
-    st = tools_timed_forward(ctx, &desc, q, k, v, out, &ms, &host_timer);
+  if (r->pass == FLASHCL_PASS_BACKWARD) { /* o and lse from this algorithm's forward */
+    st = flashcl_attention_forward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
+    if (st == FLASHCL_SUCCESS) st = clFinish(queue);
     if (st != FLASHCL_SUCCESS) goto failed;
   }
-  if (reps > (long)(sizeof times / sizeof times[0])) reps = (long)(sizeof times / sizeof times[0]);
-  for (i = 0; i < reps; ++i) {
-    st = tools_timed_forward(ctx, &desc, q, k, v, out, &ms, &host_timer);
+
+  for (i = 0; i < o->warmup; ++i) {
+    st = tools_timed_call(ctx, r->pass, &args, &ms, &host_timer);
+    if (st != FLASHCL_SUCCESS) goto failed;
+  }
+  for (i = 0; i < reps;) {
+    st = tools_timed_call(ctx, r->pass, &args, &ms, &host_timer);
     if (st != FLASHCL_SUCCESS) goto failed;
     if (host_timer) g_host_timer = 1;
-    times[i] = ms;
-    /* Respect the time budget: stop early when the next run would exceed it. */
-    {
-      double spent = 0.0;
-      long j;
-      for (j = 0; j <= i; ++j) spent += times[j];
-      if (i + 1 < reps && (spent + ms) * 1e-3 > o->budget_s) {
-        ++i;
-        break;
-      }
-    }
+    times[i++] = ms;
+    spent += ms;
+    if ((spent + ms) * 1e-3 > o->budget_s) break; /* the next run would exceed the budget */
   }
   r->reps = (int)i;
   r->min_ms = tools_min(times, r->reps);
@@ -238,18 +347,32 @@ static void run_algo(flashcl_context *ctx, const bench_opts *o, const flashcl_te
   r->ran = 1;
 
   if (o->check) {
-    r->out = (float *)malloc(q_count * sizeof(float));
-    if (r->out && tools_read_as_float(flashcl_context_cl_queue(ctx), out->buffer, out->dtype, q_count,
-                                      raw_scratch, r->out) != CL_SUCCESS) {
-      free(r->out);
-      r->out = NULL;
+    int bad = 0;
+    if (r->pass == FLASHCL_PASS_BACKWARD) {
+      bad |= read_output(queue, &b->dq, b->q_count, scratch, r);
+      bad |= read_output(queue, &b->dk, b->kv_count, scratch, r);
+      bad |= read_output(queue, &b->dv, b->kv_count, scratch, r);
+    } else {
+      bad |= read_output(queue, &b->o, b->q_count, scratch, r);
     }
+    if (bad) fprintf(stderr, "  (could not read the outputs back for the comparison)\n");
   }
   return;
 failed:
   r->status = st;
   r->oom = tools_is_oom(st);
-  if (!r->oom) tools_print_error(stderr, ctx, "  flashcl_attention_forward", st);
+  if (!r->oom) {
+    char what[96];
+    snprintf(what, sizeof what, "  %s %s", tools_algo_name(r->algo),
+             r->pass == FLASHCL_PASS_BACKWARD ? "flashcl_attention_backward" : "flashcl_attention_forward");
+    tools_print_error(stderr, ctx, what, st);
+  }
+}
+
+static void free_row(row *r) {
+  int i;
+  for (i = 0; i < r->nout; ++i) free(r->out[i]);
+  r->nout = 0;
 }
 
 int main(int argc, char **argv) {
@@ -257,10 +380,8 @@ int main(int argc, char **argv) {
   flashcl_context_options options;
   flashcl_context *ctx = NULL;
   flashcl_device_info info;
-  cl_context clctx;
-  cl_command_queue queue;
   char devdesc[512];
-  int st, ni, di, ti, ci, ai, failures = 0;
+  int st, ni, di, ti, ci, failures = 0;
 
   if (parse_args(argc, argv, &o) != 0) return 1;
 
@@ -270,8 +391,8 @@ int main(int argc, char **argv) {
   options.verbose = o.verbose;
   st = flashcl_context_create(&options, &ctx);
   if (st != FLASHCL_SUCCESS) {
-    fprintf(stderr, "flashcl-bench: cannot create a context on %s: %s (%d)\n", o.device ? o.device : "the default device",
-            flashcl_status_string(st), st);
+    fprintf(stderr, "flashcl-bench: cannot create a context on %s: %s (%d)\n",
+            o.device ? o.device : "the default device", flashcl_status_string(st), st);
     return 2;
   }
   st = flashcl_context_device_info(ctx, &info);
@@ -281,20 +402,20 @@ int main(int argc, char **argv) {
     return 2;
   }
   apply_defaults(&o, info.is_gpu);
-  clctx = flashcl_context_cl_context(ctx);
-  queue = flashcl_context_cl_queue(ctx);
   tools_describe_device(ctx, devdesc, sizeof devdesc);
 
   if (o.csv) {
-    printf("device,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
+    printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
            "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status\n");
   } else {
     printf("flashcl-bench %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
-    printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs\n",
+    printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
            o.batch_tokens, o.hidden, o.gqa > 1 ? " (GQA)" : "", o.bhnd ? "BHND" : "BNHD", o.warmup, o.reps);
-    printf("\n%6s %4s %5s %6s %5s %5s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s\n", "N", "d", "dtype", "causal",
-           "batch", "heads", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB", "ws_MiB", "total_MiB",
-           "speedup", "relL2");
+    if (o.dropout > 0) printf(", dropout %g", o.dropout);
+    if (o.bwd) printf(", %s backward", o.deterministic ? "deterministic" : "atomic-dQ");
+    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s\n", "N", "d", "dtype",
+           "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
+           "ws_MiB", "total_MiB", "speedup", "relL2");
   }
   fflush(stdout);
 
@@ -309,124 +430,109 @@ int main(int argc, char **argv) {
           const long heads = o.hidden / d > 0 ? o.hidden / d : 1;
           const long heads_kv = heads / o.gqa;
           const size_t esize = flashcl_dtype_size(dtype);
-          const size_t q_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
-          const size_t kv_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)d;
-          const size_t io_bytes = (2 * q_count + 2 * kv_count) * esize;
-          const double flops = 4.0 * (double)n * (double)n * (double)d * (double)batch * (double)heads *
-                               (causal ? 0.5 : 1.0);
-          cl_mem bq = NULL, bk = NULL, bv = NULL, bo = NULL;
-          flashcl_tensor tq, tk, tv, to;
-          algo_result res[8];
+          const size_t max_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
+          const int npass = o.bwd ? 2 : 1;
+          const int nalgo = o.algo.count;
+          const uint64_t seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
+          config_bufs bufs;
           void *scratch = NULL;
-          cl_int err = CL_SUCCESS;
-          int alloc_status = 0;
-          int nalgo = o.algo.count < 8 ? o.algo.count : 8;
-          int flash_i = -1, naive_i = -1;
+          int alloc_status, pi, ai;
 
-          memset(res, 0, sizeof res);
-          for (ai = 0; ai < nalgo; ++ai) {
-            res[ai].algo = (int)o.algo.v[ai];
-            if (res[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
-            if (res[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
-          }
           if (heads_kv < 1 || heads % o.gqa != 0) {
-            fprintf(stderr, "skipping N=%ld d=%ld: heads %ld not divisible by --gqa %ld\n", n, d, heads, o.gqa);
+            fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", n, d, heads,
+                    o.gqa);
             continue;
           }
+          memset(&bufs, 0, sizeof bufs);
+          scratch = malloc(max_count * (esize > sizeof(float) ? esize : sizeof(float)));
+          if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+          else alloc_status = alloc_bufs(ctx, &o, &info, batch, n, heads, heads_kv, d, dtype, seed, scratch, &bufs);
+          if (alloc_status && !tools_is_oom(alloc_status))
+            fprintf(stderr, "  allocating N=%ld d=%ld %s: %s (%d)\n", n, d, flashcl_dtype_name(dtype),
+                    flashcl_status_string(alloc_status), alloc_status);
 
-          /* inputs */
-          if ((cl_ulong)io_bytes > info.global_mem_size || (cl_ulong)(q_count * esize) > info.max_mem_alloc_size) {
-            alloc_status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
-          } else {
-            scratch = malloc(q_count * (esize > sizeof(float) ? esize : sizeof(float)));
-            if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-          }
-          if (!alloc_status) {
-            uint64_t seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
-            bq = tools_random_buffer(clctx, queue, dtype, q_count, seed + 1, scratch, &err);
-            if (bq) bk = tools_random_buffer(clctx, queue, dtype, kv_count, seed + 2, scratch, &err);
-            if (bk) bv = tools_random_buffer(clctx, queue, dtype, kv_count, seed + 3, scratch, &err);
-            if (bv) bo = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_count * esize, NULL, &err);
-            if (!bo || err != CL_SUCCESS) alloc_status = err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE;
-          }
-          if (!alloc_status) {
-            if (o.bhnd) {
-              st = flashcl_tensor_init_bhnd(&tq, bq, 0, dtype, batch, n, heads, d);
-              if (!st) st = flashcl_tensor_init_bhnd(&tk, bk, 0, dtype, batch, n, heads_kv, d);
-              if (!st) st = flashcl_tensor_init_bhnd(&tv, bv, 0, dtype, batch, n, heads_kv, d);
-              if (!st) st = flashcl_tensor_init_bhnd(&to, bo, 0, dtype, batch, n, heads, d);
-            } else {
-              st = flashcl_tensor_init_bnhd(&tq, bq, 0, dtype, batch, n, heads, d);
-              if (!st) st = flashcl_tensor_init_bnhd(&tk, bk, 0, dtype, batch, n, heads_kv, d);
-              if (!st) st = flashcl_tensor_init_bnhd(&tv, bv, 0, dtype, batch, n, heads_kv, d);
-              if (!st) st = flashcl_tensor_init_bnhd(&to, bo, 0, dtype, batch, n, heads, d);
-            }
-            if (st) {
-              tools_print_error(stderr, ctx, "flashcl_tensor_init", st);
-              alloc_status = st;
-            }
-          }
+          for (pi = 0; pi < npass; ++pi) {
+            const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
+            const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * (double)n * (double)n *
+                                 (double)d * (double)batch * (double)heads * (causal ? 0.5 : 1.0);
+            const size_t io = pass == FLASHCL_PASS_BACKWARD ? bufs.bwd_io : bufs.fwd_io;
+            row rows[MAX_ALGOS];
+            int flash_i = -1, naive_i = -1;
 
-          for (ai = 0; ai < nalgo; ++ai) {
-            if (alloc_status) {
-              res[ai].status = alloc_status;
-              res[ai].oom = tools_is_oom(alloc_status);
-              continue;
-            }
-            run_algo(ctx, &o, &tq, &tk, &tv, &to, causal, io_bytes, info.global_mem_size, q_count, scratch, &res[ai]);
-          }
-
-          for (ai = 0; ai < nalgo; ++ai) {
-            const algo_result *r = &res[ai];
-            double tflops = r->ran ? flops / (r->median_ms * 1e-3) / 1e12 : NAN;
-            double speedup = NAN, rel = NAN;
-            int have_rel = 0;
-            char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
-            if (!r->ran && !r->oom) ++failures;
-            if (ai == flash_i && naive_i >= 0 && res[naive_i].ran && r->ran) {
-              speedup = res[naive_i].median_ms / r->median_ms;
-              if (r->out && res[naive_i].out) {
-                rel = tools_rel_l2(r->out, res[naive_i].out, q_count);
-                have_rel = 1;
+            memset(rows, 0, sizeof rows);
+            for (ai = 0; ai < nalgo; ++ai) {
+              rows[ai].algo = (int)o.algo.v[ai];
+              rows[ai].pass = pass;
+              if (rows[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
+              if (rows[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
+              if (alloc_status) {
+                rows[ai].status = alloc_status;
+                rows[ai].oom = tools_is_oom(alloc_status);
+              } else {
+                run_row(ctx, &o, &bufs, causal, info.global_mem_size, scratch, &rows[ai]);
               }
             }
-            if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
-            else snprintf(blocks, sizeof blocks, "-");
-            if (o.csv) {
-              const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
-              printf("\"%s\",%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info.device_name, n, d,
-                     flashcl_dtype_name(dtype), causal, o.bhnd ? "bhnd" : "bnhd", batch, heads, heads_kv,
-                     tools_algo_name(r->algo), r->have_plan ? r->plan.block_r : 0,
-                     r->have_plan ? r->plan.block_c : 0, r->reps);
-              if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, tflops);
-              else printf(",,,");
-              printf("%zu,%zu,%zu,", io_bytes, r->workspace, io_bytes + r->workspace);
-              if (!isnan(speedup)) printf("%.4f", speedup);
-              printf(",");
-              if (have_rel) printf("%.3e", rel);
-              printf(",\"%s\"\n", stxt);
-            } else {
-              fmt_ms(ms, sizeof ms, r);
-              snprintf(reps, sizeof reps, r->ran ? "%d" : "-", r->reps);
-              if (r->ran) snprintf(tf, sizeof tf, "%.4f", tflops);
-              else snprintf(tf, sizeof tf, "-");
-              if (!isnan(speedup)) snprintf(spd, sizeof spd, "%.2fx", speedup);
-              else snprintf(spd, sizeof spd, "-");
-              if (have_rel) snprintf(rl, sizeof rl, "%.2e", rel);
-              else snprintf(rl, sizeof rl, "-");
-              printf("%6ld %4ld %5s %6d %5ld %5ld %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s\n", n, d,
-                     flashcl_dtype_name(dtype), causal, batch, heads, tools_algo_name(r->algo), blocks, reps, ms,
-                     tf, mib(io_bytes), mib(r->workspace), mib(io_bytes + r->workspace), spd, rl);
-            }
-          }
-          fflush(stdout);
 
-          for (ai = 0; ai < nalgo; ++ai) free(res[ai].out);
+            for (ai = 0; ai < nalgo; ++ai) {
+              const row *r = &rows[ai];
+              const row *nv = naive_i >= 0 ? &rows[naive_i] : NULL;
+              const char *pname = pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd";
+              double tflops = r->ran ? flops / (r->median_ms * 1e-3) / 1e12 : NAN;
+              double speedup = NAN, rel = NAN;
+              int have_rel = 0, j;
+              char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
+
+              if (!r->ran && !r->oom) ++failures;
+              if (ai == flash_i && nv && nv->ran && r->ran) {
+                speedup = nv->median_ms / r->median_ms;
+                if (r->nout > 0 && r->nout == nv->nout) {
+                  have_rel = 1;
+                  rel = 0.0;
+                  for (j = 0; j < r->nout; ++j) {
+                    double e = tools_rel_l2(r->out[j], nv->out[j], r->out_count[j]);
+                    if (isnan(e) || e > rel) rel = e;
+                    if (isnan(e)) break;
+                  }
+                }
+              }
+              if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
+              else snprintf(blocks, sizeof blocks, "-");
+
+              if (o.csv) {
+                const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
+                printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info.device_name, pname, n, d,
+                       flashcl_dtype_name(dtype), causal, o.bhnd ? "bhnd" : "bnhd", batch, heads, heads_kv,
+                       tools_algo_name(r->algo), r->have_plan ? r->plan.block_r : 0,
+                       r->have_plan ? r->plan.block_c : 0, r->reps);
+                if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, tflops);
+                else printf(",,,");
+                printf("%zu,%zu,%zu,", io, r->workspace, io + r->workspace);
+                if (!isnan(speedup)) printf("%.4f", speedup);
+                printf(",");
+                if (have_rel) printf("%.3e", rel);
+                printf(",\"%s\"\n", stxt);
+              } else {
+                if (r->oom) snprintf(ms, sizeof ms, "OOM");
+                else if (r->status) snprintf(ms, sizeof ms, "error %d", r->status);
+                else snprintf(ms, sizeof ms, "%.3f", r->median_ms);
+                if (r->ran) snprintf(reps, sizeof reps, "%d", r->reps);
+                else snprintf(reps, sizeof reps, "-");
+                if (r->ran) snprintf(tf, sizeof tf, "%.4f", tflops);
+                else snprintf(tf, sizeof tf, "-");
+                if (!isnan(speedup)) snprintf(spd, sizeof spd, "%.2fx", speedup);
+                else snprintf(spd, sizeof spd, "-");
+                if (have_rel) snprintf(rl, sizeof rl, "%.2e", rel);
+                else snprintf(rl, sizeof rl, "-");
+                printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s\n", n, d,
+                       flashcl_dtype_name(dtype), causal, batch, heads, pname, tools_algo_name(r->algo), blocks,
+                       reps, ms, tf, mib(io), mib(r->workspace), mib(io + r->workspace), spd, rl);
+              }
+            }
+            fflush(stdout);
+            for (ai = 0; ai < nalgo; ++ai) free_row(&rows[ai]);
+          }
+          release_bufs(&bufs);
           free(scratch);
-          if (bq) clReleaseMemObject(bq);
-          if (bk) clReleaseMemObject(bk);
-          if (bv) clReleaseMemObject(bv);
-          if (bo) clReleaseMemObject(bo);
         }
 
   if (!o.csv && g_host_timer)
