@@ -1,0 +1,441 @@
+/*
+ * API surface: status strings, dtypes, tensor helpers, context creation (device
+ * selection through FLASHCL_DEVICE, wrapping caller objects), device info, block
+ * plans and workspace sizes.
+ */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include "common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- statuses -- */
+
+static void test_status_strings(void **state) {
+  static const int codes[] = {
+#define X(name, value, text) value,
+      FLASHCL_STATUS_LIST(X)
+#undef X
+  };
+  static const char *names[] = {
+#define X(name, value, text) #name,
+      FLASHCL_STATUS_LIST(X)
+#undef X
+  };
+  const size_t n = sizeof codes / sizeof codes[0];
+  size_t i, j;
+  (void)state;
+  FCT_CHECK(n == 17, "FLASHCL_STATUS_LIST has %zu entries, the tests know 17", n);
+  for (i = 0; i < n; i++) {
+    const char *s = flashcl_status_string(codes[i]);
+    FCT_CHECK(s != NULL && s[0] != '\0', "flashcl_status_string(%d) [%s] is NULL or empty", codes[i], names[i]);
+    if (codes[i] != 0)
+      FCT_CHECK(codes[i] <= -4000 && codes[i] >= -4999, "%s = %d is outside flashcl's range [-4999, -4000]",
+                names[i], codes[i]);
+    for (j = 0; j < i; j++) {
+      FCT_CHECK(codes[i] != codes[j], "%s and %s share the value %d", names[i], names[j], codes[i]);
+      FCT_CHECK(strcmp(s, flashcl_status_string(codes[j])) != 0, "%s and %s share the string \"%s\"", names[i],
+                names[j], s);
+    }
+  }
+  /* OpenCL codes pass through with their CL_* name. */
+  FCT_CHECK(strstr(flashcl_status_string(-5), "CL_OUT_OF_RESOURCES") != NULL, "status_string(-5) = \"%s\"",
+            flashcl_status_string(-5));
+  FCT_CHECK(strstr(flashcl_status_string(-30), "CL_INVALID_VALUE") != NULL, "status_string(-30) = \"%s\"",
+            flashcl_status_string(-30));
+  /* Unknown values never give NULL. */
+  {
+    const int odd[] = {1, 12345, -999, -1000, -2999, -3500, -4000, -4017, -4999, -5000, (int)0x80000000};
+    for (i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+      const char *s = flashcl_status_string(odd[i]);
+      FCT_CHECK(s != NULL && s[0] != '\0', "flashcl_status_string(%d) is NULL or empty", odd[i]);
+    }
+  }
+}
+
+static void test_dtypes(void **state) {
+  (void)state;
+  FCT_CHECK(flashcl_dtype_size(FLASHCL_F32) == 4, "f32 size %zu", flashcl_dtype_size(FLASHCL_F32));
+  FCT_CHECK(flashcl_dtype_size(FLASHCL_F16) == 2, "f16 size %zu", flashcl_dtype_size(FLASHCL_F16));
+  FCT_CHECK(flashcl_dtype_size(FLASHCL_BF16) == 2, "bf16 size %zu", flashcl_dtype_size(FLASHCL_BF16));
+  FCT_CHECK(flashcl_dtype_size((flashcl_dtype)7) == 0, "unknown dtype size %zu",
+            flashcl_dtype_size((flashcl_dtype)7));
+  FCT_CHECK(flashcl_dtype_name(FLASHCL_F32) && flashcl_dtype_name(FLASHCL_F16) && flashcl_dtype_name(FLASHCL_BF16) &&
+                flashcl_dtype_name((flashcl_dtype)7),
+            "flashcl_dtype_name returned NULL");
+  FCT_CHECK(strcmp(flashcl_dtype_name(FLASHCL_F32), flashcl_dtype_name(FLASHCL_F16)) != 0 &&
+                strcmp(flashcl_dtype_name(FLASHCL_F16), flashcl_dtype_name(FLASHCL_BF16)) != 0 &&
+                strcmp(flashcl_dtype_name(FLASHCL_F32), flashcl_dtype_name(FLASHCL_BF16)) != 0,
+            "dtype names not distinct: %s %s %s", flashcl_dtype_name(FLASHCL_F32), flashcl_dtype_name(FLASHCL_F16),
+            flashcl_dtype_name(FLASHCL_BF16));
+}
+
+static void test_version(void **state) {
+  (void)state;
+  FCT_CHECK(FLASHCL_VERSION_NUMBER ==
+                FLASHCL_VERSION_MAJOR * 10000 + FLASHCL_VERSION_MINOR * 100 + FLASHCL_VERSION_PATCH,
+            "version number %d", FLASHCL_VERSION_NUMBER);
+  {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d.%d.%d", FLASHCL_VERSION_MAJOR, FLASHCL_VERSION_MINOR, FLASHCL_VERSION_PATCH);
+    FCT_CHECK(strcmp(buf, FLASHCL_VERSION_STRING) == 0, "version string %s vs %s", FLASHCL_VERSION_STRING, buf);
+  }
+}
+
+/* --------------------------------------------------------------- tensors -- */
+
+static void test_tensor_init(void **state) {
+  flashcl_tensor t;
+  cl_mem fake = (cl_mem)(uintptr_t)0x1234; /* never dereferenced by the init functions' contract */
+  (void)state;
+  FCT_CHECK_STATUS(flashcl_tensor_init_bnhd(&t, fake, 64, FLASHCL_F16, 2, 3, 5, 8), FLASHCL_SUCCESS, "init_bnhd");
+  FCT_CHECK(t.buffer == fake && t.offset == 64 && t.dtype == FLASHCL_F16, "bnhd: buffer/offset/dtype not kept");
+  FCT_CHECK(t.shape[0] == 2 && t.shape[1] == 3 && t.shape[2] == 5 && t.shape[3] == 8, "bnhd shape (%lld,%lld,%lld,%lld)",
+            (long long)t.shape[0], (long long)t.shape[1], (long long)t.shape[2], (long long)t.shape[3]);
+  FCT_CHECK(t.stride[0] == 120 && t.stride[1] == 40 && t.stride[2] == 8 && t.stride[3] == 1,
+            "bnhd strides (%lld,%lld,%lld,%lld), want (120,40,8,1)", (long long)t.stride[0], (long long)t.stride[1],
+            (long long)t.stride[2], (long long)t.stride[3]);
+
+  FCT_CHECK_STATUS(flashcl_tensor_init_bhnd(&t, fake, 0, FLASHCL_BF16, 2, 3, 5, 8), FLASHCL_SUCCESS, "init_bhnd");
+  FCT_CHECK(t.shape[0] == 2 && t.shape[1] == 3 && t.shape[2] == 5 && t.shape[3] == 8, "bhnd shape (%lld,%lld,%lld,%lld)",
+            (long long)t.shape[0], (long long)t.shape[1], (long long)t.shape[2], (long long)t.shape[3]);
+  FCT_CHECK(t.stride[0] == 120 && t.stride[1] == 8 && t.stride[2] == 24 && t.stride[3] == 1,
+            "bhnd strides (%lld,%lld,%lld,%lld), want (120,8,24,1)", (long long)t.stride[0], (long long)t.stride[1],
+            (long long)t.stride[2], (long long)t.stride[3]);
+
+  FCT_CHECK_STATUS(flashcl_tensor_init_lse(&t, fake, 16, 2, 3, 5), FLASHCL_SUCCESS, "init_lse");
+  FCT_CHECK(t.dtype == FLASHCL_F32 && t.offset == 16, "lse dtype %d offset %zu", (int)t.dtype, t.offset);
+  FCT_CHECK(t.shape[0] == 2 && t.shape[1] == 3 && t.shape[2] == 5 && t.shape[3] == 1, "lse shape (%lld,%lld,%lld,%lld)",
+            (long long)t.shape[0], (long long)t.shape[1], (long long)t.shape[2], (long long)t.shape[3]);
+  FCT_CHECK(t.stride[0] == 15 && t.stride[1] == 1 && t.stride[2] == 3, "lse strides (%lld,%lld,%lld), want (15,1,3)",
+            (long long)t.stride[0], (long long)t.stride[1], (long long)t.stride[2]);
+
+  FCT_CHECK_STATUS(flashcl_tensor_init_bnhd(NULL, fake, 0, FLASHCL_F32, 1, 1, 1, 8), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "init_bnhd(NULL)");
+  FCT_CHECK_STATUS(flashcl_tensor_init_bhnd(NULL, fake, 0, FLASHCL_F32, 1, 1, 1, 8), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "init_bhnd(NULL)");
+  FCT_CHECK_STATUS(flashcl_tensor_init_lse(NULL, fake, 0, 1, 1, 1), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "init_lse(NULL)");
+}
+
+static void test_desc_and_options_init(void **state) {
+  flashcl_attention_desc d;
+  flashcl_context_options o;
+  (void)state;
+  memset(&d, 0x5a, sizeof d);
+  flashcl_attention_desc_init(&d);
+  FCT_CHECK(d.scale == 0.0f && d.causal == 0 && d.heads_q == 0 && d.heads_kv == 0 && d.cu_seqlens_q == NULL &&
+                d.cu_seqlens_k == NULL && d.num_seqs == 0 && d.max_seqlen_q == 0 && d.max_seqlen_k == 0 &&
+                d.algo == FLASHCL_ALGO_AUTO && d.kernel == FLASHCL_KERNEL_AUTO && d.block_r == 0 && d.block_c == 0 &&
+                d.deterministic == 1 && d.dropout_p == 0.0f,
+            "flashcl_attention_desc_init left non-default fields (scale %g causal %d algo %d block %d/%d "
+            "deterministic %d dropout_p %g)",
+            (double)d.scale, d.causal, (int)d.algo, d.block_r, d.block_c, d.deterministic, (double)d.dropout_p);
+  memset(&o, 0x5a, sizeof o);
+  flashcl_context_options_init(&o);
+  FCT_CHECK(o.device == NULL && o.profiling == 0 && o.verbose == 0 && o.kernel_dir == NULL,
+            "flashcl_context_options_init left non-default fields");
+}
+
+/* --------------------------------------------------------------- context -- */
+
+static void test_destroy_null(void **state) {
+  (void)state;
+  flashcl_context_destroy(NULL); /* must not crash */
+  FCT_CHECK_STATUS(flashcl_context_create(NULL, NULL), FLASHCL_ERROR_INVALID_ARGUMENT, "create(NULL, NULL)");
+}
+
+static void expect_device_not_found(const char *env_value, const char *option_value) {
+  flashcl_context_options opt;
+  flashcl_context *ctx = (flashcl_context *)(uintptr_t)0x1; /* must be overwritten with NULL */
+  flashcl_status st;
+  flashcl_context_options_init(&opt);
+  opt.device = option_value;
+  if (env_value) setenv("FLASHCL_DEVICE", env_value, 1);
+  st = flashcl_context_create(&opt, &ctx);
+  FCT_CHECK(st == FLASHCL_ERROR_DEVICE_NOT_FOUND,
+            "flashcl_context_create with FLASHCL_DEVICE=\"%s\" options.device=\"%s\": status %d (%s), want "
+            "FLASHCL_ERROR_DEVICE_NOT_FOUND",
+            env_value ? env_value : "(unchanged)", option_value ? option_value : "(NULL)", (int)st,
+            flashcl_status_string(st));
+  FCT_CHECK(ctx == NULL, "flashcl_context_create failed but left *out = %p (want NULL)", (void *)ctx);
+}
+
+static void test_bad_device(void **state) {
+  const char *saved = getenv("FLASHCL_DEVICE");
+  char *copy = saved ? strdup(saved) : NULL;
+  (void)state;
+  expect_device_not_found("99:99", NULL);
+  expect_device_not_found("no-such-device-xyz", NULL);
+  expect_device_not_found("0:99", NULL);
+  expect_device_not_found(NULL, "99:99");            /* options.device, env still bad */
+  expect_device_not_found(NULL, "no-such-device-xyz");
+  {
+    /* options.device wins over a bad $FLASHCL_DEVICE. */
+    flashcl_context_options opt;
+    flashcl_context *ctx = NULL;
+    flashcl_status st;
+    setenv("FLASHCL_DEVICE", "no-such-device-xyz", 1);
+    flashcl_context_options_init(&opt);
+    opt.device = "0:0";
+    st = flashcl_context_create(&opt, &ctx);
+    FCT_CHECK(st == FLASHCL_SUCCESS && ctx != NULL,
+              "options.device=\"0:0\" with FLASHCL_DEVICE=no-such-device-xyz: status %d (%s), ctx %p", (int)st,
+              flashcl_status_string(st), (void *)ctx);
+    FCT_CHECK(strcmp(flashcl_context_last_error(ctx), "") == 0, "fresh context has last error \"%s\"",
+              flashcl_context_last_error(ctx));
+    flashcl_context_destroy(ctx);
+  }
+  if (copy) {
+    setenv("FLASHCL_DEVICE", copy, 1);
+    free(copy);
+  } else {
+    unsetenv("FLASHCL_DEVICE");
+  }
+}
+
+/* A context made from the caller's own OpenCL objects: accessors return them, the
+ * context works, and destroying it leaves the caller's objects alive. */
+static void test_create_from_cl(void **state) {
+  fct_env *env = fct_env_get();
+  cl_int err;
+  cl_context clctx;
+  cl_command_queue queue;
+  flashcl_context *ctx = (flashcl_context *)(uintptr_t)0x1;
+  cl_uint refs = 0;
+  flashcl_status st;
+  (void)state;
+  clctx = clCreateContext(NULL, 1, &env->device, NULL, NULL, &err);
+  FCT_CHECK(err == CL_SUCCESS, "clCreateContext: %d", (int)err);
+  queue = clCreateCommandQueue(clctx, env->device, 0, &err);
+  FCT_CHECK(err == CL_SUCCESS, "clCreateCommandQueue: %d", (int)err);
+
+  FCT_CHECK_STATUS(flashcl_context_create_from_cl(NULL, env->device, queue, NULL, &ctx),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "create_from_cl(NULL context)");
+  FCT_CHECK(ctx == NULL, "create_from_cl failed but *out = %p", (void *)ctx);
+
+  st = flashcl_context_create_from_cl(clctx, env->device, queue, NULL, &ctx);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "create_from_cl");
+  FCT_CHECK(flashcl_context_cl_context(ctx) == clctx && flashcl_context_cl_device(ctx) == env->device &&
+                flashcl_context_cl_queue(ctx) == queue,
+            "create_from_cl accessors don't return the wrapped objects");
+  {
+    /* A tiny forward on the wrapped queue: one key, so O must equal V. */
+    const int D = 32;
+    float q[32], k[32], v[32], o[32];
+    cl_mem bq, bk, bv, bo;
+    flashcl_tensor tq, tk, tv, to;
+    flashcl_attention_desc desc;
+    int x;
+    for (x = 0; x < D; x++) q[x] = 0.1f * x, k[x] = 0.05f * (D - x), v[x] = 1.0f + x, o[x] = NAN;
+    bq = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof q, q, &err);
+    bk = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof k, k, &err);
+    bv = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof v, v, &err);
+    bo = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof o, o, &err);
+    FCT_CHECK(err == CL_SUCCESS, "clCreateBuffer: %d", (int)err);
+    flashcl_tensor_init_bnhd(&tq, bq, 0, FLASHCL_F32, 1, 1, 1, D);
+    flashcl_tensor_init_bnhd(&tk, bk, 0, FLASHCL_F32, 1, 1, 1, D);
+    flashcl_tensor_init_bnhd(&tv, bv, 0, FLASHCL_F32, 1, 1, 1, D);
+    flashcl_tensor_init_bnhd(&to, bo, 0, FLASHCL_F32, 1, 1, 1, D);
+    flashcl_attention_desc_init(&desc);
+    st = flashcl_attention_forward(ctx, &desc, &tq, &tk, &tv, &to, NULL, 0, NULL, NULL);
+    FCT_CHECK(st == FLASHCL_SUCCESS, "forward on a wrapped context: %d (%s): %s", (int)st, flashcl_status_string(st),
+              flashcl_context_last_error(ctx));
+    err = clEnqueueReadBuffer(queue, bo, CL_TRUE, 0, sizeof o, o, 0, NULL, NULL);
+    FCT_CHECK(err == CL_SUCCESS, "read: %d", (int)err);
+    for (x = 0; x < D; x++) FCT_CHECK(fabsf(o[x] - v[x]) <= 1e-6f * fabsf(v[x]), "one key: o[%d]=%g, want v=%g", x, (double)o[x], (double)v[x]);
+    clReleaseMemObject(bq), clReleaseMemObject(bk), clReleaseMemObject(bv), clReleaseMemObject(bo);
+  }
+  flashcl_context_destroy(ctx);
+
+  /* Our references must still be alive and exactly one. */
+  err = clGetCommandQueueInfo(queue, CL_QUEUE_REFERENCE_COUNT, sizeof refs, &refs, NULL);
+  FCT_CHECK(err == CL_SUCCESS && refs == 1, "after destroy the caller's queue has refcount %u (err %d), want 1",
+            (unsigned)refs, (int)err);
+  err = clGetContextInfo(clctx, CL_CONTEXT_REFERENCE_COUNT, sizeof refs, &refs, NULL);
+  /* The queue holds an implicit context reference on some platforms; require >= 1. */
+  FCT_CHECK(err == CL_SUCCESS && refs >= 1, "after destroy the caller's context has refcount %u (err %d)",
+            (unsigned)refs, (int)err);
+  clReleaseCommandQueue(queue);
+  clReleaseContext(clctx);
+}
+
+static void test_device_info(void **state) {
+  fct_env *env = fct_env_get();
+  flashcl_device_info info;
+  (void)state;
+  memset(&info, 0, sizeof info);
+  FCT_CHECK_STATUS(flashcl_context_device_info(env->ctx, &info), FLASHCL_SUCCESS, "device_info");
+  FCT_CHECK(info.device_name[0] != '\0' && info.platform_name[0] != '\0' && info.device_version[0] != '\0',
+            "device info has empty names: platform \"%s\" device \"%s\" version \"%s\"", info.platform_name,
+            info.device_name, info.device_version);
+  FCT_CHECK(memchr(info.device_name, 0, sizeof info.device_name) != NULL, "device_name not NUL-terminated");
+  FCT_CHECK(info.local_mem_size > 0 && info.max_work_group_size > 0 && info.compute_units > 0 &&
+                info.global_mem_size > 0 && info.max_mem_alloc_size > 0,
+            "device info has zero sizes: local %zu wg %zu cu %u global %llu alloc %llu", info.local_mem_size,
+            info.max_work_group_size, (unsigned)info.compute_units, (unsigned long long)info.global_mem_size,
+            (unsigned long long)info.max_mem_alloc_size);
+  FCT_CHECK_STATUS(flashcl_context_device_info(NULL, &info), FLASHCL_ERROR_INVALID_ARGUMENT, "device_info(NULL ctx)");
+  FCT_CHECK_STATUS(flashcl_context_device_info(env->ctx, NULL), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "device_info(NULL info)");
+}
+
+/* ------------------------------------------------------------ block plan -- */
+
+static void test_block_plan(void **state) {
+  fct_env *env = fct_env_get();
+  const int dims[] = {8, 32, 64, 96, 128, 256};
+  const flashcl_dtype dts[] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
+  size_t i, j;
+  flashcl_block_plan plan;
+  (void)state;
+  for (i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    for (j = 0; j < 3; j++) {
+      memset(&plan, 0, sizeof plan);
+      FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, dims[i], dts[j], 0, 0, &plan), FLASHCL_SUCCESS,
+                       "block_plan(d=%d, %s, auto)", dims[i], fct_dtype_str(dts[j]));
+      FCT_CHECK(plan.block_r > 0 && plan.block_r % 8 == 0 && plan.block_c > 0 && plan.block_c % 8 == 0 &&
+                    plan.threads > 0 && (size_t)plan.threads <= env->info.max_work_group_size &&
+                    plan.local_bytes > 0 && plan.local_bytes <= env->info.local_mem_size,
+                "block_plan(d=%d, %s): Br=%d Bc=%d threads=%d local=%zu (device: wg %zu, local %zu)", dims[i],
+                fct_dtype_str(dts[j]), plan.block_r, plan.block_c, plan.threads, plan.local_bytes,
+                env->info.max_work_group_size, env->info.local_mem_size);
+    }
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 16, 32, &plan), FLASHCL_SUCCESS,
+                   "block_plan(64, f32, 16, 32)");
+  FCT_CHECK(plan.block_r == 16 && plan.block_c == 32, "explicit 16/32 gave Br=%d Bc=%d", plan.block_r, plan.block_c);
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F16, 8, 8, &plan), FLASHCL_SUCCESS,
+                   "block_plan(64, f16, 8, 8)");
+  FCT_CHECK(plan.block_r == 8 && plan.block_c == 8, "explicit 8/8 gave Br=%d Bc=%d", plan.block_r, plan.block_c);
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 12, FLASHCL_F32, 0, 0, &plan),
+                   FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=12)");
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 264, FLASHCL_F32, 0, 0, &plan),
+                   FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=264)");
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 12, 0, &plan),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(block_r=12)");
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 0, 0, NULL),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(plan=NULL)");
+  FCT_CHECK_STATUS(flashcl_attention_block_plan(NULL, 64, FLASHCL_F32, 0, 0, &plan), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "block_plan(ctx=NULL)");
+}
+
+/* -------------------------------------------------------- workspace size -- */
+
+static size_t workspace(flashcl_algo algo, int64_t n, flashcl_dtype dtype) {
+  fct_env *env = fct_env_get();
+  const int64_t H = 1, D = 64;
+  const size_t bytes = (size_t)(n * H * D) * fct_dtype_size(dtype);
+  cl_mem buf = fct_create_buffer(bytes, NULL);
+  flashcl_tensor q;
+  flashcl_attention_desc desc;
+  size_t ws = (size_t)-1;
+  flashcl_status st;
+  flashcl_tensor_init_bnhd(&q, buf, 0, dtype, 1, n, H, D);
+  flashcl_attention_desc_init(&desc);
+  desc.algo = algo;
+  st = flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws);
+  clReleaseMemObject(buf);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace_size(algo=%s, N=%lld, d=64, %s)", fct_algo_str(algo),
+                   (long long)n, fct_dtype_str(dtype));
+  FCT_CHECK(ws != (size_t)-1, "workspace_size succeeded without writing *bytes");
+  return ws;
+}
+
+static void test_workspace_size(void **state) {
+  size_t n512 = workspace(FLASHCL_ALGO_NAIVE, 512, FLASHCL_F32);
+  size_t n1k = workspace(FLASHCL_ALGO_NAIVE, 1024, FLASHCL_F32);
+  size_t n2k = workspace(FLASHCL_ALGO_NAIVE, 2048, FLASHCL_F32);
+  size_t n8k = workspace(FLASHCL_ALGO_NAIVE, 8192, FLASHCL_F32);
+  size_t f1k = workspace(FLASHCL_ALGO_FLASH, 1024, FLASHCL_F32);
+  size_t f8k = workspace(FLASHCL_ALGO_FLASH, 8192, FLASHCL_F32);
+  size_t f16k = workspace(FLASHCL_ALGO_FLASH, 16384, FLASHCL_F32);
+  size_t a8k = workspace(FLASHCL_ALGO_AUTO, 8192, FLASHCL_F32);
+  (void)state;
+  print_message("    workspace naive N=512..8192: %zu %zu %zu %zu; flash N=1k,8k,16k: %zu %zu %zu; auto 8k: %zu\n", n512,
+                n1k, n2k, n8k, f1k, f8k, f16k, a8k);
+  /* Naive holds the N x N score matrix: at least N^2 fp32 values, growing ~4x per doubling. */
+  FCT_CHECK(n1k >= (size_t)1024 * 1024 * 4, "naive workspace at N=1024 is %zu bytes, less than the N^2 fp32 scores",
+            n1k);
+  FCT_CHECK(n1k >= 3 * n512 && n2k >= 3 * n1k && n1k <= 5 * n512 && n2k <= 5 * n1k,
+            "naive workspace does not grow as N^2: N=512 %zu, 1024 %zu, 2048 %zu", n512, n1k, n2k);
+  /* Flash is O(N): at N=8192 at most 1/20 of naive, and no more than ~2x per doubling. */
+  FCT_CHECK(f8k <= n8k / 20, "flash workspace at N=8192 (%zu) > naive/20 (%zu)", f8k, n8k / 20);
+  FCT_CHECK(f16k <= 2 * f8k + 65536 && f8k <= 8 * f1k + 65536, "flash workspace not O(N): N=1k %zu, 8k %zu, 16k %zu",
+            f1k, f8k, f16k);
+  FCT_CHECK(a8k == f8k, "AUTO should resolve to flash here: auto %zu, flash %zu", a8k, f8k);
+  /* 16-bit inputs don't need more than fp32. */
+  {
+    size_t h8k = workspace(FLASHCL_ALGO_NAIVE, 8192, FLASHCL_F16);
+    FCT_CHECK(h8k <= n8k, "naive f16 workspace %zu > f32 %zu", h8k, n8k);
+  }
+}
+
+static void test_workspace_size_errors(void **state) {
+  fct_env *env = fct_env_get();
+  cl_mem buf = fct_create_buffer(64 * 64 * 4, NULL);
+  flashcl_tensor q, bad;
+  flashcl_attention_desc desc;
+  size_t ws = 777;
+  (void)state;
+  flashcl_tensor_init_bnhd(&q, buf, 0, FLASHCL_F32, 1, 64, 1, 64);
+  flashcl_attention_desc_init(&desc);
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(NULL, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "workspace_size(ctx=NULL)");
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, NULL),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "workspace_size(bytes=NULL)");
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, NULL, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "workspace_size(q=NULL)");
+  bad = q;
+  bad.shape[3] = 12;
+  bad.stride[2] = 12, bad.stride[1] = 12, bad.stride[0] = 64 * 12;
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &bad, &bad, &bad, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "workspace_size(d=12)");
+  bad = q;
+  bad.shape[1] = 65;
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &bad, &bad, &bad, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_ERROR_BUFFER_TOO_SMALL, "workspace_size(N=65 in a buffer for 64)");
+  FCT_CHECK(ws == 777, "failed workspace_size calls wrote *bytes = %zu", ws);
+  FCT_CHECK(flashcl_context_last_error(env->ctx)[0] != '\0', "no last error after a failed workspace_size");
+  clReleaseMemObject(buf);
+}
+
+/* ----------------------------------------------------------- last error -- */
+
+static void test_last_error(void **state) {
+  fct_env *env = fct_env_get();
+  flashcl_attention_desc desc;
+  flashcl_block_plan plan;
+  flashcl_status st;
+  (void)state;
+  flashcl_attention_desc_init(&desc);
+  st = flashcl_attention_forward(env->ctx, &desc, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL);
+  FCT_CHECK(st == FLASHCL_ERROR_INVALID_ARGUMENT, "forward(all NULL) = %d (%s)", (int)st, flashcl_status_string(st));
+  FCT_CHECK(flashcl_context_last_error(env->ctx) != NULL && flashcl_context_last_error(env->ctx)[0] != '\0',
+            "flashcl_context_last_error is empty after a failed forward");
+  st = flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 0, 0, &plan);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "block_plan after a failure");
+  FCT_CHECK(flashcl_context_last_error(env->ctx) != NULL, "last error is NULL");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_status_strings),
+      cmocka_unit_test(test_dtypes),
+      cmocka_unit_test(test_version),
+      cmocka_unit_test(test_tensor_init),
+      cmocka_unit_test(test_desc_and_options_init),
+      cmocka_unit_test(test_destroy_null),
+      cmocka_unit_test(test_bad_device),
+      cmocka_unit_test(test_device_info),
+      cmocka_unit_test(test_block_plan),
+      cmocka_unit_test(test_workspace_size),
+      cmocka_unit_test(test_workspace_size_errors),
+      cmocka_unit_test(test_last_error),
+      cmocka_unit_test(test_create_from_cl),
+  };
+  return fct_run_group("api", tests, sizeof tests / sizeof tests[0], 1);
+}
