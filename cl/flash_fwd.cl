@@ -12,21 +12,46 @@
  * Out-of-range keys and causally hidden keys are masked with -inf before the
  * exp; tiles past the causal diagonal are never loaded.
  *
- * Work-group: ROW_THREADS x COL_THREADS work-items (local id = ty * COL_THREADS + tx).
- * Each work-item owns a TM x TN block of the score tile and TM rows x TD columns
- * of the output, where TM = BLOCK_R / ROW_THREADS, TN = BLOCK_C / COL_THREADS and
- * TD = HEAD_DIM / COL_THREADS. Groups of four consecutive elements are
- * interleaved across work-items so neighbouring work-items touch neighbouring
- * local-memory words (no bank conflicts).
+ * Local memory (all fp32, float4 granules, no padding):
+ *   Qs  [BLOCK_R][HEAD_DIM]   the Q tile, row-major
+ *   KVs [BLOCK_C][HEAD_DIM]   the K tile, then the V tile of the same keys
+ *   Ps  [BLOCK_R][BLOCK_C]    probabilities of the current tile
+ *   Red [BLOCK_R][S_CT]       per-work-item partial row maxima / sums
+ *   Alpha [BLOCK_R]           per-row rescale factor of the current tile
+ * Rows are swizzled: float4 granule g of row r sits at g ^ (r & mask), so the
+ * work-items of a warp that read the same granule of different rows hit
+ * different banks without padding.
+ *
+ * Each tile is processed in two phases with their own work-item mappings:
+ *   S = Q K^T: work-item (ty, tx), ty = tid / S_CT, tx = tid % S_CT, owns the
+ *     S_TM x S_TN scores of rows ty + i*S_RT and keys tx + j*S_CT; it walks the
+ *     head dimension four at a time with float4 loads of Q and K rows.
+ *   O += P V: work-item (ty, tx), ty = tid / O_CT, tx = tid % O_CT, owns rows
+ *     ty + i*O_RT and the O_TD/4 float4 column granules tx + g*O_CT; it walks
+ *     the keys four at a time (one float4 of P per row, four V rows).
+ * The S work-items keep the running max of their rows and partial row sums of
+ * their own keys (combined once at the end); the first S work-item of each row
+ * passes the row's rescale factor to the O work-items through Alpha.
+ *
+ * K and V of the next tiles are read from global memory into registers while
+ * the current phase computes (V during S = Q K^T, the next K during P V).
  *
  * Parameters (-D):
  *   DTYPE        0 = fp32, 1 = fp16, 2 = bf16 (storage only; fp16 through vload_half)
- *   HEAD_DIM     head dimension, multiple of COL_THREADS
- *   BLOCK_R      query rows per work-group (Br), multiple of ROW_THREADS
- *   BLOCK_C      key/value rows per tile (Bc), multiple of COL_THREADS
- *   ROW_THREADS, COL_THREADS   work-group shape
+ *   HEAD_DIM     head dimension, multiple of 8
+ *   BLOCK_R      query rows per work-group (Br), multiple of 8
+ *   BLOCK_C      key/value rows per tile (Bc), multiple of 8
+ *   NTHREADS     work-items per work-group
+ *   S_TM, S_TN   scores per work-item: rows x keys (S_RT = BLOCK_R / S_TM,
+ *                S_CT = BLOCK_C / S_TN, S_RT * S_CT = NTHREADS)
+ *   O_TM, O_TD   output per work-item: rows x columns, O_TD a multiple of 4
+ *                (O_RT = BLOCK_R / O_TM, O_CT = HEAD_DIM / O_TD, O_RT * O_CT <= NTHREADS;
+ *                work-items past O_RT * O_CT sit out the O phase)
  *   CAUSAL       1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN       1: sequence bounds come from cu_seqlens_q/k
+ *   VEC_ALIGNED  1: every element offset and stride is a multiple of 4, so global
+ *                loads and stores of four elements may be aligned vector accesses
+ *   PREFETCH     1: read the next K/V tile into registers while computing
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -40,11 +65,20 @@
 #ifndef BLOCK_C
 #define BLOCK_C 32
 #endif
-#ifndef ROW_THREADS
-#define ROW_THREADS 8
+#ifndef NTHREADS
+#define NTHREADS 64
 #endif
-#ifndef COL_THREADS
-#define COL_THREADS 8
+#ifndef S_TM
+#define S_TM 4
+#endif
+#ifndef S_TN
+#define S_TN 4
+#endif
+#ifndef O_TM
+#define O_TM 4
+#endif
+#ifndef O_TD
+#define O_TD 16
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
@@ -52,24 +86,63 @@
 #ifndef VARLEN
 #define VARLEN 0
 #endif
+#ifndef VEC_ALIGNED
+#define VEC_ALIGNED 0
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
 
-#define TM (BLOCK_R / ROW_THREADS)
-#define TN (BLOCK_C / COL_THREADS)
-#define TD (HEAD_DIM / COL_THREADS)
-#define NTHREADS (ROW_THREADS * COL_THREADS)
+#define S_RT (BLOCK_R / S_TM)
+#define S_CT (BLOCK_C / S_TN)
+#define O_RT (BLOCK_R / O_TM)
+#define O_CT (HEAD_DIM / O_TD)
+#define O_TG (O_TD / 4)
+#define D4 (HEAD_DIM / 4)
+#define C4 (BLOCK_C / 4)
+
+#define O_NT (O_RT * O_CT)
+#if S_RT * S_CT != NTHREADS || O_NT > NTHREADS || BLOCK_R % S_TM || BLOCK_C % S_TN || \
+    BLOCK_R % O_TM || HEAD_DIM % O_TD || O_TD % 4 || HEAD_DIM % 8 || BLOCK_C % 8
+#error "inconsistent flash_fwd work-item mapping"
+#endif
+
+/* Swizzle masks: the largest power of two <= 8 dividing the granules per row, - 1. */
+#define LOWBIT(x) ((x) & -(x))
+#define SWM_D ((LOWBIT(D4) < 8 ? LOWBIT(D4) : 8) - 1)
+#define SWM_C ((LOWBIT(C4) < 8 ? LOWBIT(C4) : 8) - 1)
+#define QKV_AT(row, g) ((row) * D4 + ((g) ^ ((row) & SWM_D)))
+#define P_AT(row, g) ((row) * C4 + ((g) ^ ((row) & SWM_C)))
+
+/* Global K/V granules (float4) each work-item stages per tile. */
+#define KV_VECS (BLOCK_C * D4)
+#define KV_PER ((KV_VECS + NTHREADS - 1) / NTHREADS)
+#if KV_VECS % NTHREADS == 0
+#define KV_IN(e) 1
+#else
+#define KV_IN(e) ((e) < KV_VECS)
+#endif
 
 #if DTYPE == 0
 typedef float store_t;
-#define LOAD(p, i) ((p)[i])
-#define STORE(p, i, x) ((p)[i] = (x))
+#if VEC_ALIGNED
+#define GLOAD4(p, i) (*(__global const float4 *)((p) + (i)))
+#define GSTORE4(p, i, x) (*(__global float4 *)((p) + (i)) = (x))
+#else
+#define GLOAD4(p, i) vload4(0, (p) + (i))
+#define GSTORE4(p, i, x) vstore4((x), 0, (p) + (i))
+#endif
 #elif DTYPE == 1
 typedef half store_t;
-#define LOAD(p, i) vload_half((i), (p))
-#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
+#if VEC_ALIGNED
+#define GLOAD4(p, i) vloada_half4(0, (p) + (i))
+#define GSTORE4(p, i, x) vstorea_half4_rte((x), 0, (p) + (i))
+#else
+#define GLOAD4(p, i) vload_half4(0, (p) + (i))
+#define GSTORE4(p, i, x) vstore_half4_rte((x), 0, (p) + (i))
+#endif
 #else
 typedef ushort store_t;
-#define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
-#define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
 /* Round to nearest even; NaN stays a quiet NaN. */
 inline ushort bf16_from_float(float x) {
   uint u = as_uint(x);
@@ -77,14 +150,62 @@ inline ushort bf16_from_float(float x) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (ushort)(u >> 16);
 }
+inline float4 bf16x4_to_float4(ushort4 u) { return as_float4(convert_uint4(u) << 16); }
+inline ushort4 float4_to_bf16x4(float4 x) {
+  return (ushort4)(bf16_from_float(x.x), bf16_from_float(x.y), bf16_from_float(x.z), bf16_from_float(x.w));
+}
+#if VEC_ALIGNED
+#define GLOAD4(p, i) bf16x4_to_float4(*(__global const ushort4 *)((p) + (i)))
+#define GSTORE4(p, i, x) (*(__global ushort4 *)((p) + (i)) = float4_to_bf16x4(x))
+#else
+#define GLOAD4(p, i) bf16x4_to_float4(vload4(0, (p) + (i)))
+#define GSTORE4(p, i, x) vstore4(float4_to_bf16x4(x), 0, (p) + (i))
+#endif
 #endif
 
-/* Index of a work-item's n-th element among `count` interleaved owners. */
-#define SPREAD(owner, n, nthreads, per) \
-  (((per) % 4 == 0) ? ((((n) >> 2) * (nthreads) + (owner)) * 4 + ((n) & 3)) : ((n) * (nthreads) + (owner)))
-#define ROW_OF(ty, i) SPREAD(ty, i, ROW_THREADS, TM)
-#define SCOL_OF(tx, j) SPREAD(tx, j, COL_THREADS, TN)
-#define OCOL_OF(tx, c) SPREAD(tx, c, COL_THREADS, TD)
+/* Staging registers: fp16 and bf16 stay packed (ushort4) until they are
+ * written to local memory, which halves the registers the prefetch costs. */
+#if DTYPE == 0
+typedef float4 stage_t;
+#define STAGE_GLOAD(p, i) GLOAD4(p, i)
+#define STAGE_CVT(x) (x)
+#define STAGE_ZERO ((float4)(0.0f))
+#else
+typedef ushort4 stage_t;
+#if VEC_ALIGNED
+#define STAGE_GLOAD(p, i) (*(__global const ushort4 *)((__global const ushort *)(p) + (i)))
+#else
+#define STAGE_GLOAD(p, i) vload4(0, (__global const ushort *)(p) + (i))
+#endif
+#define STAGE_ZERO ((ushort4)(0))
+#if DTYPE == 1
+inline float4 stage_cvt(ushort4 x) {
+  ushort4 t = x;
+  return vload_half4(0, (const __private half *)&t);
+}
+#define STAGE_CVT(x) stage_cvt(x)
+#else
+#define STAGE_CVT(x) bf16x4_to_float4(x)
+#endif
+#endif
+
+/* Read this work-item's granules of a K or V tile (rows past nk read as 0: P is
+ * 0 there, but 0 * garbage could be NaN). */
+#define STAGE_LOAD(src, base, sn, kstart)                                           \
+  for (int u = 0; u < KV_PER; u++) {                                                \
+    const int e = tid + u * NTHREADS;                                               \
+    const int c = e / D4, g = e - (e / D4) * D4;                                    \
+    stage_t val = STAGE_ZERO;                                                       \
+    if (KV_IN(e) && (kstart) + c < nk)              \
+      val = STAGE_GLOAD(src, (base) + (long)((kstart) + c) * (sn) + 4 * g);         \
+    stage[u] = val;                                                                 \
+  }
+#define STAGE_STORE()                                                               \
+  for (int u = 0; u < KV_PER; u++) {                                                \
+    const int e = tid + u * NTHREADS;                                               \
+    const int c = e / D4, g = e - (e / D4) * D4;                                    \
+    if (KV_IN(e)) KVs[QKV_AT(c, g)] = STAGE_CVT(stage[u]); \
+  }
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
@@ -94,15 +215,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
-  __local float Qs[HEAD_DIM * BLOCK_R]; /* [x][r]: transposed for the QK^T inner loop */
-  __local float Ks[HEAD_DIM * BLOCK_C]; /* [x][c] */
-  __local float Vs[BLOCK_C * HEAD_DIM]; /* [c][x] */
-  __local float Ps[BLOCK_C * BLOCK_R];  /* [c][r] */
-  __local float Red[BLOCK_R * COL_THREADS];
+  __local float4 Qs[BLOCK_R * D4];
+  __local float4 KVs[BLOCK_C * D4];
+  __local float4 Ps[BLOCK_R * C4];
+  __local float4 Red4[(BLOCK_R * S_CT + 3) / 4];
+  __local float Alpha[BLOCK_R]; /* per-row rescale of this tile; at the end, the row max */
+  __local float *Psf = (__local float *)Ps;
+  __local float *Red = (__local float *)Red4;
 
   const int tid = get_local_id(0);
-  const int tx = tid % COL_THREADS;
-  const int ty = tid / COL_THREADS;
+  const int sx = tid % S_CT, sy = tid / S_CT; /* S = Q K^T mapping */
+  const int ox = tid % O_CT, oy = tid / O_CT; /* O += P V mapping */
+  const int o_active = tid < O_NT; /* always true when O_NT == NTHREADS */
   const int q0 = get_group_id(0) * BLOCK_R;
   const int h = get_group_id(1);
   const int b = get_group_id(2);
@@ -129,109 +253,156 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
   const int diag = nk - nq;
 
-  for (int e = tid; e < BLOCK_R * HEAD_DIM; e += NTHREADS) {
-    int r = e / HEAD_DIM, x = e - r * HEAD_DIM;
-    Qs[x * BLOCK_R + r] = (q0 + r < nq) ? LOAD(q, qbase + (long)(q0 + r) * q_sn + x) : 0.0f;
+  for (int e = tid; e < BLOCK_R * D4; e += NTHREADS) {
+    const int r = e / D4, g = e - (e / D4) * D4;
+    Qs[QKV_AT(r, g)] = (q0 + r < nq) ? GLOAD4(q, qbase + (long)(q0 + r) * q_sn + 4 * g) : (float4)(0.0f);
   }
 
-  float acc[TM][TD];
-  float m_i[TM], l_i[TM];
-  for (int i = 0; i < TM; i++) {
-    m_i[i] = -INFINITY;
-    l_i[i] = 0.0f;
-    for (int c = 0; c < TD; c++) acc[i][c] = 0.0f;
+  float4 acc[O_TM][O_TG];
+  for (int i = 0; i < O_TM; i++)
+    for (int g = 0; g < O_TG; g++) acc[i][g] = (float4)(0.0f);
+  float m_s[S_TM], l_s[S_TM];
+  for (int i = 0; i < S_TM; i++) {
+    m_s[i] = -INFINITY;
+    l_s[i] = 0.0f;
   }
 
   int kend = nk;
 #if CAUSAL
   kend = min(nk, q0 + BLOCK_R + diag); /* last visible key of the tile's last row, + 1 */
 #endif
+  stage_t stage[KV_PER];
+#if PREFETCH
+  if (kend > 0) STAGE_LOAD(k, kbase, k_sn, 0)
+#endif
+
   for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
-    for (int e = tid; e < BLOCK_C * HEAD_DIM; e += NTHREADS) {
-      int c = e / HEAD_DIM, x = e - c * HEAD_DIM;
-      int in = k0 + c < nk;
-      /* Zero padding, never garbage: P is 0 there, but 0 * NaN would be NaN. */
-      Ks[x * BLOCK_C + c] = in ? LOAD(k, kbase + (long)(k0 + c) * k_sn + x) : 0.0f;
-      Vs[c * HEAD_DIM + x] = in ? LOAD(v, vbase + (long)(k0 + c) * v_sn + x) : 0.0f;
-    }
+#if !PREFETCH
+    STAGE_LOAD(k, kbase, k_sn, k0)
+#endif
+    STAGE_STORE() /* K */
     barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+    STAGE_LOAD(v, vbase, v_sn, k0) /* V arrives while S is computed */
+#endif
 
-    float s[TM][TN];
-    for (int i = 0; i < TM; i++)
-      for (int j = 0; j < TN; j++) s[i][j] = 0.0f;
-    for (int x = 0; x < HEAD_DIM; x++) {
-      float qa[TM], kb[TN];
-      for (int i = 0; i < TM; i++) qa[i] = Qs[x * BLOCK_R + ROW_OF(ty, i)];
-      for (int j = 0; j < TN; j++) kb[j] = Ks[x * BLOCK_C + SCOL_OF(tx, j)];
-      for (int i = 0; i < TM; i++)
-        for (int j = 0; j < TN; j++) s[i][j] = mad(qa[i], kb[j], s[i][j]);
+    float s[S_TM][S_TN];
+    for (int i = 0; i < S_TM; i++)
+      for (int j = 0; j < S_TN; j++) s[i][j] = 0.0f;
+    for (int g = 0; g < D4; g++) {
+      float4 qa[S_TM], kb[S_TN];
+      for (int i = 0; i < S_TM; i++) qa[i] = Qs[QKV_AT(sy + i * S_RT, g)];
+      for (int j = 0; j < S_TN; j++) kb[j] = KVs[QKV_AT(sx + j * S_CT, g)];
+      for (int i = 0; i < S_TM; i++)
+        for (int j = 0; j < S_TN; j++) {
+          float t = mad(qa[i].x, kb[j].x, s[i][j]);
+          t = mad(qa[i].y, kb[j].y, t);
+          t = mad(qa[i].z, kb[j].z, t);
+          s[i][j] = mad(qa[i].w, kb[j].w, t);
+        }
     }
 
-    const int need_mask = (k0 + BLOCK_C > nk) || (CAUSAL && k0 + BLOCK_C - 1 > q0 + diag);
-    for (int i = 0; i < TM; i++) {
+#if CAUSAL
+    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag);
+#else
+    const int need_mask = k0 + BLOCK_C > nk;
+#endif
+    for (int i = 0; i < S_TM; i++) {
+      const int r = sy + i * S_RT;
       float pm = -INFINITY;
-      for (int j = 0; j < TN; j++) {
+      for (int j = 0; j < S_TN; j++) {
         float sv = s[i][j] * scale_log2;
         if (need_mask) {
-          int col = k0 + SCOL_OF(tx, j);
-          int row = q0 + ROW_OF(ty, i);
-          if (col >= nk || (CAUSAL && col > row + diag)) sv = -INFINITY;
+          const int col = k0 + sx + j * S_CT;
+#if CAUSAL
+          if (col >= nk || col > q0 + r + diag) sv = -INFINITY;
+#else
+          if (col >= nk) sv = -INFINITY;
+#endif
         }
         s[i][j] = sv;
         pm = fmax(pm, sv);
       }
-      Red[ROW_OF(ty, i) * COL_THREADS + tx] = pm;
+      Red[r * S_CT + sx] = pm;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
+#if PREFETCH
+    STAGE_STORE() /* V */
+    if (k0 + BLOCK_C < kend) STAGE_LOAD(k, kbase, k_sn, k0 + BLOCK_C) /* next K arrives during P V */
+#else
+    STAGE_LOAD(v, vbase, v_sn, k0)
+    STAGE_STORE() /* V */
+#endif
 
-    for (int i = 0; i < TM; i++) {
-      const int r = ROW_OF(ty, i);
-      float mx = m_i[i];
-      for (int t = 0; t < COL_THREADS; t++) mx = fmax(mx, Red[r * COL_THREADS + t]);
+    for (int i = 0; i < S_TM; i++) {
+      const int r = sy + i * S_RT;
+      float mx = m_s[i];
+#if S_CT % 4 == 0
+      for (int t = 0; t < S_CT / 4; t++) {
+        const float4 pm = Red4[r * (S_CT / 4) + t];
+        mx = fmax(mx, fmax(fmax(pm.x, pm.y), fmax(pm.z, pm.w)));
+      }
+#else
+      for (int t = 0; t < S_CT; t++) mx = fmax(mx, Red[r * S_CT + t]);
+#endif
       /* A row with no visible key so far keeps m = -inf; use 0 as the pivot so
        * that exp2(-inf - pivot) = 0 instead of exp2(-inf + inf) = NaN. */
       const float pivot = (mx == -INFINITY) ? 0.0f : mx;
-      const float alpha = exp2(m_i[i] - pivot);
-      m_i[i] = mx;
+      const float alpha = exp2(m_s[i] - pivot);
+      m_s[i] = mx;
       float psum = 0.0f;
-      for (int j = 0; j < TN; j++) {
-        float p = exp2(s[i][j] - pivot);
+      for (int j = 0; j < S_TN; j++) {
+        const int c = sx + j * S_CT;
+        const float p = exp2(s[i][j] - pivot);
         psum += p;
-        Ps[SCOL_OF(tx, j) * BLOCK_R + r] = p;
+        Psf[4 * P_AT(r, c >> 2) + (c & 3)] = p;
       }
-      l_i[i] = l_i[i] * alpha + psum;
-      for (int c = 0; c < TD; c++) acc[i][c] *= alpha;
+      l_s[i] = l_s[i] * alpha + psum;
+      if (sx == 0) Alpha[r] = alpha;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    barrier(CLK_LOCAL_MEM_FENCE); /* P, V and the rescale factors ready */
 
-    const int jmax = min(BLOCK_C, kend - k0);
-    for (int j = 0; j < jmax; j++) {
-      float pa[TM], vb[TD];
-      for (int i = 0; i < TM; i++) pa[i] = Ps[j * BLOCK_R + ROW_OF(ty, i)];
-      for (int c = 0; c < TD; c++) vb[c] = Vs[j * HEAD_DIM + OCOL_OF(tx, c)];
-      for (int i = 0; i < TM; i++)
-        for (int c = 0; c < TD; c++) acc[i][c] = mad(pa[i], vb[c], acc[i][c]);
+    for (int i = 0; i < O_TM && o_active; i++) {
+      const float alpha = Alpha[oy + i * O_RT];
+      for (int g = 0; g < O_TG; g++) acc[i][g] *= alpha;
+    }
+
+    for (int j4 = 0; j4 < C4 && o_active; j4++) {
+      float4 pa[O_TM];
+      for (int i = 0; i < O_TM; i++) pa[i] = Ps[P_AT(oy + i * O_RT, j4)];
+      for (int jj = 0; jj < 4; jj++) {
+        const int j = 4 * j4 + jj;
+        float4 vb[O_TG];
+        for (int g = 0; g < O_TG; g++) vb[g] = KVs[QKV_AT(j, ox + g * O_CT)];
+        for (int i = 0; i < O_TM; i++) {
+          const float pv = jj == 0 ? pa[i].x : jj == 1 ? pa[i].y : jj == 2 ? pa[i].z : pa[i].w;
+          for (int g = 0; g < O_TG; g++) acc[i][g] = mad((float4)(pv), vb[g], acc[i][g]);
+        }
+      }
     }
   }
 
-  /* Each work-item summed only its own columns of P: combine the partial sums. */
+  /* Each S work-item summed only its own keys of P: combine the partial sums. */
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = 0; i < TM; i++) Red[ROW_OF(ty, i) * COL_THREADS + tx] = l_i[i];
+  for (int i = 0; i < S_TM; i++) {
+    Red[(sy + i * S_RT) * S_CT + sx] = l_s[i];
+    if (sx == 0) Alpha[sy + i * S_RT] = m_s[i];
+  }
   barrier(CLK_LOCAL_MEM_FENCE);
 
   const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;
-  for (int i = 0; i < TM; i++) {
-    const int r = ROW_OF(ty, i);
-    if (q0 + r >= nq) continue;
+  for (int i = 0; i < O_TM; i++) {
+    const int r = oy + i * O_RT;
+    if (q0 + r >= nq || !o_active) continue;
     float l = 0.0f;
-    for (int t = 0; t < COL_THREADS; t++) l += Red[r * COL_THREADS + t];
+    for (int t = 0; t < S_CT; t++) l += Red[r * S_CT + t];
     /* A row that sees no key: O = 0 and LSE = -inf, never NaN. */
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const long orow = obase + (long)(q0 + r) * o_sn;
-    for (int c = 0; c < TD; c++) STORE(o, orow + OCOL_OF(tx, c), acc[i][c] * inv);
-    if (has_lse && tx == 0) {
-      float val = l > 0.0f ? (m_i[i] + log2(l)) * M_LN2_F : -INFINITY;
+    for (int g = 0; g < O_TG; g++) GSTORE4(o, orow + 4 * (ox + g * O_CT), acc[i][g] * inv);
+    if (has_lse && ox == 0) {
+      float val = l > 0.0f ? (Alpha[r] + log2(l)) * M_LN2_F : -INFINITY;
       lse[l_off + bq * l_sb + (row_q + q0 + r) * l_sn + (long)h * l_sh] = val;
     }
   }

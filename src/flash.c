@@ -1,8 +1,51 @@
-/* The flash forward path: one fused kernel, no scratch memory. */
+/* The flash forward path: one fused kernel, no scratch memory.
+ *
+ * Environment (tuning and diagnostics only):
+ *   FLASHCL_BUILD_OPTIONS   appended to the kernel's build options (e.g. -cl-nv-verbose)
+ *   FLASHCL_FWD_BUILD_LOG   if set, the build log and the kernel's resource figures
+ *                           are printed to stderr after each launch set-up
+ *   FLASHCL_FWD_SHAPE       forces the work-item mapping, see src/plan.c
+ */
 #include "internal.h"
 #include "kernel_args.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+typedef struct fcl_fwd_shape {
+  int threads, s_tm, s_tn, o_tm, o_td;
+} fcl_fwd_shape;
+int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out); /* plan.c */
+
+/* Element offset and (batch, seq, head) strides all multiples of 4: rows of four
+ * elements can then be read and written as aligned vectors. */
+static int fcl_vec_aligned(const flashcl_tensor *t) {
+  if (!t || t->offset % (4 * flashcl_dtype_size(t->dtype))) return 0;
+  for (int i = 0; i < 3; i++)
+    if (t->stride[i] % 4) return 0;
+  return 1;
+}
+
+static void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *opts) {
+  cl_program prog;
+  if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
+  size_t n = 0;
+  clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
+  char *log = malloc(n + 1);
+  if (log) {
+    log[0] = '\0';
+    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, log, NULL);
+    log[n] = '\0';
+  }
+  cl_ulong lmem = 0, pmem = 0;
+  size_t wg = 0;
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof pmem, &pmem, NULL);
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+  fprintf(stderr, "flash_fwd [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", opts, (unsigned long long)lmem,
+          (unsigned long long)pmem, wg, log ? log : "");
+  free(log);
+}
 
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
@@ -11,14 +54,22 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_plan plan;
   flashcl_status st = fcl_make_plan(ctx, p->head_dim, p->dtype, desc->block_r, desc->block_c, &plan);
   if (st != FLASHCL_SUCCESS) return st;
-  char opts[512];
+  fcl_fwd_shape sh;
+  if (!fcl_fwd_shape_pick(plan.br, plan.bc, p->head_dim, ctx->info.max_work_group_size, &sh))
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no work-item mapping for Br=%d, Bc=%d, d=%d", plan.br, plan.bc,
+                    p->head_dim);
+  const int aligned = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(o);
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  char opts[768];
   snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DROW_THREADS=%d -DCOL_THREADS=%d "
-           "-DCAUSAL=%d -DVARLEN=%d",
-           (int)p->dtype, p->head_dim, plan.br, plan.bc, plan.rt, plan.ct, p->causal, p->varlen);
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
+           "-DO_TM=%d -DO_TD=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d%s%s",
+           (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td, p->causal,
+           p->varlen, aligned, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
   st = fcl_get_kernel(ctx, "flash_fwd.cl", opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
+  if (getenv("FLASHCL_FWD_BUILD_LOG")) fcl_print_build_log(ctx, kern, opts);
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

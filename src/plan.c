@@ -1,43 +1,149 @@
-/* Block sizes for the portable flash kernels.
+/* Block sizes and work-item mapping for the portable flash forward kernel.
  *
- * The rule follows the paper's IO analysis, where M is the on-chip memory a
- * work-group may use (CL_DEVICE_LOCAL_MEM_SIZE):
- *   Bc = floor(M / (4 * d * s)),  Br = min(Bc, d),
+ * Block-size rule. The paper sizes tiles from the on-chip memory M a work-group
+ * may use (here CL_DEVICE_LOCAL_MEM_SIZE) as Bc = ceil(M / (4 d)) elements,
+ * Br = min(Bc, d): the 4 counts the four d-wide tiles Q_i, K_j, V_j, O_i it keeps
+ * on chip. flash_fwd.cl keeps O_i in registers and loads V_j into the buffer K_j
+ * used once S = Q_i K_j^T is done, so only two d-wide tiles are staged:
+ *   Bc = floor(M / (FCL_TILES * d * s)),  FCL_TILES = 2,  Br = min(Bc, d),
  * with s = 4 bytes because tiles are staged in local memory as fp32 whatever the
  * storage dtype (so the inner loops never convert). Both are rounded down to a
- * multiple of 8 (the work-group granularity of the thread grid below) and
- * clamped to [8, FCL_MAX_TILE]. If the tiles plus the score tile and the
- * reduction scratch still exceed M, the larger of Br and Bc shrinks by 8 until
- * they fit.
+ * multiple of 16 (of 8 below 16: the granularity of the work-item mappings,
+ * whose micro-tiles come out as powers of two for multiples of 16) and clamped
+ * to [8, FCL_MAX_TILE]. The footprint also holds the probability tile, the
+ * reduction scratch and one rescale factor per row,
+ *   local_bytes = 4 * (Br*d + Bc*d + Br*Bc + Br*S_CT + Br)   (Br*S_CT rounded up to 4),
+ * and while it exceeds M (or no work-item mapping fits the tile) Bc steps down to
+ * the next multiple of 16 (then 8), then Br once Bc is 8: the Q tile is reused across every K/V tile, so its rows
+ * are worth more than K/V rows (measured: 64x48 beats 48x64 at d = 64).
+ * With M = 48 KiB this gives 64x48 at d = 64 and 48x32 at d = 128.
+ * Explicit block_r / block_c (multiples of 8) are used as given; only the
+ * unspecified one shrinks, and FLASHCL_ERROR_UNSUPPORTED is returned if they
+ * cannot fit or cannot be mapped to work-items.
  *
- * The work-group is ROW_THREADS x COL_THREADS work-items, 8 or 16 each way: 16
- * where the tile is at least 32 long and divides evenly, so that large tiles get
- * more work-items instead of longer per-item loops.
+ * Work-item mapping (see cl/flash_fwd.cl): T work-items compute S = Q K^T as an
+ * S_RT x S_CT grid of S_TM x S_TN micro-tiles and O += P V as an O_RT x O_CT
+ * grid (O_RT * O_CT <= T) of O_TM x O_TD micro-tiles (O_TD a multiple of 4).
+ * T is tried in the order of FCL_PREFERRED_THREADS, then any T <= FCL_MAX_THREADS;
+ * for the first T that admits a mapping, the micro-tiles (at most FCL_MAX_S and
+ * FCL_MAX_O values per work-item) minimizing fcl_shape_cost (multiply-adds plus
+ * local loads, per warp) are taken. The environment variable
+ * FLASHCL_FWD_SHAPE="T,S_TM,S_TN,O_TM,O_TD" forces a mapping (tuning aid;
+ * ignored when it does not fit the tile).
  */
 #include "internal.h"
 
-#define FCL_MAX_TILE 64
+#include <stdio.h>
+#include <stdlib.h>
 
-static size_t fcl_plan_local_bytes(int d, int br, int bc, int ct) {
-  return 4u * ((size_t)br * d + 2u * (size_t)bc * d + (size_t)br * bc + (size_t)br * ct);
+#define FCL_MAX_TILE 128
+#define FCL_TILES 2
+#define FCL_MAX_S 32 /* S_TM * S_TN */
+#define FCL_MAX_O 64 /* O_TM * O_TD */
+#define FCL_MAX_THREADS 256
+/* Tried in this order; measured on an H100, 4 warps per work-group did best
+ * for every tile shape, and 3 or 6 warps did clearly worse. */
+static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
+
+
+typedef struct fcl_fwd_shape {
+  int threads, s_tm, s_tn, o_tm, o_td;
+} fcl_fwd_shape;
+
+/* Also used by flash.c (declared there): the mapping for a tile. Returns 0 if none. */
+int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out);
+
+static int fcl_shape_valid(int br, int bc, int d, const fcl_fwd_shape *s) {
+  if (s->threads <= 0 || s->s_tm <= 0 || s->s_tn <= 0 || s->o_tm <= 0 || s->o_td <= 0) return 0;
+  if (br % s->s_tm || bc % s->s_tn || br % s->o_tm || s->o_td % 4 || d % s->o_td) return 0;
+  return (br / s->s_tm) * (bc / s->s_tn) == s->threads && (br / s->o_tm) * (d / s->o_td) <= s->threads;
 }
 
-static void fcl_plan_threads(int d, fcl_plan *p, size_t max_wg) {
-  p->ct = (p->bc >= 32 && p->bc % 16 == 0 && d % 16 == 0) ? 16 : 8;
-  p->rt = (p->br >= 32 && p->br % 16 == 0) ? 16 : 8;
-  while ((size_t)(p->rt * p->ct) > max_wg && (p->rt > 8 || p->ct > 8)) {
-    if (p->rt >= p->ct) p->rt = 8;
-    else p->ct = 8;
+/* Issue cost of one tile, in warp instructions (32-wide), counting a float4
+ * local load as FCL_LOAD_COST multiply-adds. */
+#define FCL_LOAD_COST 2
+static long fcl_shape_cost(int br, int bc, int d, const fcl_fwd_shape *s) {
+  const long s_warps = (s->threads + 31) / 32;
+  const long o_warps = ((br / s->o_tm) * (d / s->o_td) + 31) / 32;
+  const long s_work = (long)s->s_tm * s->s_tn * d + FCL_LOAD_COST * (long)(d / 4) * (s->s_tm + s->s_tn);
+  const long o_work = (long)s->o_tm * s->o_td * bc + FCL_LOAD_COST * ((long)(bc / 4) * s->o_tm + (long)bc * (s->o_td / 4));
+  return s_warps * s_work + o_warps * o_work;
+}
+
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, fcl_fwd_shape *out);
+
+int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out) {
+  const char *env = getenv("FLASHCL_FWD_SHAPE");
+  if (env) {
+    fcl_fwd_shape s;
+    if (sscanf(env, "%d,%d,%d,%d,%d", &s.threads, &s.s_tm, &s.s_tn, &s.o_tm, &s.o_td) == 5 &&
+        (size_t)s.threads <= max_wg && fcl_shape_valid(br, bc, d, &s)) {
+      *out = s;
+      return 1;
+    }
   }
-  p->tm = p->br / p->rt;
-  p->tn = p->bc / p->ct;
-  p->threads = p->rt * p->ct;
-  p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, p->ct);
+  int found = 0;
+  for (size_t pi = 0; pi <= sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0] && !found; pi++)
+    found = fcl_fwd_shape_pick_t(br, bc, d, max_wg,
+                                 pi < sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0]
+                                     ? FCL_PREFERRED_THREADS[pi]
+                                     : 0,
+                                 out);
+  return found;
 }
 
-static int fcl_round8(size_t x) {
+/* The cheapest mapping with exactly `want` work-items (any count if want == 0). */
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, fcl_fwd_shape *out) {
+  int found = 0;
+  long best_cost = 0;
+  for (int sa = 1; sa <= 8; sa++) /* S_TM */
+    for (int sb = 1; sb <= FCL_MAX_S / sa; sb++) { /* S_TN */
+      if (br % sa || bc % sb) continue;
+      const int t = (br / sa) * (bc / sb);
+      if ((size_t)t > max_wg || t > FCL_MAX_THREADS || (want && t != want)) continue;
+      for (int oa = 1; oa <= 8; oa++) /* O_TM */
+        for (int ob = 4; ob <= FCL_MAX_O / oa; ob += 4) { /* O_TD */
+          fcl_fwd_shape c = {t, sa, sb, oa, ob};
+          if (!fcl_shape_valid(br, bc, d, &c)) continue;
+          /* Work-items idle in the O phase only when nothing else fits. */
+          const long cost = fcl_shape_cost(br, bc, d, &c) * ((br / oa) * (d / ob) == t ? 1 : 4);
+          if (!found || cost < best_cost ||
+              (cost == best_cost && (t > out->threads || (t == out->threads && sa + sb < out->s_tm + out->s_tn)))) {
+            *out = c;
+            best_cost = cost;
+            found = 1;
+          }
+        }
+    }
+  return found;
+}
+
+static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct) {
+  return 4u * ((size_t)br * d + (size_t)bc * d + (size_t)br * bc + (((size_t)br * s_ct + 3) & ~(size_t)3) + br);
+}
+
+/* Fills the mapping fields; returns 0 when no mapping fits (local_bytes is then
+ * computed with one key column per work-item, a lower bound). */
+static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg) {
+  fcl_fwd_shape s;
+  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, &s)) {
+    p->threads = 0;
+    p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, 1);
+    return 0;
+  }
+  p->tm = s.s_tm;
+  p->tn = s.s_tn;
+  p->rt = p->br / s.s_tm;
+  p->ct = p->bc / s.s_tn;
+  p->threads = s.threads;
+  p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, p->ct);
+  return 1;
+}
+
+/* Rounded down to a multiple of 16 (of 8 below 16), within [8, FCL_MAX_TILE]. */
+static int fcl_round_tile(size_t x) {
   if (x > FCL_MAX_TILE) x = FCL_MAX_TILE;
-  x -= x % 8;
+  x -= x % (x >= 16 ? 16 : 8);
   return x < 8 ? 8 : (int)x;
 }
 
@@ -51,27 +157,29 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "block sizes must be 0 or multiples of 8 (got %d, %d)",
                     block_r, block_c);
   const size_t M = ctx->info.local_mem_size;
+  const size_t max_wg = ctx->info.max_work_group_size;
   const size_t s = 4;
   fcl_plan p = {0};
-  p.bc = block_c ? block_c : fcl_round8(M / (4u * (size_t)d * s));
-  p.br = block_r ? block_r : fcl_round8(p.bc < d ? (size_t)p.bc : (size_t)d);
-  fcl_plan_threads(d, &p, ctx->info.max_work_group_size);
-  while (p.local_bytes > M) {
+  p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
+  p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
+  int mapped = fcl_plan_threads(d, &p, max_wg);
+  while (p.local_bytes > M || !mapped) {
     int *shrink = NULL;
-    if (!block_r && !block_c) shrink = p.br >= p.bc ? &p.br : &p.bc;
+    if (!block_r && !block_c) shrink = p.bc > 8 ? &p.bc : &p.br;
     else if (!block_r) shrink = &p.br;
     else if (!block_c) shrink = &p.bc;
     if (!shrink || *shrink <= 8) break;
-    *shrink -= 8;
-    fcl_plan_threads(d, &p, ctx->info.max_work_group_size);
+    *shrink = fcl_round_tile((size_t)*shrink - 1);
+    mapped = fcl_plan_threads(d, &p, max_wg);
   }
   if (p.local_bytes > M)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Br=%d, Bc=%d at head_dim %d need %zu bytes of local memory; the device has %zu", p.br, p.bc, d,
                     p.local_bytes, M);
-  if ((size_t)p.threads > ctx->info.max_work_group_size)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device allows only %zu work-items per work-group",
-                    ctx->info.max_work_group_size);
+  if (!mapped)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "Br=%d, Bc=%d at head_dim %d cannot be mapped to at most %zu work-items per work-group", p.br,
+                    p.bc, d, max_wg);
   *plan = p;
   return FLASHCL_SUCCESS;
 }
