@@ -43,7 +43,7 @@ static void usage(FILE *f) {
           "  --device SPEC       \"<platform>:<device>\" or a name substring\n"
           "  --d LIST            head dims (default 64,128)\n"
           "  --dtype LIST        f32,f16,bf16 (default f16,f32)\n"
-          "  --n LIST            sequence lengths (default 4096 on GPU, 512 otherwise)\n"
+          "  --n LIST            sequence lengths (default 4096 on GPU, 1024 otherwise)\n"
           "  --causal 0|1|both   (default 0)\n"
           "  --batch-tokens T    batch * N (default 16384 on GPU, = N otherwise)\n"
           "  --hidden H          heads * d (default 2048 on GPU, 256 otherwise)\n"
@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
     flashcl_context_destroy(ctx);
     return 2;
   }
-  if (!o.have_n) tools_parse_int_list(info.is_gpu ? "4096" : "512", &o.n);
+  if (!o.have_n) tools_parse_int_list(info.is_gpu ? "4096" : "1024", &o.n);
   if (!o.have_reps) o.reps = info.is_gpu ? 5 : 3;
   if (!o.have_hidden) o.hidden = info.is_gpu ? 2048 : 256;
   if (!o.have_step) o.step = info.is_gpu ? 8 : 32;
