@@ -128,6 +128,9 @@ int tools_parse_algo_list(const char *s, tools_list *out) {
 int tools_parse_kernel(const char *s, flashcl_kernel_family *out) {
   if (ieq(s, "auto")) *out = FLASHCL_KERNEL_AUTO;
   else if (ieq(s, "portable")) *out = FLASHCL_KERNEL_PORTABLE;
+  /* 2 = FLASHCL_KERNEL_NVIDIA_MMA in headers that have it; a library without it
+   * rejects the value with FLASHCL_ERROR_INVALID_ARGUMENT. */
+  else if (ieq(s, "nvidia_mma") || ieq(s, "mma")) *out = (flashcl_kernel_family)2;
   else return -1;
   return 0;
 }

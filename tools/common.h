@@ -36,7 +36,7 @@ int tools_parse_dtype_list(const char *s, tools_list *out);
 int tools_parse_causal_list(const char *s, tools_list *out);
 /* "flash,naive" (also "both", "all") -> list of flashcl_algo. */
 int tools_parse_algo_list(const char *s, tools_list *out);
-/* "auto" or "portable" */
+/* "auto", "portable" or "nvidia_mma" */
 int tools_parse_kernel(const char *s, flashcl_kernel_family *out);
 /* "bnhd" or "bhnd" -> 0 / 1 */
 int tools_parse_layout(const char *s, int *bhnd);

@@ -74,7 +74,7 @@ static void usage(FILE *f) {
           "  --hidden H           heads * d (default 2048 on GPU, 256 otherwise)\n"
           "  --gqa G              query heads per key/value head (default 1)\n"
           "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
-          "  --kernel auto|portable  flash kernel family (default auto)\n"
+          "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto)\n"
           "  --bwd                also time the backward pass (after one untimed forward\n"
           "                       that writes o and lse)\n"
           "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"

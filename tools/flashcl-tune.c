@@ -53,7 +53,7 @@ static void usage(FILE *f) {
           "                      (default 8 on GPU, 32 otherwise: each pair is a kernel\n"
           "                      build, which PoCL takes about a second for)\n"
           "  --br LIST, --bc LIST  explicit candidate lists instead of the range\n"
-          "  --kernel auto|portable  flash kernel family (default auto)\n"
+          "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto)\n"
           "  --reps R            timed runs per candidate, median used (default 5 on GPU,\n"
           "                      3 otherwise)\n"
           "  --warmup W          untimed runs per candidate (default 1)\n"
