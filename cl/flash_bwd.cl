@@ -8,12 +8,13 @@
  * contribute nothing.
  *
  *   bwd_preprocess  D_i = rowsum(dO_i * O_i)                        (O(N d))
- *   bwd_dkdv        one work-item per key row; its k, v, dk, dv stay in
- *                   registers while Q/dO tiles stream through local memory.
- *                   With GQA it loops over every query head of its group, so dk
- *                   and dv come out summed without atomics. ATOMIC_DQ = 1 also
- *                   accumulates dQ into an fp32 buffer with compare-and-swap.
- *   bwd_dq          one work-item per query row, K/V tiles in local memory
+ *   bwd_dkdv        a work-group owns BLOCK_C keys: K and V stay in local
+ *                   memory and dK, dV in registers while Q/dO tiles of BLOCK_R
+ *                   rows stream through (see the kernel's comment). With GQA it
+ *                   loops over every query head of its group, so dK and dV come
+ *                   out summed without atomics. ATOMIC_DQ = 1 also accumulates
+ *                   dQ into an fp32 buffer with compare-and-swap.
+ *   bwd_dq          a work-group owns BLOCK_R queries, K/V tiles stream through
  *                   (the deterministic dQ).
  *   bwd_dq_store    converts the fp32 atomic dQ accumulator to the output dtype.
  *
@@ -25,7 +26,16 @@
  * Parameters (-D):
  *   DTYPE      0 = fp32, 1 = fp16, 2 = bf16 (storage only)
  *   HEAD_DIM   head dimension
- *   BLOCK      rows per tile and work-items per work-group
+ *   BLOCK_R, BLOCK_C   query rows / key rows per tile (multiples of 8)
+ *   NTHREADS   work-items per work-group
+ *   A_TM, A_TN     bwd_dkdv scores per work-item (keys x queries):
+ *                  (BLOCK_C / A_TM) * (BLOCK_R / A_TN) == NTHREADS
+ *   B_TM, B_TD     bwd_dkdv dK/dV per work-item (keys x columns, B_TD a multiple of 4):
+ *                  (BLOCK_C / B_TM) * (HEAD_DIM / B_TD) <= NTHREADS
+ *   QA_TM, QA_TN   bwd_dq scores per work-item (queries x keys):
+ *                  (BLOCK_R / QA_TM) * (BLOCK_C / QA_TN) == NTHREADS
+ *   QB_TM, QB_TD   bwd_dq dQ per work-item (queries x columns, QB_TD a multiple of 4):
+ *                  (BLOCK_R / QB_TM) * (HEAD_DIM / QB_TD) <= NTHREADS
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
  *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer)
@@ -39,8 +49,38 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
-#ifndef BLOCK
-#define BLOCK 32
+#ifndef BLOCK_R
+#define BLOCK_R 16
+#endif
+#ifndef BLOCK_C
+#define BLOCK_C 16
+#endif
+#ifndef NTHREADS
+#define NTHREADS 64
+#endif
+#ifndef A_TM
+#define A_TM 2
+#endif
+#ifndef A_TN
+#define A_TN 2
+#endif
+#ifndef B_TM
+#define B_TM 1
+#endif
+#ifndef B_TD
+#define B_TD 4
+#endif
+#ifndef QA_TM
+#define QA_TM 2
+#endif
+#ifndef QA_TN
+#define QA_TN 2
+#endif
+#ifndef QB_TM
+#define QB_TM 1
+#endif
+#ifndef QB_TD
+#define QB_TD 4
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
@@ -121,195 +161,333 @@ __kernel void bwd_preprocess(CTENSOR(o), CTENSOR(dout), __global float *dsum, in
   dsum[((long)b * heads_q + h) * padded_q + i] = acc;
 }
 
-/* Global (kblocks * BLOCK, heads_kv, seqs), local BLOCK. */
-__kernel __attribute__((reqd_work_group_size(BLOCK, 1, 1))) void bwd_dkdv(
+/* Shared by both kernels: local tiles are fp32 rows padded to LDA floats, so the
+ * float4 granule g of consecutive rows falls in consecutive bank groups. */
+#define LDA (HEAD_DIM + 4)
+#define LDA4 (LDA / 4)
+#define D4 (HEAD_DIM / 4)
+#define BCP (BLOCK_C + 1) /* [query][key] score tiles, padded against bank conflicts */
+
+/* Copies rows [row0, row0 + BLOCK) of a strided tensor into a padded local tile,
+ * zero-filling rows at or past `rows` (never garbage: 0 * NaN is NaN). */
+#define LOAD_TILE(dst, src, bb, seq0, row0, rows, head, nrows)                              \
+  for (int e_ = tid; e_ < (nrows) * D4; e_ += NTHREADS) {                                    \
+    const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                               \
+    float4 v_ = (float4)(0.0f);                                                              \
+    if ((row0) + r_ < (rows)) {                                                              \
+      const long p_ = ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_;                  \
+      v_ = (float4)(LOAD(src, p_), LOAD(src, p_ + 1), LOAD(src, p_ + 2), LOAD(src, p_ + 3)); \
+    }                                                                                        \
+    ((__local float4 *)(dst))[r_ * LDA4 + g_] = v_;                                          \
+  }
+
+inline float dot4(float4 a, float4 b, float acc) {
+  return mad(a.x, b.x, mad(a.y, b.y, mad(a.z, b.z, mad(a.w, b.w, acc))));
+}
+
+/*
+ * dK/dV (and, with ATOMIC_DQ, dQ). One work-group owns BLOCK_C keys of one
+ * (sequence, kv head); K and V stay in local memory and dK, dV in registers
+ * while Q/dO tiles of BLOCK_R rows stream through. Per tile:
+ *   A: S^T = K Q^T and dP^T = V dO^T, work-item grid (BLOCK_C / A_TM) x
+ *      (BLOCK_R / A_TN), then P and dS = P * (dP - D) into local memory;
+ *   B: dV += P^T dO and dK += dS^T Q, grid (BLOCK_C / B_TM) x (HEAD_DIM / B_TD).
+ * Global (kblocks * NTHREADS, heads_kv, seqs), local NTHREADS.
+ */
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dk), TENSOR(dv),
     __global const float *lse, long lse_off, long lse_sb, long lse_sn, long lse_sh,
     __global const float *dsum, __global float *dq_acc, int padded_q, int padded_k, int heads_q, int group,
     float scale, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed,
     ulong offset, uint threshold, float keep_scale) {
-  __local float Qs[BLOCK * HEAD_DIM];
-  __local float dOs[BLOCK * HEAD_DIM];
-  __local float Ls[BLOCK]; /* lse in log2 units */
-  __local float Ds[BLOCK];
-#if ATOMIC_DQ
-  __local float Kt[BLOCK * HEAD_DIM];
-  __local float dSs[BLOCK * BLOCK]; /* [query][key] */
-#endif
-  const int t = get_local_id(0);
-  const int k0 = get_group_id(0) * BLOCK;
+  __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
+  __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
+  __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
+  __local float dOs[BLOCK_R * LDA] __attribute__((aligned(16)));
+  __local float Ps[BLOCK_R * BCP];  /* dropped P, [query][key] */
+  __local float dSs[BLOCK_R * BCP]; /* dS, [query][key] */
+  __local float Ls[BLOCK_R];        /* LSE in log2 units */
+  __local float Ds[BLOCK_R];
+
+  const int tid = get_local_id(0);
+  const int k0 = get_group_id(0) * BLOCK_C;
   const int hk = get_group_id(1), b = get_group_id(2);
   const int2 sq = seq_bounds(cu_q, b, padded_q, total_q), sk = seq_bounds(cu_k, b, padded_k, total_k);
   const int nq = sq.y, nk = sk.y;
   if (k0 >= nk) return;
   const long bb = VARLEN ? 0 : b;
-  const int j = k0 + t;
-  const int jvalid = j < nk;
   const int diag = nk - nq;
   const float scale_log2 = scale * LOG2E;
 
-  float kr[HEAD_DIM], vr[HEAD_DIM], dk_acc[HEAD_DIM], dv_acc[HEAD_DIM];
-  {
-    const long pk = ROWPTR(k, bb, sk.x + min(j, nk - 1), hk), pv = ROWPTR(v, bb, sk.x + min(j, nk - 1), hk);
-    for (int x = 0; x < HEAD_DIM; x++) {
-      kr[x] = jvalid ? LOAD(k, pk + x) : 0.0f;
-      vr[x] = jvalid ? LOAD(v, pv + x) : 0.0f;
-      dk_acc[x] = 0.0f;
-      dv_acc[x] = 0.0f;
-    }
-  }
-#if ATOMIC_DQ
-  for (int x = 0; x < HEAD_DIM; x++) Kt[t * HEAD_DIM + x] = kr[x];
-#endif
+  LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
+  LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+
+  /* Phase A mapping: keys c = ac + A_RT*i, queries r = ar + A_CT*j. */
+#define A_CT (BLOCK_R / A_TN)
+#define A_RT (BLOCK_C / A_TM)
+  const int ac = tid / A_CT, ar = tid - (tid / A_CT) * A_CT;
+  /* Phase B mapping: keys c = bc + B_RT*i, column granules g = bx + B_CT*u. */
+#define B_CT (HEAD_DIM / B_TD)
+#define B_RT (BLOCK_C / B_TM)
+  const int bc = tid / B_CT, bx = tid - (tid / B_CT) * B_CT;
+  const int b_active = tid < B_RT * B_CT;
+
+  float4 dk_acc[B_TM][B_TD / 4], dv_acc[B_TM][B_TD / 4];
+  for (int i = 0; i < B_TM; i++)
+    for (int u = 0; u < B_TD / 4; u++) dk_acc[i][u] = dv_acc[i][u] = (float4)(0.0f);
+
   /* Query i sees key j iff i >= j - diag: earlier query tiles are skipped. */
   int istart = 0;
 #if CAUSAL
   istart = max(0, k0 - diag);
-  istart -= istart % BLOCK;
+  istart -= istart % BLOCK_R;
 #endif
   for (int g = 0; g < group; g++) {
     const int h = hk * group + g;
-    for (int i0 = istart; i0 < nq; i0 += BLOCK) {
-      barrier(CLK_LOCAL_MEM_FENCE);
-      for (int e = t; e < BLOCK * HEAD_DIM; e += BLOCK) {
-        int r = e / HEAD_DIM, x = e - r * HEAD_DIM;
-        int in = i0 + r < nq;
-        Qs[e] = in ? LOAD(q, ROWPTR(q, bb, sq.x + i0 + r, h) + x) : 0.0f;
-        dOs[e] = in ? LOAD(dout, ROWPTR(dout, bb, sq.x + i0 + r, h) + x) : 0.0f;
+    for (int i0 = istart; i0 < nq; i0 += BLOCK_R) {
+      barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
+      LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
+      LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+      for (int r = tid; r < BLOCK_R; r += NTHREADS) {
+        const int in = i0 + r < nq;
+        const float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+        Ls[r] = l * LOG2E;
+        Ds[r] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
       }
+      barrier(CLK_LOCAL_MEM_FENCE);
+
       {
-        int in = i0 + t < nq;
-        float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + t) * lse_sn + (long)h * lse_sh] : -INFINITY;
-        Ls[t] = l * LOG2E;
-        Ds[t] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + t] : 0.0f;
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-      const int rows = min(BLOCK, nq - i0);
-      for (int r = 0; r < rows; r++) {
-        const int i = i0 + r;
-        float s = 0.0f, dp = 0.0f;
-        for (int x = 0; x < HEAD_DIM; x++) {
-          s = mad(Qs[r * HEAD_DIM + x], kr[x], s);
-          dp = mad(dOs[r * HEAD_DIM + x], vr[x], dp);
+        float s[A_TM][A_TN], dp[A_TM][A_TN];
+        for (int i = 0; i < A_TM; i++)
+          for (int j = 0; j < A_TN; j++) s[i][j] = dp[i][j] = 0.0f;
+        for (int x = 0; x < D4; x++) {
+          float4 kq[A_TM], vq[A_TM];
+          for (int i = 0; i < A_TM; i++) {
+            kq[i] = ((__local float4 *)Ks)[(ac + A_RT * i) * LDA4 + x];
+            vq[i] = ((__local float4 *)Vs)[(ac + A_RT * i) * LDA4 + x];
+          }
+          for (int j = 0; j < A_TN; j++) {
+            const float4 qq = ((__local float4 *)Qs)[(ar + A_CT * j) * LDA4 + x];
+            const float4 oq = ((__local float4 *)dOs)[(ar + A_CT * j) * LDA4 + x];
+            for (int i = 0; i < A_TM; i++) {
+              s[i][j] = dot4(kq[i], qq, s[i][j]);
+              dp[i][j] = dot4(vq[i], oq, dp[i][j]);
+            }
+          }
         }
-        const float lrow = Ls[r];
-        int visible = jvalid && lrow != -INFINITY;
+        for (int i = 0; i < A_TM; i++) {
+          const int c = ac + A_RT * i, jk = k0 + c;
+          for (int jj = 0; jj < A_TN; jj++) {
+            const int r = ar + A_CT * jj, iq = i0 + r;
+            const float lrow = Ls[r];
+            int visible = jk < nk && iq < nq && lrow != -INFINITY;
 #if CAUSAL
-        visible = visible && j <= i + diag;
+            visible = visible && jk <= iq + diag;
 #endif
-        const float p = visible ? exp2(s * scale_log2 - lrow) : 0.0f;
-        float pd = p;
+            const float p = visible ? exp2(s[i][jj] * scale_log2 - lrow) : 0.0f;
+            float pd = p, dpv = dp[i][jj];
 #if DROPOUT
-        if (!dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)i, (uint)j, threshold)) {
-          pd = 0.0f;
-          dp = 0.0f;
-        } else {
-          pd *= keep_scale;
-          dp *= keep_scale;
-        }
+            if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold)) {
+              pd *= keep_scale;
+              dpv *= keep_scale;
+            } else {
+              pd = 0.0f;
+              dpv = 0.0f;
+            }
 #endif
-        const float ds = p * (dp - Ds[r]);
-        for (int x = 0; x < HEAD_DIM; x++) {
-          dv_acc[x] = mad(pd, dOs[r * HEAD_DIM + x], dv_acc[x]);
-          dk_acc[x] = mad(ds, Qs[r * HEAD_DIM + x], dk_acc[x]);
+            Ps[r * BCP + c] = pd;
+            dSs[r * BCP + c] = p * (dpv - Ds[r]);
+          }
         }
-#if ATOMIC_DQ
-        dSs[r * BLOCK + t] = ds;
-#endif
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+
+      const int rows = min(BLOCK_R, nq - i0);
+      if (b_active) {
+        for (int r = 0; r < rows; r++) {
+          float4 oq[B_TD / 4], qq[B_TD / 4];
+          for (int u = 0; u < B_TD / 4; u++) {
+            oq[u] = ((__local float4 *)dOs)[r * LDA4 + bx + B_CT * u];
+            qq[u] = ((__local float4 *)Qs)[r * LDA4 + bx + B_CT * u];
+          }
+          for (int i = 0; i < B_TM; i++) {
+            const float pv = Ps[r * BCP + bc + B_RT * i], dsv = dSs[r * BCP + bc + B_RT * i];
+            for (int u = 0; u < B_TD / 4; u++) {
+              dv_acc[i][u] = mad((float4)(pv), oq[u], dv_acc[i][u]);
+              dk_acc[i][u] = mad((float4)(dsv), qq[u], dk_acc[i][u]);
+            }
+          }
+        }
       }
 #if ATOMIC_DQ
-      barrier(CLK_LOCAL_MEM_FENCE);
       /* dQ_tile += scale * dS K, reduced over this work-group's keys first so each
        * element takes one atomic per work-group. */
-      const int kcount = min(BLOCK, nk - k0);
-      for (int e = t; e < rows * HEAD_DIM; e += BLOCK) {
-        int r = e / HEAD_DIM, x = e - r * HEAD_DIM;
-        float acc = 0.0f;
-        for (int c = 0; c < kcount; c++) acc = mad(dSs[r * BLOCK + c], Kt[c * HEAD_DIM + x], acc);
-        if (acc != 0.0f)
-          atomic_add_float(dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + x, acc * scale);
+      {
+        const int kcount = min(BLOCK_C, nk - k0);
+        for (int e = tid; e < rows * D4; e += NTHREADS) {
+          const int r = e / D4, x = e - r * D4;
+          float4 acc = (float4)(0.0f);
+          for (int c = 0; c < kcount; c++)
+            acc = mad((float4)(dSs[r * BCP + c]), ((__local float4 *)Ks)[c * LDA4 + x], acc);
+          __global float *dst = dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + 4 * x;
+          if (acc.x != 0.0f) atomic_add_float(dst, acc.x * scale);
+          if (acc.y != 0.0f) atomic_add_float(dst + 1, acc.y * scale);
+          if (acc.z != 0.0f) atomic_add_float(dst + 2, acc.z * scale);
+          if (acc.w != 0.0f) atomic_add_float(dst + 3, acc.w * scale);
+        }
       }
 #endif
     }
   }
-  if (jvalid) {
-    const long pk = ROWPTR(dk, bb, sk.x + j, hk), pv = ROWPTR(dv, bb, sk.x + j, hk);
-    for (int x = 0; x < HEAD_DIM; x++) {
-      STORE(dk, pk + x, dk_acc[x] * scale);
-      STORE(dv, pv + x, dv_acc[x]);
+  if (b_active) {
+    for (int i = 0; i < B_TM; i++) {
+      const int c = bc + B_RT * i;
+      if (k0 + c >= nk) continue;
+      const long pk = ROWPTR(dk, bb, sk.x + k0 + c, hk), pv = ROWPTR(dv, bb, sk.x + k0 + c, hk);
+      for (int u = 0; u < B_TD / 4; u++) {
+        const int x = 4 * (bx + B_CT * u);
+        const float4 a = dk_acc[i][u] * scale, w = dv_acc[i][u];
+        STORE(dk, pk + x, a.x);
+        STORE(dk, pk + x + 1, a.y);
+        STORE(dk, pk + x + 2, a.z);
+        STORE(dk, pk + x + 3, a.w);
+        STORE(dv, pv + x, w.x);
+        STORE(dv, pv + x + 1, w.y);
+        STORE(dv, pv + x + 2, w.z);
+        STORE(dv, pv + x + 3, w.w);
+      }
     }
   }
 }
 
-/* Global (qblocks * BLOCK, heads_q, seqs), local BLOCK. */
-__kernel __attribute__((reqd_work_group_size(BLOCK, 1, 1))) void bwd_dq(
+/*
+ * Deterministic dQ. One work-group owns BLOCK_R query rows; Q and dO stay in
+ * local memory and dQ in registers while K/V tiles of BLOCK_C keys stream by:
+ *   A: S = Q K^T and dP = dO V^T, grid (BLOCK_R / QA_TM) x (BLOCK_C / QA_TN),
+ *      then dS into local memory;
+ *   B: dQ += dS K, grid (BLOCK_R / QB_TM) x (HEAD_DIM / QB_TD).
+ * Global (qblocks * NTHREADS, heads_q, seqs), local NTHREADS.
+ */
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dq),
     __global const float *lse, long lse_off, long lse_sb, long lse_sn, long lse_sh,
     __global const float *dsum, int padded_q, int padded_k, int heads_q, int group, float scale,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed, ulong offset,
     uint threshold, float keep_scale) {
-  __local float Ks[BLOCK * HEAD_DIM];
-  __local float Vs[BLOCK * HEAD_DIM];
-  const int t = get_local_id(0);
-  const int i0 = get_group_id(0) * BLOCK;
+  __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
+  __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
+  __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
+  __local float dOs[BLOCK_R * LDA] __attribute__((aligned(16)));
+  __local float dSs[BLOCK_R * BCP];
+  __local float Ls[BLOCK_R];
+  __local float Ds[BLOCK_R];
+
+  const int tid = get_local_id(0);
+  const int i0 = get_group_id(0) * BLOCK_R;
   const int h = get_group_id(1), b = get_group_id(2);
   const int hk = h / group;
   const int2 sq = seq_bounds(cu_q, b, padded_q, total_q), sk = seq_bounds(cu_k, b, padded_k, total_k);
   const int nq = sq.y, nk = sk.y;
   if (i0 >= nq) return;
   const long bb = VARLEN ? 0 : b;
-  const int i = i0 + t;
-  const int ivalid = i < nq;
   const int diag = nk - nq;
   const float scale_log2 = scale * LOG2E;
 
-  float qr[HEAD_DIM], dor[HEAD_DIM], dq_acc[HEAD_DIM];
-  const long pq = ROWPTR(q, bb, sq.x + min(i, nq - 1), h), pd = ROWPTR(dout, bb, sq.x + min(i, nq - 1), h);
-  for (int x = 0; x < HEAD_DIM; x++) {
-    qr[x] = ivalid ? LOAD(q, pq + x) : 0.0f;
-    dor[x] = ivalid ? LOAD(dout, pd + x) : 0.0f;
-    dq_acc[x] = 0.0f;
+  LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
+  LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+  for (int r = tid; r < BLOCK_R; r += NTHREADS) {
+    const int in = i0 + r < nq;
+    const float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+    Ls[r] = l * LOG2E;
+    Ds[r] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
   }
-  const float lrow = ivalid ? lse[lse_off + bb * lse_sb + (long)(sq.x + i) * lse_sn + (long)h * lse_sh] * LOG2E
-                            : -INFINITY;
-  const float drow = ivalid ? dsum[((long)b * heads_q + h) * padded_q + i] : 0.0f;
+
+#define QA_CT (BLOCK_C / QA_TN)
+#define QA_RT (BLOCK_R / QA_TM)
+  const int ar = tid / QA_CT, ac = tid - (tid / QA_CT) * QA_CT;
+#define QB_CT (HEAD_DIM / QB_TD)
+#define QB_RT (BLOCK_R / QB_TM)
+  const int br = tid / QB_CT, bx = tid - (tid / QB_CT) * QB_CT;
+  const int b_active = tid < QB_RT * QB_CT;
+
+  float4 dq_acc[QB_TM][QB_TD / 4];
+  for (int i = 0; i < QB_TM; i++)
+    for (int u = 0; u < QB_TD / 4; u++) dq_acc[i][u] = (float4)(0.0f);
 
   int kend = nk;
 #if CAUSAL
-  kend = min(nk, i0 + BLOCK + diag);
+  kend = min(nk, i0 + BLOCK_R + diag);
 #endif
-  for (int k0 = 0; k0 < kend; k0 += BLOCK) {
+  for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int e = t; e < BLOCK * HEAD_DIM; e += BLOCK) {
-      int c = e / HEAD_DIM, x = e - c * HEAD_DIM;
-      int in = k0 + c < nk;
-      Ks[e] = in ? LOAD(k, ROWPTR(k, bb, sk.x + k0 + c, hk) + x) : 0.0f;
-      Vs[e] = in ? LOAD(v, ROWPTR(v, bb, sk.x + k0 + c, hk) + x) : 0.0f;
+    LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
+    LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    {
+      float s[QA_TM][QA_TN], dp[QA_TM][QA_TN];
+      for (int i = 0; i < QA_TM; i++)
+        for (int j = 0; j < QA_TN; j++) s[i][j] = dp[i][j] = 0.0f;
+      for (int x = 0; x < D4; x++) {
+        float4 qq[QA_TM], oq[QA_TM];
+        for (int i = 0; i < QA_TM; i++) {
+          qq[i] = ((__local float4 *)Qs)[(ar + QA_RT * i) * LDA4 + x];
+          oq[i] = ((__local float4 *)dOs)[(ar + QA_RT * i) * LDA4 + x];
+        }
+        for (int j = 0; j < QA_TN; j++) {
+          const float4 kq = ((__local float4 *)Ks)[(ac + QA_CT * j) * LDA4 + x];
+          const float4 vq = ((__local float4 *)Vs)[(ac + QA_CT * j) * LDA4 + x];
+          for (int i = 0; i < QA_TM; i++) {
+            s[i][j] = dot4(qq[i], kq, s[i][j]);
+            dp[i][j] = dot4(oq[i], vq, dp[i][j]);
+          }
+        }
+      }
+      for (int i = 0; i < QA_TM; i++) {
+        const int r = ar + QA_RT * i, iq = i0 + r;
+        const float lrow = Ls[r];
+        for (int jj = 0; jj < QA_TN; jj++) {
+          const int c = ac + QA_CT * jj, jk = k0 + c;
+          int visible = jk < nk && iq < nq && lrow != -INFINITY;
+#if CAUSAL
+          visible = visible && jk <= iq + diag;
+#endif
+          const float p = visible ? exp2(s[i][jj] * scale_log2 - lrow) : 0.0f;
+          float dpv = dp[i][jj];
+#if DROPOUT
+          dpv = dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold) ? dpv * keep_scale
+                                                                                                  : 0.0f;
+#endif
+          dSs[r * BCP + c] = p * (dpv - Ds[r]);
+        }
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int cols = min(BLOCK, kend - k0);
-    for (int c = 0; c < cols; c++) {
-      const int j = k0 + c;
-      float s = 0.0f, dp = 0.0f;
-      for (int x = 0; x < HEAD_DIM; x++) {
-        s = mad(qr[x], Ks[c * HEAD_DIM + x], s);
-        dp = mad(dor[x], Vs[c * HEAD_DIM + x], dp);
+    if (b_active) {
+      const int cols = min(BLOCK_C, kend - k0);
+      for (int c = 0; c < cols; c++) {
+        float4 kq[QB_TD / 4];
+        for (int u = 0; u < QB_TD / 4; u++) kq[u] = ((__local float4 *)Ks)[c * LDA4 + bx + QB_CT * u];
+        for (int i = 0; i < QB_TM; i++) {
+          const float dsv = dSs[(br + QB_RT * i) * BCP + c];
+          for (int u = 0; u < QB_TD / 4; u++) dq_acc[i][u] = mad((float4)(dsv), kq[u], dq_acc[i][u]);
+        }
       }
-      int visible = ivalid && lrow != -INFINITY && j < nk;
-#if CAUSAL
-      visible = visible && j <= i + diag;
-#endif
-      const float p = visible ? exp2(s * scale_log2 - lrow) : 0.0f;
-#if DROPOUT
-      dp = dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)i, (uint)j, threshold) ? dp * keep_scale : 0.0f;
-#endif
-      const float ds = p * (dp - drow);
-      for (int x = 0; x < HEAD_DIM; x++) dq_acc[x] = mad(ds, Ks[c * HEAD_DIM + x], dq_acc[x]);
     }
   }
-  if (ivalid) {
-    const long po = ROWPTR(dq, bb, sq.x + i, h);
-    for (int x = 0; x < HEAD_DIM; x++) STORE(dq, po + x, dq_acc[x] * scale);
+  if (b_active) {
+    for (int i = 0; i < QB_TM; i++) {
+      const int r = br + QB_RT * i;
+      if (i0 + r >= nq) continue;
+      const long po = ROWPTR(dq, bb, sq.x + i0 + r, h);
+      for (int u = 0; u < QB_TD / 4; u++) {
+        const int x = 4 * (bx + QB_CT * u);
+        const float4 a = dq_acc[i][u] * scale;
+        STORE(dq, po + x, a.x);
+        STORE(dq, po + x + 1, a.y);
+        STORE(dq, po + x + 2, a.z);
+        STORE(dq, po + x + 3, a.w);
+      }
+    }
   }
 }
 

@@ -30,13 +30,73 @@ flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_prob
   return fcl_bwd_sizes_of(ctx, p, atomic, &z, bytes);
 }
 
-/* Rows per tile: the largest multiple of 8 up to 64 whose tiles fit in local memory. */
-static int fcl_bwd_block(const flashcl_context *ctx, int d, int atomic) {
-  for (int bl = 64; bl >= 8; bl -= 8) {
-    size_t dkdv = 4u * (2u * bl * d + 2u * bl + (atomic ? (size_t)bl * d + (size_t)bl * bl : 0));
-    size_t dq = 4u * (2u * bl * d);
-    size_t need = dkdv > dq ? dkdv : dq;
-    if (need <= ctx->info.local_mem_size && (size_t)bl <= ctx->info.max_work_group_size) return bl;
+/* Tiles and work-item grids of the backward kernels (see cl/flash_bwd.cl). */
+typedef struct fcl_bwd_plan {
+  int br, bc, threads;
+  int a_tm, a_tn, b_tm, b_td;     /* bwd_dkdv */
+  int qa_tm, qa_tn, qb_tm, qb_td; /* bwd_dq */
+} fcl_bwd_plan;
+
+static size_t fcl_bwd_local_bytes(int br, int bc, int d) {
+  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + 2u * (size_t)br * (bc + 1) + 2u * (size_t)br);
+}
+
+/* Splits an m x n grid of values over `threads` work-items exactly: tm * tn values
+ * each, as square as possible (fewest local loads per multiply-add). */
+static int fcl_split_exact(int m, int n, int threads, int *tm, int *tn) {
+  int best = 0;
+  for (int a = 1; a <= m; a++) {
+    if (m % a) continue;
+    for (int c = 1; c <= n; c++) {
+      if (n % c || (m / a) * (n / c) != threads) continue;
+      if (!best || a + c < *tm + *tn) {
+        *tm = a;
+        *tn = c;
+        best = 1;
+      }
+    }
+  }
+  return best;
+}
+
+/* Splits rows x head_dim outputs (columns in float4 granules) over at most
+ * `threads` work-items, using as many as possible, then the squarest. */
+static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
+  int best_used = 0;
+  for (int a = 1; a <= rows; a++) {
+    if (rows % a) continue;
+    for (int c = 4; c <= d; c += 4) {
+      if (d % c) continue;
+      int used = (rows / a) * (d / c);
+      if (used > threads) continue;
+      if (used > best_used || (used == best_used && a + c / 4 < *tm + *td / 4)) {
+        best_used = used;
+        *tm = a;
+        *td = c;
+      }
+    }
+  }
+  return best_used > 0;
+}
+
+/* Tiles: the first of 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br)
+ * whose four d-wide fp32 tiles (K, V, Q, dO) and two score tiles fit in local
+ * memory: the backward keeps twice the forward's tiles on chip, so it gets
+ * smaller ones from the same M. 128 work-items where the score tile has at least
+ * 128 entries (the forward's best warp count on the H100), else one per entry. */
+static int fcl_bwd_make_plan(const flashcl_context *ctx, int d, fcl_bwd_plan *p) {
+  static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8}};
+  for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
+    p->bc = cand[i][0];
+    p->br = cand[i][1];
+    if (fcl_bwd_local_bytes(p->br, p->bc, d) > ctx->info.local_mem_size) continue;
+    p->threads = p->br * p->bc >= 128 ? 128 : p->br * p->bc;
+    if ((size_t)p->threads > ctx->info.max_work_group_size) continue;
+    if (fcl_split_exact(p->bc, p->br, p->threads, &p->a_tm, &p->a_tn) &&
+        fcl_split_cols(p->bc, d, p->threads, &p->b_tm, &p->b_td) &&
+        fcl_split_exact(p->br, p->bc, p->threads, &p->qa_tm, &p->qa_tn) &&
+        fcl_split_cols(p->br, d, p->threads, &p->qb_tm, &p->qb_td))
+      return 1;
   }
   return 0;
 }
@@ -57,8 +117,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
                                          const flashcl_tensor *dv, cl_uint nwait, const cl_event *wait,
                                          cl_event *out_event) {
   const int atomic = !desc->deterministic;
-  const int bl = fcl_bwd_block(ctx, p->head_dim, atomic);
-  if (!bl)
+  fcl_bwd_plan bp = {0};
+  if (!fcl_bwd_make_plan(ctx, p->head_dim, &bp))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
                     p->head_dim, ctx->info.local_mem_size);
   fcl_bwd_sizes z;
@@ -71,8 +131,11 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
 
   char opts[256];
   snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DDROPOUT=%d",
-           (int)p->dtype, p->head_dim, bl, p->causal, p->varlen, atomic, p->dropout);
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
+           "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
+           "-DDROPOUT=%d",
+           (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
+           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal, p->varlen, atomic, p->dropout);
   const char *src = p->dropout ? "philox.cl+flash_bwd.cl" : "flash_bwd.cl";
   cl_kernel k_pre, k_dkdv, k_dq;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
@@ -94,7 +157,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
   const int tq = (int)q->shape[1], tk = (int)k->shape[1], group = p->heads_q / p->heads_kv;
   cl_event ev[2] = {NULL, NULL};
-  size_t local[3] = {(size_t)bl, 1, 1};
+  size_t local[3] = {(size_t)bp.threads, 1, 1};
 
   fcl_args a = {k_pre, 0, CL_SUCCESS};
   fcl_arg_tensor(&a, o);
@@ -147,8 +210,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
     goto done;
   }
-  size_t kblocks = ((size_t)p->seqlen_k + bl - 1) / bl;
-  size_t g_kv[3] = {kblocks * bl, (size_t)p->heads_kv, (size_t)p->batch};
+  size_t kblocks = ((size_t)p->seqlen_k + bp.bc - 1) / bp.bc;
+  size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
   err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, g_kv, local, 1, atomic ? &ev[1] : &ev[0],
                                atomic ? &dkdv_done : NULL);
@@ -196,8 +259,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
     clReleaseEvent(dkdv_done);
   } else {
-    size_t qblocks = ((size_t)p->seqlen_q + bl - 1) / bl;
-    size_t g[3] = {qblocks * bl, (size_t)p->heads_q, (size_t)p->batch};
+    size_t qblocks = ((size_t)p->seqlen_q + bp.br - 1) / bp.br;
+    size_t g[3] = {qblocks * bp.threads, (size_t)p->heads_q, (size_t)p->batch};
     cl_event parts[2] = {NULL, NULL};
     err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, local, 1, &ev[0], &parts[0]);
     if (err == CL_SUCCESS && out_event) {
