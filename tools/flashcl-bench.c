@@ -326,7 +326,17 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
   if (r->pass == FLASHCL_PASS_BACKWARD) { /* o and lse from this algorithm's forward */
     st = flashcl_attention_forward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
     if (st == FLASHCL_SUCCESS) st = clFinish(queue);
-    if (st != FLASHCL_SUCCESS) goto failed;
+    if (st != FLASHCL_SUCCESS) {
+      r->status = st;
+      r->oom = tools_is_oom(st);
+      if (!r->oom) {
+        char what[128];
+        snprintf(what, sizeof what, "  %s flashcl_attention_forward (o and lse for the backward)",
+                 tools_algo_name(r->algo));
+        tools_print_error(stderr, ctx, what, st);
+      }
+      return;
+    }
   }
 
   for (i = 0; i < o->warmup; ++i) {
