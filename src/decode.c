@@ -1,0 +1,389 @@
+/* flashcl_attention_decode: split-KV decoding against a paged or contiguous KV
+ * cache (cl/decode.cl), and the cache validation shared with kv_cache.c.
+ *
+ * Plan (per call, from the shapes only):
+ *   rows per work-group: the GQA group's G * q_len (query head, token) rows,
+ *     rounded up to a power of two in [4, 64] and capped at 16 KiB of fp32 Q
+ *     (4096 / head_dim), more rows in further row blocks;
+ *   BLOCK_C (keys per K/V tile): 64, else 32, else 16, the first whose local
+ *     memory fits in min(device local memory, 48 KiB);
+ *   work-group: 128 work-items (fewer if the device allows fewer);
+ *   splits (num_splits = 0): enough work-groups for 4 per compute unit,
+ *     ceil(4 * CUs / (B * Hkv * row_blocks)), but at least 256 keys of
+ *     max_seqlen_k (or the capacity) per split, and at most
+ *     FLASHCL_DECODE_MAX_SPLITS. Batch 1 x 8 kv heads at 128K on 132 CUs -> 66.
+ * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats.
+ */
+#include "internal.h"
+#include "kernel_args.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FCL_DEC_THREADS 128
+#define FCL_DEC_LOCAL_CAP (48 * 1024)
+#define FCL_DEC_KEYS_PER_SPLIT 256
+
+void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
+  if (!desc) return;
+  memset(desc, 0, sizeof *desc);
+}
+
+static size_t fcl_mem_size(cl_mem m, int *ok) {
+  size_t n = 0;
+  *ok = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof n, &n, NULL) == CL_SUCCESS;
+  return n;
+}
+
+flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
+                                  const flashcl_tensor *vc, int batch, fcl_kv_layout *out) {
+  flashcl_status st;
+  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  if ((st = fcl_check_tensor(ctx, kc, "k_cache", 1)) || (st = fcl_check_tensor(ctx, vc, "v_cache", 1))) return st;
+  if (kc->dtype != vc->dtype)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "k_cache and v_cache dtypes differ (%s, %s)",
+                    flashcl_dtype_name(kc->dtype), flashcl_dtype_name(vc->dtype));
+  for (int i = 0; i < 4; i++)
+    if (kc->shape[i] != vc->shape[i])
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k_cache and v_cache must have the same shape");
+  memset(out, 0, sizeof *out);
+  out->heads_kv = (int)kc->shape[2];
+  out->head_dim = (int)kc->shape[3];
+  if (desc->block_table) {
+    if (desc->page_size <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.page_size must be >= 1, got %d",
+                      desc->page_size);
+    if (desc->max_pages <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.max_pages must be >= 1, got %d",
+                      desc->max_pages);
+    if (kc->shape[1] != desc->page_size)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "paged cache: k_cache.shape[1] (%lld) must equal desc.page_size (%d); the cache tensors are "
+                      "(num_pages, page_size, heads_kv, head_dim)",
+                      (long long)kc->shape[1], desc->page_size);
+    if ((int64_t)desc->max_pages * desc->page_size > INT_MAX)
+      return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "max_pages * page_size exceeds the int32 range");
+    int ok;
+    size_t have = fcl_mem_size(desc->block_table, &ok);
+    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.block_table is not a valid cl_mem");
+    size_t need = (size_t)batch * (size_t)desc->max_pages * sizeof(cl_int);
+    if (have < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                      "desc.block_table holds %zu bytes but batch %d x max_pages %d int32 need %zu", have, batch,
+                      desc->max_pages, need);
+    out->paged = 1;
+    out->page_size = desc->page_size;
+    out->max_pages = desc->max_pages;
+    out->num_pages = (int)kc->shape[0];
+    out->capacity = desc->max_pages * desc->page_size;
+  } else {
+    if (desc->page_size != 0 || desc->max_pages != 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                      "desc.page_size/max_pages (%d, %d) are set but desc.block_table is NULL", desc->page_size,
+                      desc->max_pages);
+    if (kc->shape[0] != batch)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "contiguous cache: k_cache batch (%lld) must equal the batch (%d)", (long long)kc->shape[0],
+                      batch);
+    out->capacity = (int)kc->shape[1];
+    out->num_pages = batch;
+  }
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch) {
+  if (!seqlens) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+  int ok;
+  size_t have = fcl_mem_size(seqlens, &ok);
+  if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is not a valid cl_mem", name);
+  if (have < (size_t)batch * sizeof(cl_int))
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "%s holds %zu bytes but batch %d int32 need %zu", name,
+                    have, batch, (size_t)batch * sizeof(cl_int));
+  return FLASHCL_SUCCESS;
+}
+
+typedef struct fcl_decode_plan {
+  int batch, q_len, heads_q, heads_kv, head_dim, group;
+  float scale;
+  fcl_kv_layout kv;
+  int rows, row_blocks, block_c, threads, sl, splits;
+  size_t local_bytes;
+  size_t work_floats; /* 0 when unsplit */
+} fcl_decode_plan;
+
+static size_t fcl_dec_local_bytes(int d, int rows, int bc, int sl) {
+  const size_t d4 = (size_t)d / 4;
+  return 16 * (size_t)rows * d4 + 16 * (size_t)bc * (d4 + 1) + 4 * (size_t)rows * bc + 4 * (size_t)rows * sl +
+         4 * (size_t)rows + 8 * (size_t)bc;
+}
+
+static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                       const flashcl_tensor *q, const flashcl_tensor *kc, const flashcl_tensor *vc,
+                                       const flashcl_tensor *o, const flashcl_tensor *lse, fcl_decode_plan *p) {
+  flashcl_status st;
+  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  if ((st = fcl_check_tensor(ctx, q, "q", 1))) return st;
+  if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
+  if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
+  const int batch = (int)q->shape[0];
+  if ((st = fcl_check_kv_cache(ctx, desc, kc, vc, batch, &p->kv))) return st;
+  if (kc->dtype != q->dtype || (o && o->dtype != q->dtype))
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "q, the caches and o must share one dtype (q %s, cache %s%s%s)",
+                    flashcl_dtype_name(q->dtype), flashcl_dtype_name(kc->dtype), o ? ", o " : "",
+                    o ? flashcl_dtype_name(o->dtype) : "");
+  if (lse && lse->dtype != FLASHCL_F32)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
+  if (!isfinite(desc->scale)) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.scale must be finite");
+  if (desc->num_splits < 0 || desc->num_splits > FLASHCL_DECODE_MAX_SPLITS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.num_splits must be in [0, %d], got %d",
+                    FLASHCL_DECODE_MAX_SPLITS, desc->num_splits);
+  if (desc->max_seqlen_k < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.max_seqlen_k must be >= 0, got %d",
+                    desc->max_seqlen_k);
+  const int64_t d = q->shape[3];
+  if (kc->shape[3] != d)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, cache %lld", (long long)d,
+                    (long long)kc->shape[3]);
+  if (d % 8 != 0 || d < 8 || d > 256)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
+  const int64_t q_len = q->shape[1];
+  if (q_len > FLASHCL_DECODE_MAX_Q_LEN)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q_len (q.shape[1]) is %lld; decode takes 1 to %d tokens",
+                    (long long)q_len, FLASHCL_DECODE_MAX_Q_LEN);
+  const int64_t hq = q->shape[2], hkv = kc->shape[2];
+  if (desc->heads_q < 0 || desc->heads_kv < 0 || (desc->heads_q && desc->heads_q != hq) ||
+      (desc->heads_kv && desc->heads_kv != hkv))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "desc.heads_q/heads_kv (%d, %d) do not match the tensors (%lld, %lld)", desc->heads_q,
+                    desc->heads_kv, (long long)hq, (long long)hkv);
+  if (hq % hkv != 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
+                    (long long)hq, (long long)hkv);
+  if (o && (o->shape[0] != q->shape[0] || o->shape[1] != q_len || o->shape[2] != hq || o->shape[3] != d))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
+  if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
+  if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, kc, 0) || fcl_views_conflict(o, vc, 0) ||
+      fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, kc, 0) || fcl_views_conflict(lse, vc, 0) ||
+      fcl_views_conflict(lse, o, 0))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, the caches or each other");
+  if (desc->workspace && desc->workspace_offset % sizeof(float))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
+
+  p->batch = batch;
+  p->q_len = (int)q_len;
+  p->heads_q = (int)hq;
+  p->heads_kv = (int)hkv;
+  p->head_dim = (int)d;
+  p->group = (int)(hq / hkv);
+  p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
+
+  /* Plan. */
+  size_t max_wg = ctx->info.max_work_group_size;
+  int threads = FCL_DEC_THREADS;
+  while ((size_t)threads > max_wg && threads > 4) threads /= 2;
+  if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
+                    max_wg);
+  const int need_rows = p->group * p->q_len;
+  int rows_cap = 4096 / (int)d;
+  int rows = 4;
+  while (rows < need_rows && rows < 64) rows *= 2;
+  while (rows > rows_cap && rows > 4) rows /= 2;
+  while (rows > threads && rows > 1) rows /= 2;
+  const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
+  int bc = 0, sl = 0;
+  for (;;) {
+    for (int c = 64; c >= 16; c /= 2) {
+      int s = threads / rows < c ? threads / rows : c;
+      if (fcl_dec_local_bytes((int)d, rows, c, s) <= cap) {
+        bc = c;
+        sl = s;
+        break;
+      }
+    }
+    if (bc || rows <= 1) break;
+    rows /= 2;
+  }
+  if (!bc)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %lld does not fit %zu bytes of local memory",
+                    (long long)d, ctx->info.local_mem_size);
+  p->rows = rows;
+  p->row_blocks = (need_rows + rows - 1) / rows;
+  p->block_c = bc;
+  p->threads = threads;
+  p->sl = sl;
+  p->local_bytes = fcl_dec_local_bytes((int)d, rows, bc, sl);
+
+  int splits = desc->num_splits;
+  if (splits == 0) {
+    const int64_t base = (int64_t)batch * hkv * p->row_blocks;
+    const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
+    const int64_t lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k
+                                                                                        : p->kv.capacity;
+    int64_t s = (4 * cus + base - 1) / base;
+    const int64_t by_len = (lmax + FCL_DEC_KEYS_PER_SPLIT - 1) / FCL_DEC_KEYS_PER_SPLIT;
+    if (s > by_len) s = by_len;
+    if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
+    splits = s < 1 ? 1 : (int)s;
+  }
+  p->splits = splits;
+  p->work_floats = 0;
+  if (splits > 1) {
+    size_t rows_total, f, f_bytes;
+    if (!fcl_mul_size((size_t)batch * (size_t)q_len, (size_t)hq, &rows_total) ||
+        !fcl_mul_size(rows_total, (size_t)splits, &f) || !fcl_mul_size(f, (size_t)d + 1, &f) ||
+        !fcl_mul_size(f, sizeof(float), &f_bytes))
+      return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "decode workspace size overflows size_t");
+    p->work_floats = f;
+  }
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                       const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                                       const flashcl_tensor *v_cache, size_t *bytes,
+                                                       int *num_splits) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  fcl_decode_plan p;
+  flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, NULL, NULL, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  *bytes = p.work_floats * sizeof(float);
+  if (num_splits) *num_splits = p.splits;
+  return FLASHCL_SUCCESS;
+}
+
+static void fcl_arg_lse_or_null(fcl_args *a, const flashcl_tensor *lse) {
+  if (lse) {
+    fcl_arg_mem(a, lse->buffer);
+    fcl_arg_long(a, (int64_t)(lse->offset / sizeof(float)));
+    fcl_arg_long(a, lse->stride[0]);
+    fcl_arg_long(a, lse->stride[1]);
+    fcl_arg_long(a, lse->stride[2]);
+  } else {
+    fcl_arg_mem(a, NULL);
+    for (int i = 0; i < 4; i++) fcl_arg_long(a, 0);
+  }
+  fcl_arg_int(a, lse != NULL);
+}
+
+flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                        const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                        const flashcl_tensor *v_cache, cl_mem seqlens_k, const flashcl_tensor *o,
+                                        const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                        const cl_event *event_wait_list, cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  fcl_decode_plan p;
+  flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, o, lse, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if ((st = fcl_check_seqlens(ctx, seqlens_k, "seqlens_k", p.batch))) return st;
+  const int split = p.splits > 1;
+  cl_mem work = NULL;
+  int own_work = 0;
+  if (split) {
+    const size_t need = p.work_floats * sizeof(float);
+    if (desc->workspace) {
+      int ok;
+      size_t have = fcl_mem_size(desc->workspace, &ok);
+      if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace is not a valid cl_mem");
+      if (desc->workspace_offset > have || have - desc->workspace_offset < need)
+        return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                        "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
+                        desc->workspace_offset, need);
+      work = desc->workspace;
+    }
+  }
+
+  char opts[512];
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DBLOCK_C=%d -DNTHREADS=%d -DSL=%d -DSPLIT=%d "
+           "-DPAGED=%d%s%s",
+           (int)q->dtype, p.head_dim, p.rows, p.block_c, p.threads, p.sl, split, p.kv.paged,
+           extra ? " " : "", extra ? extra : "");
+  cl_kernel kern, merge = NULL;
+  if ((st = fcl_get_kernel(ctx, "dtype_io.cl+decode.cl", opts, "decode_attn", &kern))) return st;
+  if (split && (st = fcl_get_kernel(ctx, "dtype_io.cl+decode.cl", opts, "decode_merge", &merge))) return st;
+  size_t kwg = 0;
+  if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+          CL_SUCCESS &&
+      kwg < (size_t)p.threads)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode_attn needs %d work-items but the compiled kernel allows %zu",
+                    p.threads, kwg);
+
+  cl_int err = CL_SUCCESS;
+  if (split && !work) {
+    work = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, p.work_floats * sizeof(float), NULL, &err);
+    if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateBuffer(decode workspace)");
+    own_work = 1;
+  }
+  const int64_t wo_off = split ? (int64_t)((own_work ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
+  const int64_t wl_off = wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim + 1) * (size_t)p.head_dim);
+
+  const float log2e = 1.4426950408889634f;
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, q);
+  fcl_arg_tensor(&a, k_cache);
+  fcl_arg_tensor(&a, v_cache);
+  fcl_arg_tensor(&a, o);
+  fcl_arg_lse_or_null(&a, lse);
+  fcl_arg_mem(&a, seqlens_k);
+  fcl_arg_mem(&a, p.kv.paged ? desc->block_table : NULL);
+  fcl_arg_int(&a, p.kv.max_pages);
+  fcl_arg_int(&a, p.kv.page_size);
+  fcl_arg_int(&a, p.kv.num_pages);
+  fcl_arg_int(&a, p.kv.capacity);
+  fcl_arg_int(&a, p.q_len);
+  fcl_arg_int(&a, p.group);
+  fcl_arg_int(&a, p.heads_q);
+  fcl_arg_int(&a, p.row_blocks);
+  fcl_arg_int(&a, p.splits);
+  fcl_arg_float(&a, p.scale * log2e);
+  fcl_arg_mem(&a, work);
+  fcl_arg_long(&a, wo_off);
+  fcl_arg_long(&a, wl_off);
+  if (a.err == CL_SUCCESS && split) {
+    fcl_args m = {merge, 0, CL_SUCCESS};
+    fcl_arg_mem(&m, work);
+    fcl_arg_long(&m, wo_off);
+    fcl_arg_long(&m, wl_off);
+    fcl_arg_int(&m, p.splits);
+    fcl_arg_int(&m, p.q_len);
+    fcl_arg_int(&m, p.heads_q);
+    fcl_arg_tensor(&m, o);
+    fcl_arg_lse_or_null(&m, lse);
+    a.err = m.err;
+  }
+  if (a.err != CL_SUCCESS) {
+    if (own_work) clReleaseMemObject(work);
+    return fcl_cl_fail(ctx, a.err, "clSetKernelArg(decode)");
+  }
+
+  size_t global[3] = {(size_t)p.threads * p.splits, (size_t)p.heads_kv * p.row_blocks, (size_t)p.batch};
+  size_t local[3] = {(size_t)p.threads, 1, 1};
+  cl_event ev = NULL;
+  err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, num_events_in_wait_list,
+                               num_events_in_wait_list ? event_wait_list : NULL, split ? &ev : out_event);
+  if (err == CL_SUCCESS && split) {
+    /* Chained by event: the queue may be out-of-order (flashcl_context_create_from_cl). */
+    size_t mg[3] = {(size_t)p.head_dim / 4, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
+    size_t ml[3] = {(size_t)p.head_dim / 4, 1, 1};
+    err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, 1, &ev, out_event);
+    /* If this enqueue fails the partials are lost, but o and lse are untouched. */
+  }
+  if (ev) clReleaseEvent(ev);
+  if (own_work) clReleaseMemObject(work); /* freed once the kernels complete */
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(decode)");
+  return FLASHCL_SUCCESS;
+}

@@ -1,0 +1,942 @@
+/*
+ * Inference features: flashcl_merge_states, flashcl_attention_decode (split-KV,
+ * paged and contiguous caches, GQA) and flashcl_kv_cache_append.
+ *
+ * Every case draws fresh random inputs (seed printed by the harness), poisons its
+ * outputs with NaN before the call and compares against a double-precision CPU
+ * reference by relative L2 (fp32 1e-5, fp16 2e-3, bf16 1e-2 for O; the LSE
+ * tolerance of fct_lse_tolerance). Unused cache slots and pages are NaN, so a
+ * read of a key outside a sequence shows up as NaN in the output; NaN never
+ * passes. Rows that see no key must give O = 0 and LSE = -inf exactly.
+ */
+#include "common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- helpers -- */
+
+static void upload(fct_tensor *t) {
+  cl_int err = clEnqueueWriteBuffer(fct_env_get()->queue, t->t.buffer, CL_TRUE, 0, t->bytes, t->host, 0, NULL, NULL);
+  FCT_CHECK(err == CL_SUCCESS, "clEnqueueWriteBuffer failed: %d", (int)err);
+}
+
+static cl_mem int_buffer(const int32_t *v, size_t n) { return fct_create_buffer(n * sizeof(int32_t), v); }
+
+static void contiguous_tensor(fct_tensor *t, flashcl_dtype dtype, int64_t B, int64_t N, int64_t H, int64_t D) {
+  int64_t shape[4] = {B, N, H, D}, stride[4] = {N * H * D, H * D, D, 1};
+  fct_tensor_create_custom(t, dtype, (size_t)(B * N * H * D) * fct_dtype_size(dtype), 0, shape, stride);
+}
+
+/* fp32 (B, N, H, 1) with (B, N, H) row-major strides, so that row r of an LSE
+ * buffer is row r of a contiguous (B, N, H, d) tensor. */
+static void lse_bnh(fct_tensor *t, int64_t B, int64_t N, int64_t H) {
+  int64_t shape[4] = {B, N, H, 1}, stride[4] = {N * H, H, 1, 1};
+  fct_tensor_create_custom(t, FLASHCL_F32, (size_t)(B * N * H) * 4, 0, shape, stride);
+}
+
+static float rand_value(flashcl_dtype dtype, fct_rng *rng) {
+  float v;
+  do v = fct_quantize(dtype, (float)fct_rng_normal(rng));
+  while (fabsf(v) < 1e-3f);
+  return v;
+}
+
+/* Relative-L2 accumulator with NaN tracking. */
+typedef struct l2acc {
+  double num, den;
+  size_t nonfinite, bad_empty;
+} l2acc;
+
+static void l2_add(l2acc *a, double got, double want) {
+  if (!isfinite(got)) {
+    a->nonfinite++;
+    return;
+  }
+  a->num += (got - want) * (got - want);
+  a->den += want * want;
+}
+static double l2_rel(const l2acc *a) { return a->den > 0 ? sqrt(a->num / a->den) : sqrt(a->num); }
+
+/* LSE comparison: -inf must match exactly, otherwise relative L2. */
+static void lse_add(l2acc *a, double got, double want) {
+  if (isinf(want) && want < 0) {
+    if (!(isinf(got) && got < 0)) a->bad_empty++;
+    return;
+  }
+  l2_add(a, got, want);
+}
+
+/* ------------------------------------------------ decode: the reference -- */
+
+typedef struct dec_case {
+  const char *name;
+  flashcl_dtype dtype;
+  int batch, q_len, heads_q, heads_kv, head_dim;
+  const int *seqlens; /* KV lengths after the append, batch entries */
+  int page_size;      /* 0: contiguous */
+  int num_splits;
+  int padded_q;       /* q/o/lse as FCT_PADDED views */
+  int append;         /* 1: the last q_len tokens go in via flashcl_kv_cache_append */
+  int user_workspace; /* 1: pass a workspace buffer of exactly the queried size */
+} dec_case;
+
+/* Logical K/V of sequence b, token j, head h, dim x: kv[(off[b] + j) * Hkv * d + h * d + x]. */
+typedef struct dec_data {
+  float *k, *v;
+  size_t *off;
+  int max_len;
+} dec_data;
+
+static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *dd, double *ref_o, double *ref_lse) {
+  const int B = c->batch, T = c->q_len, Hq = c->heads_q, Hkv = c->heads_kv, d = c->head_dim, G = Hq / Hkv;
+  const double scale = 1.0 / sqrt((double)d);
+  int max_len = 0;
+  for (int b = 0; b < B; b++)
+    if (c->seqlens[b] > max_len) max_len = c->seqlens[b];
+  double *s = malloc(sizeof(double) * (size_t)(max_len + 1));
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < Hq; h++) {
+        const int L = c->seqlens[b], hk = h / G;
+        const int nvis = L - T + t + 1 > 0 ? L - T + t + 1 : 0;
+        double *o = ref_o + (((size_t)b * T + t) * Hq + h) * d;
+        double m = -INFINITY, l = 0, qr[256];
+        for (int x = 0; x < d; x++) qr[x] = fct_tensor_get(q, b, t, h, x);
+        for (int x = 0; x < d; x++) o[x] = 0;
+        for (int j = 0; j < nvis; j++) {
+          const float *kr = dd->k + (dd->off[b] + j) * (size_t)Hkv * d + (size_t)hk * d;
+          double a = 0;
+          for (int x = 0; x < d; x++) a += qr[x] * kr[x];
+          s[j] = a * scale;
+          if (s[j] > m) m = s[j];
+        }
+        for (int j = 0; j < nvis; j++) {
+          const float *vr = dd->v + (dd->off[b] + j) * (size_t)Hkv * d + (size_t)hk * d;
+          const double p = exp(s[j] - m);
+          l += p;
+          for (int x = 0; x < d; x++) o[x] += p * vr[x];
+        }
+        if (nvis > 0)
+          for (int x = 0; x < d; x++) o[x] /= l;
+        ref_lse[((size_t)b * T + t) * Hq + h] = nvis > 0 ? m + log(l) : -INFINITY;
+      }
+  free(s);
+}
+
+/* The cache: contiguous (B, cap, Hkv, d), or a pool of pages assigned to the
+ * sequences in shuffled order plus two spare pages. Unused slots stay NaN. */
+typedef struct dec_cache {
+  fct_tensor k, v;
+  cl_mem block_table;
+  int32_t *bt;
+  int max_pages, num_pages, capacity;
+} dec_cache;
+
+static void cache_create(dec_cache *cc, const dec_case *c, fct_rng *rng) {
+  const int B = c->batch, Hkv = c->heads_kv, d = c->head_dim;
+  int max_len = 1;
+  memset(cc, 0, sizeof *cc);
+  for (int b = 0; b < B; b++)
+    if (c->seqlens[b] > max_len) max_len = c->seqlens[b];
+  if (!c->page_size) {
+    cc->capacity = max_len + 3;
+    contiguous_tensor(&cc->k, c->dtype, B, cc->capacity, Hkv, d);
+    contiguous_tensor(&cc->v, c->dtype, B, cc->capacity, Hkv, d);
+    return;
+  }
+  const int P = c->page_size;
+  cc->max_pages = (max_len + P - 1) / P + 1;
+  cc->capacity = cc->max_pages * P;
+  int used = 0;
+  for (int b = 0; b < B; b++) used += (c->seqlens[b] + P - 1) / P;
+  cc->num_pages = used + 2;
+  int *perm = malloc(sizeof(int) * (size_t)cc->num_pages);
+  for (int i = 0; i < cc->num_pages; i++) perm[i] = i;
+  for (int i = cc->num_pages - 1; i > 0; i--) {
+    int j = (int)(fct_rng_u64(rng) % (uint64_t)(i + 1)), tmp = perm[i];
+    perm[i] = perm[j];
+    perm[j] = tmp;
+  }
+  cc->bt = malloc(sizeof(int32_t) * (size_t)B * cc->max_pages);
+  int next = 0;
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < cc->max_pages; i++)
+      cc->bt[(size_t)b * cc->max_pages + i] = i < (c->seqlens[b] + P - 1) / P ? perm[next++] : -12345; /* unused */
+  free(perm);
+  cc->block_table = int_buffer(cc->bt, (size_t)B * cc->max_pages);
+  contiguous_tensor(&cc->k, c->dtype, cc->num_pages, P, Hkv, d);
+  contiguous_tensor(&cc->v, c->dtype, cc->num_pages, P, Hkv, d);
+}
+
+static void cache_release(dec_cache *cc) {
+  fct_tensor_release(&cc->k);
+  fct_tensor_release(&cc->v);
+  if (cc->block_table) clReleaseMemObject(cc->block_table);
+  free(cc->bt);
+}
+
+/* Element index of (sequence b, token j, head h, dim x) in the cache tensors. */
+static size_t cache_index(const dec_cache *cc, const dec_case *c, int b, int j, int h, int x) {
+  if (!c->page_size) return fct_tensor_index(&cc->k, b, j, h, x);
+  const int P = c->page_size;
+  return fct_tensor_index(&cc->k, cc->bt[(size_t)b * cc->max_pages + j / P], j % P, h, x);
+}
+
+static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_desc *desc) {
+  flashcl_decode_desc_init(desc);
+  desc->num_splits = c->num_splits;
+  if (c->page_size) {
+    desc->page_size = c->page_size;
+    desc->block_table = cc->block_table;
+    desc->max_pages = cc->max_pages;
+  }
+}
+
+static void run_decode_case(const dec_case *c) {
+  fct_env *env = fct_env_get();
+  const int B = c->batch, T = c->q_len, Hq = c->heads_q, Hkv = c->heads_kv, d = c->head_dim;
+  fct_rng rng;
+  char tag[256];
+  snprintf(tag, sizeof tag, "decode/%s", c->name);
+  fct_rng_init(&rng, tag);
+
+  fct_tensor q, o, lse;
+  const fct_layout lay = c->padded_q ? FCT_PADDED : FCT_BNHD;
+  fct_tensor_create(&q, c->dtype, lay, B, T, Hq, d, 1);
+  fct_tensor_create(&o, c->dtype, lay, B, T, Hq, d, 2);
+  fct_tensor_create_lse(&lse, lay, B, T, Hq, 3);
+  fct_tensor_fill_random(&q, &rng);
+
+  dec_data dd;
+  dd.off = malloc(sizeof(size_t) * (size_t)B);
+  size_t total = 0;
+  for (int b = 0; b < B; b++) {
+    dd.off[b] = total;
+    total += (size_t)c->seqlens[b];
+  }
+  dd.k = malloc(sizeof(float) * (total * Hkv * d + 1));
+  dd.v = malloc(sizeof(float) * (total * Hkv * d + 1));
+  for (size_t i = 0; i < total * Hkv * d; i++) {
+    dd.k[i] = rand_value(c->dtype, &rng);
+    dd.v[i] = rand_value(c->dtype, &rng);
+  }
+
+  dec_cache cc;
+  cache_create(&cc, c, &rng);
+  /* Tokens [0, L - T) are in the cache already when appending, else all L. */
+  for (int b = 0; b < B; b++) {
+    const int pre = c->append ? (c->seqlens[b] - T > 0 ? c->seqlens[b] - T : 0) : c->seqlens[b];
+    for (int j = 0; j < pre; j++)
+      for (int h = 0; h < Hkv; h++)
+        for (int x = 0; x < d; x++) {
+          const size_t src = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
+          const size_t dst = cache_index(&cc, c, b, j, h, x);
+          fct_store(c->dtype, cc.k.host, dst, dd.k[src]);
+          fct_store(c->dtype, cc.v.host, dst, dd.v[src]);
+        }
+  }
+  upload(&cc.k);
+  upload(&cc.v);
+
+  flashcl_decode_desc desc;
+  decode_desc(c, &cc, &desc);
+  int32_t *lens = malloc(sizeof(int32_t) * (size_t)B);
+  flashcl_status st;
+  if (c->append) {
+    /* Sequences shorter than T get only their last tokens (the first T - L new
+     * tokens land at negative positions and are skipped). */
+    fct_tensor kn, vn;
+    contiguous_tensor(&kn, c->dtype, B, T, Hkv, d);
+    contiguous_tensor(&vn, c->dtype, B, T, Hkv, d);
+    for (int b = 0; b < B; b++) {
+      lens[b] = c->seqlens[b] - T;
+      for (int t = 0; t < T; t++) {
+        const int j = lens[b] + t;
+        for (int h = 0; h < Hkv; h++)
+          for (int x = 0; x < d; x++) {
+            const size_t dst = fct_tensor_index(&kn, b, t, h, x);
+            if (j < 0) {
+              fct_store(c->dtype, kn.host, dst, 1e4f); /* must never be written */
+              fct_store(c->dtype, vn.host, dst, 1e4f);
+              continue;
+            }
+            const size_t src = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
+            fct_store(c->dtype, kn.host, dst, dd.k[src]);
+            fct_store(c->dtype, vn.host, dst, dd.v[src]);
+          }
+      }
+    }
+    upload(&kn);
+    upload(&vn);
+    cl_mem before = int_buffer(lens, (size_t)B);
+    st = flashcl_kv_cache_append(env->ctx, &desc, &kn.t, &vn.t, &cc.k.t, &cc.v.t, before, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_kv_cache_append", c->name);
+    fct_finish();
+    /* The cache now holds exactly the full sequences (and NaN elsewhere). */
+    fct_tensor_download(&cc.k);
+    fct_tensor_download(&cc.v);
+    for (int b = 0; b < B; b++)
+      for (int j = 0; j < c->seqlens[b]; j++)
+        for (int h = 0; h < Hkv; h++)
+          for (int x = 0; x < d; x++) {
+            const size_t src = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
+            const size_t dst = cache_index(&cc, c, b, j, h, x);
+            FCT_CHECK(fct_load(c->dtype, cc.k.host, dst) == dd.k[src] && fct_load(c->dtype, cc.v.host, dst) == dd.v[src],
+                      "%s: cache entry (b %d, j %d, h %d, x %d) after the append is wrong", c->name, b, j, h, x);
+          }
+    size_t expect = 0;
+    for (int b = 0; b < B; b++) expect += (size_t)c->seqlens[b] * Hkv * d;
+    FCT_CHECK(fct_tensor_count_unpoisoned(&cc.k) == expect && fct_tensor_count_unpoisoned(&cc.v) == expect,
+              "%s: the append wrote outside the new tokens' slots", c->name);
+    clReleaseMemObject(before);
+    fct_tensor_release(&kn);
+    fct_tensor_release(&vn);
+  }
+  for (int b = 0; b < B; b++) lens[b] = c->seqlens[b];
+  cl_mem seqlens = int_buffer(lens, (size_t)B);
+
+  size_t ws = 0;
+  int splits = -1;
+  st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, &ws, &splits);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: workspace size", c->name);
+  FCT_CHECK(splits >= 1 && (c->num_splits == 0 || splits == c->num_splits), "%s: splits %d", c->name, splits);
+  FCT_CHECK((splits == 1) == (ws == 0), "%s: %d splits but workspace %zu", c->name, splits, ws);
+  cl_mem wbuf = NULL;
+  if (c->user_workspace && ws) {
+    wbuf = fct_create_buffer(ws + 64, NULL);
+    desc.workspace = wbuf;
+    desc.workspace_offset = 64;
+  }
+
+  double *ref_o = malloc(sizeof(double) * (size_t)B * T * Hq * d);
+  double *ref_lse = malloc(sizeof(double) * (size_t)B * T * Hq);
+  ref_decode(c, &q, &dd, ref_o, ref_lse);
+
+  cl_event ev = NULL;
+  st = flashcl_attention_decode(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, seqlens, &o.t, &lse.t, 0, NULL, &ev);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_attention_decode", c->name);
+  FCT_CHECK(ev != NULL && clWaitForEvents(1, &ev) == CL_SUCCESS, "%s: out_event", c->name);
+  clReleaseEvent(ev);
+  fct_finish();
+  fct_tensor_download(&o);
+  fct_tensor_download(&lse);
+
+  l2acc eo = {0}, el = {0};
+  size_t empty_bad = 0;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < Hq; h++) {
+        const double *ro = ref_o + (((size_t)b * T + t) * Hq + h) * d;
+        const double rl = ref_lse[((size_t)b * T + t) * Hq + h];
+        for (int x = 0; x < d; x++) {
+          const double g = fct_tensor_get(&o, b, t, h, x);
+          if (isinf(rl) && g != 0.0) empty_bad++;
+          l2_add(&eo, g, ro[x]);
+        }
+        lse_add(&el, fct_tensor_get(&lse, b, t, h, 0), rl);
+      }
+  const double tol = fct_tolerance(c->dtype), ltol = fct_lse_tolerance(c->dtype);
+  print_message("[ DECODE   ] %-28s %s B=%d q_len=%d %d:%d d=%d %s splits=%d: relL2 O %.2e LSE %.2e\n", c->name,
+                fct_dtype_str(c->dtype), B, T, Hq, Hkv, d, c->page_size ? "paged" : "contig", splits, l2_rel(&eo),
+                l2_rel(&el));
+  FCT_CHECK(eo.nonfinite == 0 && el.nonfinite == 0, "%s: %zu non-finite O and %zu LSE values", c->name,
+            eo.nonfinite, el.nonfinite);
+  FCT_CHECK(empty_bad == 0 && el.bad_empty == 0, "%s: rows without keys must give O = 0, LSE = -inf (%zu, %zu)",
+            c->name, empty_bad, el.bad_empty);
+  FCT_CHECK(l2_rel(&eo) <= tol, "%s: O relL2 %.3e > %.1e", c->name, l2_rel(&eo), tol);
+  FCT_CHECK(l2_rel(&el) <= ltol, "%s: LSE relL2 %.3e > %.1e", c->name, l2_rel(&el), ltol);
+  /* Nothing written outside the o / lse views. */
+  FCT_CHECK(fct_tensor_count_unpoisoned(&o) == (size_t)B * T * Hq * d &&
+                fct_tensor_count_unpoisoned(&lse) == (size_t)B * T * Hq,
+            "%s: writes outside the o/lse views", c->name);
+
+  free(ref_o);
+  free(ref_lse);
+  if (wbuf) clReleaseMemObject(wbuf);
+  clReleaseMemObject(seqlens);
+  free(lens);
+  cache_release(&cc);
+  free(dd.k);
+  free(dd.v);
+  free(dd.off);
+  fct_tensor_release(&q);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+}
+
+/* The mixed batch; the f32 case adds an empty sequence. */
+static const int MIXED[6] = {1, 15, 16, 17, 1000, 4097};
+static const int MIXED0[7] = {17, 0, 4097, 1, 1000, 16, 15};
+
+static const dec_case DEC_CASES[] = {
+    /* name, dtype, B, q_len, Hq, Hkv, d, seqlens, page, splits, padded, append, user_ws */
+    {"contig_q1_f16_auto", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 0, 0, 0, 0, 0},
+    {"contig_q1_f16_split3", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 0, 3, 0, 0, 0},
+    {"paged16_q4_f16_split4", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 16, 4, 0, 0, 0},
+    {"paged64_q1_bf16_split5", FLASHCL_BF16, 6, 1, 32, 8, 64, MIXED, 64, 5, 0, 0, 0},
+    {"paged64_q4_f16_unsplit", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 64, 1, 0, 0, 0},
+    {"contig_q4_f32_split7_padded", FLASHCL_F32, 7, 4, 32, 8, 64, MIXED0, 0, 7, 1, 0, 1},
+    {"paged16_q1_f16_d128", FLASHCL_F16, 6, 1, 8, 2, 128, MIXED, 16, 3, 0, 0, 0},
+    {"append_paged16_q4_f16", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 16, 4, 0, 1, 0},
+    {"append_contig_q1_f16", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 0, 3, 0, 1, 0},
+};
+
+static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
+
+/* A corrupt block table (indices far outside the pool) reads clamped pages: the
+ * call succeeds and the outputs stay finite. */
+static void test_decode_corrupt_block_table(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  const int B = 2, T = 1, Hq = 4, Hkv = 1, d = 64, P = 16, max_pages = 4, num_pages = 3;
+  fct_rng rng;
+  fct_rng_init(&rng, "decode/corrupt");
+  fct_tensor q, o, kc, vc;
+  contiguous_tensor(&q, FLASHCL_F32, B, T, Hq, d);
+  contiguous_tensor(&o, FLASHCL_F32, B, T, Hq, d);
+  contiguous_tensor(&kc, FLASHCL_F32, num_pages, P, Hkv, d);
+  contiguous_tensor(&vc, FLASHCL_F32, num_pages, P, Hkv, d);
+  fct_tensor_fill_random(&q, &rng);
+  fct_tensor_fill_random(&kc, &rng);
+  fct_tensor_fill_random(&vc, &rng);
+  int32_t bt[8] = {0, 2000000000, -5, 1, -2147483647 - 1, 7, 2, 3};
+  int32_t lens[2] = {64, 1000000}; /* the second is clamped to the capacity (64) */
+  cl_mem btm = int_buffer(bt, 8), lm = int_buffer(lens, 2);
+  flashcl_decode_desc desc;
+  flashcl_decode_desc_init(&desc);
+  desc.page_size = P;
+  desc.block_table = btm;
+  desc.max_pages = max_pages;
+  for (int splits = 1; splits <= 2; splits++) {
+    desc.num_splits = splits;
+    fct_tensor_poison(&o);
+    flashcl_status st = flashcl_attention_decode(env->ctx, &desc, &q.t, &kc.t, &vc.t, lm, &o.t, NULL, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "corrupt block table, %d splits", splits);
+    fct_finish();
+    fct_tensor_download(&o);
+    for (size_t i = 0; i < (size_t)B * T * Hq * d; i++)
+      FCT_CHECK(isfinite(fct_load(FLASHCL_F32, o.host, i)), "non-finite output at %zu", i);
+  }
+  clReleaseMemObject(btm);
+  clReleaseMemObject(lm);
+  fct_tensor_release(&q);
+  fct_tensor_release(&o);
+  fct_tensor_release(&kc);
+  fct_tensor_release(&vc);
+}
+
+/* Auto splits: batch 1 at 128K context must use enough work-groups to fill the
+ * device (checked through the workspace query, no launch). */
+static void test_decode_auto_splits(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  const int P = 64, max_pages = 2048; /* 128K tokens */
+  fct_tensor q, kc, vc;
+  contiguous_tensor(&q, FLASHCL_F16, 1, 1, 32, 128);
+  contiguous_tensor(&kc, FLASHCL_F16, 8, P, 8, 128); /* a small pool is enough for the query */
+  contiguous_tensor(&vc, FLASHCL_F16, 8, P, 8, 128);
+  cl_mem bt = fct_create_buffer(sizeof(int32_t) * max_pages, NULL);
+  flashcl_decode_desc desc;
+  flashcl_decode_desc_init(&desc);
+  desc.page_size = P;
+  desc.block_table = bt;
+  desc.max_pages = max_pages;
+  size_t ws = 0;
+  int splits = 0;
+  flashcl_status st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &kc.t, &vc.t, &ws, &splits);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace query");
+  const int cus = (int)env->info.compute_units;
+  print_message("[ DECODE   ] batch 1, 8 kv heads, 128K keys, %d CUs: %d splits, workspace %zu bytes\n", cus, splits, ws);
+  FCT_CHECK(8 * splits >= (4 * cus < 8 ? 8 : 4 * cus) || splits == FLASHCL_DECODE_MAX_SPLITS,
+            "%d splits x 8 kv heads do not fill %d compute units", splits, cus);
+  FCT_CHECK(ws == (size_t)splits * 32 * (128 + 1) * 4 || (splits == 1 && ws == 0), "workspace %zu", ws);
+  /* A short max_seqlen_k hint caps the splits at one per 256 keys. */
+  desc.max_seqlen_k = 300;
+  st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &kc.t, &vc.t, &ws, &splits);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace query");
+  FCT_CHECK(splits <= 2, "%d splits for 300 keys", splits);
+  clReleaseMemObject(bt);
+  fct_tensor_release(&q);
+  fct_tensor_release(&kc);
+  fct_tensor_release(&vc);
+}
+
+/* ----------------------------------------------------------------- merge -- */
+
+/* Double reference of a merge: rows of (o, lse) pairs. */
+static void ref_merge(int d, double la, const double *oa, double lb, const double *ob, double *lo, double *o) {
+  const double m = la > lb ? la : lb;
+  if (isinf(m) && m < 0) {
+    *lo = -INFINITY;
+    for (int x = 0; x < d; x++) o[x] = 0;
+    return;
+  }
+  const double wa = exp(la - m), wb = exp(lb - m);
+  *lo = m + log(wa + wb);
+  for (int x = 0; x < d; x++) o[x] = ((wa > 0 ? wa * oa[x] : 0) + (wb > 0 ? wb * ob[x] : 0)) / (wa + wb);
+}
+
+/* Splitting the keys at s and merging the two forward results equals the full
+ * attention. s = 0 and s = N leave one side empty: that side is (NaN, -inf). */
+static void test_merge_split_ranges(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  const int B = 2, Nq = 5, N = 77, H = 4, Hkv = 2, d = 64;
+  const int cuts[] = {0, 1, 37, 76, 77};
+  fct_rng rng;
+  fct_rng_init(&rng, "merge/split");
+  fct_tensor q, k, v, oa, ob, la, lb, o, l;
+  contiguous_tensor(&q, FLASHCL_F32, B, Nq, H, d);
+  contiguous_tensor(&k, FLASHCL_F32, B, N, Hkv, d);
+  contiguous_tensor(&v, FLASHCL_F32, B, N, Hkv, d);
+  fct_tensor_fill_random(&q, &rng);
+  fct_tensor_fill_random(&k, &rng);
+  fct_tensor_fill_random(&v, &rng);
+  fct_tensor_create(&oa, FLASHCL_F32, FCT_BNHD, B, Nq, H, d, 0);
+  fct_tensor_create(&ob, FLASHCL_F32, FCT_BNHD, B, Nq, H, d, 0);
+  fct_tensor_create(&o, FLASHCL_F32, FCT_PADDED, B, Nq, H, d, 1);
+  fct_tensor_create_lse(&la, FCT_BNHD, B, Nq, H, 0);
+  fct_tensor_create_lse(&lb, FCT_BNHD, B, Nq, H, 0);
+  fct_tensor_create_lse(&l, FCT_PADDED, B, Nq, H, 2);
+
+  /* Full reference (non-causal). */
+  double *ro = malloc(sizeof(double) * B * Nq * H * d), *rl = malloc(sizeof(double) * B * Nq * H);
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < Nq; i++)
+      for (int h = 0; h < H; h++) {
+        double s[77], m = -INFINITY, sum = 0;
+        double *orow = ro + (((size_t)b * Nq + i) * H + h) * d;
+        for (int j = 0; j < N; j++) {
+          double a = 0;
+          for (int x = 0; x < d; x++) a += fct_tensor_get(&q, b, i, h, x) * fct_tensor_get(&k, b, j, h / 2, x);
+          s[j] = a / 8.0;
+          if (s[j] > m) m = s[j];
+        }
+        for (int x = 0; x < d; x++) orow[x] = 0;
+        for (int j = 0; j < N; j++) {
+          double p = exp(s[j] - m);
+          sum += p;
+          for (int x = 0; x < d; x++) orow[x] += p * fct_tensor_get(&v, b, j, h / 2, x);
+        }
+        for (int x = 0; x < d; x++) orow[x] /= sum;
+        rl[((size_t)b * Nq + i) * H + h] = m + log(sum);
+      }
+
+  flashcl_attention_desc ad;
+  flashcl_attention_desc_init(&ad);
+  for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+    const int cut = cuts[ci];
+    fct_tensor *side_o[2] = {&oa, &ob}, *side_l[2] = {&la, &lb};
+    for (int sdx = 0; sdx < 2; sdx++) {
+      const int j0 = sdx ? cut : 0, n = sdx ? N - cut : cut;
+      fct_tensor_poison(side_o[sdx]);
+      fct_tensor_poison(side_l[sdx]);
+      if (n == 0) { /* empty side: LSE -inf, O stays NaN */
+        for (int i = 0; i < B * Nq * H; i++) ((float *)side_l[sdx]->host)[i] = -INFINITY;
+        upload(side_l[sdx]);
+        continue;
+      }
+      flashcl_tensor ks = k.t, vs = v.t;
+      ks.offset += (size_t)j0 * k.t.stride[1] * 4;
+      vs.offset += (size_t)j0 * v.t.stride[1] * 4;
+      ks.shape[1] = vs.shape[1] = n;
+      flashcl_status st =
+          flashcl_attention_forward(env->ctx, &ad, &q.t, &ks, &vs, &side_o[sdx]->t, &side_l[sdx]->t, 0, NULL, NULL);
+      FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "forward on keys [%d, %d)", j0, j0 + n);
+    }
+    /* Out of place into padded views, then in place into side a. */
+    for (int inplace = 0; inplace < 2; inplace++) {
+      fct_tensor *to = inplace ? &oa : &o, *tl = inplace ? &la : &l;
+      if (!inplace) {
+        fct_tensor_poison(&o);
+        fct_tensor_poison(&l);
+      }
+      flashcl_status st = flashcl_merge_states(env->ctx, &oa.t, &la.t, &ob.t, &lb.t, &to->t, &tl->t, 0, NULL, NULL);
+      FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "merge at cut %d", cut);
+      fct_finish();
+      fct_tensor_download(to);
+      fct_tensor_download(tl);
+      l2acc eo = {0}, el = {0};
+      for (int b = 0; b < B; b++)
+        for (int i = 0; i < Nq; i++)
+          for (int h = 0; h < H; h++) {
+            for (int x = 0; x < d; x++)
+              l2_add(&eo, fct_tensor_get(to, b, i, h, x), ro[(((size_t)b * Nq + i) * H + h) * d + x]);
+            lse_add(&el, fct_tensor_get(tl, b, i, h, 0), rl[((size_t)b * Nq + i) * H + h]);
+          }
+      FCT_CHECK(eo.nonfinite == 0 && el.nonfinite == 0 && el.bad_empty == 0, "cut %d: non-finite output", cut);
+      FCT_CHECK(l2_rel(&eo) <= 1e-5 && l2_rel(&el) <= 1e-5, "cut %d%s: relL2 O %.3e LSE %.3e", cut,
+                inplace ? " (in place)" : "", l2_rel(&eo), l2_rel(&el));
+      if (!inplace)
+        FCT_CHECK(fct_tensor_count_unpoisoned(&o) == (size_t)B * Nq * H * d &&
+                      fct_tensor_count_unpoisoned(&l) == (size_t)B * Nq * H,
+                  "cut %d: merge wrote outside its views", cut);
+    }
+  }
+  free(ro);
+  free(rl);
+  fct_tensor *all[] = {&q, &k, &v, &oa, &ob, &la, &lb, &o, &l};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fct_tensor_release(all[i]);
+}
+
+/* Random partial states with some -inf rows: merge((a, b), c) and merge(a, (b, c))
+ * both match the three-way reference; fully empty sides pass the other side through
+ * bit-exactly; both empty gives O = 0, LSE = -inf. */
+static void run_merge_assoc(flashcl_dtype dt) {
+  fct_env *env = fct_env_get();
+  const int B = 2, N = 9, H = 3, d = 32, R = B * N * H;
+  fct_rng rng;
+  char tag[64];
+  snprintf(tag, sizeof tag, "merge/assoc/%s", fct_dtype_str(dt));
+  fct_rng_init(&rng, tag);
+  fct_tensor os[3], ls[3], t1, t1l, out, outl;
+  for (int i = 0; i < 3; i++) {
+    contiguous_tensor(&os[i], dt, B, N, H, d);
+    lse_bnh(&ls[i], B, N, H);
+    fct_tensor_fill_random(&os[i], &rng);
+    for (int r = 0; r < R; r++) {
+      /* Row pattern r % 8: bit i set -> side i is empty. Row 7: all three empty. */
+      const int empty = (r % 8) >> i & 1;
+      ((float *)ls[i].host)[r] = empty ? -INFINITY : (float)(5.0 * fct_rng_normal(&rng));
+      if (empty)
+        for (int x = 0; x < d; x++) fct_store_poison(dt, os[i].host, (size_t)r * d + x); /* must not be read */
+    }
+    upload(&os[i]);
+    upload(&ls[i]);
+  }
+  contiguous_tensor(&t1, dt, B, N, H, d);
+  contiguous_tensor(&out, dt, B, N, H, d);
+  lse_bnh(&t1l, B, N, H);
+  lse_bnh(&outl, B, N, H);
+
+  /* Reference: the three-way merge. */
+  double *ro = malloc(sizeof(double) * R * d), *rl = malloc(sizeof(double) * R);
+  for (int r = 0; r < R; r++) {
+    double o3[3][32], l3[3], tmp[32], tl;
+    for (int i = 0; i < 3; i++) {
+      l3[i] = ((float *)ls[i].host)[r];
+      for (int x = 0; x < d; x++) o3[i][x] = isinf(l3[i]) ? 0 : fct_load(dt, os[i].host, (size_t)r * d + x);
+    }
+    ref_merge(d, l3[0], o3[0], l3[1], o3[1], &tl, tmp);
+    ref_merge(d, tl, tmp, l3[2], o3[2], &rl[r], ro + (size_t)r * d);
+  }
+
+  for (int order = 0; order < 2; order++) {
+    flashcl_status st;
+    fct_tensor_poison(&t1);
+    fct_tensor_poison(&t1l);
+    fct_tensor_poison(&out);
+    fct_tensor_poison(&outl);
+    if (order == 0) { /* (a + b) + c */
+      st = flashcl_merge_states(env->ctx, &os[0].t, &ls[0].t, &os[1].t, &ls[1].t, &t1.t, &t1l.t, 0, NULL, NULL);
+      if (!st) st = flashcl_merge_states(env->ctx, &t1.t, &t1l.t, &os[2].t, &ls[2].t, &out.t, &outl.t, 0, NULL, NULL);
+    } else { /* a + (b + c), the inner one in place on b's copy t1 */
+      cl_int err = clEnqueueCopyBuffer(env->queue, os[1].t.buffer, t1.t.buffer, 0, 0, t1.bytes, 0, NULL, NULL);
+      err |= clEnqueueCopyBuffer(env->queue, ls[1].t.buffer, t1l.t.buffer, 0, 0, t1l.bytes, 0, NULL, NULL);
+      FCT_CHECK(err == CL_SUCCESS, "copy");
+      st = flashcl_merge_states(env->ctx, &t1.t, &t1l.t, &os[2].t, &ls[2].t, &t1.t, &t1l.t, 0, NULL, NULL);
+      if (!st) st = flashcl_merge_states(env->ctx, &os[0].t, &ls[0].t, &t1.t, &t1l.t, &out.t, &outl.t, 0, NULL, NULL);
+    }
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "merge order %d", order);
+    fct_finish();
+    fct_tensor_download(&out);
+    fct_tensor_download(&outl);
+    l2acc eo = {0}, el = {0};
+    for (int r = 0; r < R; r++) {
+      const int pat = r % 8;
+      for (int x = 0; x < d; x++) l2_add(&eo, fct_load(dt, out.host, (size_t)r * d + x), ro[(size_t)r * d + x]);
+      const float got_l = ((float *)outl.host)[r];
+      lse_add(&el, got_l, rl[r]);
+      if (pat == 7) {
+        for (int x = 0; x < d; x++)
+          FCT_CHECK(fct_load(dt, out.host, (size_t)r * d + x) == 0.0, "row %d: all sides empty, O must be 0", r);
+      }
+      /* Exactly one side non-empty: the result is that side, bit for bit. */
+      const int only = pat == 6 ? 0 : pat == 5 ? 1 : pat == 3 ? 2 : -1;
+      if (only >= 0) {
+        FCT_CHECK(got_l == ((float *)ls[only].host)[r], "row %d: LSE %.9g, want side %d's %.9g", r, got_l, only,
+                  ((float *)ls[only].host)[r]);
+        for (int x = 0; x < d; x++)
+          FCT_CHECK(fct_load(dt, out.host, (size_t)r * d + x) == fct_load(dt, os[only].host, (size_t)r * d + x),
+                    "row %d x %d: O must equal side %d", r, x, only);
+      }
+    }
+    FCT_CHECK(eo.nonfinite == 0 && el.nonfinite == 0 && el.bad_empty == 0, "%s order %d: non-finite or bad empty",
+              fct_dtype_str(dt), order);
+    /* Two roundings to the storage dtype: twice the single-op tolerance. */
+    FCT_CHECK(l2_rel(&eo) <= 2 * fct_tolerance(dt) && l2_rel(&el) <= 1e-6, "%s order %d: relL2 O %.3e LSE %.3e",
+              fct_dtype_str(dt), order, l2_rel(&eo), l2_rel(&el));
+  }
+  free(ro);
+  free(rl);
+  for (int i = 0; i < 3; i++) {
+    fct_tensor_release(&os[i]);
+    fct_tensor_release(&ls[i]);
+  }
+  fct_tensor_release(&t1);
+  fct_tensor_release(&t1l);
+  fct_tensor_release(&out);
+  fct_tensor_release(&outl);
+}
+
+static void test_merge_assoc_f32(void **state) { (void)state; run_merge_assoc(FLASHCL_F32); }
+static void test_merge_assoc_f16(void **state) { (void)state; run_merge_assoc(FLASHCL_F16); }
+static void test_merge_assoc_bf16(void **state) { (void)state; run_merge_assoc(FLASHCL_BF16); }
+
+/* ---------------------------------------------------------------- errors -- */
+
+/* A valid small decode problem whose outputs must stay poisoned after failures. */
+typedef struct err_fx {
+  fct_tensor q, o, lse, kc, vc, kp, vp, kn, vn;
+  cl_mem lens, bt, small;
+} err_fx;
+
+static void err_fx_make(err_fx *f) {
+  fct_rng rng;
+  fct_rng_init(&rng, "decode/errors");
+  contiguous_tensor(&f->q, FLASHCL_F32, 2, 2, 4, 64);
+  contiguous_tensor(&f->o, FLASHCL_F32, 2, 2, 4, 64);
+  fct_tensor_create_lse(&f->lse, FCT_BNHD, 2, 2, 4, 0);
+  contiguous_tensor(&f->kc, FLASHCL_F32, 2, 32, 2, 64);
+  contiguous_tensor(&f->vc, FLASHCL_F32, 2, 32, 2, 64);
+  contiguous_tensor(&f->kp, FLASHCL_F32, 4, 16, 2, 64);
+  contiguous_tensor(&f->vp, FLASHCL_F32, 4, 16, 2, 64);
+  contiguous_tensor(&f->kn, FLASHCL_F32, 2, 2, 2, 64);
+  contiguous_tensor(&f->vn, FLASHCL_F32, 2, 2, 2, 64);
+  fct_tensor *in[] = {&f->q, &f->kc, &f->vc, &f->kp, &f->vp, &f->kn, &f->vn};
+  for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) fct_tensor_fill_random(in[i], &rng);
+  int32_t lens[2] = {20, 30}, bt[4] = {0, 1, 2, 3};
+  f->lens = int_buffer(lens, 2);
+  f->bt = int_buffer(bt, 4);
+  f->small = fct_create_buffer(4, NULL);
+}
+
+static void err_fx_release(err_fx *f) {
+  fct_tensor *all[] = {&f->q, &f->o, &f->lse, &f->kc, &f->vc, &f->kp, &f->vp, &f->kn, &f->vn};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fct_tensor_release(all[i]);
+  clReleaseMemObject(f->lens);
+  clReleaseMemObject(f->bt);
+  clReleaseMemObject(f->small);
+}
+
+static void expect_untouched(fct_tensor *t, const char *what) {
+  fct_tensor_download(t);
+  FCT_CHECK(fct_tensor_count_unpoisoned(t) == 0, "%s: a failed call wrote to its output", what);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  flashcl_context *ctx = env->ctx;
+  err_fx f;
+  err_fx_make(&f);
+  flashcl_decode_desc d0, d;
+  flashcl_decode_desc_init(&d0);
+  flashcl_tensor t;
+  flashcl_status st;
+
+#define DEC(desc, q, kc, vc, lens, o, lse) flashcl_attention_decode(ctx, desc, q, kc, vc, lens, o, lse, 0, NULL, NULL)
+#define EXPECT(call, status, what)                   \
+  do {                                               \
+    st = (call);                                     \
+    FCT_CHECK_STATUS(st, status, "%s", what);        \
+    fct_finish();                                    \
+    expect_untouched(&f.o, what);                    \
+    expect_untouched(&f.lse, what);                  \
+  } while (0)
+
+  /* Sanity: the fixture is valid. */
+  d = d0;
+  d.num_splits = 2;
+  st = DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "valid fixture");
+  fct_finish();
+  fct_tensor_poison(&f.o);
+  fct_tensor_poison(&f.lse);
+
+  EXPECT(DEC(NULL, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc NULL");
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, NULL, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "seqlens NULL");
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.small, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
+         "seqlens too small");
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.lens, NULL, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "o NULL");
+  /* q_len > 16 */
+  {
+    fct_tensor qb, ob;
+    contiguous_tensor(&qb, FLASHCL_F32, 2, 17, 4, 64);
+    contiguous_tensor(&ob, FLASHCL_F32, 2, 17, 4, 64);
+    st = DEC(&d0, &qb.t, &f.kc.t, &f.vc.t, f.lens, &ob.t, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_SHAPE, "q_len 17");
+    fct_finish();
+    expect_untouched(&ob, "q_len 17");
+    fct_tensor_release(&qb);
+    fct_tensor_release(&ob);
+  }
+  t = f.o.t;
+  t.shape[2] = 2;
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "o shape");
+  t = f.lse.t;
+  t.shape[1] = 1;
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &t), FLASHCL_ERROR_INVALID_SHAPE, "lse shape");
+  t = f.kc.t;
+  t.shape[0] = 1;
+  EXPECT(DEC(&d0, &f.q.t, &t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "k/v shapes differ");
+  {
+    flashcl_tensor k1 = f.kc.t, v1 = f.vc.t;
+    k1.shape[0] = v1.shape[0] = 1;
+    EXPECT(DEC(&d0, &f.q.t, &k1, &v1, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "cache batch");
+    k1 = f.kc.t, v1 = f.vc.t;
+    k1.shape[2] = v1.shape[2] = 3;
+    k1.stride[1] = v1.stride[1] = 3 * 64;
+    k1.stride[0] = v1.stride[0] = 32 * 3 * 64;
+    EXPECT(DEC(&d0, &f.q.t, &k1, &v1, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "cache too small");
+    k1.shape[1] = v1.shape[1] = 16;
+    k1.stride[0] = v1.stride[0] = 16 * 3 * 64;
+    EXPECT(DEC(&d0, &f.q.t, &k1, &v1, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "heads_q % heads_kv");
+  }
+  t = f.o.t;
+  t.dtype = FLASHCL_F16;
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &t, &f.lse.t), FLASHCL_ERROR_DTYPE_MISMATCH, "o dtype");
+  d = d0;
+  d.heads_q = 8;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "heads_q mismatch");
+  d = d0;
+  d.num_splits = FLASHCL_DECODE_MAX_SPLITS + 1;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "num_splits");
+  d = d0;
+  d.scale = NAN;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "scale NaN");
+  d = d0;
+  d.page_size = 16; /* without a block table */
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
+         "page_size without block_table");
+  /* Paged. */
+  d = d0;
+  d.block_table = f.bt;
+  d.max_pages = 2;
+  d.page_size = 0;
+  EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "page_size 0");
+  d.page_size = 32;
+  EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE,
+         "page_size != pool shape");
+  d.page_size = 16;
+  d.max_pages = 0;
+  EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "max_pages 0");
+  d.max_pages = 3; /* 2 x 3 entries > 4 */
+  EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
+         "block table too small");
+  d.max_pages = 2;
+  st = DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "valid paged fixture");
+  fct_finish();
+  fct_tensor_poison(&f.o);
+  fct_tensor_poison(&f.lse);
+  /* Workspace. */
+  d = d0;
+  d.num_splits = 3;
+  size_t ws = 0;
+  st = flashcl_attention_decode_workspace_size(ctx, &d, &f.q.t, &f.kc.t, &f.vc.t, &ws, NULL);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace size");
+  FCT_CHECK(ws == (size_t)2 * 2 * 4 * 3 * 65 * 4, "workspace %zu", ws);
+  cl_mem wb = fct_create_buffer(ws, NULL);
+  d.workspace = wb;
+  d.workspace_offset = 4;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
+         "workspace too small");
+  d.workspace_offset = 2;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
+         "workspace offset misaligned");
+  clReleaseMemObject(wb);
+  /* Overlapping outputs. */
+  t = f.lse.t; /* an lse view inside o's buffer */
+  t.buffer = f.o.t.buffer;
+  EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &t), FLASHCL_ERROR_INVALID_ARGUMENT, "lse overlaps o");
+  /* Append. */
+  {
+    fct_tensor_poison(&f.kp);
+    fct_tensor_poison(&f.vp);
+    flashcl_tensor kn = f.kn.t;
+    kn.shape[3] = 32;
+    d = d0;
+    st = flashcl_kv_cache_append(ctx, &d, &kn, &f.vn.t, &f.kc.t, &f.vc.t, f.lens, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_SHAPE, "append: k_new/v_new shapes differ");
+    st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.small, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_BUFFER_TOO_SMALL, "append: seqlens too small");
+    d.block_table = f.bt;
+    d.max_pages = 2;
+    d.page_size = 0;
+    st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kp.t, &f.vp.t, f.lens, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: page_size 0");
+    d.page_size = 16;
+    st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kp.t, &f.kp.t, f.lens, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: k_cache == v_cache");
+    fct_finish();
+    fct_tensor_download(&f.kp);
+    fct_tensor_download(&f.vp);
+    FCT_CHECK(fct_tensor_count_unpoisoned(&f.kp) == 0 && fct_tensor_count_unpoisoned(&f.vp) == 0,
+              "a failed append wrote to the cache");
+  }
+  /* Merge. */
+  {
+    fct_tensor oa, ob, la, lb;
+    contiguous_tensor(&oa, FLASHCL_F32, 2, 2, 4, 64);
+    contiguous_tensor(&ob, FLASHCL_F32, 2, 2, 4, 64);
+    fct_tensor_create_lse(&la, FCT_BNHD, 2, 2, 4, 0);
+    fct_tensor_create_lse(&lb, FCT_BNHD, 2, 2, 4, 0);
+#define MERGE(a, al, b, bl, o, l) flashcl_merge_states(ctx, a, al, b, bl, o, l, 0, NULL, NULL)
+    EXPECT(MERGE(&oa.t, &la.t, &ob.t, &lb.t, NULL, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "merge o NULL");
+    EXPECT(MERGE(&oa.t, NULL, &ob.t, &lb.t, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "merge lse_a NULL");
+    t = ob.t;
+    t.shape[1] = 1;
+    EXPECT(MERGE(&oa.t, &la.t, &t, &lb.t, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "merge shapes");
+    t = lb.t;
+    t.shape[2] = 2;
+    EXPECT(MERGE(&oa.t, &la.t, &ob.t, &t, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "merge lse shape");
+    t = lb.t;
+    t.dtype = FLASHCL_F16;
+    EXPECT(MERGE(&oa.t, &la.t, &ob.t, &t, &f.o.t, &f.lse.t), FLASHCL_ERROR_DTYPE_MISMATCH, "merge lse dtype");
+    t = oa.t;
+    t.offset = 4;
+    EXPECT(MERGE(&oa.t, &la.t, &ob.t, &lb.t, &t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "merge o past its buffer");
+    t.shape[0] = 1;
+    EXPECT(MERGE(&oa.t, &la.t, &ob.t, &lb.t, &t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "merge o shape");
+    {
+      /* o shifted by one row inside o_a: overlapping but not identical. */
+      flashcl_tensor ov = oa.t, oav = oa.t, obv = ob.t;
+      flashcl_tensor lav = la.t, lbv = lb.t, lov = f.lse.t;
+      ov.shape[1] = oav.shape[1] = obv.shape[1] = 1;
+      lav.shape[1] = lbv.shape[1] = lov.shape[1] = 1;
+      ov.offset += 4 * 64;
+      st = MERGE(&oav, &lav, &obv, &lbv, &ov, &lov);
+      FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "merge partial overlap");
+      fct_finish();
+      expect_untouched(&f.lse, "merge partial overlap");
+    }
+#undef MERGE
+    fct_tensor_release(&oa);
+    fct_tensor_release(&ob);
+    fct_tensor_release(&la);
+    fct_tensor_release(&lb);
+  }
+#undef EXPECT
+#undef DEC
+  err_fx_release(&f);
+}
+
+int main(void) {
+  enum { NDEC = sizeof DEC_CASES / sizeof DEC_CASES[0] };
+  struct CMUnitTest tests[NDEC + 8];
+  size_t n = 0;
+  tests[n++] = (struct CMUnitTest){"merge_split_ranges", test_merge_split_ranges, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"merge_assoc_f32", test_merge_assoc_f32, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"merge_assoc_f16", test_merge_assoc_f16, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"merge_assoc_bf16", test_merge_assoc_bf16, NULL, NULL, NULL};
+  for (size_t i = 0; i < NDEC; i++)
+    tests[n++] = (struct CMUnitTest){DEC_CASES[i].name, test_decode_case, NULL, NULL, (void *)&DEC_CASES[i]};
+  tests[n++] = (struct CMUnitTest){"decode_corrupt_block_table", test_decode_corrupt_block_table, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"decode_auto_splits", test_decode_auto_splits, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"decode_errors", test_errors, NULL, NULL, NULL};
+  return fct_run_group("decode", tests, n, 1);
+}
