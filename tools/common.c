@@ -340,6 +340,11 @@ int tools_is_oom(int status) {
          status == CL_INVALID_BUFFER_SIZE;
 }
 
+int tools_is_validation_error(int status) {
+  return (status <= FLASHCL_ERROR_INVALID_ARGUMENT && status >= FLASHCL_ERROR_UNSUPPORTED) ||
+         status == FLASHCL_ERROR_OVERFLOW || status == FLASHCL_ERROR_DEVICE_NOT_FOUND;
+}
+
 int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                         const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o, double *ms,
                         int *used_host_timer) {

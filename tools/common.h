@@ -74,6 +74,10 @@ cl_int tools_read_as_float(cl_command_queue queue, cl_mem buffer, flashcl_dtype 
 
 /* A status that means "out of memory" (flashcl's own or OpenCL's). */
 int tools_is_oom(int status);
+/* A flashcl argument-validation status: the call was rejected up front and the
+ * context is intact. Other failures (OpenCL runtime errors such as NVIDIA's
+ * -9999 after an illegal memory access) can leave the context unusable. */
+int tools_is_validation_error(int status);
 
 /* Arguments of one attention call; lse may be NULL for the forward pass. */
 typedef struct tools_attention_args {

@@ -446,7 +446,7 @@ int main(int argc, char **argv) {
           const uint64_t seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
           config_bufs bufs;
           void *scratch = NULL;
-          int alloc_status, pi, ai;
+          int alloc_status, pi, ai, need_reset = 0;
 
           if (heads_kv < 1 || heads % o.gqa != 0) {
             fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", n, d, heads,
@@ -492,7 +492,10 @@ int main(int argc, char **argv) {
               int have_rel = 0, j;
               char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
 
-              if (!r->ran && !r->oom) ++failures;
+              if (!r->ran && !r->oom) {
+                ++failures;
+                if (!tools_is_validation_error(r->status)) need_reset = 1;
+              }
               if (ai == flash_i && nv && nv->ran && r->ran) {
                 speedup = nv->median_ms / r->median_ms;
                 if (r->nout > 0 && r->nout == nv->nout) {
@@ -543,6 +546,19 @@ int main(int argc, char **argv) {
           }
           release_bufs(&bufs);
           free(scratch);
+          if (need_reset) {
+            /* A device-side failure (e.g. an illegal memory access) can poison the
+             * OpenCL context: start the next config on a fresh one. */
+            fprintf(stderr, "flashcl-bench: recreating the context after a device error\n");
+            flashcl_context_destroy(ctx);
+            ctx = NULL;
+            st = flashcl_context_create(&options, &ctx);
+            if (st != FLASHCL_SUCCESS) {
+              fprintf(stderr, "flashcl-bench: cannot recreate the context: %s (%d)\n", flashcl_status_string(st),
+                      st);
+              return 2;
+            }
+          }
         }
 
   if (!o.csv && g_host_timer)

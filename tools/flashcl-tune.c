@@ -260,7 +260,7 @@ int main(int argc, char **argv) {
           double def_ms = NAN, def_times[2000];
           int def_nt = 0;
           cand *cands = (cand *)calloc((size_t)o.br.count * (size_t)o.bc.count, sizeof(cand));
-          int ncand = 0, feasible = 0, failed = 0, best = -1, bi, ci2;
+          int ncand = 0, feasible = 0, failed = 0, best = -1, bi, ci2, fault = 0;
 
           if (!raw || !ref || !got || !cands) {
             fprintf(stderr, "flashcl-tune: host allocation failed (N=%ld d=%ld)\n", n, d);
@@ -292,11 +292,12 @@ int main(int argc, char **argv) {
                      causal, n);
             tools_print_error(stderr, ctx, what, st);
             ++errors;
+            fault = !tools_is_validation_error(st);
             goto next;
           }
 
-          for (bi = 0; bi < o.br.count; ++bi)
-            for (ci2 = 0; ci2 < o.bc.count; ++ci2) {
+          for (bi = 0; bi < o.br.count && !fault; ++bi)
+            for (ci2 = 0; ci2 < o.bc.count && !fault; ++ci2) {
               cand *c = &cands[ncand];
               c->br = (int)o.br.v[bi];
               c->bc = (int)o.bc.v[ci2];
@@ -314,6 +315,10 @@ int main(int argc, char **argv) {
                          causal, n, c->br, c->bc);
                 tools_print_error(stderr, ctx, what, c->status);
                 ++failed;
+                if (!tools_is_validation_error(c->status)) {
+                  fprintf(stderr, "flashcl-tune: device error: skipping the rest of this config\n");
+                  fault = 1;
+                }
                 continue;
               }
               c->rel = tools_rel_l2(got, ref, count);
@@ -331,7 +336,8 @@ int main(int argc, char **argv) {
           /* The default plan is timed again after the candidates, and its figure is
            * the median of both sets, so slow drift (clocks, caches, other load)
            * does not favour either side. */
-          st = time_blocks(ctx, &o, causal, 0, 0, &tq, &tk, &tv, &to, count, raw, NULL, def_times, &def_nt);
+          st = fault ? FLASHCL_SUCCESS
+                     : time_blocks(ctx, &o, causal, 0, 0, &tq, &tk, &tv, &to, count, raw, NULL, def_times, &def_nt);
           if (st) {
             tools_print_error(stderr, ctx, "default plan (second timing)", st);
             ++errors;
@@ -384,6 +390,19 @@ int main(int argc, char **argv) {
           if (bk) clReleaseMemObject(bk);
           if (bv) clReleaseMemObject(bv);
           if (bo) clReleaseMemObject(bo);
+          if (fault) {
+            /* A device-side failure can poison the OpenCL context: go on with a fresh one. */
+            fprintf(stderr, "flashcl-tune: recreating the context after a device error\n");
+            flashcl_context_destroy(ctx);
+            ctx = NULL;
+            st = flashcl_context_create(&options, &ctx);
+            if (st != FLASHCL_SUCCESS) {
+              fprintf(stderr, "flashcl-tune: cannot recreate the context: %s (%d)\n", flashcl_status_string(st), st);
+              return 2;
+            }
+            clctx = flashcl_context_cl_context(ctx);
+            queue = flashcl_context_cl_queue(ctx);
+          }
         }
 
   flashcl_context_destroy(ctx);
