@@ -27,6 +27,9 @@ typedef struct bench_opts {
   double budget_s, dropout;
   int csv, check, bhnd, verbose, bwd, deterministic;
   flashcl_kernel_family kernel;
+  int decode, have_decode_batch; /* --decode, --decode-batch */
+  long page_size;
+  tools_list decode_batch;
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
@@ -75,6 +78,14 @@ static void usage(FILE *f) {
           "  --gqa G              query heads per key/value head (default 1)\n"
           "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
           "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto)\n"
+          "  --decode             time flashcl_attention_decode instead (q_len 1, 32 query\n"
+          "                       heads, 32/gqa kv heads (default 8), d from --d (default\n"
+          "                       128), dtype from --dtype (default f16), KV lengths from\n"
+          "                       --n (default GPU 1k..128k, other devices 256,1k,4k));\n"
+          "                       reports GB/s = K+V bytes read / median time\n"
+          "  --decode-batch LIST  batches for --decode (default GPU 1,8,64, else 1,8)\n"
+          "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
+          "                       contiguous)\n"
           "  --bwd                also time the backward pass (after one untimed forward\n"
           "                       that writes o and lse)\n"
           "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
@@ -154,6 +165,13 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       char *end = NULL;
       o->budget_s = strtod(val, &end);
       if (!end || *end || !(o->budget_s > 0)) goto bad;
+    } else if (OPT("--decode-batch")) {
+      if (tools_parse_int_list(val, &o->decode_batch)) goto bad;
+      o->have_decode_batch = 1;
+    } else if (OPT("--page-size")) {
+      if (tools_parse_long(val, &o->page_size) || o->page_size < 0) goto bad;
+    } else if (tools_opt_flag(argv, i, "--decode")) {
+      o->decode = 1;
     } else if (tools_opt_flag(argv, i, "--bwd")) {
       o->bwd = 1;
     } else if (tools_opt_flag(argv, i, "--no-check")) {
@@ -385,6 +403,171 @@ static void free_row(row *r) {
   r->nout = 0;
 }
 
+/* ---- --decode: flashcl_attention_decode (FlashDecoding) ----
+ * q_len 1, Hq = 32 query heads, Hkv = 32 / gqa (8 by default) kv heads, all
+ * sequences of one row at KV length L; contiguous cache, or paged with
+ * --page-size (identity block table). Effective bandwidth = K and V bytes read
+ * (2 * B * L * Hkv * d * dtype size) / median time. Cache contents are a constant
+ * fill (timing does not depend on the values). */
+static int decode_timed(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                        const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
+                        const flashcl_tensor *lse, double *ms) {
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  cl_event before = NULL, after = NULL;
+  cl_ulong t0 = 0, t1 = 0;
+  double h0;
+  int st;
+  cl_int err = clFinish(queue);
+  if (err != CL_SUCCESS) return err;
+  h0 = tools_now_ms();
+  err = clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
+  if (err != CL_SUCCESS) return err;
+  st = flashcl_attention_decode(ctx, desc, q, kc, vc, lens, out, lse, 0, NULL, NULL);
+  if (st == FLASHCL_SUCCESS) st = clEnqueueMarkerWithWaitList(queue, 0, NULL, &after);
+  if (st == FLASHCL_SUCCESS) st = clWaitForEvents(1, &after);
+  *ms = tools_now_ms() - h0;
+  if (st == FLASHCL_SUCCESS &&
+      clGetEventProfilingInfo(before, CL_PROFILING_COMMAND_END, sizeof t0, &t0, NULL) == CL_SUCCESS &&
+      clGetEventProfilingInfo(after, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) == CL_SUCCESS && t1 > t0)
+    *ms = (double)(t1 - t0) * 1e-6;
+  else if (st == FLASHCL_SUCCESS)
+    g_host_timer = 1;
+  clReleaseEvent(before);
+  if (after) clReleaseEvent(after);
+  if (st != FLASHCL_SUCCESS) clFinish(queue);
+  return st;
+}
+
+static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  const long hq = 32, hkv = o->gqa > 1 ? 32 / o->gqa : 8;
+  const long reps = o->have_reps ? o->reps : (info->is_gpu ? 20 : 3), warmup = o->have_warmup ? o->warmup : 2;
+  tools_list lens_list, batches, ds, dts;
+  int failures = 0, li, bi, di, ti;
+  if (hkv < 1 || hq % hkv) {
+    fprintf(stderr, "flashcl-bench --decode: --gqa must divide 32\n");
+    return 1;
+  }
+  if (o->have_n) lens_list = o->n;
+  else tools_parse_int_list(info->is_gpu ? "1k,2k,4k,8k,16k,32k,64k,128k" : "256,1k,4k", &lens_list);
+  if (o->have_decode_batch) batches = o->decode_batch;
+  else tools_parse_int_list(info->is_gpu ? "1,8,64" : "1,8", &batches);
+  if (o->have_d) ds = o->d;
+  else tools_parse_int_list("128", &ds);
+  if (o->have_dtype) dts = o->dtype;
+  else tools_parse_dtype_list("f16", &dts);
+  if (o->csv) printf("device,n,batch,d,dtype,heads,heads_kv,page_size,splits,reps,median_ms,min_ms,kv_bytes,gbps,status\n");
+  else {
+    char devdesc[512];
+    tools_describe_device(ctx, devdesc, sizeof devdesc);
+    printf("flashcl-bench --decode %s on %s\nq_len 1, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld runs\n\n",
+           FLASHCL_VERSION_STRING, devdesc, hq, hkv, o->page_size ? "paged" : "contiguous", warmup, reps);
+    printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
+           "KV_MiB", "GB/s");
+  }
+  for (ti = 0; ti < dts.count; ++ti)
+    for (di = 0; di < ds.count; ++di)
+      for (bi = 0; bi < batches.count; ++bi)
+        for (li = 0; li < lens_list.count; ++li) {
+          const flashcl_dtype dt = (flashcl_dtype)dts.v[ti];
+          const long d = ds.v[di], b = batches.v[bi], n = lens_list.v[li];
+          const size_t es = flashcl_dtype_size(dt);
+          const long P = o->page_size, pages_per = P ? (n + P - 1) / P : 0;
+          const long rows = P ? b * pages_per * P : b * n; /* cache tokens */
+          const size_t kv_elems = (size_t)rows * hkv * d, kv_read = 2 * (size_t)b * n * hkv * d * es;
+          cl_mem mem[6] = {0};
+          flashcl_tensor q, kc, vc, out, lse;
+          flashcl_decode_desc desc;
+          double times[1000], ms = 0;
+          int st = 0, splits = 0, r, nrep = 0;
+          cl_int err = CL_SUCCESS;
+          void *scratch = NULL;
+          if (kv_elems * es > info->max_mem_alloc_size || 2 * kv_elems * es > info->global_mem_size) {
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,,,,,%zu,,\"OOM\"\n", info->device_name, n, b, d,
+                               flashcl_dtype_name(dt), hq, hkv, P, kv_read);
+            else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
+                        "OOM", mib(kv_read), "-");
+            continue;
+          }
+          scratch = malloc((size_t)b * hq * d * 4);
+          mem[0] = scratch ? tools_random_buffer(clctx, queue, dt, (size_t)b * hq * d, 7 + (uint64_t)li, scratch, &err)
+                           : NULL;
+          if (mem[0]) mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
+          if (mem[1]) mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
+          if (mem[2]) mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * hq * d * es, NULL, &err);
+          if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * hq * 4, NULL, &err);
+          flashcl_decode_desc_init(&desc);
+          if (mem[4]) {
+            cl_int *host = malloc(sizeof(cl_int) * (size_t)b);
+            long i;
+            for (i = 0; host && i < b; ++i) host[i] = (cl_int)n;
+            if (host) mem[5] = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * b, host, &err);
+            free(host);
+          }
+          if (P && mem[5] && err == CL_SUCCESS) {
+            cl_int *host = malloc(sizeof(cl_int) * (size_t)(b * pages_per));
+            long i;
+            for (i = 0; host && i < b * pages_per; ++i) host[i] = (cl_int)i;
+            desc.block_table = host ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                                     sizeof(cl_int) * b * pages_per, host, &err)
+                                    : NULL;
+            free(host);
+            desc.page_size = (int)P;
+            desc.max_pages = (int)pages_per;
+          }
+          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table)) st = err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+          if (!st) {
+            const cl_ushort pat16 = dt == FLASHCL_F16 ? 0x2000 : 0x3c00; /* small constants */
+            const cl_float pat32 = 0.01f;
+            err = clEnqueueFillBuffer(queue, mem[1], es == 2 ? (const void *)&pat16 : (const void *)&pat32, es, 0,
+                                      kv_elems * es, 0, NULL, NULL);
+            if (!err) err = clEnqueueFillBuffer(queue, mem[2], es == 2 ? (const void *)&pat16 : (const void *)&pat32,
+                                                es, 0, kv_elems * es, 0, NULL, NULL);
+            st = err;
+          }
+          if (!st) st = flashcl_tensor_init_bnhd(&q, mem[0], 0, dt, b, 1, hq, d);
+          if (!st) st = P ? flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b * pages_per, P, hkv, d)
+                          : flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b, n, hkv, d);
+          if (!st) st = P ? flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b * pages_per, P, hkv, d)
+                          : flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b, n, hkv, d);
+          if (!st) st = flashcl_tensor_init_bnhd(&out, mem[3], 0, dt, b, 1, hq, d);
+          if (!st) st = flashcl_tensor_init_lse(&lse, mem[4], 0, b, 1, hq);
+          if (!st) {
+            size_t ws = 0;
+            desc.max_seqlen_k = (int)n;
+            st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
+          }
+          for (r = 0; !st && r < warmup; ++r) st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, &ms);
+          for (r = 0; !st && r < reps && r < 1000; ++r) {
+            st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, &ms);
+            if (!st) times[nrep++] = ms;
+          }
+          if (st || nrep == 0) {
+            ++failures;
+            tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,,,,,%zu,,\"%s\"\n", info->device_name, n, b, d,
+                               flashcl_dtype_name(dt), hq, hkv, P, kv_read, flashcl_status_string(st));
+            else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
+                        "error", mib(kv_read), "-");
+          } else {
+            const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
+            const double gbps = (double)kv_read / (med * 1e-3) / 1e9;
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%d,%d,%.6f,%.6f,%zu,%.3f,\"ok\"\n", info->device_name,
+                               n, b, d, flashcl_dtype_name(dt), hq, hkv, P, splits, nrep, med, mn, kv_read, gbps);
+            else printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f\n", n, b, d, flashcl_dtype_name(dt), splits,
+                        nrep, med, mib(kv_read), gbps);
+          }
+          fflush(stdout);
+          for (r = 0; r < 6; ++r)
+            if (mem[r]) clReleaseMemObject(mem[r]);
+          if (desc.block_table) clReleaseMemObject(desc.block_table);
+          free(scratch);
+        }
+  if (!o->csv && g_host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
+  return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   bench_opts o;
   flashcl_context_options options;
@@ -410,6 +593,11 @@ int main(int argc, char **argv) {
     tools_print_error(stderr, ctx, "flashcl_context_device_info", st);
     flashcl_context_destroy(ctx);
     return 2;
+  }
+  if (o.decode) {
+    st = run_decode_bench(ctx, &o, &info);
+    flashcl_context_destroy(ctx);
+    return st;
   }
   apply_defaults(&o, info.is_gpu);
   tools_describe_device(ctx, devdesc, sizeof devdesc);
