@@ -369,6 +369,11 @@ static size_t view_span_elems(const fct_tensor *t) {
 
 void fct_tensor_create(fct_tensor *t, flashcl_dtype dtype, fct_layout layout, int64_t B, int64_t N, int64_t H,
                        int64_t D, int salt) {
+  fct_tensor_create_guarded(t, dtype, layout, B, N, H, D, salt, 0);
+}
+
+void fct_tensor_create_guarded(fct_tensor *t, flashcl_dtype dtype, fct_layout layout, int64_t B, int64_t N,
+                               int64_t H, int64_t D, int salt, size_t guard) {
   const size_t es = fct_dtype_size(dtype);
   flashcl_status st;
   memset(t, 0, sizeof *t);
@@ -383,11 +388,11 @@ void fct_tensor_create(fct_tensor *t, flashcl_dtype dtype, fct_layout layout, in
     stride[1] = H * stride[2] + 3;
     stride[0] = N * stride[1] + 7;
     set_view(t, dtype, offset_elems * es, shape, stride);
-    tensor_alloc(t, (view_span_elems(t) + 13) * es);
+    tensor_alloc(t, (view_span_elems(t) + 13 + guard) * es);
     fct_tensor_poison(t);
     return;
   }
-  tensor_alloc(t, (size_t)(B * N * H * D) * es);
+  tensor_alloc(t, ((size_t)(B * N * H * D) + guard) * es);
   if (layout == FCT_BHND)
     st = flashcl_tensor_init_bhnd(&t->t, t->t.buffer, 0, dtype, B, N, H, D);
   else
@@ -417,6 +422,11 @@ void fct_tensor_create(fct_tensor *t, flashcl_dtype dtype, fct_layout layout, in
 }
 
 void fct_tensor_create_lse(fct_tensor *t, fct_layout layout, int64_t B, int64_t N, int64_t H, int salt) {
+  fct_tensor_create_lse_guarded(t, layout, B, N, H, salt, 0);
+}
+
+void fct_tensor_create_lse_guarded(fct_tensor *t, fct_layout layout, int64_t B, int64_t N, int64_t H, int salt,
+                                   size_t guard) {
   flashcl_status st;
   memset(t, 0, sizeof *t);
   if (layout == FCT_PADDED) {
@@ -425,11 +435,11 @@ void fct_tensor_create_lse(fct_tensor *t, fct_layout layout, int64_t B, int64_t 
     shape[0] = B, shape[1] = N, shape[2] = H, shape[3] = 1;
     stride[3] = 1, stride[1] = 1, stride[2] = N + 3, stride[0] = H * stride[2] + 5;
     set_view(t, FLASHCL_F32, offset_elems * 4, shape, stride);
-    tensor_alloc(t, (view_span_elems(t) + 6) * 4);
+    tensor_alloc(t, (view_span_elems(t) + 6 + guard) * 4);
     fct_tensor_poison(t);
     return;
   }
-  tensor_alloc(t, (size_t)(B * N * H) * 4);
+  tensor_alloc(t, ((size_t)(B * N * H) + guard) * 4);
   st = flashcl_tensor_init_lse(&t->t, t->t.buffer, 0, B, N, H);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_tensor_init_lse(B=%lld N=%lld H=%lld)", (long long)B,
                    (long long)N, (long long)H);
@@ -655,8 +665,11 @@ void fct_problem_run(fct_problem *p, const fct_run *run, fct_result *r) {
   run_str(run, rs, sizeof rs);
   memset(r, 0, sizeof *r);
   r->has_lse = !c->no_lse;
-  fct_tensor_create(&r->o, c->dtype, c->layout, p->B, p->Nq, Hq, D, 3);
-  if (r->has_lse) fct_tensor_create_lse(&r->lse, c->layout, p->B, p->Nq, Hq, 4);
+  /* Outputs get a NaN guard after the view: a kernel writing past the end shows up
+   * as changed guard elements (checked below) instead of corrupting host memory
+   * (CPU devices share the process's heap). */
+  fct_tensor_create_guarded(&r->o, c->dtype, c->layout, p->B, p->Nq, Hq, D, 3, FCT_OUTPUT_GUARD);
+  if (r->has_lse) fct_tensor_create_lse_guarded(&r->lse, c->layout, p->B, p->Nq, Hq, 4, FCT_OUTPUT_GUARD);
   fct_problem_desc(p, run, &desc);
 
   r->seconds = now_seconds();
@@ -734,7 +747,9 @@ void fct_problem_run(fct_problem *p, const fct_run *run, fct_result *r) {
   r->err_o = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
   r->err_lse = lr2 > 0 ? sqrt(le2 / lr2) : sqrt(le2);
 
-  FCT_CHECK(nan_count == 0 && !first_bad[0], "%s %s: %zu row(s) with NaN; %s", p->desc, rs, nan_count, first_bad);
+  written = fct_tensor_count_unpoisoned(&r->o);
+  FCT_CHECK(nan_count == 0 && !first_bad[0], "%s %s: %zu row(s) with NaN; %s (%zu elements of o's buffer changed, the view has %lld)",
+            p->desc, rs, nan_count, first_bad, written, (long long)(p->B * p->Nq * Hq * D));
   FCT_CHECK(r->err_o <= tol, "%s %s: O relative L2 error %.3e > tolerance %.1e", p->desc, rs, r->err_o, tol);
   FCT_CHECK(!r->has_lse || r->err_lse <= lse_tol, "%s %s: LSE relative L2 error %.3e > tolerance %.1e", p->desc, rs,
             r->err_lse, lse_tol);
@@ -821,4 +836,32 @@ void fct_check_flash_vs_naive(const fct_case *c) {
   fct_result_release(&rf);
   fct_result_release(&rn);
   fct_problem_release(&p);
+}
+
+/* ----------------------------------------------------- table-driven tests -- */
+
+static void run_table_entry(void **state) {
+  const fct_table_entry *t = (const fct_table_entry *)*state;
+  FCT_CHECK(t != NULL, "table test without a case");
+  if (t->mode == FCT_FLASH_VS_NAIVE)
+    fct_check_flash_vs_naive(&t->c);
+  else
+    fct_check_case(&t->c, &t->run);
+}
+
+int fct_run_table(const char *group, const fct_table_entry *table, size_t n_table, const struct CMUnitTest *extra,
+                  size_t n_extra) {
+  struct CMUnitTest *tests = (struct CMUnitTest *)calloc(n_table + n_extra + 1, sizeof *tests);
+  size_t i;
+  int failed;
+  if (!tests) return 1;
+  for (i = 0; i < n_table; i++) {
+    tests[i].name = table[i].name;
+    tests[i].test_func = run_table_entry;
+    tests[i].initial_state = (void *)&table[i];
+  }
+  for (i = 0; i < n_extra; i++) tests[n_table + i] = extra[i];
+  failed = fct_run_group(group, tests, n_table + n_extra, 1);
+  free(tests);
+  return failed;
 }

@@ -155,6 +155,13 @@ void fct_tensor_create(fct_tensor *t, flashcl_dtype dtype, fct_layout layout, in
                        int64_t D, int salt);
 /* fp32 LSE tensor (B, N, H, 1): flashcl_tensor_init_lse, or padded for FCT_PADDED. */
 void fct_tensor_create_lse(fct_tensor *t, fct_layout layout, int64_t B, int64_t N, int64_t H, int salt);
+/* The same with `guard` extra poisoned elements after the view (outputs). */
+void fct_tensor_create_guarded(fct_tensor *t, flashcl_dtype dtype, fct_layout layout, int64_t B, int64_t N,
+                               int64_t H, int64_t D, int salt, size_t guard);
+void fct_tensor_create_lse_guarded(fct_tensor *t, fct_layout layout, int64_t B, int64_t N, int64_t H, int salt,
+                                   size_t guard);
+/* Guard elements after every output view in fct_problem_run. */
+#define FCT_OUTPUT_GUARD 16384
 /* Any view: buffer of `bytes` bytes. */
 void fct_tensor_create_custom(fct_tensor *t, flashcl_dtype dtype, size_t bytes, size_t offset,
                               const int64_t shape[4], const int64_t stride[4]);
@@ -248,6 +255,25 @@ void fct_check_case(const fct_case *c, const fct_run *run);
 void fct_check_flash_vs_naive(const fct_case *c);
 
 const char *fct_algo_str(flashcl_algo algo);
+
+/* ----------------------------------------------------- table-driven tests -- */
+
+typedef enum fct_mode {
+  FCT_CHECK_RUN = 0,     /* fct_check_case(c, run) */
+  FCT_FLASH_VS_NAIVE = 1 /* fct_check_flash_vs_naive(c) */
+} fct_mode;
+
+typedef struct fct_table_entry {
+  const char *name; /* the cmocka test name */
+  fct_mode mode;
+  fct_case c;
+  fct_run run;
+} fct_table_entry;
+
+/* Runs every table entry as its own cmocka test (named entry.name), followed by
+ * `extra`, in one group sharing one context. */
+int fct_run_table(const char *group, const fct_table_entry *table, size_t n_table, const struct CMUnitTest *extra,
+                  size_t n_extra);
 
 #ifdef __cplusplus
 }

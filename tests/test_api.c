@@ -284,6 +284,97 @@ static void test_device_info(void **state) {
                    "device_info(NULL info)");
 }
 
+
+/* --------------------------------------------------- context options -- */
+
+/* Runs a one-key forward (O must equal V) on ctx and returns its status; on
+ * failure checks that o was not written. */
+static flashcl_status one_key_forward(flashcl_context *ctx, const char *what) {
+  enum { D = 32 };
+  float q[D], k[D], v[D], o[D];
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  cl_mem bq, bk, bv, bo;
+  cl_int err;
+  flashcl_tensor tq, tk, tv, to;
+  flashcl_attention_desc desc;
+  flashcl_status st;
+  int x;
+  for (x = 0; x < D; x++) q[x] = 0.1f * x, k[x] = 0.05f * (D - x), v[x] = 1.0f + x, o[x] = NAN;
+  bq = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof q, q, &err);
+  bk = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof k, k, &err);
+  bv = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof v, v, &err);
+  bo = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof o, o, &err);
+  FCT_CHECK(err == CL_SUCCESS, "%s: clCreateBuffer: %d", what, (int)err);
+  flashcl_tensor_init_bnhd(&tq, bq, 0, FLASHCL_F32, 1, 1, 1, D);
+  flashcl_tensor_init_bnhd(&tk, bk, 0, FLASHCL_F32, 1, 1, 1, D);
+  flashcl_tensor_init_bnhd(&tv, bv, 0, FLASHCL_F32, 1, 1, 1, D);
+  flashcl_tensor_init_bnhd(&to, bo, 0, FLASHCL_F32, 1, 1, 1, D);
+  flashcl_attention_desc_init(&desc);
+  st = flashcl_attention_forward(ctx, &desc, &tq, &tk, &tv, &to, NULL, 0, NULL, NULL);
+  err = clEnqueueReadBuffer(queue, bo, CL_TRUE, 0, sizeof o, o, 0, NULL, NULL);
+  FCT_CHECK(err == CL_SUCCESS, "%s: read: %d", what, (int)err);
+  for (x = 0; x < D; x++) {
+    if (st == FLASHCL_SUCCESS)
+      FCT_CHECK(fabsf(o[x] - v[x]) <= 1e-6f * fabsf(v[x]), "%s: one key: o[%d]=%g, want v=%g", what, x,
+                (double)o[x], (double)v[x]);
+    else
+      FCT_CHECK(isnan(o[x]), "%s: the forward failed (%s) but wrote o[%d] = %g", what, flashcl_status_string(st), x,
+                (double)o[x]);
+  }
+  clReleaseMemObject(bq), clReleaseMemObject(bk), clReleaseMemObject(bv), clReleaseMemObject(bo);
+  return st;
+}
+
+static void test_profiling_option(void **state) {
+  flashcl_context_options opt;
+  flashcl_context *ctx = NULL;
+  cl_command_queue_properties props = 0;
+  cl_int err;
+  (void)state;
+  flashcl_context_options_init(&opt);
+  opt.profiling = 1;
+  FCT_CHECK_STATUS(flashcl_context_create(&opt, &ctx), FLASHCL_SUCCESS, "create with profiling = 1");
+  err = clGetCommandQueueInfo(flashcl_context_cl_queue(ctx), CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+  FCT_CHECK(err == CL_SUCCESS && (props & CL_QUEUE_PROFILING_ENABLE),
+            "profiling = 1 but the queue properties are 0x%llx (err %d)", (unsigned long long)props, (int)err);
+  flashcl_context_destroy(ctx);
+}
+
+/* options.kernel_dir: a missing directory gives FLASHCL_ERROR_KERNEL_SOURCE (at
+ * create or at the first forward, which then writes nothing); the source tree's
+ * cl/ directory works. */
+static void test_kernel_dir_option(void **state) {
+  flashcl_context_options opt;
+  flashcl_context *ctx = NULL;
+  flashcl_status st;
+  (void)state;
+  flashcl_context_options_init(&opt);
+  opt.kernel_dir = "/nonexistent/flashcl-kernels-xyz";
+  st = flashcl_context_create(&opt, &ctx);
+  if (st == FLASHCL_SUCCESS) {
+    st = one_key_forward(ctx, "kernel_dir = /nonexistent");
+    FCT_CHECK(st == FLASHCL_ERROR_KERNEL_SOURCE, "forward with kernel_dir = /nonexistent: %d (%s), want %s; last: %s",
+              (int)st, flashcl_status_string(st), flashcl_status_string(FLASHCL_ERROR_KERNEL_SOURCE),
+              flashcl_context_last_error(ctx));
+    FCT_CHECK(flashcl_context_last_error(ctx)[0] != '\0', "no last error for a missing kernel source");
+    flashcl_context_destroy(ctx);
+  } else {
+    FCT_CHECK(st == FLASHCL_ERROR_KERNEL_SOURCE && ctx == NULL,
+              "create with kernel_dir = /nonexistent: %d (%s), ctx %p; want KERNEL_SOURCE at create or at the forward",
+              (int)st, flashcl_status_string(st), (void *)ctx);
+  }
+#ifdef FLASHCL_TEST_KERNEL_DIR
+  opt.kernel_dir = FLASHCL_TEST_KERNEL_DIR;
+  ctx = NULL;
+  FCT_CHECK_STATUS(flashcl_context_create(&opt, &ctx), FLASHCL_SUCCESS, "create with kernel_dir = %s", opt.kernel_dir);
+  st = one_key_forward(ctx, "kernel_dir = source tree");
+  FCT_CHECK(st == FLASHCL_SUCCESS, "forward with kernel_dir = %s: %d (%s): %s", opt.kernel_dir, (int)st,
+            flashcl_status_string(st), flashcl_context_last_error(ctx));
+  flashcl_context_destroy(ctx);
+#endif
+}
+
 /* ------------------------------------------------------------ block plan -- */
 
 static void test_block_plan(void **state) {
@@ -436,6 +527,8 @@ int main(void) {
       cmocka_unit_test(test_workspace_size_errors),
       cmocka_unit_test(test_last_error),
       cmocka_unit_test(test_create_from_cl),
+      cmocka_unit_test(test_profiling_option),
+      cmocka_unit_test(test_kernel_dir_option),
   };
   return fct_run_group("api", tests, sizeof tests / sizeof tests[0], 1);
 }

@@ -5,7 +5,8 @@
  *
  * PoCL builds one program per (dtype, head_dim, causal, varlen, block sizes), so
  * most cases share a few configurations (f32/f16/bf16 at d = 64); other head dims
- * get one small case each. The full sweep is test_forward_long (label "long").
+ * get one small case each. The naive algorithm (and flash vs naive) is in
+ * test_naive; the full sweep is test_forward_long (label "long").
  */
 #include "common.h"
 
@@ -14,14 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum mode { CHECK = 0, FLASH_VS_NAIVE = 1 } mode;
-
-typedef struct fwd_test {
-  const char *name;
-  mode m;
-  fct_case c;
-  fct_run run;
-} fwd_test;
+#define CHECK FCT_CHECK_RUN
 
 static const int VL_Q[] = {1, 300, 77};
 static const int VL_K_SAME[] = {1, 300, 77};
@@ -36,11 +30,10 @@ static const int VL_K_EMPTY[] = {0, 4, 6, 9};
 #define F16 FLASHCL_F16
 #define BF16 FLASHCL_BF16
 #define FLASH {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO}
-#define NAIVE {FLASHCL_ALGO_NAIVE, 0, 0, FLASHCL_KERNEL_AUTO}
 #define AUTO {FLASHCL_ALGO_AUTO, 0, 0, FLASHCL_KERNEL_AUTO}
 #define BLOCKS(r, c) {FLASHCL_ALGO_FLASH, r, c, FLASHCL_KERNEL_AUTO}
 
-static const fwd_test TESTS[] = {
+static const fct_table_entry TESTS[] = {
     /* ---- f32, d = 64: sequence lengths, both masks ---- */
     {"f32_d64_N127_B2_H4", CHECK, {F32, 2, 127, 127, 4, 4, 64, 0, 0, FCT_BNHD}, AUTO},
     {"f32_d64_N1_B3", CHECK, {F32, 3, 1, 1, 2, 2, 64, 0, 0, FCT_BNHD}, FLASH},
@@ -80,22 +73,16 @@ static const fwd_test TESTS[] = {
      FLASH},
     {"f32_d64_varlen_padded_causal", CHECK, {F32, 1, 0, 0, 2, 2, 64, 1, 0, FCT_PADDED, 0, 0, 3, VL_Q, VL_K_DIFF},
      FLASH},
+    {"f32_d64_kernel_portable", CHECK, {F32, 2, 65, 70, 2, 2, 64, 0, 0, FCT_BNHD},
+     {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_PORTABLE}},
     /* ---- explicit block sizes ---- */
     {"f32_d64_blocks_8x8", CHECK, {F32, 2, 129, 100, 2, 2, 64, 0, 0, FCT_BNHD}, BLOCKS(8, 8)},
-    {"f32_d64_blocks_8x8_causal", CHECK, {F32, 1, 129, 200, 2, 2, 64, 1, 0, FCT_BNHD}, BLOCKS(8, 8)},
+    {"f32_d64_blocks_8x8_causal_empty_rows", CHECK, {F32, 1, 129, 40, 2, 2, 64, 1, 0, FCT_BNHD}, BLOCKS(8, 8)},
+    {"f32_d64_blocks_8x8_causal_Nq_lt_Nk", CHECK, {F32, 1, 100, 200, 2, 2, 64, 1, 0, FCT_BNHD}, BLOCKS(8, 8)},
     {"f32_d64_blocks_16x32", CHECK, {F32, 2, 129, 100, 2, 2, 64, 0, 0, FCT_BNHD}, BLOCKS(16, 32)},
-    {"f32_d64_blocks_16x32_causal_empty_rows", CHECK, {F32, 1, 129, 40, 2, 2, 64, 1, 0, FCT_BNHD}, BLOCKS(16, 32)},
+    {"f32_d32_blocks_8x8_Nq9", CHECK, {F32, 2, 9, 20, 2, 2, 32, 0, 0, FCT_BNHD}, BLOCKS(8, 8)},
     {"f32_d64_blocks_32x16_varlen", CHECK, {F32, 1, 0, 0, 2, 2, 64, 1, 0, FCT_BNHD, 0, 0, 3, VL_Q, VL_K_DIFF},
      BLOCKS(32, 16)},
-    /* ---- flash vs naive (each against the reference and against each other) ---- */
-    {"f32_d64_flash_vs_naive", FLASH_VS_NAIVE, {F32, 2, 129, 129, 2, 2, 64, 0, 0, FCT_BNHD}, AUTO},
-    {"f32_d64_flash_vs_naive_causal_Nq129_Nk7", FLASH_VS_NAIVE, {F32, 1, 129, 7, 2, 2, 64, 1, 0, FCT_BNHD}, AUTO},
-    {"f32_d64_flash_vs_naive_causal_Nq7_Nk129_gqa", FLASH_VS_NAIVE, {F32, 1, 7, 129, 4, 2, 64, 1, 0, FCT_BNHD}, AUTO},
-    {"f32_d64_flash_vs_naive_varlen_causal", FLASH_VS_NAIVE,
-     {F32, 1, 0, 0, 2, 2, 64, 1, 0, FCT_BNHD, 0, 0, 3, VL_Q, VL_K_DIFF}, AUTO},
-    {"f32_d64_flash_vs_naive_padded", FLASH_VS_NAIVE, {F32, 2, 33, 45, 4, 2, 64, 0, 0, FCT_PADDED}, AUTO},
-    {"f16_d64_flash_vs_naive", FLASH_VS_NAIVE, {F16, 2, 127, 127, 4, 4, 64, 0, 0, FCT_BNHD}, AUTO},
-    {"bf16_d64_flash_vs_naive_causal", FLASH_VS_NAIVE, {BF16, 1, 129, 7, 2, 2, 64, 1, 0, FCT_BNHD}, AUTO},
     /* ---- f16 / bf16 at d = 64 ---- */
     {"f16_d64_N127_B2_H4", CHECK, {F16, 2, 127, 127, 4, 4, 64, 0, 0, FCT_BNHD}, FLASH},
     {"f16_d64_N1000", CHECK, {F16, 1, 1000, 1000, 1, 1, 64, 0, 0, FCT_BNHD}, FLASH},
@@ -115,15 +102,6 @@ static const fwd_test TESTS[] = {
     {"f32_d256_N40", CHECK, {F32, 1, 40, 40, 2, 2, 256, 0, 0, FCT_BNHD}, FLASH},
     {"bf16_d256_Nq33_Nk20_causal", CHECK, {BF16, 1, 33, 20, 2, 2, 256, 1, 0, FCT_BNHD}, FLASH},
 };
-
-static void run_table_test(void **state) {
-  const fwd_test *t = (const fwd_test *)*state;
-  FCT_CHECK(t != NULL, "test without a case");
-  if (t->m == FLASH_VS_NAIVE)
-    fct_check_flash_vs_naive(&t->c);
-  else
-    fct_check_case(&t->c, &t->run);
-}
 
 /* Two identical calls give bit-identical outputs. */
 static void test_deterministic(void **state) {
@@ -212,29 +190,13 @@ static void test_large_scores(void **state) {
   c.scale = 5.0f;
   run.algo = FLASHCL_ALGO_FLASH;
   fct_check_case(&c, &run);
-  run.algo = FLASHCL_ALGO_NAIVE;
-  fct_check_case(&c, &run);
 }
 
 int main(void) {
-  const size_t n_table = sizeof TESTS / sizeof TESTS[0];
   const struct CMUnitTest extra[] = {
       {"deterministic", test_deterministic, NULL, NULL, NULL},
       {"wait_list_and_out_event", test_wait_list_and_event, NULL, NULL, NULL},
       {"large_scores_scale_5", test_large_scores, NULL, NULL, NULL},
   };
-  const size_t n_extra = sizeof extra / sizeof extra[0];
-  struct CMUnitTest *tests = (struct CMUnitTest *)calloc(n_table + n_extra, sizeof *tests);
-  size_t i;
-  int failed;
-  if (!tests) return 1;
-  for (i = 0; i < n_table; i++) {
-    tests[i].name = TESTS[i].name;
-    tests[i].test_func = run_table_test;
-    tests[i].initial_state = (void *)&TESTS[i];
-  }
-  for (i = 0; i < n_extra; i++) tests[n_table + i] = extra[i];
-  failed = fct_run_group("forward", tests, n_table + n_extra, 1);
-  free(tests);
-  return failed;
+  return fct_run_table("forward", TESTS, sizeof TESTS / sizeof TESTS[0], extra, sizeof extra / sizeof extra[0]);
 }
