@@ -397,7 +397,10 @@ int main(int argc, char **argv) {
             ctx = NULL;
             st = flashcl_context_create(&options, &ctx);
             if (st != FLASHCL_SUCCESS) {
-              fprintf(stderr, "flashcl-tune: cannot recreate the context: %s (%d)\n", flashcl_status_string(st), st);
+              fprintf(stderr,
+                      "flashcl-tune: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
+                      "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
+                      flashcl_status_string(st), st);
               return 2;
             }
             clctx = flashcl_context_cl_context(ctx);
