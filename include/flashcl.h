@@ -98,11 +98,17 @@ typedef enum flashcl_algo {
 } flashcl_algo;
 
 /* Which flash kernel family runs. AUTO takes the fastest family this device
- * supports; PORTABLE is plain OpenCL C 1.2 and works everywhere. The
- * FLASHCL_KERNEL environment variable ("portable") overrides AUTO. */
+ * supports; PORTABLE is plain OpenCL C 1.2 and works everywhere. NVIDIA_MMA is
+ * the tensor-core forward (inline PTX mma.sync) for NVIDIA devices of compute
+ * capability >= 8.0 that pass a compile-and-run probe; it covers fp16/bf16 with
+ * head_dim 64 or 128 and 16-byte aligned rows, and other problems (and the
+ * backward pass) run the portable kernels. Requesting it on a device without it
+ * fails with FLASHCL_ERROR_UNSUPPORTED. The FLASHCL_KERNEL environment variable
+ * ("portable" or "nvidia_mma") overrides AUTO. */
 typedef enum flashcl_kernel_family {
   FLASHCL_KERNEL_AUTO = 0,
-  FLASHCL_KERNEL_PORTABLE = 1
+  FLASHCL_KERNEL_PORTABLE = 1,
+  FLASHCL_KERNEL_NVIDIA_MMA = 2
 } flashcl_kernel_family;
 
 /* Index names for flashcl_tensor.shape / .stride. */

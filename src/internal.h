@@ -30,6 +30,10 @@ struct flashcl_context {
   int verbose;
   char *kernel_dir;
   flashcl_program_entry *programs;
+  /* NVIDIA tensor-core forward (src/flash_mma.c): 0 = not probed yet, 1 = usable,
+   * -1 = unavailable for the reason in mma_reason. Probed on first use. */
+  int mma_state;
+  char mma_reason[512];
   char errmsg[FLASHCL_ERRMSG_CAP];
 };
 
@@ -109,6 +113,17 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
                                  const cl_event *wait, cl_event *out_event);
+/* NVIDIA tensor-core forward (src/flash_mma.c). fcl_mma_select sets *use when
+ * desc->kernel (or FLASHCL_KERNEL under AUTO) resolves to NVIDIA_MMA, the device
+ * passed the probe and the problem is covered; it fails only when NVIDIA_MMA was
+ * requested explicitly and the device cannot run it. */
+flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
+                              const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                              const flashcl_tensor *o, int *use);
+flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                               const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
+                               const cl_event *wait, cl_event *out_event);
 flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,

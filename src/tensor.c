@@ -151,7 +151,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
   if (desc->algo < FLASHCL_ALGO_AUTO || desc->algo > FLASHCL_ALGO_NAIVE)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.algo %d is not a flashcl_algo", (int)desc->algo);
-  if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_PORTABLE)
+  if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel %d is not a flashcl_kernel_family",
                     (int)desc->kernel);
   if (desc->block_r < 0 || desc->block_c < 0 || desc->block_r % 8 || desc->block_c % 8)

@@ -1,0 +1,453 @@
+/*
+ * flash_fwd_mma.cl: FlashAttention-2 forward on NVIDIA tensor cores through
+ * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, shfl.sync).
+ *
+ * Everything that is PTX sits behind `#if USE_PTX`; the host sets USE_PTX=1 only
+ * on NVIDIA devices of compute capability >= 8.0 whose compiler passed the
+ * probe kernel below. With USE_PTX=0 the file is plain OpenCL C 1.2 and its
+ * kernels are empty stubs (it still builds on any device).
+ *
+ * Layout of the work: one work-group of NWARPS warps computes BLOCK_R =
+ * NWARPS * 16 * M_TILES query rows of one (sequence, query head); each warp owns
+ * 16 * M_TILES consecutive rows. The Q tile is staged once through local memory
+ * and kept in registers as mma A fragments. K and V tiles of BLOCK_C keys stream
+ * through local memory with cp.async in the FlashAttention-2 order: the V tile
+ * of step j arrives while S = Q K^T is computed, the K tile of step j + 1 while
+ * O += P V is computed. S stays in the mma accumulator fragments, where the
+ * online softmax (row max and sum reduced over the four lanes of a quad with
+ * shfl.sync, exp2 via ex2.approx) turns it into P, which is repacked in
+ * registers as the A operand of P V. O accumulates in fp32.
+ *
+ * Local memory rows are 16-byte chunks, swizzled: chunk c of row r sits at
+ * c ^ (r & 7), so that ldmatrix (8 rows, same logical chunk) is conflict-free.
+ *
+ * Scores stay raw in the accumulator; with scale_log2 = scale * log2(e) > 0 the
+ * row max of raw scores is the max of scaled ones, and p = exp2(s * scale_log2 -
+ * m * scale_log2) is one fma + ex2. LSE is written in natural log. Keys past the
+ * end of the sequence and causally hidden keys are masked with -inf; tiles past
+ * the causal diagonal are neither loaded (work-group) nor computed (warp).
+ *
+ * Requirements (checked by the host, src/flash_mma.c): fp16 or bf16 data,
+ * head_dim stride 1, element offsets and (batch, seq, head) strides multiples of
+ * 8 elements (16-byte aligned rows for cp.async), scale > 0.
+ *
+ * Parameters (-D):
+ *   USE_PTX      1: compile the tensor-core kernels; 0: empty stubs
+ *   PROBE_ONLY   1: only the mma_probe kernel
+ *   DTYPE        1 = fp16, 2 = bf16 (the mma input type; accumulation is fp32)
+ *   HEAD_DIM     head dimension, multiple of 64
+ *   BLOCK_C      keys per tile, multiple of 16
+ *   NWARPS       warps per work-group
+ *   M_TILES      16-row mma tiles per warp
+ *   Q_IN_SMEM    1: Q stays in its own local buffer and its fragments are
+ *                re-read with ldmatrix at every k-step (fewer registers, more
+ *                local memory); 0: Q fragments live in registers
+ *   CAUSAL       1: key j is visible to query i iff j <= i + (Nk - Nq)
+ *   VARLEN       1: sequence bounds come from cu_seqlens_q/k
+ */
+#ifndef USE_PTX
+#define USE_PTX 0
+#endif
+#ifndef PROBE_ONLY
+#define PROBE_ONLY 0
+#endif
+#ifndef DTYPE
+#define DTYPE 1
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef BLOCK_C
+#define BLOCK_C 64
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+#ifndef M_TILES
+#define M_TILES 1
+#endif
+#ifndef Q_IN_SMEM
+#define Q_IN_SMEM 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+
+#define NTHREADS (NWARPS * 32)
+#define WARP_ROWS (16 * M_TILES)
+#define BLOCK_R (NWARPS * WARP_ROWS)
+#define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+#define KT (HEAD_DIM / 16) /* k-steps of Q K^T */
+#define NT (BLOCK_C / 8)   /* 8-key n-tiles of S */
+#define DT (HEAD_DIM / 8)  /* 8-column n-tiles of O */
+#if Q_IN_SMEM
+#define Q_ROWS BLOCK_R /* Q keeps rows [0, BLOCK_R), K/V follow */
+#define SMEM_ROWS (BLOCK_R + 2 * BLOCK_C)
+#else
+#define Q_ROWS 0 /* Q is staged through the K/V rows */
+#define SMEM_ROWS (2 * BLOCK_C > BLOCK_R ? 2 * BLOCK_C : BLOCK_R)
+#endif
+
+#if HEAD_DIM % 64 || BLOCK_C % 16 || NTHREADS % CH || (BLOCK_C * CH) % NTHREADS
+#error "unsupported flash_fwd_mma parameters"
+#endif
+
+#if USE_PTX
+
+#if DTYPE == 2
+#define MMA_TYPE "bf16"
+#else
+#define MMA_TYPE "f16"
+#endif
+
+/* Shared-state-space address of a __local pointer. */
+#define SADDR(p) ((uint)(size_t)(p))
+
+inline void cp_async16(uint saddr, __global const ushort *src, uint bytes) {
+  /* bytes = 0 zero-fills the 16 bytes (rows past the end of the sequence). */
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(src), "r"(bytes));
+}
+inline void cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+inline void cp_wait_all(void) { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+#define LDSM_X4(r0, r1, r2, r3, addr)                                             \
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"    \
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)                          \
+               : "r"(addr))
+#define LDSM_X4_T(r0, r1, r2, r3, addr)                                                \
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"   \
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)                               \
+               : "r"(addr))
+#define LDSM_X2_T(r0, r1, addr)                                                  \
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"   \
+               : "=r"(r0), "=r"(r1)                                             \
+               : "r"(addr))
+/* c[0..3] += A(16x16, row) * B(16x8, col) */
+#define MMA(c, a, b0, b1)                                                                                  \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE                                      \
+      ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                         \
+      : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                                           \
+      : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(b0), "r"(b1))
+
+inline float shfl_xor(float x, int mask) {
+  float r;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(mask));
+  return r;
+}
+inline float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+/* Two floats to a packed pair of the mma type: lo in bits 0-15. */
+inline uint pack2(float lo, float hi) {
+  uint r;
+#if DTYPE == 2
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+/* Compile-and-run probe: one warp, D = A B through cp.async, ldmatrix(.trans)
+ * and mma, plus a quad shuffle reduction. a: 16x16 row-major, b: 16x8
+ * row-major (k, n), both fp16 (or bf16); d: 128 floats of D (row-major), then
+ * 16 row sums. */
+__kernel __attribute__((reqd_work_group_size(32, 1, 1))) void mma_probe(__global const ushort *a,
+                                                                       __global const ushort *b,
+                                                                       __global float *d) {
+  __local uint4 sm[48];
+  const int lane = get_local_id(0), g = lane >> 2, t = lane & 3;
+  const uint base = SADDR(sm);
+  cp_async16(base + lane * 16, a + lane * 8, 16);
+  if (lane < 16) cp_async16(base + (32 + lane) * 16, b + lane * 8, 16);
+  cp_commit();
+  cp_wait_all();
+  barrier(CLK_LOCAL_MEM_FENCE);
+  uint af[4], b0, b1;
+  LDSM_X4(af[0], af[1], af[2], af[3], base + ((lane & 15) * 2 + (lane >> 4)) * 16);
+  LDSM_X2_T(b0, b1, base + (32 + (lane & 15)) * 16);
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  MMA(c, af, b0, b1);
+  d[g * 8 + 2 * t] = c[0];
+  d[g * 8 + 2 * t + 1] = c[1];
+  d[(g + 8) * 8 + 2 * t] = c[2];
+  d[(g + 8) * 8 + 2 * t + 1] = c[3];
+  float r0 = c[0] + c[1], r1 = c[2] + c[3];
+  r0 += shfl_xor(r0, 1);
+  r0 += shfl_xor(r0, 2);
+  r1 += shfl_xor(r1, 1);
+  r1 += shfl_xor(r1, 2);
+  if (t == 0) {
+    d[128 + g] = r0;
+    d[136 + g] = r1;
+  }
+}
+
+#if !PROBE_ONLY
+/* Byte address in local memory of logical chunk c of row r. */
+#define SWZ(r, c) ((uint)(((r) * CH + ((c) ^ ((r) & 7))) * 16))
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mma(
+    __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
+    __global const ushort *k, long k_off, long k_sb, long k_sn, long k_sh,
+    __global const ushort *v, long v_off, long v_sb, long v_sn, long v_sh,
+    __global ushort *o, long o_off, long o_sb, long o_sn, long o_sh,
+    __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
+    int seqlen_q, int seqlen_k, int group, float scale_log2,
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+  __local uint4 smem[SMEM_ROWS * CH];
+  const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  /* Highest query blocks first: under a causal mask they carry the most work. */
+  const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_R;
+  const int h = get_group_id(1);
+  const int b = get_group_id(2);
+  const int hk = h / group;
+
+  int nq = seqlen_q, nk = seqlen_k;
+  long bq = b, row_q = 0, row_k = 0;
+#if VARLEN
+  {
+    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
+    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
+    nq = min(max(qe - qs, 0), seqlen_q);
+    nk = min(max(ke - ks, 0), seqlen_k);
+    row_q = qs;
+    row_k = ks;
+    bq = 0;
+  }
+#endif
+  if (q0 >= nq) return; /* whole work-group leaves together */
+
+  const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
+  const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
+  const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+  const int diag = nk - nq;
+  const uint sbase = SADDR(smem);
+  const uint kbuf = sbase + Q_ROWS * CH * 16, vbuf = kbuf + BLOCK_C * CH * 16;
+
+  /* This thread's cp.async chunks: column chunk lc of rows lr + i * LSTEP. */
+  const int lc = tid % CH, lr = tid / CH;
+#define LSTEP (NTHREADS / CH)
+#define LPER (BLOCK_C * CH / NTHREADS)
+
+  /* ---- Q tile -> local -> registers ---- */
+  for (int i = 0; i < (BLOCK_R + LSTEP - 1) / LSTEP; i++) {
+    const int r = lr + i * LSTEP;
+    if (BLOCK_R % LSTEP == 0 || r < BLOCK_R) {
+      const int ok = q0 + r < nq;
+      cp_async16(sbase + SWZ(r, lc), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + lc * 8, ok ? 16u : 0u);
+    }
+  }
+  cp_commit();
+#if !Q_IN_SMEM
+  cp_wait_all();
+  barrier(CLK_LOCAL_MEM_FENCE);
+  uint qf[M_TILES][KT][4];
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++) {
+      const int r = warp * WARP_ROWS + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      LDSM_X4(qf[mt][ks][0], qf[mt][ks][1], qf[mt][ks][2], qf[mt][ks][3], sbase + SWZ(r, 2 * ks + (lane >> 4)));
+    }
+  barrier(CLK_LOCAL_MEM_FENCE); /* Q's local copy is dead: K/V may overwrite it */
+#endif
+
+  float oacc[M_TILES][DT][4];
+  float m_r[M_TILES][2], l_r[M_TILES][2];
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++) {
+    #pragma unroll
+    for (int dt = 0; dt < DT; dt++) oacc[mt][dt][0] = oacc[mt][dt][1] = oacc[mt][dt][2] = oacc[mt][dt][3] = 0.0f;
+    m_r[mt][0] = m_r[mt][1] = -INFINITY;
+    l_r[mt][0] = l_r[mt][1] = 0.0f;
+  }
+
+  const int wrow0 = q0 + warp * WARP_ROWS; /* first query row of this warp */
+  int kend = nk, wend = nk;
+#if CAUSAL
+  kend = min(nk, q0 + BLOCK_R + diag);     /* keys the work-group needs */
+  wend = min(nk, wrow0 + WARP_ROWS + diag); /* keys this warp needs */
+#endif
+
+  /* Per-thread global pointers of the K/V chunks, row lr of the tile at key 0. */
+  __global const ushort *kp0 = k + kbase + lc * 8, *kp = kp0 + (long)lr * k_sn;
+  __global const ushort *vp0 = v + vbase + lc * 8, *vp = vp0 + (long)lr * v_sn;
+  const long kstep = (long)LSTEP * k_sn, vstep = (long)LSTEP * v_sn;
+
+/* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN); their
+ * source address is clamped to key 0, which exists whenever a tile is loaded. */
+#define LOAD_TILE(buf, ptr, ptr0, sn, step, k0)                                               \
+  {                                                                                         \
+    __global const ushort *p_ = (ptr) + (long)(k0) * (sn);                                  \
+    for (int i = 0; i < LPER; i++) {                                                        \
+      const int r = lr + i * LSTEP;                                                         \
+      const int ok = (k0) + r < nk;                                                         \
+      cp_async16((buf) + SWZ(r, lc), ok ? p_ + i * (step) : (ptr0), ok ? 16u : 0u);         \
+    }                                                                                       \
+    cp_commit();                                                                            \
+  }
+
+  if (kend > 0) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, 0)
+
+  for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
+    cp_wait_all();
+    barrier(CLK_LOCAL_MEM_FENCE); /* K ready; every warp is done with the previous V */
+    LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, k0)
+
+    const int active = k0 < wend;
+    uint pf[M_TILES][NT / 2][4];
+    if (active) {
+      float s[M_TILES][NT][4];
+      #pragma unroll
+      for (int mt = 0; mt < M_TILES; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+      #pragma unroll
+      for (int ks = 0; ks < KT; ks++) {
+#if Q_IN_SMEM
+        uint qa[M_TILES][4];
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++) {
+          const int r = warp * WARP_ROWS + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LDSM_X4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], sbase + SWZ(r, 2 * ks + (lane >> 4)));
+        }
+#define QFRAG(mt, ks) qa[mt]
+#else
+#define QFRAG(mt, ks) qf[mt][ks]
+#endif
+        #pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+          uint b0, b1, b2, b3;
+          const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
+          LDSM_X4(b0, b1, b2, b3, kbuf + SWZ(r, 2 * ks + ((lane >> 3) & 1)));
+          #pragma unroll
+          for (int mt = 0; mt < M_TILES; mt++) {
+            MMA(s[mt][2 * np], QFRAG(mt, ks), b0, b1);
+            MMA(s[mt][2 * np + 1], QFRAG(mt, ks), b2, b3);
+          }
+        }
+      }
+
+#if CAUSAL
+      const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > wrow0 + diag);
+#else
+      const int need_mask = k0 + BLOCK_C > nk;
+#endif
+      if (need_mask) {
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++)
+          #pragma unroll
+          for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const int col = k0 + nt * 8 + 2 * t + (e & 1);
+#if CAUSAL
+              const int row = wrow0 + mt * 16 + g + (e >> 1) * 8;
+              if (col >= nk || col > row + diag) s[mt][nt][e] = -INFINITY;
+#else
+              if (col >= nk) s[mt][nt][e] = -INFINITY;
+#endif
+            }
+      }
+
+      #pragma unroll
+      for (int mt = 0; mt < M_TILES; mt++)
+        #pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          float mx = m_r[mt][hh];
+          #pragma unroll
+          for (int nt = 0; nt < NT; nt++) mx = fmax(mx, fmax(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
+          mx = fmax(mx, shfl_xor(mx, 1));
+          mx = fmax(mx, shfl_xor(mx, 2));
+          /* A row with no visible key so far keeps m = -inf: pivot 0 keeps exp2 at 0, not NaN. */
+          const float ms = mx == -INFINITY ? 0.0f : mx * scale_log2;
+          const float alpha = fast_exp2(m_r[mt][hh] * scale_log2 - ms);
+          m_r[mt][hh] = mx;
+          float ls = 0.0f;
+          #pragma unroll
+          for (int nt = 0; nt < NT; nt++) {
+            const float p0 = fast_exp2(fma(s[mt][nt][2 * hh], scale_log2, -ms));
+            const float p1 = fast_exp2(fma(s[mt][nt][2 * hh + 1], scale_log2, -ms));
+            s[mt][nt][2 * hh] = p0;
+            s[mt][nt][2 * hh + 1] = p1;
+            ls += p0 + p1;
+          }
+          l_r[mt][hh] = l_r[mt][hh] * alpha + ls;
+          #pragma unroll
+          for (int dt = 0; dt < DT; dt++) {
+            oacc[mt][dt][2 * hh] *= alpha;
+            oacc[mt][dt][2 * hh + 1] *= alpha;
+          }
+        }
+      /* The S accumulators of n-tiles 2j, 2j+1 are the A fragment of keys 16j..16j+15. */
+      #pragma unroll
+      for (int mt = 0; mt < M_TILES; mt++)
+        #pragma unroll
+        for (int j = 0; j < NT / 2; j++) {
+          pf[mt][j][0] = pack2(s[mt][2 * j][0], s[mt][2 * j][1]);
+          pf[mt][j][1] = pack2(s[mt][2 * j][2], s[mt][2 * j][3]);
+          pf[mt][j][2] = pack2(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+          pf[mt][j][3] = pack2(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+        }
+    }
+
+    cp_wait_all();
+    barrier(CLK_LOCAL_MEM_FENCE); /* V ready; every warp is done with K */
+    if (k0 + BLOCK_C < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0 + BLOCK_C)
+
+    if (active) {
+      #pragma unroll
+      for (int j = 0; j < NT / 2; j++)
+        #pragma unroll
+        for (int dp = 0; dp < DT / 2; dp++) {
+          uint b0, b1, b2, b3;
+          const int r = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LDSM_X4_T(b0, b1, b2, b3, vbuf + SWZ(r, 2 * dp + (lane >> 4)));
+          #pragma unroll
+          for (int mt = 0; mt < M_TILES; mt++) {
+            MMA(oacc[mt][2 * dp], pf[mt][j], b0, b1);
+            MMA(oacc[mt][2 * dp + 1], pf[mt][j], b2, b3);
+          }
+        }
+    }
+  }
+
+  const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float l = l_r[mt][hh];
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      const int row = wrow0 + mt * 16 + g + hh * 8;
+      if (row >= nq) continue;
+      /* A row that sees no key: O = 0 and LSE = -inf, never NaN. */
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      __global uint *orow = (__global uint *)(o + obase + (long)row * o_sn + 2 * t);
+      #pragma unroll
+      for (int dt = 0; dt < DT; dt++)
+        orow[dt * 4] = pack2(oacc[mt][dt][2 * hh] * inv, oacc[mt][dt][2 * hh + 1] * inv);
+      if (has_lse && t == 0)
+        lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] =
+            l > 0.0f ? (m_r[mt][hh] * scale_log2 + log2(l)) * M_LN2_F : -INFINITY;
+    }
+}
+#endif /* !PROBE_ONLY */
+
+#else /* !USE_PTX: stubs, so that the file is valid OpenCL C everywhere */
+
+__kernel void mma_probe(__global const ushort *a, __global const ushort *b, __global float *d) {
+  (void)a;
+  (void)b;
+  (void)d;
+}
+
+#endif /* USE_PTX */

@@ -1,0 +1,288 @@
+/* The NVIDIA tensor-core forward path (cl/flash_fwd_mma.cl): selection, probe
+ * and launch.
+ *
+ * Selection. desc->kernel = NVIDIA_MMA asks for it; AUTO takes it when the
+ * device can run it, unless FLASHCL_KERNEL=portable. "Can run it" is decided
+ * once per context, on the first forward call that could use it (not at
+ * context creation, so contexts that never run a forward pay nothing):
+ *   1. the platform is NVIDIA and the device has cl_nv_device_attribute_query
+ *      with compute capability >= 8.0 (mma.sync m16n8k16, ldmatrix, cp.async);
+ *   2. cl/flash_fwd_mma.cl builds with USE_PTX=1 PROBE_ONLY=1 and its mma_probe
+ *      kernel (cp.async, ldmatrix, ldmatrix.trans, mma.sync, shfl.sync) returns
+ *      the exact product of two small integer matrices.
+ * A failure disables the path for the context; the reason goes to fcl_log (and,
+ * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
+ * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
+ *
+ * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout, and
+ * every tensor's element offset and (batch, seq, head) strides a multiple of 8
+ * elements (16-byte rows for cp.async). Other problems run the portable kernel.
+ *
+ * Environment (tuning and diagnostics only):
+ *   FLASHCL_KERNEL          "portable" or "nvidia_mma": overrides desc.kernel = AUTO
+ *   FLASHCL_MMA_CONFIG      "nwarps,m_tiles,block_c[,q_in_smem]" overrides the tile
+ *                           configuration (local memory must stay within 48 KiB)
+ *   FLASHCL_BUILD_OPTIONS   appended to the kernel's build options (e.g. -cl-nv-verbose)
+ *   FLASHCL_MMA_BUILD_LOG   if set, the build log and resource figures are printed
+ *                           to stderr after each launch set-up
+ */
+#include "internal.h"
+#include "kernel_args.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
+#endif
+
+static const char *const fcl_mma_probe_options = "-cl-std=CL1.2 -DUSE_PTX=1 -DPROBE_ONLY=1";
+
+static int fcl_mma_disable(flashcl_context *ctx, const char *fmt, const char *arg) {
+  snprintf(ctx->mma_reason, sizeof ctx->mma_reason, fmt, arg ? arg : "");
+  ctx->mma_state = -1;
+  fcl_log(ctx, "NVIDIA tensor-core forward disabled: %s", ctx->mma_reason);
+  return 0;
+}
+
+static unsigned short fcl_small_int_half(int x) {
+  /* Exact fp16 bits of a small integer |x| <= 64. */
+  if (x == 0) return 0;
+  unsigned short sign = x < 0 ? 0x8000 : 0;
+  unsigned a = (unsigned)(x < 0 ? -x : x);
+  int e = 0;
+  while ((a >> e) > 1) e++;
+  unsigned mant = (a << (10 - e)) & 0x3ff;
+  return (unsigned short)(sign | ((unsigned)(e + 15) << 10) | mant);
+}
+
+/* Runs mma_probe; returns 1 if it is exact, else 0 with ctx->mma_reason set. */
+static int fcl_mma_run_probe(flashcl_context *ctx) {
+  cl_kernel kern;
+  flashcl_status st = fcl_get_kernel(ctx, "flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
+  if (st != FLASHCL_SUCCESS) {
+    /* Keep the start of the build log: it says which instruction was refused. */
+    char msg[400];
+    snprintf(msg, sizeof msg, "%.399s", ctx->errmsg);
+    fcl_clear_error(ctx);
+    return fcl_mma_disable(ctx, "the probe kernel does not build: %s", msg);
+  }
+  int ai[256], bi[128];
+  unsigned short ah[256], bh[128];
+  for (int i = 0; i < 256; i++) ah[i] = fcl_small_int_half(ai[i] = (i * 7) % 9 - 4);
+  for (int i = 0; i < 128; i++) bh[i] = fcl_small_int_half(bi[i] = (i * 5) % 7 - 3);
+  float d[144];
+  cl_int err = CL_SUCCESS, e2 = CL_SUCCESS, e3 = CL_SUCCESS;
+  cl_mem ba = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof ah, ah, &err);
+  cl_mem bb = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof bh, bh, &e2);
+  cl_mem bd = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, sizeof d, NULL, &e3);
+  if (err == CL_SUCCESS) err = e2;
+  if (err == CL_SUCCESS) err = e3;
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof ba, &ba);
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 1, sizeof bb, &bb);
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 2, sizeof bd, &bd);
+  size_t gsz = 32;
+  if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(ctx->queue, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
+  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(ctx->queue, bd, CL_TRUE, 0, sizeof d, d, 0, NULL, NULL);
+  if (ba) clReleaseMemObject(ba);
+  if (bb) clReleaseMemObject(bb);
+  if (bd) clReleaseMemObject(bd);
+  if (err != CL_SUCCESS) return fcl_mma_disable(ctx, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
+  for (int m = 0; m < 16; m++) {
+    int rs = 0;
+    for (int n = 0; n < 8; n++) {
+      int acc = 0;
+      for (int x = 0; x < 16; x++) acc += ai[m * 16 + x] * bi[x * 8 + n];
+      rs += acc;
+      if (d[m * 8 + n] != (float)acc) return fcl_mma_disable(ctx, "the probe kernel computed a wrong product%s", "");
+    }
+    if (d[128 + m] != (float)rs) return fcl_mma_disable(ctx, "the probe kernel's shuffle reduction is wrong%s", "");
+  }
+  return 1;
+}
+
+/* 1 if the context's device runs the tensor-core path (probing on first call). */
+static int fcl_mma_available(flashcl_context *ctx) {
+  if (ctx->mma_state) return ctx->mma_state > 0;
+  if (!strstr(ctx->info.platform_name, "NVIDIA"))
+    return fcl_mma_disable(ctx, "the platform (%s) is not NVIDIA's", ctx->info.platform_name);
+  size_t n = 0;
+  int has_attr = 0;
+  if (clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, 0, NULL, &n) == CL_SUCCESS && n) {
+    char *ext = malloc(n + 1);
+    if (ext && clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, n, ext, NULL) == CL_SUCCESS) {
+      ext[n] = '\0';
+      has_attr = strstr(ext, "cl_nv_device_attribute_query") != NULL;
+    }
+    free(ext);
+  }
+  if (!has_attr) return fcl_mma_disable(ctx, "the device lacks cl_nv_device_attribute_query%s", "");
+  cl_uint major = 0, minor = 0;
+  if (clGetDeviceInfo(ctx->device, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major, NULL) != CL_SUCCESS)
+    return fcl_mma_disable(ctx, "the compute capability query failed%s", "");
+  clGetDeviceInfo(ctx->device, CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV, sizeof minor, &minor, NULL);
+  if (major < 8) {
+    char cc[32];
+    snprintf(cc, sizeof cc, "%u.%u", major, minor);
+    return fcl_mma_disable(ctx, "compute capability %s < 8.0", cc);
+  }
+  if (ctx->info.local_mem_size < 48 * 1024)
+    return fcl_mma_disable(ctx, "the device has less than 48 KiB of local memory%s", "");
+  if (!fcl_mma_run_probe(ctx)) return 0;
+  ctx->mma_state = 1;
+  fcl_log(ctx, "NVIDIA tensor-core forward available (compute capability %u.%u)", major, minor);
+  return 1;
+}
+
+/* 16-byte aligned rows: offset and (batch, seq, head) strides multiples of 8 elements. */
+static int fcl_mma_aligned(const flashcl_tensor *t) {
+  if (t->offset % 16) return 0;
+  for (int i = 0; i < 3; i++)
+    if (t->stride[i] % 8) return 0;
+  return 1;
+}
+
+flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
+                              const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                              const flashcl_tensor *o, int *use) {
+  *use = 0;
+  flashcl_kernel_family fam = desc->kernel;
+  if (fam == FLASHCL_KERNEL_AUTO) {
+    const char *env = getenv("FLASHCL_KERNEL");
+    if (env && *env) {
+      if (!strcmp(env, "portable")) return FLASHCL_SUCCESS;
+      if (!strcmp(env, "nvidia_mma") || !strcmp(env, "mma")) fam = FLASHCL_KERNEL_NVIDIA_MMA;
+    }
+  }
+  if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
+  const int explicit_mma = fam == FLASHCL_KERNEL_NVIDIA_MMA;
+  if (!fcl_mma_available(ctx)) {
+    if (explicit_mma)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA tensor-core kernels are not available: %s",
+                      ctx->mma_reason);
+    return FLASHCL_SUCCESS;
+  }
+  const char *why = NULL;
+  if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
+    why = "dtype is not f16/bf16";
+  else if (p->head_dim != 64 && p->head_dim != 128)
+    why = "head_dim is not 64 or 128";
+  else if (!(p->scale > 0.0f))
+    why = "scale is not positive";
+  else if (p->dropout)
+    why = "dropout";
+  else if (!fcl_mma_aligned(q) || !fcl_mma_aligned(k) || !fcl_mma_aligned(v) || !fcl_mma_aligned(o))
+    why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
+  if (why) {
+    fcl_log(ctx, "tensor-core forward does not cover this problem (%s): running the portable kernel", why);
+    return FLASHCL_SUCCESS;
+  }
+  *use = 1;
+  return FLASHCL_SUCCESS;
+}
+
+typedef struct fcl_mma_config {
+  int nwarps, m_tiles, block_c, q_in_smem;
+} fcl_mma_config;
+
+static fcl_mma_config fcl_mma_pick(const fcl_problem *p) {
+  /* Measured on the H100 (fp16, N = 2K/8K): d = 64 runs best with Br = 128 (4
+   * warps x 32 rows, Q in registers) and Bc = 64; d = 128 with Br = 128, Bc = 32
+   * and Q re-read from local memory (Q in registers with 32 rows per warp spills,
+   * and 16 rows per warp doubles the ldmatrix traffic per mma). */
+  fcl_mma_config c = {4, 2, 64, 0};
+  if (p->head_dim > 64) {
+    c.block_c = 32;
+    c.q_in_smem = 1;
+  }
+  const char *env = getenv("FLASHCL_MMA_CONFIG");
+  fcl_mma_config e = {0, 0, 0, 0};
+  if (env && sscanf(env, "%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem) >= 3 &&
+      e.nwarps > 0 && e.nwarps <= 16 &&
+      e.m_tiles > 0 && e.m_tiles <= 4 && e.block_c >= 16 && e.block_c % 16 == 0)
+    c = e;
+  return c;
+}
+
+static void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *opts) {
+  cl_program prog;
+  if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
+  size_t n = 0;
+  clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
+  char *log = malloc(n + 1);
+  if (log) {
+    log[0] = '\0';
+    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, log, NULL);
+    log[n] = '\0';
+  }
+  cl_ulong lmem = 0, pmem = 0;
+  size_t wg = 0;
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof pmem, &pmem, NULL);
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+  fprintf(stderr, "flash_fwd_mma [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", opts,
+          (unsigned long long)lmem, (unsigned long long)pmem, wg, log ? log : "");
+  free(log);
+}
+
+flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                               const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
+                               const cl_event *wait, cl_event *out_event) {
+  const fcl_mma_config c = fcl_mma_pick(p);
+  const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  char opts[512];
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWARPS=%d -DM_TILES=%d -DQ_IN_SMEM=%d "
+           "-DCAUSAL=%d -DVARLEN=%d%s%s",
+           (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, p->causal, p->varlen,
+           extra ? " " : "", extra ? extra : "");
+  cl_kernel kern;
+  flashcl_status st = fcl_get_kernel(ctx, "flash_fwd_mma.cl", opts, "flash_fwd_mma", &kern);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, opts);
+  size_t kwg = 0;
+  if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+          CL_SUCCESS &&
+      kwg < (size_t)threads)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "flash_fwd_mma needs %d work-items but the compiled kernel allows %zu", threads, kwg);
+
+  const float log2e = 1.4426950408889634f;
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, q);
+  fcl_arg_tensor(&a, k);
+  fcl_arg_tensor(&a, v);
+  fcl_arg_tensor(&a, o);
+  if (lse) {
+    fcl_arg_mem(&a, lse->buffer);
+    fcl_arg_long(&a, (int64_t)(lse->offset / sizeof(float)));
+    fcl_arg_long(&a, lse->stride[0]);
+    fcl_arg_long(&a, lse->stride[1]);
+    fcl_arg_long(&a, lse->stride[2]);
+  } else {
+    fcl_arg_mem(&a, NULL);
+    for (int i = 0; i < 4; i++) fcl_arg_long(&a, 0);
+  }
+  fcl_arg_int(&a, lse != NULL);
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_int(&a, p->heads_q / p->heads_kv);
+  fcl_arg_float(&a, p->scale * log2e);
+  fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_q : NULL);
+  fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_k : NULL);
+  fcl_arg_int(&a, (int)q->shape[1]);
+  fcl_arg_int(&a, (int)k->shape[1]);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_mma)");
+
+  size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;
+  size_t global[3] = {qblocks * threads, (size_t)p->heads_q, (size_t)p->batch};
+  size_t local[3] = {(size_t)threads, 1, 1};
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, nwait, nwait ? wait : NULL, out_event);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(flash_fwd_mma)");
+  return FLASHCL_SUCCESS;
+}
