@@ -311,6 +311,131 @@ typedef struct flashcl_block_plan {
 FLASHCL_API flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype,
                                                         int block_r, int block_c, flashcl_block_plan *plan);
 
+/* ----------------------------------------------- inference: decode, merge -- */
+
+/*
+ * Merges two partial attention results over disjoint key sets into the result
+ * over their union (the associative merge of FlashDecoding / cascade attention):
+ *   m = max(lse_a, lse_b),  w_a = exp(lse_a - m),  w_b = exp(lse_b - m)
+ *   o = (w_a * o_a + w_b * o_b) / (w_a + w_b),   lse = m + log(w_a + w_b)
+ * per row (batch, seq, head). A side whose LSE is -inf contributes nothing, so the
+ * result is the other side (bit-exact for the LSE); when both are -inf the row
+ * gets o = 0 and lse = -inf, never NaN. LSE values must not be +inf or NaN.
+ *   o_a, o_b, o: (B, N, H, d), one dtype, head_dim a multiple of 8 in [8, 256]
+ *   lse_a, lse_b, lse: fp32 (B, N, H, 1) (flashcl_tensor_init_lse or any strides)
+ *   lse may be NULL (only o is written).
+ * Aliasing: o may be exactly the view o_a or o_b (same buffer, offset and strides),
+ * and lse exactly lse_a or lse_b, for an in-place merge. Any other overlap between
+ * an output and an input or between the two outputs is rejected with
+ * FLASHCL_ERROR_INVALID_ARGUMENT.
+ */
+FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *o_a,
+                                                const flashcl_tensor *lse_a, const flashcl_tensor *o_b,
+                                                const flashcl_tensor *lse_b, const flashcl_tensor *o,
+                                                const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                                const cl_event *event_wait_list, cl_event *out_event);
+
+/* Largest q_len (query tokens per sequence) flashcl_attention_decode accepts. */
+#define FLASHCL_DECODE_MAX_Q_LEN 16
+/* Largest explicit num_splits. */
+#define FLASHCL_DECODE_MAX_SPLITS 256
+
+/*
+ * The KV cache of flashcl_attention_decode and flashcl_kv_cache_append.
+ *
+ * Contiguous (block_table == NULL): k_cache and v_cache are (B, max_len, Hkv, d)
+ *   tensors (any strides, unit head_dim stride); sequence b's token j is row j of
+ *   batch entry b.
+ * Paged (block_table != NULL): k_cache and v_cache are pools of pages described as
+ *   (num_pages, page_size, Hkv, d) tensors: "batch" indexes the page and "seqlen"
+ *   the slot in the page (the contiguous default is [num_pages][page_size][Hkv][d],
+ *   i.e. flashcl_tensor_init_bnhd(t, buf, 0, dtype, num_pages, page_size, Hkv, d)).
+ *   block_table is an int32 buffer [B][max_pages]: sequence b's token j lives in
+ *   slot j % page_size of page block_table[b * max_pages + j / page_size].
+ *   page_size must equal k_cache.shape[1]. On the device, page indices are clamped
+ *   to [0, num_pages) when reading (a corrupt table reads a wrong page, never
+ *   outside the pool); the append skips tokens whose page index is out of range.
+ * Capacity of a sequence: max_len (contiguous) or max_pages * page_size (paged).
+ */
+typedef struct flashcl_decode_desc {
+  /* Softmax scale. 0 means 1/sqrt(head_dim). */
+  float scale;
+  /* 0 takes them from q and k_cache; if set they must match. heads_q must be a
+   * multiple of heads_kv: query head h reads kv head h / (heads_q / heads_kv). */
+  int heads_q;
+  int heads_kv;
+  /* Paged cache (see above): page_size >= 1 and block_table with max_pages >= 1
+   * int32 entries per sequence. All three 0 / NULL for a contiguous cache. */
+  int page_size;
+  cl_mem block_table;
+  int max_pages;
+  /* Split-KV: number of chunks each sequence's keys are split into, each chunk
+   * processed by its own work-groups and merged by a second kernel. 0 chooses from
+   * the device's compute units, batch x heads_kv and max_seqlen_k; 1 disables the
+   * split (one kernel, no workspace). At most FLASHCL_DECODE_MAX_SPLITS. */
+  int num_splits;
+  /* Host-side upper bound of seqlens_k used to choose num_splits (device lengths
+   * are not read back). 0 means the cache capacity. Lengths above it are still
+   * handled correctly, with chunks that are larger than planned. */
+  int max_seqlen_k;
+  /* Scratch for the split partials. NULL: each call allocates it and releases it
+   * after enqueueing (OpenCL frees it once the kernels finish). Otherwise at least
+   * flashcl_attention_decode_workspace_size() bytes from workspace_offset, and it
+   * must not be used by anything else until the call's event completes. */
+  cl_mem workspace;
+  size_t workspace_offset;
+} flashcl_decode_desc;
+
+FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);
+
+/*
+ * Attention of a few new query tokens per sequence against a (paged or contiguous)
+ * KV cache, split over the keys (FlashDecoding).
+ *   q: (B, q_len, Hq, d), 1 <= q_len <= FLASHCL_DECODE_MAX_Q_LEN; o: q's shape
+ *   k_cache, v_cache: see flashcl_decode_desc; q, o and the caches share a dtype
+ *   seqlens_k: int32 buffer [B], sequence b's KV length L_b, including the q_len
+ *     new tokens, which must already be the cache's last q_len entries (append
+ *     them first). Query t (0-based) of sequence b sees keys j <= L_b - q_len + t
+ *     (causal, bottom-right aligned). L_b is clamped on the device to [0, capacity];
+ *     a query that sees no key (L_b < q_len - t) gets O = 0 and LSE = -inf.
+ *   lse (nullable): fp32 (B, q_len, Hq, 1), natural-log LSE of each row.
+ * One work-group handles every query head of a kv head's GQA group for all q_len
+ * queries, so each K/V tile is read from global memory once per group.
+ * q_len > FLASHCL_DECODE_MAX_Q_LEN gives FLASHCL_ERROR_INVALID_SHAPE; o and lse
+ * must not overlap q, the caches or each other (FLASHCL_ERROR_INVALID_ARGUMENT).
+ */
+FLASHCL_API flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                    const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                                    const flashcl_tensor *v_cache, cl_mem seqlens_k,
+                                                    const flashcl_tensor *o, const flashcl_tensor *lse,
+                                                    cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                                    cl_event *out_event);
+
+/* Scratch bytes flashcl_attention_decode needs for these arguments (0 when it
+ * runs unsplit); the same validation as the call (o, lse and seqlens_k are not
+ * needed). *num_splits (nullable) receives the number of splits it would use. */
+FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx,
+                                                                   const flashcl_decode_desc *desc,
+                                                                   const flashcl_tensor *q,
+                                                                   const flashcl_tensor *k_cache,
+                                                                   const flashcl_tensor *v_cache, size_t *bytes,
+                                                                   int *num_splits);
+
+/*
+ * Writes new tokens into the cache: k_new[b, t] and v_new[b, t], (B, T, Hkv, d) in
+ * the cache's dtype, go to positions seqlens[b] + t of sequence b (t < T), with the
+ * cache layout of desc (page_size, block_table, max_pages; other fields ignored).
+ * seqlens is an int32 buffer [B] of lengths BEFORE the append; it is not modified
+ * (add T yourself, e.g. before calling flashcl_attention_decode). Positions outside
+ * [0, capacity) and, for a paged cache, tokens whose page index is outside
+ * [0, num_pages) are skipped.
+ */
+FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                   const flashcl_tensor *k_new, const flashcl_tensor *v_new,
+                                                   const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
+                                                   cl_mem seqlens, cl_uint num_events_in_wait_list,
+                                                   const cl_event *event_wait_list, cl_event *out_event);
+
 #ifdef __cplusplus
 }
 #endif

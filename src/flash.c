@@ -1,10 +1,14 @@
-/* The flash forward path: one fused kernel, no scratch memory.
+/* The flash forward path: one fused kernel, no scratch memory. On devices that
+ * are not GPUs the kernel is built with -DCPU_MAP=1 (one work-item per
+ * work-group, see cl/flash_fwd.cl and the CPU rule in src/plan.c).
  *
  * Environment (tuning and diagnostics only):
  *   FLASHCL_BUILD_OPTIONS   appended to the kernel's build options (e.g. -cl-nv-verbose)
  *   FLASHCL_FWD_BUILD_LOG   if set, the build log and the kernel's resource figures
  *                           are printed to stderr after each launch set-up
  *   FLASHCL_FWD_SHAPE       forces the work-item mapping, see src/plan.c
+ *   FLASHCL_FWD_MAP         gpu|cpu: forces the GPU or the CPU variant of the kernel
+ *                           (default: cpu iff the device is not a GPU), see src/plan.c
  */
 #include "internal.h"
 #include "kernel_args.h"
@@ -16,6 +20,7 @@ typedef struct fcl_fwd_shape {
   int threads, s_tm, s_tn, o_tm, o_td;
 } fcl_fwd_shape;
 int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out); /* plan.c */
+int fcl_fwd_cpu_map(const flashcl_context *ctx);                                   /* plan.c */
 
 /* Element offset and (batch, seq, head) strides all multiples of 4: rows of four
  * elements can then be read and written as aligned vectors. */
@@ -54,20 +59,28 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_plan plan;
   flashcl_status st = fcl_make_plan(ctx, p->head_dim, p->dtype, desc->block_r, desc->block_c, &plan);
   if (st != FLASHCL_SUCCESS) return st;
-  fcl_fwd_shape sh;
-  if (!fcl_fwd_shape_pick(plan.br, plan.bc, p->head_dim, ctx->info.max_work_group_size, &sh))
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no work-item mapping for Br=%d, Bc=%d, d=%d", plan.br, plan.bc,
-                    p->head_dim);
   const int aligned = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(o);
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   char opts[768];
-  snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
-           "-DO_TM=%d -DO_TD=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d%s%s",
-           (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td, p->causal,
-           p->varlen, aligned, extra ? " " : "", extra ? extra : "");
+  if (fcl_fwd_cpu_map(ctx)) { /* the CPU rule of plan.c: one work-item per work-group */
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DCPU_MAP=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=1 "
+             "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s",
+             (int)p->dtype, p->head_dim, plan.br, plan.bc, p->causal, p->varlen, aligned, p->dropout,
+             extra ? " " : "", extra ? extra : "");
+  } else {
+    fcl_fwd_shape sh;
+    if (!fcl_fwd_shape_pick(plan.br, plan.bc, p->head_dim, ctx->info.max_work_group_size, &sh))
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no work-item mapping for Br=%d, Bc=%d, d=%d", plan.br,
+                      plan.bc, p->head_dim);
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
+             "-DO_TM=%d -DO_TD=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s",
+             (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
+             p->causal, p->varlen, aligned, p->dropout, extra ? " " : "", extra ? extra : "");
+  }
   cl_kernel kern;
-  st = fcl_get_kernel(ctx, "flash_fwd.cl", opts, "flash_fwd", &kern);
+  st = fcl_get_kernel(ctx, p->dropout ? "philox.cl+flash_fwd.cl" : "flash_fwd.cl", opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (getenv("FLASHCL_FWD_BUILD_LOG")) fcl_print_build_log(ctx, kern, opts);
   size_t kwg = 0;
@@ -104,6 +117,8 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_k : NULL);
   fcl_arg_int(&a, (int)q->shape[1]);
   fcl_arg_int(&a, (int)k->shape[1]);
+  fcl_arg_int(&a, p->heads_q);
+  fcl_arg_dropout(&a, p); /* zeros when there is no dropout; the kernel then ignores them */
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd)");
 
   size_t qblocks = ((size_t)p->seqlen_q + plan.br - 1) / plan.br;

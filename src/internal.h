@@ -141,4 +141,23 @@ flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_prob
 int fcl_mul_size(size_t a, size_t b, size_t *out);
 int fcl_add_size(size_t a, size_t b, size_t *out);
 
+/* ---- decode, KV cache and merge (src/decode.c, src/kv_cache.c, src/merge.c) ---- */
+
+/* A validated KV cache (see flashcl_decode_desc). Contiguous: num_pages = batch,
+ * page b holds sequence b. */
+typedef struct fcl_kv_layout {
+  int paged;
+  int heads_kv, head_dim;
+  int page_size, max_pages, num_pages;
+  int capacity; /* tokens per sequence */
+} fcl_kv_layout;
+
+flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
+                                  const flashcl_tensor *vc, int batch, fcl_kv_layout *out);
+/* An int32 buffer of at least batch entries. */
+flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch);
+/* 1 if validated views out and in share bytes of one cl_mem (identical views are
+ * allowed when allow_same). NULL never conflicts. */
+int fcl_views_conflict(const flashcl_tensor *out, const flashcl_tensor *in, int allow_same);
+
 #endif

@@ -30,11 +30,31 @@
  * local loads, per warp) are taken. The environment variable
  * FLASHCL_FWD_SHAPE="T,S_TM,S_TN,O_TM,O_TD" forces a mapping (tuning aid;
  * ignored when it does not fit the tile).
+ *
+ * CPU rule (device not a GPU, e.g. PoCL; FLASHCL_FWD_MAP=gpu|cpu overrides the
+ * choice). The kernel is built with -DCPU_MAP=1: one work-item per work-group
+ * owns Br rows, with K^T and V tiles staged in local memory (see flash_fwd.cl).
+ * The GPU mapping ran ~2x slower than the naive path there: PoCL loops over the
+ * 128 work-items between barriers, keeps everything live across a barrier in
+ * per-work-item context memory, and cannot vectorize across work-items code
+ * that already uses float4.
+ *   Bc = floor(min(M, C) / (FCL_TILES * d * s)),   C = FCL_CPU_TILE_BYTES = 32 KiB,
+ * rounded as above: the K^T and V tiles of one step (2 * Bc * d * 4 bytes) fit
+ * the L1 data cache (32-48 KiB on current x86 cores), which the tile loops
+ * sweep Br/4 times; M (2 MiB on PoCL) is no constraint. Br = FCL_CPU_ROWS = 64:
+ * staging a K/V tile (a transpose, Bc * d scalar stores) costs as much as ~4
+ * rows of work, so more rows amortize it, while Q, O (Br * d each) and S
+ * (Br * Bc) stay in the 1-2 MiB L2. Measured on a 2-core Xeon (AVX-512) under
+ * PoCL 3.1, N = 1024, fp32: Br = 64 beat 16 by ~1.3-1.5x; Bc in 32..128 was
+ * within noise. local_bytes = 2 * Bc * d * 4 and threads = 1. This gives 64x64
+ * at d = 64, 64x32 at d = 128 and 64x16 at d = 256. Explicit block sizes are used
+ * as given.
  */
 #include "internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define FCL_MAX_TILE 128
 #define FCL_TILES 2
@@ -44,6 +64,13 @@
 /* Tried in this order; measured on an H100, 4 warps per work-group did best
  * for every tile shape, and 3 or 6 warps did clearly worse. */
 static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
+/* CPU rule (not a GPU): see the top of this file. */
+#ifndef FCL_CPU_TILE_BYTES
+#define FCL_CPU_TILE_BYTES (32 * 1024)
+#endif
+#ifndef FCL_CPU_ROWS
+#define FCL_CPU_ROWS 64
+#endif
 
 
 typedef struct fcl_fwd_shape {
@@ -147,6 +174,34 @@ static int fcl_round_tile(size_t x) {
   return x < 8 ? 8 : (int)x;
 }
 
+/* Also used by flash.c: 1 when the CPU rule and kernel variant apply, i.e. the
+ * device is not a GPU, unless FLASHCL_FWD_MAP=gpu|cpu forces one (a testing aid:
+ * it lets PoCL run the GPU mapping). */
+int fcl_fwd_cpu_map(const flashcl_context *ctx) {
+  const char *env = getenv("FLASHCL_FWD_MAP");
+  if (env && !strcmp(env, "gpu")) return 0;
+  if (env && !strcmp(env, "cpu")) return 1;
+  return !ctx->info.is_gpu;
+}
+
+/* The CPU rule (see the top of this file). */
+static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r, int block_c, fcl_plan *plan) {
+  const size_t M = ctx->info.local_mem_size, s = 4;
+  const size_t budget = M < FCL_CPU_TILE_BYTES ? M : FCL_CPU_TILE_BYTES;
+  fcl_plan p = {0};
+  p.bc = block_c ? block_c : fcl_round_tile(budget / (FCL_TILES * (size_t)d * s));
+  p.br = block_r ? block_r : FCL_CPU_ROWS;
+  p.rt = p.ct = p.tm = p.tn = 1;
+  p.threads = 1;
+  p.local_bytes = FCL_TILES * (size_t)p.bc * d * s;
+  if (p.local_bytes > M)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "Bc=%d at head_dim %d needs %zu bytes of local memory; the device has %zu", p.bc, d,
+                    p.local_bytes, M);
+  *plan = p;
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, int block_r, int block_c,
                              fcl_plan *plan) {
   (void)dtype; /* staging is fp32 for every dtype, see above */
@@ -159,6 +214,7 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
   const size_t M = ctx->info.local_mem_size;
   const size_t max_wg = ctx->info.max_work_group_size;
   const size_t s = 4;
+  if (fcl_fwd_cpu_map(ctx)) return fcl_make_plan_cpu(ctx, d, block_r, block_c, plan);
   fcl_plan p = {0};
   p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
   p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
