@@ -25,9 +25,6 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
   if (st != FLASHCL_SUCCESS) return st;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
-  if (p.dropout)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "dropout in the flash forward kernel is not available yet: use FLASHCL_ALGO_NAIVE for the forward");
   int use_mma = 0;
   if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, o, &use_mma)) != FLASHCL_SUCCESS) return st;
   if (use_mma)
