@@ -313,8 +313,8 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
            (int)q->dtype, p.head_dim, p.rows, p.block_c, p.threads, p.sl, split, p.kv.paged,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
-  if ((st = fcl_get_kernel(ctx, "dtype_io.cl+decode.cl", opts, "decode_attn", &kern))) return st;
-  if (split && (st = fcl_get_kernel(ctx, "dtype_io.cl+decode.cl", opts, "decode_merge", &merge))) return st;
+  if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
+  if (split && (st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_merge", &merge))) return st;
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&
