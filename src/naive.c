@@ -35,6 +35,21 @@ flashcl_status fcl_naive_workspace(flashcl_context *ctx, const fcl_problem *p, s
   return fcl_naive_sizes_of(ctx, p, &z, bytes);
 }
 
+/* CLBlast's batched GEMM kernels index a buffer with 32-bit integers: on an
+ * NVIDIA H100 a score matrix of more than 2^31 floats (e.g. 16 heads at
+ * N = 16384) made the GEMM fault and left the context unusable. Refuse such calls
+ * up front with a clean status instead. */
+#define FCL_BLAS_MAX_ELEMENTS ((size_t)1 << 31)
+
+static flashcl_status fcl_blas_limit(flashcl_context *ctx, const fcl_naive_sizes *z) {
+  if (z->s <= FCL_BLAS_MAX_ELEMENTS && z->q <= FCL_BLAS_MAX_ELEMENTS && z->kv <= FCL_BLAS_MAX_ELEMENTS)
+    return FLASHCL_SUCCESS;
+  return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
+                  "naive attention: the score matrices of this call hold %zu floats, more than the 2^31 that "
+                  "CLBlast's GEMM kernels can index; use the flash path or fewer heads per call",
+                  z->s);
+}
+
 static flashcl_status fcl_blas_fail(flashcl_context *ctx, CLBlastStatusCode code, const char *what) {
   if (code > -1000) return fcl_cl_fail(ctx, (cl_int)code, what);
   return fcl_fail(ctx, FLASHCL_ERROR_BLAS, "%s failed: CLBlast status %d", what, (int)code);
@@ -153,6 +168,7 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
                     total_bytes, z.s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
                     (unsigned long long)ctx->info.global_mem_size);
 
+  if ((st = fcl_blas_limit(ctx, &z))) return st;
   const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
   char opts[256];
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d",
@@ -250,6 +266,7 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
                     total_bytes, z.s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
                     (unsigned long long)ctx->info.global_mem_size);
 
+  if ((st = fcl_blas_limit(ctx, &z))) return st;
   const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
   char opts[256];
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d",
