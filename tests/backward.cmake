@@ -1,0 +1,20 @@
+# Backward pass and dropout tests. Included from tests/CMakeLists.txt.
+#   test_backward       default suite (label default): gradients against the double
+#                       reference, dropout mask, error paths, workspace, FD check
+#   test_backward_long  the same source with FCT_BWD_LONG: the sweep (label long)
+add_library(flashcl_test_bwd STATIC ${CMAKE_CURRENT_LIST_DIR}/reference_bwd.c ${CMAKE_CURRENT_LIST_DIR}/philox_ref.c)
+target_link_libraries(flashcl_test_bwd PUBLIC flashcl_test_common)
+if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
+  target_compile_options(flashcl_test_bwd PRIVATE -Wall -Wextra)
+endif()
+foreach(name test_backward test_backward_long)
+  add_executable(${name} ${CMAKE_CURRENT_LIST_DIR}/test_backward.c)
+  target_link_libraries(${name} PRIVATE flashcl_test_bwd)
+  if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${name} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
+  endif()
+  add_test(NAME ${name} COMMAND ${name})
+endforeach()
+target_compile_definitions(test_backward_long PRIVATE FCT_BWD_LONG=1)
+set_tests_properties(test_backward PROPERTIES TIMEOUT 900 LABELS default)
+set_tests_properties(test_backward_long PROPERTIES TIMEOUT 7200 LABELS long)
