@@ -6,6 +6,9 @@ torch.nn.functional.scaled_dot_product_attention. Not part of the library.
 
   python3 tools/sdpa_bench.py --n 1024,4096,8192 --d 64,128 --backend flash [--bwd] [--causal 0,1]
 
+  python3 tools/sdpa_bench.py --decode --n 1024,32768,131072 --decode-batch 1,8,64
+  python3 tools/sdpa_bench.py --copy      # device-to-device copy bandwidth
+
 Shapes follow flashcl-bench: batch = max(1, batch_tokens / N), heads = hidden / d,
 fp16, layout (batch, heads, N, d). TFLOP/s counts 4*N^2*d per head (halved when
 causal); --bwd reports forward+backward with 3.5x the forward FLOPs, as
@@ -56,7 +59,33 @@ def main():
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--decode", action="store_true",
+                    help="q_len 1 against a contiguous cache: 32 query heads, 8 kv heads, d from --d (default 128)")
+    ap.add_argument("--decode-batch", default="1,8,64")
+    ap.add_argument("--copy", action="store_true", help="device-to-device copy bandwidth of a 4 GiB tensor")
     args = ap.parse_args()
+    if args.copy:
+        src = torch.empty(1 << 31, device="cuda", dtype=torch.float16)
+        dst = torch.empty_like(src)
+        ms = time_ms(lambda: dst.copy_(src), args.warmup, args.reps)
+        print(f"copy,{src.numel() * 2},{ms:.3f} ms,{2 * src.numel() * 2 / ms * 1e-6:.1f} GB/s (read + write)")
+        return
+    if args.decode:
+        print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, SDPA default backend, fp16, q_len 1")
+        print("batch,kv_len,d,ms,GB/s (K+V bytes read / time)")
+        d = 128 if args.d == "64,128" else ints(args.d)[0]
+        for b in ints(args.decode_batch):
+            for n in ints(args.n):
+                if b * n * 8 * d * 2 * 2 > 40 * (1 << 30):
+                    print(f"{b},{n},{d},skipped (cache larger than 40 GiB)")
+                    continue
+                q = torch.randn(b, 32, 1, d, device="cuda", dtype=torch.float16)
+                k, v = (torch.randn(b, 8, n, d, device="cuda", dtype=torch.float16) for _ in range(2))
+                ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.warmup, args.reps)
+                print(f"{b},{n},{d},{ms:.4f},{2 * k.numel() * 2 / ms * 1e-6:.1f}")
+                del q, k, v
+                torch.cuda.empty_cache()
+        return
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, backend {args.backend}, fp16")
     print("N,d,causal,batch,heads,pass,ms,tflops")
     for d in ints(args.d):
