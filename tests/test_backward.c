@@ -169,6 +169,11 @@ static const bwd_case CASES[] = {
     /* ---- f16 / bf16 ---- */
     BWD("f16_d64_gqa_4_2_causal_Nq65_Nk70", F16, 1, 65, 70, 4, 2, 64, 1, 0.0f, R_ALL),
     BWD("f16_d64_dropout_causal", F16, 2, 63, 63, 2, 2, 64, 1, 0.1f, R_DET),
+    /* Scores with std 40 (beyond expf's range): exp must never see a raw score. In
+     * fp16 because at this scale fp32's own noise is ~1e-5 (|LSE| ~ 200 in an fp32
+     * LSE gives P a relative error of ~200 ulps), the fp32 tolerance. */
+    {"f16_d64_scale_5_large_scores_causal", K_BWD, F16, 1, 50, 70, 2, 2, 64, 1, 0.0f, R_DET | R_ATOMIC | R_NAIVE,
+     SRC_REF, FCT_BNHD, 5.0f, OFS_RANDOM, 0, NULL, NULL},
     BWD("bf16_d64_causal_Nq65_Nk33_empty_rows", BF16, 1, 65, 33, 2, 2, 64, 1, 0.0f, R_DET),
     BWD("bf16_d64_dropout_gqa_8_1", BF16, 1, 65, 65, 8, 1, 64, 0, 0.1f, R_DET | R_NAIVE),
     /* ---- other head dims (small) ---- */
@@ -1148,6 +1153,63 @@ static void test_backward_workspace(void **state) {
   clReleaseMemObject(qb);
   clReleaseMemObject(kb);
 }
+/* ====================================================== wait list, event == */
+
+/* The backward waits for its wait list: gated on a user event it must not have
+ * completed before the event is set; then its out_event completes and the
+ * gradients are right. Flash (both dQ modes) and naive. */
+static void test_backward_wait_list(void **state) {
+  static const bwd_case c = BWD("wait_list", F32, 1, 40, 40, 2, 2, 64, 0, 0.0f, 0);
+  fct_env *env = fct_env_get();
+  bwd_problem bp;
+  int v;
+  (void)state;
+  bwd_problem_create(&bp, &c, 1);
+  for (v = 0; v < 3; v++) {
+    const flashcl_algo algo = v == 2 ? FLASHCL_ALGO_NAIVE : FLASHCL_ALGO_FLASH;
+    const int deterministic = v != 1;
+    flashcl_attention_desc desc;
+    fct_tensor g[3];
+    cl_event gate, done = NULL;
+    cl_int err, status = 0;
+    flashcl_status st;
+    char rs[96];
+    double fl;
+    int i;
+    run_str(algo, deterministic, rs, sizeof rs);
+    fct_tensor_create(&g[0], F32, FCT_BNHD, 1, 40, 2, 64, 5);
+    fct_tensor_create(&g[1], F32, FCT_BNHD, 1, 40, 2, 64, 6);
+    fct_tensor_create(&g[2], F32, FCT_BNHD, 1, 40, 2, 64, 7);
+    gate = clCreateUserEvent(env->cl_ctx, &err);
+    FCT_CHECK(err == CL_SUCCESS, "clCreateUserEvent: %d", (int)err);
+    bwd_desc(&bp, algo, deterministic, &desc);
+    st = flashcl_attention_backward(env->ctx, &desc, &bp.fp.q.t, &bp.fp.k.t, &bp.fp.v.t, &bp.o.t, &bp.lse.t,
+                                    &bp.d_o.t, &g[0].t, &g[1].t, &g[2].t, 1, &gate, &done);
+    if (st != FLASHCL_SUCCESS) clSetUserEventStatus(gate, CL_COMPLETE);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "backward gated on a user event (%s)", rs);
+    FCT_CHECK(done != NULL, "backward (%s) returned no out_event", rs);
+    clFlush(env->queue);
+    err = clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+    FCT_CHECK(err == CL_SUCCESS && status != CL_COMPLETE,
+              "backward (%s) completed (status %d) before its wait-list event was set", rs, (int)status);
+    err = clSetUserEventStatus(gate, CL_COMPLETE);
+    FCT_CHECK(err == CL_SUCCESS, "clSetUserEventStatus: %d", (int)err);
+    err = clWaitForEvents(1, &done);
+    FCT_CHECK(err == CL_SUCCESS, "clWaitForEvents(out_event) (%s): %d", rs, (int)err);
+    err = clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+    FCT_CHECK(err == CL_SUCCESS && status == CL_COMPLETE, "backward (%s): out_event status %d", rs, (int)status);
+    for (i = 0; i < 3; i++) {
+      const double *ref = i == 0 ? bp.ref_dq : i == 1 ? bp.ref_dk : bp.ref_dv;
+      fct_tensor_download(&g[i]);
+      (void)check_grad(&bp, rs, i, &g[i], ref, &fl);
+      fct_tensor_release(&g[i]);
+    }
+    print_message("    ok  %s: waited for its wait list, out_event completed, gradients correct\n", rs);
+    clReleaseEvent(done);
+    clReleaseEvent(gate);
+  }
+  bwd_problem_release(&bp);
+}
 #endif /* !FCT_BWD_LONG */
 
 /* =========================================================== long sweep == */
@@ -1255,6 +1317,7 @@ int main(void) {
       {"dropout_mask_errors", test_dropout_mask_errors, NULL, NULL, NULL},
       {"backward_errors", test_backward_errors, NULL, NULL, NULL},
       {"backward_workspace", test_backward_workspace, NULL, NULL, NULL},
+      {"backward_wait_list_and_out_event", test_backward_wait_list, NULL, NULL, NULL},
   };
   const size_t n_extra = sizeof extra / sizeof extra[0];
   cases = CASES;
