@@ -101,13 +101,6 @@ static int fcl_bwd_make_plan(const flashcl_context *ctx, int d, fcl_bwd_plan *p)
   return 0;
 }
 
-static void fcl_arg_lse(fcl_args *a, const flashcl_tensor *lse) {
-  fcl_arg_mem(a, lse->buffer);
-  fcl_arg_long(a, (int64_t)(lse->offset / sizeof(float)));
-  fcl_arg_long(a, lse->stride[0]);
-  fcl_arg_long(a, lse->stride[1]);
-  fcl_arg_long(a, lse->stride[2]);
-}
 
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
                                          const flashcl_attention_desc *desc, const flashcl_tensor *q,

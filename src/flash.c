@@ -92,31 +92,8 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                     "try smaller block_r/block_c",
                     plan.br, plan.bc, p->head_dim, plan.threads, kwg);
 
-  const float log2e = 1.4426950408889634f;
   fcl_args a = {kern, 0, CL_SUCCESS};
-  fcl_arg_tensor(&a, q);
-  fcl_arg_tensor(&a, k);
-  fcl_arg_tensor(&a, v);
-  fcl_arg_tensor(&a, o);
-  if (lse) {
-    fcl_arg_mem(&a, lse->buffer);
-    fcl_arg_long(&a, (int64_t)(lse->offset / sizeof(float)));
-    fcl_arg_long(&a, lse->stride[0]);
-    fcl_arg_long(&a, lse->stride[1]);
-    fcl_arg_long(&a, lse->stride[2]);
-  } else {
-    fcl_arg_mem(&a, NULL);
-    for (int i = 0; i < 4; i++) fcl_arg_long(&a, 0);
-  }
-  fcl_arg_int(&a, lse != NULL);
-  fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_int(&a, p->seqlen_k);
-  fcl_arg_int(&a, p->heads_q / p->heads_kv);
-  fcl_arg_float(&a, p->scale * log2e);
-  fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_q : NULL);
-  fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_k : NULL);
-  fcl_arg_int(&a, (int)q->shape[1]);
-  fcl_arg_int(&a, (int)k->shape[1]);
+  fcl_arg_forward(&a, p, desc, q, k, v, o, lse);
   fcl_arg_int(&a, p->heads_q);
   fcl_arg_dropout(&a, p); /* zeros when there is no dropout; the kernel then ignores them */
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd)");

@@ -31,6 +31,37 @@ static inline void fcl_arg_tensor(fcl_args *a, const flashcl_tensor *t) {
   fcl_arg_long(a, t->stride[2]);
 }
 
+/* An fp32 (batch, seq, head) view such as LSE: buffer, element offset, strides;
+ * NULL gives a NULL buffer and zeros (kernels take a has_lse flag). */
+static inline void fcl_arg_lse(fcl_args *a, const flashcl_tensor *lse) {
+  fcl_arg_mem(a, lse ? lse->buffer : NULL);
+  fcl_arg_long(a, lse ? (int64_t)(lse->offset / sizeof(float)) : 0);
+  for (int i = 0; i < 3; i++) fcl_arg_long(a, lse ? lse->stride[i] : 0);
+}
+
+/* The argument prefix every forward kernel shares (flash_fwd, flash_fwd_mma):
+ * q, k, v, o, lse, has_lse, seqlen_q, seqlen_k, group, scale_log2, cu_seqlens_q/k,
+ * total_q, total_k. */
+static inline void fcl_arg_forward(fcl_args *a, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                   const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                   const flashcl_tensor *o, const flashcl_tensor *lse) {
+  const float log2e = 1.4426950408889634f;
+  fcl_arg_tensor(a, q);
+  fcl_arg_tensor(a, k);
+  fcl_arg_tensor(a, v);
+  fcl_arg_tensor(a, o);
+  fcl_arg_lse(a, lse);
+  fcl_arg_int(a, lse != NULL);
+  fcl_arg_int(a, p->seqlen_q);
+  fcl_arg_int(a, p->seqlen_k);
+  fcl_arg_int(a, p->heads_q / p->heads_kv);
+  fcl_arg_float(a, p->scale * log2e);
+  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_q : NULL);
+  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_k : NULL);
+  fcl_arg_int(a, (int)q->shape[1]);
+  fcl_arg_int(a, (int)k->shape[1]);
+}
+
 static inline void fcl_arg_dropout(fcl_args *a, const fcl_problem *p) {
   cl_ulong seed = p->seed, offset = p->offset;
   cl_uint threshold = p->threshold;

@@ -36,14 +36,6 @@ static int fcl_same_shape4(const flashcl_tensor *a, const flashcl_tensor *b) {
          a->shape[3] == b->shape[3];
 }
 
-static void fcl_arg_lse(fcl_args *a, const flashcl_tensor *t) {
-  fcl_arg_mem(a, t->buffer);
-  fcl_arg_long(a, (int64_t)(t->offset / sizeof(float)));
-  fcl_arg_long(a, t->stride[0]);
-  fcl_arg_long(a, t->stride[1]);
-  fcl_arg_long(a, t->stride[2]);
-}
-
 flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *o_a, const flashcl_tensor *lse_a,
                                     const flashcl_tensor *o_b, const flashcl_tensor *lse_b, const flashcl_tensor *o,
                                     const flashcl_tensor *lse, cl_uint num_events_in_wait_list,

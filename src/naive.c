@@ -115,16 +115,7 @@ static flashcl_status fcl_unpack(flashcl_context *ctx, cl_kernel kern, cl_mem sr
   fcl_arg_mem(&a, src);
   fcl_arg_mem(&a, lse_ws);
   fcl_arg_tensor(&a, t);
-  if (lse) {
-    fcl_arg_mem(&a, lse->buffer);
-    fcl_arg_long(&a, (int64_t)(lse->offset / sizeof(float)));
-    fcl_arg_long(&a, lse->stride[0]);
-    fcl_arg_long(&a, lse->stride[1]);
-    fcl_arg_long(&a, lse->stride[2]);
-  } else {
-    fcl_arg_mem(&a, NULL);
-    for (int i = 0; i < 4; i++) fcl_arg_long(&a, 0);
-  }
+  fcl_arg_lse(&a, lse);
   fcl_arg_int(&a, lse != NULL);
   fcl_arg_int(&a, heads);
   fcl_arg_int(&a, padded);
