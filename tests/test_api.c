@@ -166,9 +166,31 @@ static void expect_device_not_found(const char *env_value, const char *option_va
   FCT_CHECK(ctx == NULL, "flashcl_context_create failed but left *out = %p (want NULL)", (void *)ctx);
 }
 
+/* FLASHCL_DEVICE is saved before and restored after test_bad_device, even when it
+ * fails part-way, so later tests see the caller's setting. */
+static char *g_saved_device;
+static int g_had_device;
+
+static int save_device_env(void **state) {
+  const char *v = getenv("FLASHCL_DEVICE");
+  (void)state;
+  g_had_device = v != NULL;
+  g_saved_device = v ? strdup(v) : NULL;
+  return 0;
+}
+
+static int restore_device_env(void **state) {
+  (void)state;
+  if (g_had_device && g_saved_device)
+    setenv("FLASHCL_DEVICE", g_saved_device, 1);
+  else
+    unsetenv("FLASHCL_DEVICE");
+  free(g_saved_device);
+  g_saved_device = NULL;
+  return 0;
+}
+
 static void test_bad_device(void **state) {
-  const char *saved = getenv("FLASHCL_DEVICE");
-  char *copy = saved ? strdup(saved) : NULL;
   (void)state;
   expect_device_not_found("99:99", NULL);
   expect_device_not_found("no-such-device-xyz", NULL);
@@ -190,12 +212,6 @@ static void test_bad_device(void **state) {
     FCT_CHECK(strcmp(flashcl_context_last_error(ctx), "") == 0, "fresh context has last error \"%s\"",
               flashcl_context_last_error(ctx));
     flashcl_context_destroy(ctx);
-  }
-  if (copy) {
-    setenv("FLASHCL_DEVICE", copy, 1);
-    free(copy);
-  } else {
-    unsetenv("FLASHCL_DEVICE");
   }
 }
 
@@ -529,7 +545,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_init),
       cmocka_unit_test(test_desc_and_options_init),
       cmocka_unit_test(test_destroy_null),
-      cmocka_unit_test(test_bad_device),
+      cmocka_unit_test_setup_teardown(test_bad_device, save_device_env, restore_device_env),
       cmocka_unit_test(test_device_info),
       cmocka_unit_test(test_block_plan),
       cmocka_unit_test(test_workspace_size),
