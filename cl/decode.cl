@@ -2,15 +2,15 @@
  * decode.cl: attention of a few new query tokens per sequence against a paged or
  * contiguous KV cache, split over the keys (FlashDecoding). Math is fp32; scores
  * live in the log2 domain (log2(e) folded into the scale, which is applied to Q
- * once when it is staged), so every exponential is exp2.
+ * once when it is loaded), so every exponential is exp2.
  *
  * decode_attn: work-group (split, kv head * row block, sequence). Its rows are the
  *   G * q_len (query head of the kv head's GQA group, query token) pairs, row
  *   r = gi * q_len + t for query head hk * G + gi and token t, ROWS of them per row
- *   block. The K and V tiles (BLOCK_C keys) are staged in local memory once and
- *   used by every row, so the query heads of a group share each tile load.
+ *   block; every row of the block uses each K/V element the work-group reads, so
+ *   the query heads of a group share each load.
  *   Split s of num_splits covers keys [s * chunk, min((s + 1) * chunk, L)) with
- *   chunk = ceil(L / num_splits) rounded up to BLOCK_C, L the sequence's KV length.
+ *   chunk = ceil(L / num_splits) rounded up to TILE, L the sequence's KV length.
  *   Query t sees key j iff j <= L - q_len + t (bottom-right causal). A row that
  *   sees no key in its range gets o = 0 and lse = -inf.
  *   SPLIT = 0: writes o (normalised) and lse (natural log) directly.
@@ -20,23 +20,35 @@
  * decode_merge: work-group (HEAD_DIM/4 work-items) per row id: merges the
  *   num_splits partials (the associative merge of merge.cl) into o and lse.
  *
- * Mappings (NTHREADS work-items):
- *   S = Q K^T: work-item (sr = tid / SL, lane = tid % SL), sr < ROWS, owns the
- *     S_TN = BLOCK_C / SL scores of row sr and keys lane + j * SL; it keeps the
- *     row's running max and a partial row sum of its own keys (combined at the end).
- *   O += P V: float4 granule e = tid + i * NTHREADS of the ROWS x HEAD_DIM/4
- *     output, row e / (HEAD_DIM/4).
- * Local memory: Qs [ROWS][D4] float4, KVs [BLOCK_C][D4 + 1] float4 (padded rows:
- *   the S phase reads different keys' rows at one column), Ps [ROWS][BLOCK_C],
- *   Red [ROWS][SL], Alpha [ROWS], Page/Slot [BLOCK_C] (the tile's key addresses).
+ * Mapping (NTHREADS = TPK * KG work-items, TPK = HEAD_DIM / 8): work-item
+ *   (kg = tid / TPK, x = tid % TPK) owns elements [8x, 8x + 8) of every row: Q of
+ *   its ROWS rows (pre-scaled) and its O accumulators stay in registers. K and V
+ *   go straight from global memory to registers, never through local memory: a
+ *   tile is TILE = KG * KPT keys, key u * KG + kg of the tile read by the TPK
+ *   work-items of key group kg (one key row = TPK consecutive 16-byte loads, so a
+ *   warp reads whole contiguous rows). Per tile:
+ *     0. V of the tile is loaded (its registers are used in step 3);
+ *     1. partial dots q_r . k over the work-item's 8 elements -> local Sh; then
+ *        (PREFETCH >= 1) the next tile's K is loaded into registers, so it is in
+ *        flight during the rest of the tile (PREFETCH = 2: V too; 0: K is loaded
+ *        at the end of the tile);
+ *     2. barrier; the TILE * ROWS scores are summed over the TPK partials, masked,
+ *        into local Sc (both buffers are double-buffered: 2 barriers per tile);
+ *     3. barrier; each work-item runs the online softmax (running max m, sum l,
+ *        rescale of its O accumulators) over its own KPT keys.
+ *   At the end the KG key groups' (m, l, O) are merged through local memory.
+ * Local memory: Sh max(2 * TPK * (TILE * ROWS + 1), KG * ROWS * HEAD_DIM) floats,
+ *   Sc 2 * TILE * ROWS floats.
  *
  * Paged (PAGED = 1): key j of sequence b is slot j % page_size of page
  *   block_table[b * max_pages + j / page_size], clamped to [0, num_pages); the
  *   cache tensors are (num_pages, page_size, Hkv, d). Contiguous: page b, slot j.
  * L = clamp(seqlens[b], 0, capacity).
  *
- * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM (multiple of 4), ROWS, BLOCK_C,
- *   NTHREADS, SL (ROWS * SL <= NTHREADS, BLOCK_C % SL == 0), SPLIT, PAGED.
+ * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
+ *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
+ *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
+ *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED.
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
  * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
@@ -80,16 +92,19 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #define HEAD_DIM 64
 #endif
 #ifndef ROWS
-#define ROWS 8
-#endif
-#ifndef BLOCK_C
-#define BLOCK_C 64
+#define ROWS 4
 #endif
 #ifndef NTHREADS
 #define NTHREADS 128
 #endif
-#ifndef SL
-#define SL 16
+#ifndef KPT
+#define KPT 4
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
+#ifndef VEC_ALIGNED
+#define VEC_ALIGNED 0
 #endif
 #ifndef SPLIT
 #define SPLIT 0
@@ -99,14 +114,69 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #endif
 
 #define D4 (HEAD_DIM / 4)
-#define KV_LD (D4 + 1)
-#define S_TN (BLOCK_C / SL)
-#define O_ELEMS (ROWS * D4)
-#define O_PER ((O_ELEMS + NTHREADS - 1) / NTHREADS)
+#define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */
+#define KG (NTHREADS / TPK)     /* key groups */
+#define TILE (KG * KPT)         /* keys per tile */
+#define SR (TILE * ROWS)        /* scores per tile */
+#define PSTR (SR + 1)           /* padded row of the partial-dot buffer */
+#define PART_FLOATS (2 * TPK * PSTR)
+#define OBUF_FLOATS (KG * ROWS * HEAD_DIM)
+#define SH_FLOATS (PART_FLOATS > OBUF_FLOATS ? PART_FLOATS : OBUF_FLOATS)
 
-#if ROWS * SL > NTHREADS || BLOCK_C % SL || HEAD_DIM % 4
+#if HEAD_DIM % 8 || NTHREADS % TPK || KPT < 1 || ROWS < 1
 #error "inconsistent decode_attn mapping"
 #endif
+
+/* 8 consecutive cache elements, raw (loaded) and converted to fp32. */
+#if DTYPE == 0
+typedef float8 raw8_t;
+#define RAW_LOAD8(p, i) vload8(0, (p) + (i))
+#define RAW_CVT8(x) (x)
+#define RAW_ZERO8 ((float8)(0.0f))
+#else
+typedef ushort8 raw8_t;
+#if VEC_ALIGNED
+#define RAW_LOAD8(p, i) (*(__global const ushort8 *)((__global const ushort *)(p) + (i)))
+#else
+#define RAW_LOAD8(p, i) vload8(0, (__global const ushort *)(p) + (i))
+#endif
+#define RAW_ZERO8 ((ushort8)(0))
+#if DTYPE == 1
+inline float8 raw_cvt8(ushort8 x) {
+  ushort8 t = x;
+  return vload_half8(0, (const __private half *)&t);
+}
+#else
+inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
+#endif
+#define RAW_CVT8(x) raw_cvt8(x)
+#endif
+
+inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
+
+/* Reads this work-item's KPT keys (u * KG + kg of the tile at KB) of K and V;
+ * keys at or past kend read as 0. */
+#if PAGED
+#define KEY_ROW(j, PG, SLOT)                                                              \
+  PG = clamp(block_table[(long)b * max_pages + (j) / page_size], 0, num_pages - 1); \
+  SLOT = (j) - ((j) / page_size) * page_size
+#else
+#define KEY_ROW(j, PG, SLOT) \
+  PG = b;                    \
+  SLOT = (j)
+#endif
+#define LOAD_ROWS(R, PTR, OFF, SB, SN, SH, KB)                       \
+  for (int u = 0; u < KPT; u++) {                                      \
+    const int j = (KB) + u * KG + kg;                                  \
+    R[u] = RAW_ZERO8;                                                  \
+    if (j < kend) {                                                    \
+      int pg_, sl_;                                                    \
+      KEY_ROW(j, pg_, sl_);                                            \
+      R[u] = RAW_LOAD8(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x); \
+    }                                                                  \
+  }
+#define LOAD_K(R, KB) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB)
+#define LOAD_V(R, KB) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB)
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
@@ -117,14 +187,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const int *seqlens, __global const int *block_table, int max_pages, int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
     __global float *work, long wo_off, long wl_off) {
-  __local float4 Qs[ROWS * D4];
-  __local float4 KVs[BLOCK_C * KV_LD];
-  __local float Ps[ROWS * BLOCK_C];
-  __local float Red[ROWS * SL];
-  __local float Alpha[ROWS];
-  __local int Page[BLOCK_C], Slot[BLOCK_C];
+  __local float Sh[SH_FLOATS]; /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */
+  __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
 
   const int tid = get_local_id(0);
+  const int x = tid % TPK, kg = tid / TPK;
   const int split = get_group_id(0);
   const int hk = get_group_id(1) / row_blocks;
   const int rb = get_group_id(1) - hk * row_blocks;
@@ -137,126 +204,131 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #if SPLIT
   {
     int chunk = (L + num_splits - 1) / num_splits;
-    chunk = (chunk + BLOCK_C - 1) / BLOCK_C * BLOCK_C;
+    chunk = (chunk + TILE - 1) / TILE * TILE;
     kstart = min(split * chunk, L);
     kend = min(kstart + chunk, L);
   }
 #endif
 
-  for (int e = tid; e < ROWS * D4; e += NTHREADS) {
-    const int r = e / D4, g = e - (e / D4) * D4, rg = row0 + r;
-    float4 x = (float4)(0.0f);
+  float8 qr[ROWS], acc[ROWS];
+  float m[ROWS], l[ROWS];
+  for (int r = 0; r < ROWS; r++) {
+    const int rg = row0 + r;
+    float8 t8 = (float8)(0.0f);
     if (rg < nrows) {
       const int gi = rg / q_len, t = rg - (rg / q_len) * q_len;
-      x = LOAD4(q, q_off + b * q_sb + t * q_sn + (long)(hk * group + gi) * q_sh + 4 * g) * scale_log2;
+      const long qi = q_off + b * q_sb + t * q_sn + (long)(hk * group + gi) * q_sh + 8 * x;
+      t8 = (float8)(LOAD4(q, qi), LOAD4(q, qi + 4)) * scale_log2;
     }
-    Qs[e] = x;
+    qr[r] = t8;
+    acc[r] = (float8)(0.0f);
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
   }
 
-  const int sr = tid / SL, lane = tid - (tid / SL) * SL;
-  const int s_active = sr < ROWS;
-  int lim = -1; /* last key row sr sees */
-  if (s_active && row0 + sr < nrows) lim = L - q_len + (row0 + sr) % q_len;
-  float m_s = -INFINITY, l_s = 0.0f;
-  float4 acc[O_PER];
-  for (int i = 0; i < O_PER; i++) acc[i] = (float4)(0.0f);
-
-  for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
-    barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
-    if (tid < BLOCK_C) {
-      const int j = k0 + tid;
-      int pg = -1, sl = 0;
-      if (j < kend) {
-#if PAGED
-        pg = clamp(block_table[(long)b * max_pages + j / page_size], 0, num_pages - 1);
-        sl = j - (j / page_size) * page_size;
-#else
-        pg = b;
-        sl = j;
+  raw8_t kr[KPT];
+  LOAD_K(kr, kstart)
+#if PREFETCH >= 2
+  raw8_t vr[KPT];
+  LOAD_V(vr, kstart)
 #endif
-      }
-      Page[tid] = pg;
-      Slot[tid] = sl;
+  int buf = 0;
+  for (int k0 = kstart; k0 < kend; k0 += TILE) {
+#if PREFETCH < 2
+    raw8_t vr[KPT];
+    LOAD_V(vr, k0)
+#endif
+    /* Partial dots of this work-item's 8 elements. */
+    __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
+    for (int u = 0; u < KPT; u++) {
+      const float8 kf = RAW_CVT8(kr[u]);
+      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
+    }
+#if PREFETCH >= 1
+    LOAD_K(kr, k0 + TILE)
+#endif
+#if PREFETCH >= 2
+    raw8_t vn[KPT];
+    LOAD_V(vn, k0 + TILE)
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* Sum the partials of each (key, row); mask. */
+    __local float *S = Sc + buf * SR;
+    for (int e = tid; e < SR; e += NTHREADS) {
+      __local const float *pp = Sh + buf * (TPK * PSTR) + e;
+      float s = 0.0f;
+      for (int xx = 0; xx < TPK; xx++) s += pp[xx * PSTR];
+      const int c = e / ROWS, r = e - (e / ROWS) * ROWS, j = k0 + c, rg = row0 + r;
+      const int lim = rg < nrows ? L - q_len + rg % q_len : -1;
+      S[e] = (j < kend && j <= lim) ? s : -INFINITY;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int e = tid; e < BLOCK_C * D4; e += NTHREADS) {
-      const int c = e / D4, g = e - (e / D4) * D4, pg = Page[c];
-      KVs[c * KV_LD + g] =
-          pg >= 0 ? LOAD4(k, k_off + pg * k_sb + Slot[c] * k_sn + hk * k_sh + 4 * g) : (float4)(0.0f);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE); /* K ready */
-
-    float s[S_TN];
-    if (s_active) {
-      float pm = -INFINITY;
-      for (int jj = 0; jj < S_TN; jj++) {
-        const int c = lane + jj * SL;
-        float a = 0.0f;
-        for (int g = 0; g < D4; g++) a += dot(Qs[sr * D4 + g], KVs[c * KV_LD + g]);
-        if (k0 + c >= kend || k0 + c > lim) a = -INFINITY;
-        s[jj] = a;
-        pm = fmax(pm, a);
-      }
-      Red[sr * SL + lane] = pm;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
-    if (s_active) {
-      float mx = m_s;
-      for (int t = 0; t < SL; t++) mx = fmax(mx, Red[sr * SL + t]);
+    /* Online softmax over this work-item's keys (the TPK work-items of a key group
+     * keep identical m and l). */
+    float pivot[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+      float mx = m[r];
+      for (int u = 0; u < KPT; u++) mx = fmax(mx, S[(u * KG + kg) * ROWS + r]);
       /* No visible key so far: pivot 0 keeps exp2(-inf - pivot) = 0, not NaN. */
-      const float pivot = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = exp2(m_s - pivot);
-      m_s = mx;
-      float psum = 0.0f;
-      for (int jj = 0; jj < S_TN; jj++) {
-        const float p = exp2(s[jj] - pivot);
-        Ps[sr * BLOCK_C + lane + jj * SL] = p;
-        psum += p;
-      }
-      l_s = l_s * alpha + psum;
-      if (lane == 0) Alpha[sr] = alpha;
+      pivot[r] = mx == -INFINITY ? 0.0f : mx;
+      const float alpha = exp2(m[r] - pivot[r]);
+      m[r] = mx;
+      l[r] *= alpha;
+      acc[r] *= alpha;
     }
-    for (int e = tid; e < BLOCK_C * D4; e += NTHREADS) {
-      const int c = e / D4, g = e - (e / D4) * D4, pg = Page[c];
-      KVs[c * KV_LD + g] =
-          pg >= 0 ? LOAD4(v, v_off + pg * v_sb + Slot[c] * v_sn + hk * v_sh + 4 * g) : (float4)(0.0f);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE); /* P, V and the rescale factors ready */
-    for (int i = 0; i < O_PER; i++) {
-      const int e = tid + i * NTHREADS;
-      if (O_ELEMS % NTHREADS == 0 || e < O_ELEMS) {
-        const int r = e / D4, g = e - (e / D4) * D4;
-        float4 a = acc[i] * Alpha[r];
-        for (int c = 0; c < BLOCK_C; c++) a = mad((float4)(Ps[r * BLOCK_C + c]), KVs[c * KV_LD + g], a);
-        acc[i] = a;
+    for (int u = 0; u < KPT; u++) {
+      const float8 vf = RAW_CVT8(vr[u]);
+      for (int r = 0; r < ROWS; r++) {
+        const float p = exp2(S[(u * KG + kg) * ROWS + r] - pivot[r]);
+        l[r] += p;
+        acc[r] = mad((float8)(p), vf, acc[r]);
       }
     }
+#if PREFETCH >= 2
+    for (int u = 0; u < KPT; u++) vr[u] = vn[u];
+#endif
+#if PREFETCH == 0
+    LOAD_K(kr, k0 + TILE)
+#endif
+    buf ^= 1;
   }
 
-  /* Combine the S work-items' partial row sums; Alpha takes the row max. */
+  /* Merge the KG key groups: rescale to the common max, sum through local memory. */
   barrier(CLK_LOCAL_MEM_FENCE);
-  if (s_active) {
-    Red[sr * SL + lane] = l_s;
-    if (lane == 0) Alpha[sr] = m_s;
+  if (x == 0)
+    for (int r = 0; r < ROWS; r++) Sc[kg * ROWS + r] = m[r];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int r = 0; r < ROWS; r++) {
+    float mx = -INFINITY;
+    for (int g = 0; g < KG; g++) mx = fmax(mx, Sc[g * ROWS + r]);
+    const float w = mx == -INFINITY ? 0.0f : exp2(m[r] - mx);
+    vstore8(acc[r] * w, 0, Sh + (kg * ROWS + r) * HEAD_DIM + 8 * x);
+    if (x == 0) Sc[KG * ROWS + kg * ROWS + r] = l[r] * w;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = 0; i < O_PER; i++) {
-    const int e = tid + i * NTHREADS;
-    if (e >= O_ELEMS) break;
-    const int r = e / D4, g = e - (e / D4) * D4, rg = row0 + r;
+  for (int e = tid; e < ROWS * TPK; e += NTHREADS) {
+    const int r = e / TPK, xx = e - (e / TPK) * TPK, rg = row0 + r;
     if (rg >= nrows) continue;
-    float l = 0.0f;
-    for (int t = 0; t < SL; t++) l += Red[r * SL + t];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float mx = -INFINITY, ls = 0.0f;
+    float8 a = (float8)(0.0f);
+    for (int g = 0; g < KG; g++) {
+      mx = fmax(mx, Sc[g * ROWS + r]);
+      ls += Sc[KG * ROWS + g * ROWS + r];
+      a += vload8(0, Sh + (g * ROWS + r) * HEAD_DIM + 8 * xx);
+    }
+    const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+    a *= inv;
     const int gi = rg / q_len, t = rg - (rg / q_len) * q_len, hq = hk * group + gi;
 #if SPLIT
     const long id = ((long)b * q_len + t) * heads_q + hq;
-    vstore4(acc[i] * inv, 0, work + wo_off + (id * num_splits + split) * HEAD_DIM + 4 * g);
-    if (g == 0) work[wl_off + id * num_splits + split] = l > 0.0f ? Alpha[r] + log2(l) : -INFINITY;
+    vstore8(a, 0, work + wo_off + (id * num_splits + split) * HEAD_DIM + 8 * xx);
+    if (xx == 0) work[wl_off + id * num_splits + split] = ls > 0.0f ? mx + log2(ls) : -INFINITY;
 #else
-    STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * g, acc[i] * inv);
-    if (has_lse && g == 0)
-      lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = l > 0.0f ? (Alpha[r] + log2(l)) * M_LN2_F : -INFINITY;
+    const long oi = o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 8 * xx;
+    STORE4(o, oi, a.lo);
+    STORE4(o, oi + 4, a.hi);
+    if (has_lse && xx == 0)
+      lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = ls > 0.0f ? (mx + log2(ls)) * M_LN2_F : -INFINITY;
 #endif
   }
 }

@@ -3,15 +3,18 @@
  *
  * Plan (per call, from the shapes only):
  *   rows per work-group: the GQA group's G * q_len (query head, token) rows,
- *     rounded up to a power of two in [4, 64] and capped at 16 KiB of fp32 Q
- *     (4096 / head_dim), more rows in further row blocks;
- *   BLOCK_C (keys per K/V tile): 64, else 32, else 16, the first whose local
- *     memory fits in min(device local memory, 48 KiB);
- *   work-group: 128 work-items (fewer if the device allows fewer);
+ *     rounded up to a power of two in [1, 8] (Q and the O accumulators of every
+ *     row live in registers), more rows in further row blocks;
+ *   work-group: TPK = head_dim / 8 work-items per key row times KG = 128 / TPK key
+ *     groups (128 work-items for head_dim 8..128 and 256; fewer if the device
+ *     allows fewer);
+ *   KPT (keys per work-item per tile): 4, halved until the local memory fits
+ *     min(device local memory, 48 KiB); tile = KG * KPT keys (32 at d = 128);
  *   splits (num_splits = 0): enough work-groups for 4 per compute unit,
  *     ceil(4 * CUs / (B * Hkv * row_blocks)), but at least 256 keys of
  *     max_seqlen_k (or the capacity) per split, and at most
  *     FLASHCL_DECODE_MAX_SPLITS. Batch 1 x 8 kv heads at 128K on 132 CUs -> 66.
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats.
  */
 #include "internal.h"
@@ -26,6 +29,9 @@
 #define FCL_DEC_THREADS 128
 #define FCL_DEC_LOCAL_CAP (48 * 1024)
 #define FCL_DEC_KEYS_PER_SPLIT 256
+#define FCL_DEC_MAX_ROWS 8
+#define FCL_DEC_KPT 4
+#define FCL_DEC_WG_PER_CU 4
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -109,15 +115,25 @@ typedef struct fcl_decode_plan {
   int batch, q_len, heads_q, heads_kv, head_dim, group;
   float scale;
   fcl_kv_layout kv;
-  int rows, row_blocks, block_c, threads, sl, splits;
+  int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, splits;
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
 
-static size_t fcl_dec_local_bytes(int d, int rows, int bc, int sl) {
-  const size_t d4 = (size_t)d / 4;
-  return 16 * (size_t)rows * d4 + 16 * (size_t)bc * (d4 + 1) + 4 * (size_t)rows * bc + 4 * (size_t)rows * sl +
-         4 * (size_t)rows + 8 * (size_t)bc;
+/* cl/decode.cl's Sh and Sc. */
+static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt) {
+  const size_t tpk = (size_t)d / 8, kg = (size_t)threads / tpk, sr = kg * (size_t)kpt * (size_t)rows;
+  const size_t part = 2 * tpk * (sr + 1), obuf = kg * (size_t)rows * (size_t)d;
+  return 4 * (part > obuf ? part : obuf) + 4 * 2 * sr;
+}
+
+/* 16-byte vector loads of 8 elements are aligned for every key row. */
+static int fcl_dec_vec_aligned(const flashcl_tensor *t) {
+  const size_t es = flashcl_dtype_size(t->dtype);
+  if (t->offset % 16) return 0;
+  for (int i = 0; i < 3; i++)
+    if (((size_t)t->stride[i] * es) % 16) return 0;
+  return 1;
 }
 
 static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -183,41 +199,44 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
 
   /* Plan. */
-  size_t max_wg = ctx->info.max_work_group_size;
-  int threads = FCL_DEC_THREADS;
-  while ((size_t)threads > max_wg && threads > 4) threads /= 2;
+  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU;
+  const char *env = getenv("FLASHCL_DECODE_CONFIG");
+  if (env) {
+    int a = 0, b = 0, c = 0;
+    if (sscanf(env, "%d,%d,%d", &a, &b, &c) == 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64) {
+      cfg_kpt = a;
+      cfg_prefetch = b;
+      cfg_wpc = c;
+    }
+  }
+  const size_t max_wg = ctx->info.max_work_group_size;
+  const int tpk = (int)d / 8;
+  int kg = FCL_DEC_THREADS / tpk > 0 ? FCL_DEC_THREADS / tpk : 1;
+  while ((size_t)(tpk * kg) > max_wg && kg > 1) kg /= 2;
+  const int threads = tpk * kg;
   if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
                     max_wg);
   const int need_rows = p->group * p->q_len;
-  int rows_cap = 4096 / (int)d;
-  int rows = 4;
-  while (rows < need_rows && rows < 64) rows *= 2;
-  while (rows > rows_cap && rows > 4) rows /= 2;
-  while (rows > threads && rows > 1) rows /= 2;
+  int rows = 1;
+  while (rows < need_rows && rows < FCL_DEC_MAX_ROWS) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
-  int bc = 0, sl = 0;
-  for (;;) {
-    for (int c = 64; c >= 16; c /= 2) {
-      int s = threads / rows < c ? threads / rows : c;
-      if (fcl_dec_local_bytes((int)d, rows, c, s) <= cap) {
-        bc = c;
-        sl = s;
-        break;
-      }
-    }
-    if (bc || rows <= 1) break;
-    rows /= 2;
+  int kpt = cfg_kpt;
+  while (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap && (kpt > 1 || rows > 1)) {
+    if (kpt > 1) kpt /= 2;
+    else rows /= 2;
   }
-  if (!bc)
+  if (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %lld does not fit %zu bytes of local memory",
                     (long long)d, ctx->info.local_mem_size);
   p->rows = rows;
   p->row_blocks = (need_rows + rows - 1) / rows;
-  p->block_c = bc;
+  p->kpt = kpt;
   p->threads = threads;
-  p->sl = sl;
-  p->local_bytes = fcl_dec_local_bytes((int)d, rows, bc, sl);
+  p->tile = kg * kpt;
+  p->prefetch = cfg_prefetch;
+  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
+  p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt);
 
   int splits = desc->num_splits;
   if (splits == 0) {
@@ -225,7 +244,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
     const int64_t lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k
                                                                                         : p->kv.capacity;
-    int64_t s = (4 * cus + base - 1) / base;
+    int64_t s = (cfg_wpc * cus + base - 1) / base;
     const int64_t by_len = (lmax + FCL_DEC_KEYS_PER_SPLIT - 1) / FCL_DEC_KEYS_PER_SPLIT;
     if (s > by_len) s = by_len;
     if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
@@ -308,9 +327,9 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   char opts[512];
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DBLOCK_C=%d -DNTHREADS=%d -DSL=%d -DSPLIT=%d "
-           "-DPAGED=%d%s%s",
-           (int)q->dtype, p.head_dim, p.rows, p.block_c, p.threads, p.sl, split, p.kv.paged,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
+           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d%s%s",
+           (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
   if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
