@@ -17,8 +17,9 @@
  *   SPLIT = 1: writes the partial (o normalised, fp32) and its log2-domain LSE to
  *     the workspace: row id = (b * q_len + t) * heads_q + hq,
  *     work[wo_off + (id * num_splits + s) * HEAD_DIM + x], work[wl_off + id * num_splits + s].
- * decode_merge: work-group (HEAD_DIM/4 work-items) per row id: merges the
- *   num_splits partials (the associative merge of merge.cl) into o and lse.
+ * decode_merge: work-group (MERGE_THREADS work-items) per row id: merges the
+ *   num_splits (<= MERGE_MAX_SPLITS) partials (the associative merge of merge.cl)
+ *   into o and lse.
  *
  * Mapping (NTHREADS = TPK * KG work-items, TPK = HEAD_DIM / 8): work-item
  *   (kg = tid / TPK, x = tid % TPK) owns elements [8x, 8x + 8) of every row: Q of
@@ -48,7 +49,8 @@
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
- *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED.
+ *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
+ *   MERGE_THREADS (a power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
  * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
@@ -112,6 +114,12 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #ifndef PAGED
 #define PAGED 0
 #endif
+#ifndef MERGE_THREADS
+#define MERGE_THREADS 128
+#endif
+#ifndef MERGE_MAX_SPLITS
+#define MERGE_MAX_SPLITS 256
+#endif
 
 #define D4 (HEAD_DIM / 4)
 #define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */
@@ -123,7 +131,8 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #define OBUF_FLOATS (KG * ROWS * HEAD_DIM)
 #define SH_FLOATS (PART_FLOATS > OBUF_FLOATS ? PART_FLOATS : OBUF_FLOATS)
 
-#if HEAD_DIM % 8 || NTHREADS % TPK || KPT < 1 || ROWS < 1
+#if HEAD_DIM % 8 || NTHREADS % TPK || KPT < 1 || ROWS < 1 || MERGE_THREADS < D4 || \
+    (MERGE_THREADS & (MERGE_THREADS - 1))
 #error "inconsistent decode_attn mapping"
 #endif
 
@@ -333,31 +342,66 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   }
 }
 
-/* Global (D4, q_len * heads_q, batch), local (D4, 1, 1). */
-__kernel __attribute__((reqd_work_group_size(D4, 1, 1))) void decode_merge(
+/* Global (MERGE_THREADS, q_len * heads_q, batch), local (MERGE_THREADS, 1, 1). The
+ * splits are spread over the work-items (no serial chain of num_splits dependent
+ * steps): the LSE max and the weight sum are tree reductions, then work-item
+ * (sg, g) of MSG x D4 sums splits sg, sg + MSG, ... of granule g. */
+#define MSG (MERGE_THREADS / D4)
+__kernel __attribute__((reqd_work_group_size(MERGE_THREADS, 1, 1))) void decode_merge(
     __global const float *work, long wo_off, long wl_off, int num_splits, int q_len, int heads_q,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse) {
-  const int g = get_local_id(0);
+  __local float W[MERGE_MAX_SPLITS];
+  __local float Red[MERGE_THREADS];
+  __local float4 Acc[MSG * D4];
+  const int tid = get_local_id(0);
   const int th = get_group_id(1), b = get_group_id(2);
   const int t = th / heads_q, hq = th - (th / heads_q) * heads_q;
   const long id = (long)b * q_len * heads_q + th;
   __global const float *wl = work + wl_off + id * num_splits;
   float m = -INFINITY;
-  for (int s = 0; s < num_splits; s++) m = fmax(m, wl[s]);
-  float sum = 0.0f;
-  float4 acc = (float4)(0.0f);
-  if (m != -INFINITY) {
-    for (int s = 0; s < num_splits; s++) {
-      const float ls = wl[s];
-      if (ls == -INFINITY) continue;
-      const float w = exp2(ls - m);
-      sum += w;
-      acc = mad((float4)(w), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM + 4 * g), acc);
-    }
+  for (int s = tid; s < num_splits; s += MERGE_THREADS) {
+    const float ls = wl[s];
+    W[s] = ls;
+    m = fmax(m, ls);
   }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * g, acc * inv);
-  if (has_lse && g == 0)
-    lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = sum > 0.0f ? (m + log2(sum)) * M_LN2_F : -INFINITY;
+  Red[tid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = MERGE_THREADS / 2; h > 0; h >>= 1) {
+    if (tid < h) Red[tid] = fmax(Red[tid], Red[tid + h]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = Red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float sum = 0.0f;
+  for (int s = tid; s < num_splits; s += MERGE_THREADS) {
+    const float ls = W[s];
+    const float w = (m == -INFINITY || ls == -INFINITY) ? 0.0f : exp2(ls - m);
+    W[s] = w;
+    sum += w;
+  }
+  Red[tid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = MERGE_THREADS / 2; h > 0; h >>= 1) {
+    if (tid < h) Red[tid] += Red[tid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  sum = Red[0];
+  const int sg = tid / D4, g = tid - (tid / D4) * D4;
+  if (sg < MSG) {
+    float4 acc = (float4)(0.0f);
+    /* A split with weight 0 (no visible key) holds o = 0, so it adds nothing. */
+    for (int s = sg; s < num_splits; s += MSG)
+      acc = mad((float4)(W[s]), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM + 4 * g), acc);
+    Acc[sg * D4 + g] = acc;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (tid < D4) {
+    float4 acc = Acc[tid];
+    for (int i = 1; i < MSG; i++) acc += Acc[i * D4 + tid];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * tid, acc * inv);
+    if (has_lse && tid == 0)
+      lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = sum > 0.0f ? (m + log2(sum)) * M_LN2_F : -INFINITY;
+  }
 }

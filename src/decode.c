@@ -14,6 +14,8 @@
  *     ceil(4 * CUs / (B * Hkv * row_blocks)), but at least 256 keys of
  *     max_seqlen_k (or the capacity) per split, and at most
  *     FLASHCL_DECODE_MAX_SPLITS. Batch 1 x 8 kv heads at 128K on 132 CUs -> 66.
+ *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
+ *     over them;
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats.
  */
@@ -115,7 +117,7 @@ typedef struct fcl_decode_plan {
   int batch, q_len, heads_q, heads_kv, head_dim, group;
   float scale;
   fcl_kv_layout kv;
-  int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, splits;
+  int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
@@ -217,6 +219,10 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
                     max_wg);
+  /* Merge: 128 work-items (a power of two >= head_dim / 4 that the device allows). */
+  int mt = 128;
+  while ((size_t)mt > max_wg && mt / 2 >= (int)d / 4) mt /= 2;
+  p->merge_threads = mt;
   const int need_rows = p->group * p->q_len;
   int rows = 1;
   while (rows < need_rows && rows < FCL_DEC_MAX_ROWS) rows *= 2;
@@ -328,8 +334,9 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
-           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d%s%s",
+           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
+           p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
   if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
@@ -396,8 +403,8 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
                                num_events_in_wait_list ? event_wait_list : NULL, split ? &ev : out_event);
   if (err == CL_SUCCESS && split) {
     /* Chained by event: the queue may be out-of-order (flashcl_context_create_from_cl). */
-    size_t mg[3] = {(size_t)p.head_dim / 4, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
-    size_t ml[3] = {(size_t)p.head_dim / 4, 1, 1};
+    size_t mg[3] = {(size_t)p.merge_threads, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
+    size_t ml[3] = {(size_t)p.merge_threads, 1, 1};
     err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, 1, &ev, out_event);
     /* If this enqueue fails the partials are lost, but o and lse are untouched. */
   }
