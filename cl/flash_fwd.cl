@@ -432,9 +432,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const long orow = obase + (long)(q0 + r) * o_sn;
     for (int g = 0; g < O_TG; g++) GSTORE4(o, orow + 4 * (ox + g * O_CT), acc[i][g] * inv);
-    if (has_lse && ox == 0) {
-      float val = l > 0.0f ? (Alpha[r] + log2(l)) * M_LN2_F : -INFINITY;
-      lse[l_off + bq * l_sb + (row_q + q0 + r) * l_sn + (long)h * l_sh] = val;
+  }
+  /* LSE in a loop of its own: with it inside the loop above, PoCL 3.1 (LLVM 15)
+   * dropped that loop's row guard and wrote O's padding rows past seqlen_q. */
+  if (has_lse && ox == 0 && o_active) {
+    for (int i = 0; i < O_TM; i++) {
+      const int r = oy + i * O_RT;
+      if (q0 + r >= nq) continue;
+      float l = 0.0f;
+      for (int t = 0; t < S_CT; t++) l += Red[r * S_CT + t];
+      lse[l_off + bq * l_sb + (row_q + q0 + r) * l_sn + (long)h * l_sh] =
+          l > 0.0f ? (Alpha[r] + log2(l)) * M_LN2_F : -INFINITY;
     }
   }
 }
