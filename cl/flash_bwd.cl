@@ -42,6 +42,13 @@
  *   DROPOUT    1: regenerate the forward's dropout mask (philox.cl must be
  *              compiled first in the same program); with dropout,
  *              dV = (P*Z/(1-p))^T dO and dS = P * (dP*Z/(1-p) - D)
+ *   WINDOW     1: key j is visible to query i iff
+ *              i + diag - window_left <= j <= i + diag + window_right (diag = Nk - Nq;
+ *              both >= 0, causal folded into window_right; build with CAUSAL=0);
+ *              query / key tiles wholly outside are skipped
+ *   ALIBI      1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
+ *   SOFTCAP    1: score = c * tanh(scale * q.k / c) (softcap_in = scale / c,
+ *              softcap_log2 = c * log2(e)), and dS is multiplied by 1 - tanh^2
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -93,6 +100,18 @@
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#if WINDOW && CAUSAL
+#error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
 #define LOG2E 1.4426950408889634f
@@ -199,7 +218,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     __global const float *lse, long lse_off, long lse_sb, long lse_sn, long lse_sh,
     __global const float *dsum, __global float *dq_acc, int padded_q, int padded_k, int heads_q, int group,
     float scale, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed,
-    ulong offset, uint threshold, float keep_scale) {
+    ulong offset, uint threshold, float keep_scale, int window_left, int window_right, __global const float *alibi,
+    float softcap_in, float softcap_log2) {
   __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
@@ -237,14 +257,23 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     for (int u = 0; u < B_TD / 4; u++) dk_acc[i][u] = dv_acc[i][u] = (float4)(0.0f);
 
   /* Query i sees key j iff i >= j - diag: earlier query tiles are skipped. */
-  int istart = 0;
+  int istart = 0, iend = nq;
 #if CAUSAL
   istart = max(0, k0 - diag);
   istart -= istart % BLOCK_R;
 #endif
+#if WINDOW
+  /* Query i sees key j iff j - diag - window_right <= i <= j - diag + window_left. */
+  istart = max(0, k0 - diag - window_right);
+  istart -= istart % BLOCK_R;
+  iend = min(nq, min(k0 + BLOCK_C, nk) - 1 - diag + window_left + 1);
+#endif
   for (int g = 0; g < group; g++) {
     const int h = hk * group + g;
-    for (int i0 = istart; i0 < nq; i0 += BLOCK_R) {
+#if ALIBI
+    const float slope_log2 = alibi[h] * LOG2E;
+#endif
+    for (int i0 = istart; i0 < iend; i0 += BLOCK_R) {
       barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
       LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
       LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
@@ -283,8 +312,19 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             int visible = jk < nk && iq < nq && lrow != -INFINITY;
 #if CAUSAL
             visible = visible && jk <= iq + diag;
+#elif WINDOW
+            visible = visible && jk <= iq + diag + window_right && jk >= iq + diag - window_left;
 #endif
-            const float p = visible ? exp2(s[i][jj] * scale_log2 - lrow) : 0.0f;
+#if SOFTCAP
+            const float t = tanh(s[i][jj] * softcap_in);
+            float sc = softcap_log2 * t;
+#else
+            float sc = s[i][jj] * scale_log2;
+#endif
+#if ALIBI
+            sc -= slope_log2 * (float)abs(jk - (iq + diag));
+#endif
+            const float p = visible ? exp2(sc - lrow) : 0.0f;
             float pd = p, dpv = dp[i][jj];
 #if DROPOUT
             if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold)) {
@@ -296,7 +336,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             }
 #endif
             Ps[r * BCP + c] = pd;
+#if SOFTCAP
+            dSs[r * BCP + c] = p * (dpv - Ds[r]) * (1.0f - t * t);
+#else
             dSs[r * BCP + c] = p * (dpv - Ds[r]);
+#endif
           }
         }
       }
@@ -373,7 +417,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     __global const float *lse, long lse_off, long lse_sb, long lse_sn, long lse_sh,
     __global const float *dsum, int padded_q, int padded_k, int heads_q, int group, float scale,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed, ulong offset,
-    uint threshold, float keep_scale) {
+    uint threshold, float keep_scale, int window_left, int window_right, __global const float *alibi,
+    float softcap_in, float softcap_log2) {
   __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
@@ -414,11 +459,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   for (int i = 0; i < QB_TM; i++)
     for (int u = 0; u < QB_TD / 4; u++) dq_acc[i][u] = (float4)(0.0f);
 
-  int kend = nk;
+  int kend = nk, kstart = 0;
 #if CAUSAL
   kend = min(nk, i0 + BLOCK_R + diag);
 #endif
-  for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
+#if WINDOW
+  kend = min(nk, min(i0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
+  kstart = max(i0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
+#endif
+#if ALIBI
+  const float slope_log2 = alibi[h] * LOG2E;
+#endif
+  for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
     barrier(CLK_LOCAL_MEM_FENCE);
     LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
     LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
@@ -450,14 +502,29 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
           int visible = jk < nk && iq < nq && lrow != -INFINITY;
 #if CAUSAL
           visible = visible && jk <= iq + diag;
+#elif WINDOW
+          visible = visible && jk <= iq + diag + window_right && jk >= iq + diag - window_left;
 #endif
-          const float p = visible ? exp2(s[i][jj] * scale_log2 - lrow) : 0.0f;
+#if SOFTCAP
+          const float t = tanh(s[i][jj] * softcap_in);
+          float sc = softcap_log2 * t;
+#else
+          float sc = s[i][jj] * scale_log2;
+#endif
+#if ALIBI
+          sc -= slope_log2 * (float)abs(jk - (iq + diag));
+#endif
+          const float p = visible ? exp2(sc - lrow) : 0.0f;
           float dpv = dp[i][jj];
 #if DROPOUT
           dpv = dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold) ? dpv * keep_scale
                                                                                                   : 0.0f;
 #endif
+#if SOFTCAP
+          dSs[r * BCP + c] = p * (dpv - Ds[r]) * (1.0f - t * t);
+#else
           dSs[r * BCP + c] = p * (dpv - Ds[r]);
+#endif
         }
       }
     }

@@ -57,6 +57,13 @@
  *                P V uses P * Z / (1 - p), Z = dropout_keep(seed, offset,
  *                b * heads_q + h, i, j, threshold), i and j counted from the start
  *                of the sequence, exactly as naive.cl and flash_bwd.cl.
+ *   WINDOW       1: sliding window: key j is visible to query i iff
+ *                i + diag - window_left <= j <= i + diag + window_right (diag = Nk - Nq;
+ *                the host passes both bounds >= 0, causal folded into window_right,
+ *                and builds with CAUSAL=0); tiles wholly outside are never loaded
+ *   ALIBI        1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
+ *   SOFTCAP      1: score = c * tanh(scale * q.k / c) with softcap_in = scale / c and
+ *                softcap_log2 = c * log2(e) (before ALiBi and the masks)
  *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
  *                NTHREADS / S_* / O_* parameters are unused)
  *
@@ -113,6 +120,18 @@
 #endif
 #ifndef CPU_MAP
 #define CPU_MAP 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#if WINDOW && CAUSAL
+#error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
 #if DTYPE == 0
@@ -238,7 +257,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
-    ulong offset, uint threshold, float keep_scale) {
+    ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
+    __global const float *alibi, float softcap_in, float softcap_log2) {
   __local float4 Qs[BLOCK_R * D4];
   __local float4 KVs[BLOCK_C * D4];
   __local float4 Ps[BLOCK_R * C4];
@@ -291,16 +311,24 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     l_s[i] = 0.0f;
   }
 
-  int kend = nk;
+  int kend = nk, kstart = 0;
 #if CAUSAL
   kend = min(nk, q0 + BLOCK_R + diag); /* last visible key of the tile's last row, + 1 */
 #endif
+#if WINDOW
+  /* Keys of the first row's left edge (rounded down to a tile) up to the last row's right edge. */
+  kend = min(nk, min(q0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
+  kstart = max(q0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
+#endif
+#if ALIBI
+  const float slope_log2 = alibi[h] * M_LOG2E_F;
+#endif
   stage_t stage[KV_PER];
 #if PREFETCH
-  if (kend > 0) STAGE_LOAD(k, kbase, k_sn, 0)
+  if (kend > kstart) STAGE_LOAD(k, kbase, k_sn, kstart)
 #endif
 
-  for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
+  for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
 #if !PREFETCH
     STAGE_LOAD(k, kbase, k_sn, k0)
@@ -329,6 +357,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 
 #if CAUSAL
     const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag);
+#elif WINDOW
+    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag + window_right) ||
+                          (k0 < q0 + BLOCK_R - 1 + diag - window_left);
 #else
     const int need_mask = k0 + BLOCK_C > nk;
 #endif
@@ -336,11 +367,20 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
       const int r = sy + i * S_RT;
       float pm = -INFINITY;
       for (int j = 0; j < S_TN; j++) {
+#if SOFTCAP
+        float sv = softcap_log2 * tanh(s[i][j] * softcap_in);
+#else
         float sv = s[i][j] * scale_log2;
+#endif
+#if ALIBI
+        sv -= slope_log2 * (float)abs(k0 + sx + j * S_CT - (q0 + r + diag));
+#endif
         if (need_mask) {
           const int col = k0 + sx + j * S_CT;
 #if CAUSAL
           if (col >= nk || col > q0 + r + diag) sv = -INFINITY;
+#elif WINDOW
+          if (col >= nk || col > q0 + r + diag + window_right || col < q0 + r + diag - window_left) sv = -INFINITY;
 #else
           if (col >= nk) sv = -INFINITY;
 #endif
@@ -467,7 +507,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
-    ulong offset, uint threshold, float keep_scale) {
+    ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
+    __global const float *alibi, float softcap_in, float softcap_log2) {
   __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
   __local float Vs[BLOCK_C * HEAD_DIM]; /* V tile: Vs[j][x] */
   float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
@@ -509,11 +550,18 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     l_r[r] = 0.0f;
   }
 
-  int kend = nk;
+  int kend = nk, kstart = 0;
 #if CAUSAL
   kend = min(nk, q0 + BLOCK_R + diag);
 #endif
-  for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
+#if WINDOW
+  kend = min(nk, min(q0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
+  kstart = max(q0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
+#endif
+#if ALIBI
+  const float slope_log2 = alibi[h] * M_LOG2E_F;
+#endif
+  for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
     /* Stage K (transposed) and V; keys past nk read as 0. */
     for (int j = 0; j < BLOCK_C; j++) {
       const int in = k0 + j < nk;
@@ -547,20 +595,35 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
         }
         #pragma unroll
         for (int i = 0; i < RB; i++)
-          for (int c = 0; c < CB; c++) vstore8(a[i][c] * scale_log2, c0 + c, Sp + (r0 + i) * BLOCK_C);
+          for (int c = 0; c < CB; c++)
+#if SOFTCAP
+            vstore8((float8)(softcap_log2) * tanh(a[i][c] * softcap_in), c0 + c, Sp + (r0 + i) * BLOCK_C);
+#else
+            vstore8(a[i][c] * scale_log2, c0 + c, Sp + (r0 + i) * BLOCK_C);
+#endif
       }
 
     /* Online softmax, row by row. */
 #if CAUSAL
     const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag);
+#elif WINDOW
+    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag + window_right) ||
+                          (k0 < q0 + BLOCK_R - 1 + diag - window_left);
 #else
     const int need_mask = k0 + BLOCK_C > nk;
 #endif
     for (int r = 0; r < BLOCK_R; r++) {
       float *srow = Sp + r * BLOCK_C;
+#if ALIBI
+      for (int j = 0; j < BLOCK_C; j++) srow[j] -= slope_log2 * (float)abs(k0 + j - (q0 + r + diag));
+#endif
       if (need_mask) {
 #if CAUSAL
         const int lim = min(nk, q0 + r + diag + 1) - k0; /* visible keys of this row in the tile */
+#elif WINDOW
+        const int lim = min(nk, q0 + r + diag + window_right + 1) - k0;
+        const int first = min(q0 + r + diag - window_left - k0, BLOCK_C); /* keys before it are hidden */
+        for (int j = 0; j < first; j++) srow[j] = -INFINITY;
 #else
         const int lim = nk - k0;
 #endif

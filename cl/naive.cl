@@ -16,6 +16,13 @@
  *   WG         work-group size of naive_softmax (power of two)
  *   DROPOUT    1: apply the dropout mask of philox.cl (compiled first in the
  *              same program)
+ *   WINDOW     1: key j is visible to query i iff
+ *              i + diag - window_left <= j <= i + diag + window_right (diag = Nk - Nq;
+ *              both >= 0, causal folded into window_right; build with CAUSAL=0)
+ *   ALIBI      1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
+ *   SOFTCAP    1: score = softcap * tanh(score / softcap) on the scaled score
+ *              (before ALiBi and the masks); naive_ds then multiplies dS by
+ *              1 - tanh^2, reading the scaled scores from `raw`
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -34,6 +41,18 @@
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#if WINDOW && CAUSAL
+#error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
 #if DTYPE == 0
@@ -85,7 +104,8 @@ __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn
  * LSE = -inf. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
     __global float *scores, __global float *lse_ws, int heads, int padded_q, int padded_k,
-    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int window_left,
+    int window_right, __global const float *alibi, float softcap) {
   __local float red[WG];
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
@@ -93,14 +113,39 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   const int s = (int)(row / ((long)padded_q * heads));
   const int nq = seq_range(cu_q, s, padded_q, total_q).y;
   const int nk = seq_range(cu_k, s, padded_k, total_k).y;
-  int visible = i < nq ? nk : 0;
+  int visible = i < nq ? nk : 0, first = 0; /* keys [first, visible) */
 #if CAUSAL
   visible = clamp(i + nk - nq + 1, 0, visible);
 #endif
+#if WINDOW
+  visible = clamp(i + nk - nq + window_right + 1, 0, visible);
+  first = clamp(i + nk - nq - window_left, 0, visible);
+#endif
   __global float *p = scores + row * padded_k;
 
+#if ALIBI || SOFTCAP
+  {
+#if ALIBI
+    const float slope = alibi[(row / padded_q) % heads];
+#endif
+    /* Each work-item rewrites only entries it reads again below (same j = lid + t * WG). */
+    for (int j = lid; j < visible; j += WG) {
+      if (j < first) continue;
+      float x = p[j];
+#if SOFTCAP
+      x = softcap * tanh(x / softcap);
+#endif
+#if ALIBI
+      x -= slope * (float)abs(j - (i + nk - nq));
+#endif
+      p[j] = x;
+    }
+  }
+#endif
+
   float m = -INFINITY;
-  for (int j = lid; j < visible; j += WG) m = fmax(m, p[j]);
+  for (int j = lid; j < visible; j += WG)
+    if (j >= first) m = fmax(m, p[j]);
   red[lid] = m;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = WG / 2; w > 0; w >>= 1) {
@@ -111,7 +156,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   barrier(CLK_LOCAL_MEM_FENCE);
 
   float l = 0.0f;
-  for (int j = lid; j < visible; j += WG) l += exp(p[j] - m);
+  for (int j = lid; j < visible; j += WG)
+    if (j >= first) l += exp(p[j] - m);
   red[lid] = l;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = WG / 2; w > 0; w >>= 1) {
@@ -121,7 +167,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   l = red[0];
 
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int j = lid; j < padded_k; j += WG) p[j] = j < visible ? exp(p[j] - m) * inv : 0.0f;
+  for (int j = lid; j < padded_k; j += WG) p[j] = (j >= first && j < visible) ? exp(p[j] - m) * inv : 0.0f;
   if (lid == 0) lse_ws[row] = l > 0.0f ? m + log(l) : -INFINITY;
 }
 
@@ -144,7 +190,8 @@ __kernel void naive_unpack(__global const float *src, __global const float *lse_
  * with D = rowsum(dO * O) from the dense fp32 copies. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
     __global const float *probs, __global float *dprobs, __global const float *o, __global const float *dout,
-    int padded_q, int padded_k, float scale, ulong seed, ulong offset, uint threshold, float keep_scale) {
+    int padded_q, int padded_k, float scale, ulong seed, ulong offset, uint threshold, float keep_scale,
+    __global const float *raw, float softcap) {
   __local float red[WG];
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
@@ -164,7 +211,12 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
     dp = dropout_keep(seed, offset, (ulong)(row / padded_q), (uint)(row % padded_q), (uint)j, threshold)
              ? dp * keep_scale : 0.0f;
 #endif
+#if SOFTCAP
+    const float t = tanh(raw[e] / softcap);
+    dprobs[e] = scale * probs[e] * (dp - dsum) * (1.0f - t * t);
+#else
     dprobs[e] = scale * probs[e] * (dp - dsum);
+#endif
   }
 }
 

@@ -244,6 +244,26 @@ typedef struct flashcl_attention_desc {
   float dropout_p;
   uint64_t seed;
   uint64_t offset;
+
+  /* Score variants (FlashAttention-2's), see README "Masks and score variants".
+   * With diag = Nk - Nq (per sequence for varlen), query i and key j:
+   *   s = scale * q_i . k_j
+   *   softcap > 0:        s = softcap * tanh(s / softcap)
+   *   alibi_slopes:       s = s - slope[h] * |j - (i + diag)|   (h: the query head)
+   *   window_left >= 0:   key j hidden iff j < i + diag - window_left
+   *   window_right >= 0:  key j hidden iff j > i + diag + window_right
+   *   causal:             key j hidden iff j > i + diag (window_right = 0; the two
+   *                       compose by intersection)
+   * in this order, then softmax; LSE is log sum_j exp(s) of the final scores.
+   * window_left / window_right: -1 (the default of flashcl_attention_desc_init) is
+   * unbounded; values < -1 are invalid. alibi_slopes: NULL (off) or an fp32 buffer
+   * of at least heads_q floats. softcap: 0 (off) or a finite value > 0. These run
+   * on the portable flash kernel and the naive path (the tensor-core forward
+   * falls back to the portable kernel), forward and backward. */
+  int window_left;
+  int window_right;
+  cl_mem alibi_slopes;
+  float softcap;
 } flashcl_attention_desc;
 
 FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);

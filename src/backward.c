@@ -122,13 +122,14 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
                     bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
 
-  char opts[256];
+  char opts[320], variants[64];
+  fcl_variant_options(p, variants, sizeof variants);
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDROPOUT=%d",
+           "-DDROPOUT=%d%s",
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
-           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal, p->varlen, atomic, p->dropout);
+           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic, p->dropout, variants);
   const char *src = p->dropout ? "philox.cl+flash_bwd.cl" : "flash_bwd.cl";
   cl_kernel k_pre, k_dkdv, k_dq;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
@@ -199,6 +200,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_arg_int(&a, tq);
   fcl_arg_int(&a, tk);
   fcl_arg_dropout(&a, p);
+  fcl_arg_variants(&a, p);
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
     goto done;
@@ -239,6 +241,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_int(&a, tq);
     fcl_arg_int(&a, tk);
     fcl_arg_dropout(&a, p);
+    fcl_arg_variants(&a, p);
   }
   if (a.err != CL_SUCCESS) {
     if (dkdv_done) clReleaseEvent(dkdv_done);

@@ -61,12 +61,14 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   if (st != FLASHCL_SUCCESS) return st;
   const int aligned = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(o);
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-  char opts[768];
+  char opts[768], variants[64];
+  fcl_variant_options(p, variants, sizeof variants);
+  const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   if (fcl_fwd_cpu_map(ctx)) { /* the CPU rule of plan.c: one work-item per work-group */
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DCPU_MAP=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=1 "
-             "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s",
-             (int)p->dtype, p->head_dim, plan.br, plan.bc, p->causal, p->varlen, aligned, p->dropout,
+             "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
+             (int)p->dtype, p->head_dim, plan.br, plan.bc, causal, p->varlen, aligned, p->dropout, variants,
              extra ? " " : "", extra ? extra : "");
   } else {
     fcl_fwd_shape sh;
@@ -75,9 +77,9 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                       plan.bc, p->head_dim);
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
-             "-DO_TM=%d -DO_TD=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s",
+             "-DO_TM=%d -DO_TD=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
-             p->causal, p->varlen, aligned, p->dropout, extra ? " " : "", extra ? extra : "");
+             causal, p->varlen, aligned, p->dropout, variants, extra ? " " : "", extra ? extra : "");
   }
   cl_kernel kern;
   st = fcl_get_kernel(ctx, p->dropout ? "philox.cl+flash_fwd.cl" : "flash_fwd.cl", opts, "flash_fwd", &kern);
@@ -96,6 +98,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_arg_forward(&a, p, desc, q, k, v, o, lse);
   fcl_arg_int(&a, p->heads_q);
   fcl_arg_dropout(&a, p); /* zeros when there is no dropout; the kernel then ignores them */
+  fcl_arg_variants(&a, p); /* likewise for the window, ALiBi and softcap */
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd)");
 
   size_t qblocks = ((size_t)p->seqlen_q + plan.br - 1) / plan.br;

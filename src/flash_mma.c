@@ -14,7 +14,8 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout, and
+ * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout, window,
+ * ALiBi or softcap, and
  * every tensor's element offset and (batch, seq, head) strides a multiple of 8
  * elements (16-byte rows for cp.async). Other problems run the portable kernel.
  *
@@ -174,6 +175,12 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "scale is not positive";
   else if (p->dropout)
     why = "dropout";
+  else if (p->window)
+    why = "sliding window";
+  else if (p->alibi)
+    why = "ALiBi";
+  else if (p->softcap > 0.0f)
+    why = "softcap";
   else if (!fcl_mma_aligned(q) || !fcl_mma_aligned(k) || !fcl_mma_aligned(v) || !fcl_mma_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   if (why) {

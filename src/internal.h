@@ -81,7 +81,17 @@ typedef struct fcl_problem {
   cl_uint threshold;
   float keep_scale;
   uint64_t seed, offset;
+  /* Score variants (see flashcl_attention_desc). window: 1 when either side is
+   * bounded; window_left/right are then >= 0, clamped to max(seqlen_q, seqlen_k)
+   * (unbounded sides too), and window_right is 0 when causal. */
+  int window, window_left, window_right;
+  cl_mem alibi;  /* NULL = off */
+  float softcap; /* 0 = off */
 } fcl_problem;
+
+/* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1" for the variants p uses ("" for none), so
+ * that problems without them build exactly the options they always did. */
+const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap);
 
 /* Appends the dropout kernel arguments (seed, offset, threshold, keep_scale). */
 struct fcl_args;

@@ -71,4 +71,17 @@ static inline void fcl_arg_dropout(fcl_args *a, const fcl_problem *p) {
   fcl_arg_float(a, p->keep_scale);
 }
 
+/* The score-variant arguments of flash_fwd and flash_bwd: window_left,
+ * window_right (effective, see fcl_problem), alibi slopes (NULL when off), and
+ * for softcap c: scale / c (applied to q.k) and c * log2(e) (the scores are in
+ * the log2 domain); zeros when off. */
+static inline void fcl_arg_variants(fcl_args *a, const fcl_problem *p) {
+  const float log2e = 1.4426950408889634f;
+  fcl_arg_int(a, p->window_left);
+  fcl_arg_int(a, p->window_right);
+  fcl_arg_mem(a, p->alibi);
+  fcl_arg_float(a, p->softcap > 0.0f ? p->scale / p->softcap : 0.0f);
+  fcl_arg_float(a, p->softcap > 0.0f ? p->softcap * log2e : 0.0f);
+}
+
 #endif

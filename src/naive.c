@@ -102,6 +102,10 @@ static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem s
   fcl_arg_mem(&a, cu_k);
   fcl_arg_int(&a, tq);
   fcl_arg_int(&a, tk);
+  fcl_arg_int(&a, p->window_left);
+  fcl_arg_int(&a, p->window_right);
+  fcl_arg_mem(&a, p->alibi);
+  fcl_arg_float(&a, p->softcap);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_softmax)");
   return fcl_enqueue(ctx, kern, rows * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_softmax");
 }
@@ -161,9 +165,10 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
 
   if ((st = fcl_blas_limit(ctx, &z))) return st;
   const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
-  char opts[256];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d",
-           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg, p->dropout);
+  char opts[256], variants[64];
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s",
+           (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
+           fcl_variant_options(p, variants, sizeof variants));
   const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
   cl_kernel k_pack, k_soft, k_unpack;
   if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
@@ -227,9 +232,10 @@ flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_prob
   size_t fwd, t;
   flashcl_status st = fcl_naive_sizes_of(ctx, p, &z, &fwd);
   if (st != FLASHCL_SUCCESS) return st;
-  /* Forward's Q/K/V/S/LSE, plus O, dO, dV and dP. */
-  if (!fcl_add_size(fwd, (2 * z.q + z.kv) * sizeof(float), &t) || !fcl_mul_size(z.s, sizeof(float), bytes) ||
-      !fcl_add_size(t, *bytes, bytes))
+  /* Forward's Q/K/V/S/LSE, plus O, dO, dV and dP, and with softcap a copy of the
+   * scaled scores (for the tanh derivative). */
+  if (!fcl_add_size(fwd, (2 * z.q + z.kv) * sizeof(float), &t) ||
+      !fcl_mul_size(z.s, (p->softcap > 0.0f ? 2 : 1) * sizeof(float), bytes) || !fcl_add_size(t, *bytes, bytes))
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "naive backward workspace size overflows size_t");
   return FLASHCL_SUCCESS;
 }
@@ -259,9 +265,10 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
 
   if ((st = fcl_blas_limit(ctx, &z))) return st;
   const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
-  char opts[256];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d",
-           (int)p->dtype, p->head_dim, p->causal, p->varlen, wg, p->dropout);
+  char opts[256], variants[64];
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s",
+           (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
+           fcl_variant_options(p, variants, sizeof variants));
   const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
   cl_kernel k_pack, k_soft, k_unpack, k_ds;
   if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
@@ -270,11 +277,13 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
       (st = fcl_get_kernel(ctx, src, opts, "naive_ds", &k_ds)))
     return st;
 
-  enum { Q, K, V, DO, O, P, DP, DV, LSE, NBUF };
+  enum { Q, K, V, DO, O, P, DP, DV, LSE, RAW, NBUF };
   cl_mem buf[NBUF] = {0};
-  const size_t counts[NBUF] = {z.q, z.kv, z.kv, z.q, z.q, z.s, z.s, z.kv, z.lse};
+  const size_t counts[NBUF] = {z.q, z.kv, z.kv, z.q, z.q, z.s, z.s, z.kv, z.lse, z.s};
+  const int softcap = p->softcap > 0.0f;
   for (int i = 0; i < NBUF; i++) {
     cl_int err;
+    if (i == RAW && !softcap) continue;
     buf[i] = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, counts[i] * sizeof(float), NULL, &err);
     if (err != CL_SUCCESS) {
       st = fcl_cl_fail(ctx, err, "allocating the naive backward workspace");
@@ -302,6 +311,14 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
                      (size_t)d, lk * d, buf[P], lk, gq * lk, groups)))
     goto done;
   FCL_ORDER();
+  if (softcap) { /* keep the scaled scores: dS needs tanh of them */
+    cl_int err = clEnqueueCopyBuffer(ctx->queue, buf[P], buf[RAW], 0, 0, z.s * sizeof(float), 0, NULL, NULL);
+    if (err != CL_SUCCESS) {
+      st = fcl_cl_fail(ctx, err, "clEnqueueCopyBuffer(scores)");
+      goto done;
+    }
+    FCL_ORDER();
+  }
   if ((st = fcl_softmax(ctx, k_soft, buf[P], buf[LSE], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
   FCL_ORDER();
   /* With dropout, dV takes the dropped P, staged in dP's buffer before dP is computed. */
@@ -324,6 +341,8 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
   fcl_arg_int(&a, p->seqlen_k);
   fcl_arg_float(&a, p->scale);
   fcl_arg_dropout(&a, p);
+  fcl_arg_mem(&a, buf[RAW]);
+  fcl_arg_float(&a, p->softcap);
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_ds)");
     goto done;

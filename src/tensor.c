@@ -6,6 +6,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 size_t flashcl_dtype_size(flashcl_dtype dtype) {
@@ -79,6 +80,8 @@ void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
   desc->algo = FLASHCL_ALGO_AUTO;
   desc->kernel = FLASHCL_KERNEL_AUTO;
   desc->deterministic = 1;
+  desc->window_left = -1;
+  desc->window_right = -1;
 }
 
 flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
@@ -165,6 +168,14 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1), got %g",
                     (double)desc->dropout_p);
 
+  if (desc->window_left < -1 || desc->window_right < -1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "desc.window_left/window_right (%d, %d) must be -1 (unbounded) or >= 0", desc->window_left,
+                    desc->window_right);
+  if (!(desc->softcap >= 0.0f) || !isfinite(desc->softcap))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.softcap must be 0 (off) or finite and > 0, got %g",
+                    (double)desc->softcap);
+
   int64_t d = q->shape[3];
   if (k->shape[3] != d || v->shape[3] != d)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
@@ -192,6 +203,16 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q->shape[1] || lse->shape[2] != hq ||
               lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, seqlen_q, heads_q, 1)");
+
+  if (desc->alibi_slopes) {
+    size_t have = 0, need = (size_t)hq * sizeof(float);
+    if (clGetMemObjectInfo(desc->alibi_slopes, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.alibi_slopes is not a valid cl_mem");
+    if (have < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                      "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
+                      have);
+  }
 
   memset(p, 0, sizeof *p);
   p->dtype = q->dtype;
@@ -233,5 +254,25 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     p->seqlen_q = (int)q->shape[1];
     p->seqlen_k = (int)k->shape[1];
   }
+
+  /* Score variants. A window wider than any distance |j - (i + diag)| (at most
+   * max(Nq, Nk)) is the same as unbounded; clamping keeps the kernels' int bounds
+   * small. Causal is the right window 0, so with a window the kernels mask through
+   * the window alone. */
+  p->alibi = desc->alibi_slopes;
+  p->softcap = desc->softcap;
+  if (desc->window_left >= 0 || desc->window_right >= 0) {
+    const int wide = p->seqlen_q > p->seqlen_k ? p->seqlen_q : p->seqlen_k;
+    p->window = 1;
+    p->window_left = (desc->window_left < 0 || desc->window_left > wide) ? wide : desc->window_left;
+    p->window_right = (desc->window_right < 0 || desc->window_right > wide) ? wide : desc->window_right;
+    if (p->causal) p->window_right = 0;
+  }
   return FLASHCL_SUCCESS;
+}
+
+const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
+           p->softcap > 0.0f ? " -DSOFTCAP=1" : "");
+  return buf;
 }
