@@ -1,0 +1,50 @@
+/*
+ * Double-precision reference for the score variants of flashcl_attention_desc:
+ * sliding window, ALiBi and logit soft-capping, composed with causal, GQA, varlen
+ * and dropout (forward and backward).
+ *
+ * Per segment (batch entry or varlen sequence) with Nq queries, Nk keys and
+ * diag = Nk - Nq, query row i, key j and query head h:
+ *   s_ij = scale * q_i . k_j
+ *   softcap c > 0:  t_ij = tanh(s_ij / c),  s_ij = c * t_ij
+ *   ALiBi:          s_ij -= slope[h] * |j - (i + diag)|
+ *   visible iff (!causal || j <= i + diag)
+ *            && (window_left  < 0 || j >= i + diag - window_left)
+ *            && (window_right < 0 || j <= i + diag + window_right)
+ *   P = softmax over the visible keys (a row with none: P = 0, O = 0, LSE = -inf)
+ *   O = (P * f) V,  LSE = log sum_visible exp(s)   (f: dropout factor, reference_bwd.h)
+ * Backward: dV = (P f)^T dO, dP = (dO V^T) f, D_i = dO_i . O_i,
+ *   dS = P (dP - D) (1 - t^2 with softcap, else 1), dQ = scale dS K, dK = scale dS^T Q.
+ */
+#ifndef FLASHCL_TESTS_REFERENCE_MASKS_H
+#define FLASHCL_TESTS_REFERENCE_MASKS_H
+
+#include "reference.h"
+#include "reference_bwd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ref_masks {
+  int window_left, window_right; /* -1: unbounded */
+  const float *alibi;            /* one slope per query head, NULL: off */
+  double softcap;                /* 0: off */
+} ref_masks;
+
+/* O (q's shape) and LSE ((Bq, Nq, Hq, 1), may be NULL). m and dr may be NULL.
+ * 0, or -1 on bad input. */
+int ref_masks_forward(const ref_attention_params *p, const ref_masks *m, const ref_dropout *dr,
+                      const ref_tensor *q, const ref_tensor *k, const ref_tensor *v, const ref_out *o,
+                      const ref_out *lse);
+
+/* dq (q's shape), dk and dv (k's shape), fully overwritten. o: the forward output
+ * used for D (NULL recomputes it in double). 0, or -1 on bad input. */
+int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const ref_dropout *dr,
+                       const ref_tensor *q, const ref_tensor *k, const ref_tensor *v, const ref_tensor *o,
+                       const ref_tensor *d_o, const ref_out *dq, const ref_out *dk, const ref_out *dv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,419 @@
+/*
+ * Sliding window, ALiBi and logit soft-capping (flashcl_attention_desc.window_left /
+ * window_right / alibi_slopes / softcap), forward and backward, flash and naive,
+ * against the double reference of reference_masks.c.
+ *
+ *   - Fresh random inputs every run (seed printed; FLASHCL_TEST_SEED reproduces).
+ *   - Outputs are NaN-poisoned before every call; NaN never passes.
+ *   - Relative L2 of O, dQ, dK, dV: fp32 1e-5, fp16 2e-3, bf16 1e-2 (common.h);
+ *     LSE: fct_lse_tolerance, and a row's LSE is -inf on the device iff it is in
+ *     the reference (then its O row is exactly 0).
+ *   - One case runs the GPU variant of the portable forward (FLASHCL_FWD_MAP=gpu).
+ *   - Error paths: bad window / softcap values and a short alibi buffer leave the
+ *     outputs untouched.
+ */
+#include "common.h"
+#include "reference_masks.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct mt_case {
+  const char *name;
+  flashcl_dtype dtype;
+  int batch, nq, nk; /* ignored for varlen */
+  int hq, hkv, d;
+  int causal;
+  int wl, wr;     /* -1: unbounded */
+  int alibi;      /* 1: slopes per query head */
+  float softcap;  /* 0: off */
+  float scale;    /* 0: default */
+  float dropout;
+  int num_seqs;   /* varlen when > 0 */
+  const int *lens_q, *lens_k;
+  int backward;
+  int gpu_map;    /* forward with FLASHCL_FWD_MAP=gpu */
+  int block;      /* flash block_r = block_c (0: automatic); small tiles make the window skip tiles */
+} mt_case;
+
+typedef struct mt_inputs {
+  int64_t B, Nq, Nk;
+  fct_tensor q, k, v, d_o;
+  cl_mem cu_q, cu_k, alibi;
+  int32_t cu_q_host[17], cu_k_host[17];
+  int max_q, max_k;
+  float slopes[64];
+} mt_inputs;
+
+static void mt_inputs_create(mt_inputs *in, const mt_case *c) {
+  fct_rng rng;
+  memset(in, 0, sizeof *in);
+  fct_rng_init(&rng, c->name);
+  if (c->num_seqs > 0) {
+    in->B = 1;
+    in->cu_q_host[0] = in->cu_k_host[0] = 0;
+    for (int s = 0; s < c->num_seqs; s++) {
+      in->cu_q_host[s + 1] = in->cu_q_host[s] + c->lens_q[s];
+      in->cu_k_host[s + 1] = in->cu_k_host[s] + c->lens_k[s];
+      if (c->lens_q[s] > in->max_q) in->max_q = c->lens_q[s];
+      if (c->lens_k[s] > in->max_k) in->max_k = c->lens_k[s];
+    }
+    in->Nq = in->cu_q_host[c->num_seqs];
+    in->Nk = in->cu_k_host[c->num_seqs];
+    in->cu_q = fct_create_buffer((size_t)(c->num_seqs + 1) * 4, in->cu_q_host);
+    in->cu_k = fct_create_buffer((size_t)(c->num_seqs + 1) * 4, in->cu_k_host);
+  } else {
+    in->B = c->batch;
+    in->Nq = c->nq;
+    in->Nk = c->nk;
+  }
+  fct_tensor_create(&in->q, c->dtype, FCT_BNHD, in->B, in->Nq, c->hq, c->d, 0);
+  fct_tensor_create(&in->k, c->dtype, FCT_BNHD, in->B, in->Nk, c->hkv, c->d, 1);
+  fct_tensor_create(&in->v, c->dtype, FCT_BNHD, in->B, in->Nk, c->hkv, c->d, 2);
+  fct_tensor_fill_random(&in->q, &rng);
+  fct_tensor_fill_random(&in->k, &rng);
+  fct_tensor_fill_random(&in->v, &rng);
+  if (c->backward) {
+    fct_tensor_create(&in->d_o, c->dtype, FCT_BNHD, in->B, in->Nq, c->hq, c->d, 3);
+    fct_tensor_fill_random(&in->d_o, &rng);
+  }
+  if (c->alibi) {
+    /* The geometric ALiBi slopes 2^(-8 (h + 1) / H), scaled up so they matter at these lengths. */
+    for (int h = 0; h < c->hq; h++) in->slopes[h] = 4.0f * powf(2.0f, -8.0f * (float)(h + 1) / (float)c->hq);
+    in->alibi = fct_create_buffer((size_t)c->hq * sizeof(float), in->slopes);
+  }
+}
+
+static void mt_inputs_release(mt_inputs *in) {
+  fct_tensor_release(&in->q);
+  fct_tensor_release(&in->k);
+  fct_tensor_release(&in->v);
+  if (in->d_o.host) fct_tensor_release(&in->d_o);
+  if (in->cu_q) clReleaseMemObject(in->cu_q);
+  if (in->cu_k) clReleaseMemObject(in->cu_k);
+  if (in->alibi) clReleaseMemObject(in->alibi);
+}
+
+static void mt_desc(const mt_case *c, const mt_inputs *in, flashcl_algo algo, flashcl_attention_desc *desc) {
+  flashcl_attention_desc_init(desc);
+  desc->algo = algo;
+  desc->causal = c->causal;
+  desc->scale = c->scale;
+  desc->window_left = c->wl;
+  desc->window_right = c->wr;
+  desc->alibi_slopes = in->alibi;
+  desc->softcap = c->softcap;
+  desc->dropout_p = c->dropout;
+  desc->seed = 0x1234567890abcdefull;
+  desc->offset = 77;
+  desc->block_r = desc->block_c = c->block;
+  if (c->num_seqs > 0) {
+    desc->cu_seqlens_q = in->cu_q;
+    desc->cu_seqlens_k = in->cu_k;
+    desc->num_seqs = c->num_seqs;
+    desc->max_seqlen_q = in->max_q;
+    desc->max_seqlen_k = in->max_k;
+  }
+}
+
+static void mt_params(const mt_case *c, const mt_inputs *in, ref_attention_params *rp, ref_masks *rm,
+                      ref_dropout *rd) {
+  memset(rp, 0, sizeof *rp);
+  rp->scale = c->scale;
+  rp->causal = c->causal;
+  if (c->num_seqs > 0) {
+    rp->cu_seqlens_q = in->cu_q_host;
+    rp->cu_seqlens_k = in->cu_k_host;
+    rp->num_seqs = c->num_seqs;
+  }
+  rm->window_left = c->wl;
+  rm->window_right = c->wr;
+  rm->alibi = c->alibi ? in->slopes : NULL;
+  rm->softcap = c->softcap;
+  rd->p = c->dropout;
+  rd->seed = 0x1234567890abcdefull;
+  rd->offset = 77;
+}
+
+/* Relative L2 of a device tensor against a contiguous (B, N, H, D) double array;
+ * NaN anywhere gives +inf. */
+static double mt_rel_l2(const fct_tensor *t, const double *ref) {
+  const int64_t B = t->t.shape[0], N = t->t.shape[1], H = t->t.shape[2], D = t->t.shape[3];
+  double e2 = 0.0, r2 = 0.0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t x = 0; x < D; x++) {
+          const double g = fct_tensor_get(t, b, n, h, x), r = ref[((b * N + n) * H + h) * D + x];
+          if (isnan(g)) return INFINITY;
+          e2 += (g - r) * (g - r);
+          r2 += r * r;
+        }
+  return r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+}
+
+static void mt_run(const mt_case *c, flashcl_algo algo) {
+  fct_env *env = fct_env_get();
+  mt_inputs in;
+  mt_inputs_create(&in, c);
+  const int64_t B = in.B, Nq = in.Nq, Nk = in.Nk, Hq = c->hq, Hkv = c->hkv, D = c->d;
+  const char *an = algo == FLASHCL_ALGO_NAIVE ? "naive" : "flash";
+  const double tol = fct_tolerance(c->dtype), lse_tol = fct_lse_tolerance(c->dtype);
+
+  /* Reference. */
+  ref_attention_params rp;
+  ref_masks rm;
+  ref_dropout rd;
+  mt_params(c, &in, &rp, &rm, &rd);
+  ref_tensor rq = fct_tensor_ref(&in.q), rk = fct_tensor_ref(&in.k), rv = fct_tensor_ref(&in.v);
+  double *ref_o = calloc((size_t)(B * Nq * Hq * D), sizeof(double));
+  double *ref_lse = calloc((size_t)(B * Nq * Hq), sizeof(double));
+  ref_out ro = ref_out_bnhd(ref_o, B, Nq, Hq, D), rl = ref_out_bnhd(ref_lse, B, Nq, Hq, 1);
+  FCT_CHECK(ref_masks_forward(&rp, &rm, &rd, &rq, &rk, &rv, &ro, &rl) == 0, "%s: reference forward", c->name);
+
+  /* Forward. */
+  fct_tensor o, lse;
+  fct_tensor_create(&o, c->dtype, FCT_BNHD, B, Nq, Hq, D, 4);
+  fct_tensor_create_lse(&lse, FCT_BNHD, B, Nq, Hq, 5);
+  fct_tensor_poison(&o);
+  fct_tensor_poison(&lse);
+  flashcl_attention_desc desc;
+  mt_desc(c, &in, algo, &desc);
+  if (c->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
+  flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, 0, NULL, NULL);
+  if (c->gpu_map) unsetenv("FLASHCL_FWD_MAP");
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s): forward", c->name, an);
+  fct_finish();
+  fct_tensor_download(&o);
+  fct_tensor_download(&lse);
+
+  const double err_o = mt_rel_l2(&o, ref_o);
+  double le2 = 0.0, lr2 = 0.0;
+  size_t empty = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t n = 0; n < Nq; n++)
+      for (int64_t h = 0; h < Hq; h++) {
+        const double g = fct_tensor_get(&lse, b, n, h, 0), r = ref_lse[(b * Nq + n) * Hq + h];
+        FCT_CHECK(!isnan(g), "%s (%s): LSE NaN at (%lld, %lld, %lld)", c->name, an, (long long)b, (long long)n,
+                  (long long)h);
+        if (r == -INFINITY) {
+          empty++;
+          FCT_CHECK(g == -INFINITY, "%s (%s): row (%lld, %lld, %lld) sees no key but LSE = %g", c->name, an,
+                    (long long)b, (long long)n, (long long)h, g);
+          for (int64_t x = 0; x < D; x++)
+            FCT_CHECK(fct_tensor_get(&o, b, n, h, x) == 0.0, "%s (%s): empty row's O is not 0", c->name, an);
+          continue;
+        }
+        FCT_CHECK(isfinite(g), "%s (%s): LSE %g at (%lld, %lld, %lld), reference %g", c->name, an, g, (long long)b,
+                  (long long)n, (long long)h, r);
+        le2 += (g - r) * (g - r);
+        lr2 += r * r;
+      }
+  const double err_lse = lr2 > 0 ? sqrt(le2 / lr2) : sqrt(le2);
+  print_message("  %-26s %s %s: O err %.2e, LSE err %.2e, empty rows %zu\n", c->name, an, fct_dtype_str(c->dtype),
+                err_o, err_lse, empty);
+  FCT_CHECK(err_o <= tol, "%s (%s): O relative L2 %.3e > %.1e", c->name, an, err_o, tol);
+  FCT_CHECK(err_lse <= lse_tol, "%s (%s): LSE relative L2 %.3e > %.1e", c->name, an, err_lse, lse_tol);
+
+  if (c->backward) {
+    fct_tensor dq, dk, dv;
+    fct_tensor_create(&dq, c->dtype, FCT_BNHD, B, Nq, Hq, D, 6);
+    fct_tensor_create(&dk, c->dtype, FCT_BNHD, B, Nk, Hkv, D, 7);
+    fct_tensor_create(&dv, c->dtype, FCT_BNHD, B, Nk, Hkv, D, 8);
+    fct_tensor_poison(&dq);
+    fct_tensor_poison(&dk);
+    fct_tensor_poison(&dv);
+    st = flashcl_attention_backward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.d_o.t, &dq.t,
+                                    &dk.t, &dv.t, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s): backward", c->name, an);
+    fct_finish();
+    fct_tensor_download(&dq);
+    fct_tensor_download(&dk);
+    fct_tensor_download(&dv);
+    double *rdq = calloc((size_t)(B * Nq * Hq * D), sizeof(double));
+    double *rdk = calloc((size_t)(B * Nk * Hkv * D), sizeof(double));
+    double *rdv = calloc((size_t)(B * Nk * Hkv * D), sizeof(double));
+    ref_out odq = ref_out_bnhd(rdq, B, Nq, Hq, D), odk = ref_out_bnhd(rdk, B, Nk, Hkv, D),
+            odv = ref_out_bnhd(rdv, B, Nk, Hkv, D);
+    ref_tensor r_o = fct_tensor_ref(&o), r_do = fct_tensor_ref(&in.d_o);
+    FCT_CHECK(ref_masks_backward(&rp, &rm, &rd, &rq, &rk, &rv, &r_o, &r_do, &odq, &odk, &odv) == 0,
+              "%s: reference backward", c->name);
+    const double e_dq = mt_rel_l2(&dq, rdq), e_dk = mt_rel_l2(&dk, rdk), e_dv = mt_rel_l2(&dv, rdv);
+    print_message("  %-26s %s %s: dQ err %.2e, dK err %.2e, dV err %.2e\n", c->name, an, fct_dtype_str(c->dtype),
+                  e_dq, e_dk, e_dv);
+    FCT_CHECK(e_dq <= tol && e_dk <= tol && e_dv <= tol, "%s (%s): gradient relative L2 (%.3e, %.3e, %.3e) > %.1e",
+              c->name, an, e_dq, e_dk, e_dv, tol);
+    free(rdq);
+    free(rdk);
+    free(rdv);
+    fct_tensor_release(&dq);
+    fct_tensor_release(&dk);
+    fct_tensor_release(&dv);
+  }
+  free(ref_o);
+  free(ref_lse);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+  mt_inputs_release(&in);
+}
+
+static void mt_both(void **state) {
+  const mt_case *c = (const mt_case *)*state;
+  mt_run(c, FLASHCL_ALGO_FLASH);
+  mt_run(c, FLASHCL_ALGO_NAIVE);
+}
+
+static const int VQ[3] = {37, 1, 80}, VK[3] = {50, 64, 20};
+
+/* name, dtype, batch, nq, nk, hq, hkv, d, causal, wl, wr, alibi, softcap, scale, dropout, num_seqs, lens_q,
+ * lens_k, backward, gpu_map, block */
+static const mt_case CASES[] = {
+    {"window_left_small_tiles", FLASHCL_F32, 2, 70, 70, 2, 1, 32, 0, 9, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 16},
+    {"window_right", FLASHCL_F16, 1, 50, 70, 2, 2, 32, 0, -1, 5, 0, 0, 0, 0, 0, NULL, NULL, 0, 0},
+    {"window_both", FLASHCL_BF16, 1, 70, 70, 2, 2, 64, 0, 7, 3, 0, 0, 0, 0, 0, NULL, NULL, 0, 0},
+    {"window_causal_nq_lt_nk", FLASHCL_F32, 1, 40, 90, 2, 2, 32, 1, 12, -1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0},
+    {"window_empty_rows", FLASHCL_F32, 1, 64, 30, 2, 1, 32, 0, 2, 1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0},
+    {"alibi_causal_gqa", FLASHCL_F32, 2, 45, 45, 4, 2, 32, 1, -1, -1, 1, 0, 0, 0, 0, NULL, NULL, 0, 0},
+    {"alibi_noncausal", FLASHCL_F16, 1, 33, 60, 4, 1, 32, 0, -1, -1, 1, 0, 0, 0, 0, NULL, NULL, 0, 0},
+    {"softcap", FLASHCL_F32, 1, 50, 50, 2, 2, 32, 0, -1, -1, 0, 3.0f, 1.0f, 0, 0, NULL, NULL, 1, 0},
+    {"softcap_causal", FLASHCL_F16, 2, 40, 56, 2, 1, 32, 1, -1, -1, 0, 2.0f, 0.5f, 0, 0, NULL, NULL, 0, 0},
+    {"all_varlen_gqa", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0},
+    {"all_varlen_dropout_gpu_map", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 0, 6, 4, 1, 4.0f, 0.5f, 0.2f, 3, VQ, VK, 1, 1, 16},
+};
+
+/* ------------------------------------------------------------ error paths -- */
+
+static void mt_error_paths(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  const mt_case c = {"errors", FLASHCL_F32, 1, 16, 16, 4, 2, 32, 0, -1, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0};
+  mt_inputs in;
+  mt_inputs_create(&in, &c);
+  fct_tensor o, lse, dq, dk, dv;
+  fct_tensor_create(&o, c.dtype, FCT_BNHD, 1, 16, 4, 32, 4);
+  fct_tensor_create_lse(&lse, FCT_BNHD, 1, 16, 4, 5);
+  fct_tensor_create(&dq, c.dtype, FCT_BNHD, 1, 16, 4, 32, 6);
+  fct_tensor_create(&dk, c.dtype, FCT_BNHD, 1, 16, 2, 32, 7);
+  fct_tensor_create(&dv, c.dtype, FCT_BNHD, 1, 16, 2, 32, 8);
+  const float three[3] = {0.5f, 0.25f, 0.125f};
+  cl_mem short_alibi = fct_create_buffer(sizeof three, three); /* heads_q = 4 needs 16 bytes */
+
+  for (int t = 0; t < 7; t++) {
+    for (int bwd = 0; bwd < 2; bwd++) {
+      flashcl_attention_desc desc;
+      mt_desc(&c, &in, FLASHCL_ALGO_AUTO, &desc);
+      flashcl_status want = FLASHCL_ERROR_INVALID_ARGUMENT;
+      const char *what = "";
+      switch (t) {
+      case 0: desc.window_left = -2; what = "window_left = -2"; break;
+      case 1: desc.window_right = -7; what = "window_right = -7"; break;
+      case 2: desc.softcap = -1.0f; what = "softcap = -1"; break;
+      case 3: desc.softcap = NAN; what = "softcap = NaN"; break;
+      case 4: desc.softcap = INFINITY; what = "softcap = inf"; break;
+      case 5: desc.alibi_slopes = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "alibi 12 bytes"; break;
+      case 6: desc.window_left = INT32_MIN; what = "window_left = INT_MIN"; break;
+      }
+      fct_tensor_poison(&o);
+      fct_tensor_poison(&lse);
+      fct_tensor_poison(&dq);
+      fct_tensor_poison(&dk);
+      fct_tensor_poison(&dv);
+      flashcl_status st;
+      if (!bwd) {
+        st = flashcl_attention_forward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, 0, NULL, NULL);
+      } else {
+        /* o and lse are poison here: the call must fail before reading anything. */
+        st = flashcl_attention_backward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.d_o.t, &dq.t,
+                                        &dk.t, &dv.t, 0, NULL, NULL);
+      }
+      FCT_CHECK_STATUS(st, want, "%s (%s)", what, bwd ? "backward" : "forward");
+      FCT_CHECK(strlen(flashcl_context_last_error(env->ctx)) > 0, "%s: no error message", what);
+      size_t ws = 0;
+      FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t,
+                                                        bwd ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, &ws),
+                       want, "%s: workspace_size", what);
+      fct_finish();
+      fct_tensor_download(&o);
+      fct_tensor_download(&lse);
+      fct_tensor_download(&dq);
+      fct_tensor_download(&dk);
+      fct_tensor_download(&dv);
+      FCT_CHECK(fct_tensor_count_unpoisoned(&o) == 0 && fct_tensor_count_unpoisoned(&lse) == 0 &&
+                    fct_tensor_count_unpoisoned(&dq) == 0 && fct_tensor_count_unpoisoned(&dk) == 0 &&
+                    fct_tensor_count_unpoisoned(&dv) == 0,
+                "%s: a failed call wrote to an output", what);
+    }
+  }
+  /* The defaults: -1 / NULL / 0. */
+  flashcl_attention_desc d0;
+  flashcl_attention_desc_init(&d0);
+  FCT_CHECK(d0.window_left == -1 && d0.window_right == -1 && d0.alibi_slopes == NULL && d0.softcap == 0.0f,
+            "desc_init defaults (%d, %d, %p, %g)", d0.window_left, d0.window_right, (void *)d0.alibi_slopes,
+            (double)d0.softcap);
+  clReleaseMemObject(short_alibi);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+  fct_tensor_release(&dq);
+  fct_tensor_release(&dk);
+  fct_tensor_release(&dv);
+  mt_inputs_release(&in);
+}
+
+/* window_right = 0 without causal is causal; an unbounded window is no window. */
+static void mt_equivalences(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  const mt_case c = {"equiv", FLASHCL_F32, 1, 40, 48, 2, 2, 32, 0, -1, -1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0};
+  mt_inputs in;
+  mt_inputs_create(&in, &c);
+  fct_tensor o[2];
+  for (int t = 0; t < 2; t++) {
+    fct_tensor_create(&o[t], c.dtype, FCT_BNHD, 1, 40, 2, 32, 4 + t);
+  }
+  for (int pair = 0; pair < 2; pair++) {
+    for (int t = 0; t < 2; t++) {
+      flashcl_attention_desc desc;
+      mt_desc(&c, &in, FLASHCL_ALGO_FLASH, &desc);
+      if (pair == 0) {
+        if (t == 0) desc.causal = 1;
+        else desc.window_right = 0;
+      } else {
+        if (t == 1) desc.window_left = desc.window_right = 1000000;
+      }
+      fct_tensor_poison(&o[t]);
+      FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o[t].t, NULL, 0, NULL,
+                                                 NULL),
+                       FLASHCL_SUCCESS, "equivalence %d/%d", pair, t);
+      fct_finish();
+      fct_tensor_download(&o[t]);
+    }
+    double e2 = 0.0;
+    for (int64_t n = 0; n < 40; n++)
+      for (int64_t h = 0; h < 2; h++)
+        for (int64_t x = 0; x < 32; x++) {
+          const double a = fct_tensor_get(&o[0], 0, n, h, x), b = fct_tensor_get(&o[1], 0, n, h, x);
+          FCT_CHECK(!isnan(a) && !isnan(b), "equivalence %d: NaN", pair);
+          e2 += (a - b) * (a - b);
+        }
+    FCT_CHECK(sqrt(e2) <= 1e-5, "%s: outputs differ by %.3e", pair == 0 ? "window_right = 0 vs causal"
+                                                                      : "huge window vs none", sqrt(e2));
+  }
+  fct_tensor_release(&o[0]);
+  fct_tensor_release(&o[1]);
+  mt_inputs_release(&in);
+}
+
+int main(void) {
+  enum { NC = sizeof CASES / sizeof CASES[0] };
+  struct CMUnitTest tests[NC + 2];
+  for (int i = 0; i < NC; i++) {
+    struct CMUnitTest t = {CASES[i].name, mt_both, NULL, NULL, (void *)&CASES[i]};
+    tests[i] = t;
+  }
+  struct CMUnitTest e = cmocka_unit_test(mt_error_paths), q = cmocka_unit_test(mt_equivalences);
+  tests[NC] = e;
+  tests[NC + 1] = q;
+  return fct_run_group("masks", tests, NC + 2, 1);
+}
