@@ -8,12 +8,15 @@
  *   work-group: TPK = head_dim / 8 work-items per key row times KG = 128 / TPK key
  *     groups (128 work-items for head_dim 8..128 and 256; fewer if the device
  *     allows fewer);
- *   KPT (keys per work-item per tile): 4, halved until the local memory fits
- *     min(device local memory, 48 KiB); tile = KG * KPT keys (32 at d = 128);
- *   splits (num_splits = 0): enough work-groups for 4 per compute unit,
- *     ceil(4 * CUs / (B * Hkv * row_blocks)), but at least 256 keys of
- *     max_seqlen_k (or the capacity) per split, and at most
- *     FLASHCL_DECODE_MAX_SPLITS. Batch 1 x 8 kv heads at 128K on 132 CUs -> 66.
+ *   KPT (keys per work-item per tile): 2, halved until the local memory fits
+ *     min(device local memory, 48 KiB); tile = KG * KPT keys (16 at d = 128).
+ *     With K prefetch this is 128 registers on the H100 (4 work-groups per SM);
+ *     KPT 4 needs 165 (3 per SM);
+ *   splits (num_splits = 0): one wave of work-groups at 4 per compute unit,
+ *     floor(4 * CUs / (B * Hkv * row_blocks)) (at least 1), but at least 256 keys
+ *     of max_seqlen_k (or the capacity) per split, and at most
+ *     FLASHCL_DECODE_MAX_SPLITS. 132 CUs, 8 kv heads: batch 1 -> 66 splits,
+ *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
@@ -32,7 +35,7 @@
 #define FCL_DEC_LOCAL_CAP (48 * 1024)
 #define FCL_DEC_KEYS_PER_SPLIT 256
 #define FCL_DEC_MAX_ROWS 8
-#define FCL_DEC_KPT 4
+#define FCL_DEC_KPT 2
 #define FCL_DEC_WG_PER_CU 4
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
@@ -250,7 +253,11 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
     const int64_t lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k
                                                                                         : p->kv.capacity;
-    int64_t s = (cfg_wpc * cus + base - 1) / base;
+    /* One wave: the largest split count whose grid fits cfg_wpc work-groups per
+     * compute unit (a second, partial wave of whole chunks would cost as much as
+     * the first); at least 1. */
+    int64_t s = cfg_wpc * cus / base;
+    if (s < 1) s = 1;
     const int64_t by_len = (lmax + FCL_DEC_KEYS_PER_SPLIT - 1) / FCL_DEC_KEYS_PER_SPLIT;
     if (s > by_len) s = by_len;
     if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
