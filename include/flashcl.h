@@ -10,6 +10,9 @@
  *   - Nothing is printed unless the context was created with verbose != 0.
  *   - A failed call enqueues nothing and writes nothing to its outputs; a readable
  *     message is kept in the context (flashcl_context_last_error).
+ *   - A context is not thread-safe: calls on one context (which share its queue,
+ *     kernel cache, error message and decode scratch) must not run concurrently;
+ *     use one context per thread, or serialize the calls.
  */
 #ifndef FLASHCL_H
 #define FLASHCL_H
@@ -398,10 +401,15 @@ typedef struct flashcl_decode_desc {
    * are not read back). 0 means the cache capacity. Lengths above it are still
    * handled correctly, with chunks that are larger than planned. */
   int max_seqlen_k;
-  /* Scratch for the split partials. NULL: each call allocates it and releases it
-   * after enqueueing (OpenCL frees it once the kernels finish). Otherwise at least
+  /* Scratch for the split partials. NULL: the context keeps one scratch buffer
+   * for all its decode calls, allocated on first need, replaced by a larger one
+   * when a call needs more (never shrunk) and released by flashcl_context_destroy;
+   * on an out-of-order queue each such call waits for the previous one's kernels
+   * (an in-order queue orders them already). Otherwise at least
    * flashcl_attention_decode_workspace_size() bytes from workspace_offset, and it
-   * must not be used by anything else until the call's event completes. */
+   * must not be used by anything else until the call's event completes; a
+   * caller's workspace bypasses the context's scratch (no allocation, no added
+   * wait). */
   cl_mem workspace;
   size_t workspace_offset;
 } flashcl_decode_desc;

@@ -228,6 +228,8 @@ flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id d
 void flashcl_context_destroy(flashcl_context *ctx) {
   if (!ctx) return;
   fcl_release_programs(ctx);
+  if (ctx->decode_scratch.last) clReleaseEvent(ctx->decode_scratch.last);
+  if (ctx->decode_scratch.mem) clReleaseMemObject(ctx->decode_scratch.mem);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);
   free(ctx->kernel_dir);

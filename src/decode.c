@@ -20,7 +20,12 @@
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
- * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats.
+ * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
+ *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
+ *   allocated on first need, replaced by a larger one when a call needs more,
+ *   released with the context), so that a call allocates nothing once warm. On
+ *   an out-of-order queue each call on the scratch waits for the previous one's
+ *   last command (kept in the context); an in-order queue orders them itself.
  */
 #include "internal.h"
 #include "kernel_args.h"
@@ -305,6 +310,41 @@ static void fcl_arg_lse_or_null(fcl_args *a, const flashcl_tensor *lse) {
   fcl_arg_int(a, lse != NULL);
 }
 
+/* The context's cached scratch (desc.workspace NULL), grown to at least `need`
+ * bytes (rounded up to 64 KiB). A replaced buffer is released at once: OpenCL
+ * frees it once the commands already enqueued on it finish. */
+static flashcl_status fcl_decode_scratch(flashcl_context *ctx, size_t need, cl_mem *out) {
+  struct fcl_decode_scratch *sc = &ctx->decode_scratch;
+  if (!sc->queue_ooo) {
+    cl_command_queue_properties qp = 0;
+    cl_int e = clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof qp, &qp, NULL);
+    /* Unknown counts as out-of-order (the safe side). */
+    sc->queue_ooo = e == CL_SUCCESS && !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) ? 1 : 2;
+  }
+  if (!sc->mem || sc->bytes < need) {
+    const size_t gran = 64 * 1024;
+    size_t bytes = need;
+    if (need <= SIZE_MAX - (gran - 1)) bytes = (need + gran - 1) / gran * gran;
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS || !m) {
+      /* Retry at the exact size before giving up. */
+      if (bytes != need) m = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, need, NULL, &err);
+      if (err != CL_SUCCESS || !m) return fcl_cl_fail(ctx, err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES,
+                                                       "clCreateBuffer(decode workspace)");
+      bytes = need;
+    }
+    if (sc->mem) clReleaseMemObject(sc->mem);
+    /* Nothing enqueued so far uses the new buffer. */
+    if (sc->last) clReleaseEvent(sc->last);
+    sc->last = NULL;
+    sc->mem = m;
+    sc->bytes = bytes;
+  }
+  *out = sc->mem;
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc,
                                         const flashcl_tensor *q, const flashcl_tensor *k_cache,
                                         const flashcl_tensor *v_cache, cl_mem seqlens_k, const flashcl_tensor *o,
@@ -321,21 +361,20 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   if (st != FLASHCL_SUCCESS) return st;
   if ((st = fcl_check_seqlens(ctx, seqlens_k, "seqlens_k", p.batch))) return st;
   const int split = p.splits > 1;
+  const size_t need = p.work_floats * sizeof(float);
   cl_mem work = NULL;
-  int own_work = 0;
-  if (split) {
-    const size_t need = p.work_floats * sizeof(float);
-    if (desc->workspace) {
-      int ok;
-      size_t have = fcl_mem_size(desc->workspace, &ok);
-      if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace is not a valid cl_mem");
-      if (desc->workspace_offset > have || have - desc->workspace_offset < need)
-        return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                        "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
-                        desc->workspace_offset, need);
-      work = desc->workspace;
-    }
+  if (split && desc->workspace) {
+    int ok;
+    size_t have = fcl_mem_size(desc->workspace, &ok);
+    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace is not a valid cl_mem");
+    if (desc->workspace_offset > have || have - desc->workspace_offset < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                      "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
+                      desc->workspace_offset, need);
+    work = desc->workspace;
   }
+  /* 1: the partials go to the context's cached scratch. */
+  const int cached = split && !work;
 
   char opts[512];
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
@@ -355,13 +394,8 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode_attn needs %d work-items but the compiled kernel allows %zu",
                     p.threads, kwg);
 
-  cl_int err = CL_SUCCESS;
-  if (split && !work) {
-    work = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, p.work_floats * sizeof(float), NULL, &err);
-    if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateBuffer(decode workspace)");
-    own_work = 1;
-  }
-  const int64_t wo_off = split ? (int64_t)((own_work ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
+  if (cached && (st = fcl_decode_scratch(ctx, need, &work))) return st;
+  const int64_t wo_off = split ? (int64_t)((cached ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
   const int64_t wl_off = wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim + 1) * (size_t)p.head_dim);
 
   const float log2e = 1.4426950408889634f;
@@ -398,25 +432,50 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
     fcl_arg_lse_or_null(&m, lse);
     a.err = m.err;
   }
-  if (a.err != CL_SUCCESS) {
-    if (own_work) clReleaseMemObject(work);
-    return fcl_cl_fail(ctx, a.err, "clSetKernelArg(decode)");
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(decode)");
+
+  /* On an out-of-order queue a call on the cached scratch waits for the previous
+   * one (its merge still reads the partials); an in-order queue orders them. */
+  struct fcl_decode_scratch *sc = &ctx->decode_scratch;
+  const int chain = cached && sc->queue_ooo == 2;
+  const cl_event *wait = num_events_in_wait_list ? event_wait_list : NULL;
+  cl_uint nwait = num_events_in_wait_list;
+  cl_event wait_buf[16], *wait_heap = NULL;
+  if (chain && sc->last) {
+    cl_event *w = wait_buf;
+    if (nwait + 1 > sizeof wait_buf / sizeof wait_buf[0]) {
+      wait_heap = malloc(sizeof(cl_event) * ((size_t)nwait + 1));
+      if (!wait_heap) return fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
+      w = wait_heap;
+    }
+    for (cl_uint i = 0; i < nwait; i++) w[i] = event_wait_list[i];
+    w[nwait++] = sc->last;
+    wait = w;
   }
 
   size_t global[3] = {(size_t)p.threads * p.splits, (size_t)p.heads_kv * p.row_blocks, (size_t)p.batch};
   size_t local[3] = {(size_t)p.threads, 1, 1};
-  cl_event ev = NULL;
-  err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, num_events_in_wait_list,
-                               num_events_in_wait_list ? event_wait_list : NULL, split ? &ev : out_event);
+  cl_event ev = NULL, done = NULL;
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, nwait, wait,
+                                      split ? &ev : out_event);
+  free(wait_heap);
   if (err == CL_SUCCESS && split) {
     /* Chained by event: the queue may be out-of-order (flashcl_context_create_from_cl). */
     size_t mg[3] = {(size_t)p.merge_threads, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
     size_t ml[3] = {(size_t)p.merge_threads, 1, 1};
-    err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, 1, &ev, out_event);
+    err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, 1, &ev, (out_event || chain) ? &done : NULL);
     /* If this enqueue fails the partials are lost, but o and lse are untouched. */
   }
+  if (chain && (done || ev)) {
+    /* The scratch's last user: the merge, or the attention kernel if the merge
+     * could not be enqueued. */
+    if (sc->last) clReleaseEvent(sc->last);
+    sc->last = done ? done : ev;
+    clRetainEvent(sc->last);
+  }
+  if (out_event && split && err == CL_SUCCESS) *out_event = done;
+  else if (done) clReleaseEvent(done);
   if (ev) clReleaseEvent(ev);
-  if (own_work) clReleaseMemObject(work); /* freed once the kernels complete */
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(decode)");
   return FLASHCL_SUCCESS;
 }

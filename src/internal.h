@@ -34,6 +34,17 @@ struct flashcl_context {
    * -1 = unavailable for the reason in mma_reason. Probed on first use. */
   int mma_state;
   char mma_reason[512];
+  /* flashcl_attention_decode's split partials when desc.workspace is NULL
+   * (src/decode.c): grow-only, released by flashcl_context_destroy. last: the
+   * last command of the latest call that used it, kept only on an out-of-order
+   * queue (the next call waits for it); queue_ooo: 0 unknown, 1 in-order, 2
+   * out-of-order. */
+  struct fcl_decode_scratch {
+    cl_mem mem;
+    size_t bytes;
+    cl_event last;
+    int queue_ooo;
+  } decode_scratch;
   char errmsg[FLASHCL_ERRMSG_CAP];
 };
 

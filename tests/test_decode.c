@@ -464,6 +464,187 @@ static void test_decode_auto_splits(void **state) {
   fct_tensor_release(&vc);
 }
 
+/* ------------------------------------- decode: the context's cached scratch -- */
+
+/* One contiguous-cache f32 problem, set up on the host and device with its
+ * reference, launched later (possibly with others in flight). */
+typedef struct scr_prob {
+  dec_case c;
+  int32_t lens[8];
+  fct_tensor q, o, lse;
+  dec_cache cc;
+  dec_data dd;
+  cl_mem seqlens;
+  double *ref_o, *ref_lse;
+} scr_prob;
+
+static void scr_setup(scr_prob *p, const char *name, int B, int T, int Hq, int Hkv, int d, int L, int splits) {
+  fct_rng rng;
+  char tag[128];
+  memset(p, 0, sizeof *p);
+  snprintf(tag, sizeof tag, "decode/scratch/%s", name);
+  fct_rng_init(&rng, tag);
+  for (int b = 0; b < B; b++) p->lens[b] = L - 37 * b;
+  p->c = (dec_case){name, FLASHCL_F32, B, T, Hq, Hkv, d, p->lens, 0, splits, 0, 0, 0};
+  contiguous_tensor(&p->q, FLASHCL_F32, B, T, Hq, d);
+  contiguous_tensor(&p->o, FLASHCL_F32, B, T, Hq, d);
+  lse_bnh(&p->lse, B, T, Hq);
+  fct_tensor_fill_random(&p->q, &rng);
+  fct_tensor_poison(&p->o);
+  fct_tensor_poison(&p->lse);
+  size_t total = 0;
+  p->dd.off = malloc(sizeof(size_t) * (size_t)B);
+  for (int b = 0; b < B; b++) {
+    p->dd.off[b] = total;
+    total += (size_t)p->lens[b];
+  }
+  p->dd.k = malloc(sizeof(float) * total * Hkv * d);
+  p->dd.v = malloc(sizeof(float) * total * Hkv * d);
+  for (size_t i = 0; i < total * Hkv * d; i++) {
+    p->dd.k[i] = rand_value(FLASHCL_F32, &rng);
+    p->dd.v[i] = rand_value(FLASHCL_F32, &rng);
+  }
+  cache_create(&p->cc, &p->c, &rng);
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < p->lens[b]; j++)
+      for (int h = 0; h < Hkv; h++)
+        for (int x = 0; x < d; x++) {
+          const size_t src = (p->dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
+          const size_t dst = cache_index(&p->cc, &p->c, b, j, h, x);
+          fct_store(FLASHCL_F32, p->cc.k.host, dst, p->dd.k[src]);
+          fct_store(FLASHCL_F32, p->cc.v.host, dst, p->dd.v[src]);
+        }
+  upload(&p->cc.k);
+  upload(&p->cc.v);
+  p->seqlens = int_buffer(p->lens, (size_t)B);
+  p->ref_o = malloc(sizeof(double) * (size_t)B * T * Hq * d);
+  p->ref_lse = malloc(sizeof(double) * (size_t)B * T * Hq);
+  ref_decode(&p->c, &p->q, &p->dd, p->ref_o, p->ref_lse);
+}
+
+/* Enqueues the decode without a workspace (no wait, no event). */
+static void scr_launch(flashcl_context *ctx, scr_prob *p, size_t *ws) {
+  flashcl_decode_desc desc;
+  decode_desc(&p->c, &p->cc, &desc);
+  int splits = 0;
+  flashcl_status st = flashcl_attention_decode_workspace_size(ctx, &desc, &p->q.t, &p->cc.k.t, &p->cc.v.t, ws, &splits);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: workspace size", p->c.name);
+  FCT_CHECK(splits == p->c.num_splits, "%s: %d splits", p->c.name, splits);
+  st = flashcl_attention_decode(ctx, &desc, &p->q.t, &p->cc.k.t, &p->cc.v.t, p->seqlens, &p->o.t, &p->lse.t, 0, NULL,
+                                NULL);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_attention_decode", p->c.name);
+}
+
+/* After the queue has finished: downloads and compares against the reference. */
+static void scr_check(scr_prob *p, const char *label) {
+  const dec_case *c = &p->c;
+  fct_tensor_download(&p->o);
+  fct_tensor_download(&p->lse);
+  l2acc eo = {0}, el = {0};
+  for (int b = 0; b < c->batch; b++)
+    for (int t = 0; t < c->q_len; t++)
+      for (int h = 0; h < c->heads_q; h++) {
+        const size_t r = ((size_t)b * c->q_len + t) * c->heads_q + h;
+        for (int x = 0; x < c->head_dim; x++) l2_add(&eo, fct_tensor_get(&p->o, b, t, h, x), p->ref_o[r * c->head_dim + x]);
+        lse_add(&el, fct_tensor_get(&p->lse, b, t, h, 0), p->ref_lse[r]);
+      }
+  print_message("[ DECODE   ] scratch %-9s %-4s B=%d q_len=%d %d:%d d=%d splits=%d: relL2 O %.2e LSE %.2e\n", label,
+                c->name, c->batch, c->q_len, c->heads_q, c->heads_kv, c->head_dim, c->num_splits, l2_rel(&eo),
+                l2_rel(&el));
+  FCT_CHECK(eo.nonfinite == 0 && el.nonfinite == 0 && el.bad_empty == 0, "%s %s: %zu/%zu non-finite O/LSE values",
+            label, c->name, eo.nonfinite, el.nonfinite);
+  FCT_CHECK(l2_rel(&eo) <= fct_tolerance(FLASHCL_F32), "%s %s: O relL2 %.3e", label, c->name, l2_rel(&eo));
+  FCT_CHECK(l2_rel(&el) <= fct_lse_tolerance(FLASHCL_F32), "%s %s: LSE relL2 %.3e", label, c->name, l2_rel(&el));
+}
+
+static void scr_release(scr_prob *p) {
+  free(p->ref_o);
+  free(p->ref_lse);
+  clReleaseMemObject(p->seqlens);
+  cache_release(&p->cc);
+  free(p->dd.k);
+  free(p->dd.v);
+  free(p->dd.off);
+  fct_tensor_release(&p->q);
+  fct_tensor_release(&p->o);
+  fct_tensor_release(&p->lse);
+}
+
+/* Decodes without desc.workspace on a fresh context over `queue`: a small
+ * problem alone (first allocation), then, with no host wait in between, a larger
+ * one (the scratch grows), a smaller one of another head_dim and the first again
+ * (both on the grown scratch). Every result must match the reference, which on an
+ * out-of-order queue needs each call to wait for the previous one's merge. */
+static void scr_run(cl_command_queue queue, const char *label) {
+  fct_env *env = fct_env_get();
+  flashcl_context *ctx = NULL;
+  flashcl_status st = flashcl_context_create_from_cl(env->cl_ctx, env->device, queue, NULL, &ctx);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_context_create_from_cl", label);
+  scr_prob a, b, c;
+  scr_setup(&a, "A", 2, 1, 8, 2, 64, 300, 3);    /* 12,480-byte scratch */
+  scr_setup(&b, "B", 4, 2, 32, 8, 64, 700, 16);  /* 1,064,960 bytes: grows */
+  scr_setup(&c, "C", 3, 1, 8, 2, 128, 500, 5);   /* 61,920 bytes */
+  size_t wa = 0, wb = 0, wc = 0;
+  scr_launch(ctx, &a, &wa);
+  FCT_CHECK(clFinish(queue) == CL_SUCCESS, "%s: clFinish", label);
+  scr_check(&a, label);
+  fct_tensor_poison(&a.o);
+  fct_tensor_poison(&a.lse);
+  scr_launch(ctx, &b, &wb);
+  scr_launch(ctx, &c, &wc);
+  scr_launch(ctx, &a, &wa);
+  FCT_CHECK(wb > 64 * 1024 && wb > wa && wb > wc, "%s: workspaces %zu %zu %zu do not make the scratch grow", label,
+            wa, wb, wc);
+  FCT_CHECK(clFinish(queue) == CL_SUCCESS, "%s: clFinish", label);
+  scr_check(&b, label);
+  scr_check(&c, label);
+  scr_check(&a, label);
+  /* A caller's workspace bypasses the scratch; the cached one still works after. */
+  fct_tensor_poison(&c.o);
+  fct_tensor_poison(&c.lse);
+  cl_mem wbuf = fct_create_buffer(wc, NULL);
+  flashcl_decode_desc desc;
+  decode_desc(&c.c, &c.cc, &desc);
+  desc.workspace = wbuf;
+  st = flashcl_attention_decode(ctx, &desc, &c.q.t, &c.cc.k.t, &c.cc.v.t, c.seqlens, &c.o.t, &c.lse.t, 0, NULL, NULL);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: decode with a workspace", label);
+  fct_tensor_poison(&b.o);
+  fct_tensor_poison(&b.lse);
+  scr_launch(ctx, &b, &wb);
+  FCT_CHECK(clFinish(queue) == CL_SUCCESS, "%s: clFinish", label);
+  scr_check(&c, label);
+  scr_check(&b, label);
+  clReleaseMemObject(wbuf);
+  scr_release(&a);
+  scr_release(&b);
+  scr_release(&c);
+  flashcl_context_destroy(ctx);
+}
+
+static void test_decode_cached_scratch(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  scr_run(env->queue, "in-order");
+  cl_command_queue_properties dq = 0;
+  clGetDeviceInfo(env->device, CL_DEVICE_QUEUE_PROPERTIES, sizeof dq, &dq, NULL);
+  if (!(dq & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
+    print_message("[ DECODE   ] scratch: the device has no out-of-order queues; skipped that part\n");
+    return;
+  }
+  cl_int err = CL_SUCCESS;
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  cl_command_queue ooo = clCreateCommandQueue(env->cl_ctx, env->device, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  FCT_CHECK(err == CL_SUCCESS && ooo, "clCreateCommandQueue(out-of-order): %d", (int)err);
+  scr_run(ooo, "ooo");
+  clReleaseCommandQueue(ooo);
+}
+
 /* ----------------------------------------------------------------- merge -- */
 
 /* Double reference of a merge: rows of (o, lse) pairs. */
@@ -937,6 +1118,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest){DEC_CASES[i].name, test_decode_case, NULL, NULL, (void *)&DEC_CASES[i]};
   tests[n++] = (struct CMUnitTest){"decode_corrupt_block_table", test_decode_corrupt_block_table, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_auto_splits", test_decode_auto_splits, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"decode_cached_scratch", test_decode_cached_scratch, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("decode", tests, n, 1);
 }
