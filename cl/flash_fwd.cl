@@ -64,6 +64,13 @@
  *   ALIBI        1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
  *   SOFTCAP      1: score = c * tanh(scale * q.k / c) with softcap_in = scale / c and
  *                softcap_log2 = c * log2(e) (before ALiBi and the masks)
+ *   MASK         1: block mask, 2: bit mask (flashcl_mask_kind): `mask` holds row-major
+ *                bit matrices of mask_words uint32 words per row, sequence b and query
+ *                head h at word b * mask_bs + h * mask_hs; MASK 1: bit (i / mask_bq,
+ *                j / mask_bk), MASK 2: bit (i, j); a 0 bit hides key j from query i
+ *                (on top of every other mask). Tiles whose bits are all 0 over the
+ *                tile's rows x keys are never loaded; tiles whose bits are all 1 skip
+ *                the per-score test.
  *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
  *                NTHREADS / S_* / O_* parameters are unused)
  *
@@ -130,6 +137,9 @@
 #ifndef SOFTCAP
 #define SOFTCAP 0
 #endif
+#ifndef MASK
+#define MASK 0
+#endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
@@ -172,6 +182,57 @@ inline ushort4 float4_to_bf16x4(float4 x) {
 #define GLOAD4(p, i) bf16x4_to_float4(vload4(0, (p) + (i)))
 #define GSTORE4(p, i, x) vstore4(float4_to_bf16x4(x), 0, (p) + (i))
 #endif
+#endif
+
+#if MASK
+/* Rows [r0, r1] x columns [c0, c1] of a bit matrix of W words per row:
+ * bit 0 set iff any bit is set there, bit 1 iff all are. */
+inline int mask_scan(__global const uint *m, int W, int r0, int r1, int c0, int c1) {
+  uint any = 0u;
+  int all = 1;
+  const int w0 = c0 >> 5, w1 = c1 >> 5;
+  for (int r = r0; r <= r1; r++) {
+    __global const uint *row = m + (long)r * W;
+    for (int w = w0; w <= w1; w++) {
+      uint sel = 0xffffffffu;
+      if (w == w0) sel &= 0xffffffffu << (c0 & 31);
+      if (w == w1) sel &= 0xffffffffu >> (31 - (c1 & 31));
+      const uint x = row[w] & sel;
+      any |= x;
+      all = all && x == sel;
+    }
+  }
+  return (any != 0u) | (all << 1);
+}
+/* The mask bits of queries [qa, qb] x keys [ka, kb] (see mask_scan). */
+inline int mask_tile(__global const uint *m, int W, int bq, int bk, int qa, int qb, int ka, int kb) {
+#if MASK == 1
+  return mask_scan(m, W, qa / bq, qb / bq, ka / bk, kb / bk);
+#else
+  return mask_scan(m, W, qa, qb, ka, kb);
+#endif
+}
+inline int mask_ok(__global const uint *m, int W, int bq, int bk, int i, int j) {
+#if MASK == 1
+  i /= bq;
+  j /= bk;
+#endif
+  return (m[(long)i * W + (j >> 5)] >> (j & 31)) & 1u;
+}
+/* The first tile start k0' = k0 + t * BLOCK_C < kend with a visible bit, or a
+ * value >= kend. Uniform across the work-group (every work-item reads the same words). */
+inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int qb, int k0, int kend, int nk) {
+  while (k0 < kend && !(mask_tile(m, W, bq, bk, qa, qb, k0, min(k0 + BLOCK_C, nk) - 1) & 1)) k0 += BLOCK_C;
+  return k0;
+}
+/* In the kernels: mrow is this (sequence, head)'s matrix, q0 / nq / nk as there. */
+#define MASK_LASTQ (min(q0 + BLOCK_R, nq) - 1)
+#define MASK_NEXT(k) mask_next(mrow, mask_words, mask_bq, mask_bk, q0, MASK_LASTQ, (k), kend, nk)
+#define MASK_TILE(k) mask_tile(mrow, mask_words, mask_bq, mask_bk, q0, MASK_LASTQ, (k), min((k) + BLOCK_C, nk) - 1)
+#define MASK_OK(i, j) mask_ok(mrow, mask_words, mask_bq, mask_bk, (i), (j))
+#define KNEXT knext
+#else
+#define KNEXT (k0 + BLOCK_C)
 #endif
 
 #if !CPU_MAP
@@ -258,7 +319,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
-    __global const float *alibi, float softcap_in, float softcap_log2) {
+    __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
+    long mask_hs, int mask_words, int mask_bq, int mask_bk) {
   __local float4 Qs[BLOCK_R * D4];
   __local float4 KVs[BLOCK_C * D4];
   __local float4 Ps[BLOCK_R * C4];
@@ -323,12 +385,22 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #if ALIBI
   const float slope_log2 = alibi[h] * M_LOG2E_F;
 #endif
+#if MASK
+  __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
+  kstart = MASK_NEXT(kstart); /* tiles whose mask bits are all 0 are never loaded */
+#endif
   stage_t stage[KV_PER];
 #if PREFETCH
   if (kend > kstart) STAGE_LOAD(k, kbase, k_sn, kstart)
 #endif
 
+#if MASK
+  for (int k0 = kstart, knext; k0 < kend; k0 = knext) {
+    const int mcls = MASK_TILE(k0); /* 1: some bits set, 3: all set */
+    knext = MASK_NEXT(k0 + BLOCK_C);
+#else
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
 #if !PREFETCH
     STAGE_LOAD(k, kbase, k_sn, k0)
@@ -385,6 +457,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
           if (col >= nk) sv = -INFINITY;
 #endif
         }
+#if MASK
+        if (!(mcls & 2)) {
+          const int row = q0 + r, col = k0 + sx + j * S_CT;
+          if (row >= nq || col >= nk || !MASK_OK(row, col)) sv = -INFINITY;
+        }
+#endif
         s[i][j] = sv;
         pm = fmax(pm, sv);
       }
@@ -393,7 +471,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
 #if PREFETCH
     STAGE_STORE() /* V */
-    if (k0 + BLOCK_C < kend) STAGE_LOAD(k, kbase, k_sn, k0 + BLOCK_C) /* next K arrives during P V */
+    if (KNEXT < kend) STAGE_LOAD(k, kbase, k_sn, KNEXT) /* next K arrives during P V */
 #else
     STAGE_LOAD(v, vbase, v_sn, k0)
     STAGE_STORE() /* V */
@@ -508,7 +586,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
-    __global const float *alibi, float softcap_in, float softcap_log2) {
+    __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
+    long mask_hs, int mask_words, int mask_bq, int mask_bk) {
   __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
   __local float Vs[BLOCK_C * HEAD_DIM]; /* V tile: Vs[j][x] */
   float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
@@ -561,7 +640,14 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
 #if ALIBI
   const float slope_log2 = alibi[h] * M_LOG2E_F;
 #endif
+#if MASK
+  __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
+  for (int k0 = MASK_NEXT(kstart), knext; k0 < kend; k0 = knext) {
+    const int mcls = MASK_TILE(k0); /* 1: some bits set, 3: all set */
+    knext = MASK_NEXT(k0 + BLOCK_C);
+#else
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
+#endif
     /* Stage K (transposed) and V; keys past nk read as 0. */
     for (int j = 0; j < BLOCK_C; j++) {
       const int in = k0 + j < nk;
@@ -629,6 +715,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
 #endif
         for (int j = max(lim, 0); j < BLOCK_C; j++) srow[j] = -INFINITY;
       }
+#if MASK
+      if (!(mcls & 2))
+        for (int j = 0; j < BLOCK_C; j++)
+          if (q0 + r >= nq || k0 + j >= nk || !MASK_OK(q0 + r, k0 + j)) srow[j] = -INFINITY;
+#endif
       float8 mv = vload8(0, srow);
       for (int c = 1; c < CV; c++) mv = fmax(mv, vload8(c, srow));
       const float4 m4 = fmax(mv.lo, mv.hi);

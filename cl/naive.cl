@@ -23,6 +23,8 @@
  *   SOFTCAP    1: score = softcap * tanh(score / softcap) on the scaled score
  *              (before ALiBi and the masks); naive_ds then multiplies dS by
  *              1 - tanh^2, reading the scaled scores from `raw`
+ *   MASK       1: block mask, 2: bit mask (see flash_fwd.cl and flashcl_mask_kind);
+ *              naive_softmax hides key j of query i when its bit is 0
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -50,6 +52,9 @@
 #endif
 #ifndef SOFTCAP
 #define SOFTCAP 0
+#endif
+#ifndef MASK
+#define MASK 0
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -105,7 +110,8 @@ __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
     __global float *scores, __global float *lse_ws, int heads, int padded_q, int padded_k,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int window_left,
-    int window_right, __global const float *alibi, float softcap) {
+    int window_right, __global const float *alibi, float softcap, __global const uint *mask, long mask_bs,
+    long mask_hs, int mask_words, int mask_bq, int mask_bk) {
   __local float red[WG];
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
@@ -122,6 +128,17 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   first = clamp(i + nk - nq - window_left, 0, visible);
 #endif
   __global float *p = scores + row * padded_k;
+#if MASK
+  const int mh = (int)((row / padded_q) % heads);
+  __global const uint *mrow = mask + s * mask_bs + mh * mask_hs + (long)(MASK == 1 ? i / mask_bq : i) * mask_words;
+#if MASK == 1
+#define VIS(j) (j >= first && ((mrow[((j) / mask_bk) >> 5] >> (((j) / mask_bk) & 31)) & 1u))
+#else
+#define VIS(j) (j >= first && ((mrow[(j) >> 5] >> ((j) & 31)) & 1u))
+#endif
+#else
+#define VIS(j) (j >= first)
+#endif
 
 #if ALIBI || SOFTCAP
   {
@@ -145,7 +162,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
 
   float m = -INFINITY;
   for (int j = lid; j < visible; j += WG)
-    if (j >= first) m = fmax(m, p[j]);
+    if (VIS(j)) m = fmax(m, p[j]);
   red[lid] = m;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = WG / 2; w > 0; w >>= 1) {
@@ -157,7 +174,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
 
   float l = 0.0f;
   for (int j = lid; j < visible; j += WG)
-    if (j >= first) l += exp(p[j] - m);
+    if (VIS(j)) l += exp(p[j] - m);
   red[lid] = l;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = WG / 2; w > 0; w >>= 1) {
@@ -167,7 +184,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   l = red[0];
 
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int j = lid; j < padded_k; j += WG) p[j] = (j >= first && j < visible) ? exp(p[j] - m) * inv : 0.0f;
+  for (int j = lid; j < padded_k; j += WG) p[j] = (j < visible && VIS(j)) ? exp(p[j] - m) * inv : 0.0f;
   if (lid == 0) lse_ws[row] = l > 0.0f ? m + log(l) : -INFINITY;
 }
 

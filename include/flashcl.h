@@ -267,7 +267,79 @@ typedef struct flashcl_attention_desc {
   int window_right;
   cl_mem alibi_slopes;
   float softcap;
+
+  /* Explicit attention mask (block-sparse or one bit per pair), see README
+   * "Block-sparse and bitmask attention" and flashcl_mask_kind for the layouts.
+   * A 0 bit hides its (query, key) pair or block; the mask composes with causal,
+   * the window and varlen lengths by intersection (a key is visible iff every one
+   * of them lets it through), and ALiBi / softcap apply to the visible scores as
+   * usual. Rows left without a visible key get O = 0 and LSE = -inf (no NaN).
+   * The flash forward skips K/V tiles whose mask bits are all 0, so its runtime
+   * falls with the mask's density. mask_kind FLASHCL_MASK_NONE (the default)
+   * ignores the other mask fields. Forward only (flash and naive); the backward
+   * pass returns FLASHCL_ERROR_UNSUPPORTED when a mask is set, and the tensor-core
+   * forward falls back to the portable kernel. */
+  int mask_kind;       /* a flashcl_mask_kind */
+  cl_mem mask;         /* uint32 words, the layout of mask_kind, from byte 0 */
+  int mask_block_q;    /* FLASHCL_MASK_BLOCK: queries per mask block (>= 1) */
+  int mask_block_k;    /* FLASHCL_MASK_BLOCK: keys per mask block (>= 1) */
+  int mask_per_head;   /* 0: one mask per sequence, shared by all query heads;
+                          1: one mask per (sequence, query head) */
 } flashcl_attention_desc;
+
+/*
+ * Mask layouts. With Lq, Lk the per-sequence lengths (seqlen_q / seqlen_k of the
+ * tensors, or max_seqlen_q / max_seqlen_k for varlen, where sequence s of the
+ * packed batch takes the place of batch entry s and its query i / key j count
+ * from the start of the sequence), H = heads_q if mask_per_head else 1:
+ *   FLASHCL_MASK_BLOCK: rows R = ceil(Lq / mask_block_q), columns
+ *     C = ceil(Lk / mask_block_k); block (r, c) covers queries
+ *     [r * mask_block_q, (r + 1) * mask_block_q) and keys
+ *     [c * mask_block_k, (c + 1) * mask_block_k).
+ *   FLASHCL_MASK_BITS: R = Lq, C = Lk, one bit per (query, key) (tree masks of
+ *     speculative decoding, arbitrary sparsity).
+ * Both are row-major bit matrices of W = ceil(C / 32) uint32 words per row:
+ *   bit (c % 32) of word [((b * H + h) * R + r) * W + c / 32]
+ * (b: batch entry or varlen sequence, h: query head or 0). The buffer needs at
+ * least batch * H * R * W * 4 bytes (FLASHCL_ERROR_BUFFER_TOO_SMALL otherwise).
+ * Bits past column C - 1 are ignored; a sequence shorter than Lq / Lk uses the
+ * leading rows / columns of its matrix.
+ */
+typedef enum flashcl_mask_kind {
+  FLASHCL_MASK_NONE = 0,
+  FLASHCL_MASK_BLOCK = 1,
+  FLASHCL_MASK_BITS = 2
+} flashcl_mask_kind;
+
+/* Host-side block layouts for FLASHCL_MASK_BLOCK (pure C, no device), over an
+ * nbq x nbk block matrix with block (i, j) (i: query block, j: key block):
+ *   LOCAL (param w >= 1):     visible iff |i - j| < w  (a band of 2w - 1 diagonals)
+ *   STRIDED (param s >= 1):   visible iff |i - j| < s or j % s == s - 1 (the local
+ *                             band plus every s-th "summary" column, as the fixed
+ *                             pattern of Sparse Transformers)
+ *   BUTTERFLY (param L >= 0): visible iff i == j or i XOR j == 2^k for some k
+ *                             (with L > 0, only k < L): the flat block butterfly
+ *                             of the block-sparse FlashAttention experiments,
+ *                             1 + log2(n) blocks per row for n = 2^m blocks
+ * Compose with causal through desc.causal (intersection). */
+typedef enum flashcl_block_layout {
+  FLASHCL_BLOCK_LOCAL = 0,
+  FLASHCL_BLOCK_STRIDED = 1,
+  FLASHCL_BLOCK_BUTTERFLY = 2
+} flashcl_block_layout;
+
+/* Words (uint32) of one nrows x ncols bit matrix: nrows * ceil(ncols / 32).
+ * FLASHCL_ERROR_INVALID_ARGUMENT for sizes < 1 or a NULL out,
+ * FLASHCL_ERROR_OVERFLOW if it does not fit size_t. */
+FLASHCL_API flashcl_status flashcl_mask_words(int nrows, int ncols, size_t *words);
+
+/* Writes the layout into words[0 .. flashcl_mask_words(nbq, nbk)) (every word,
+ * padding bits 0), in the row layout above (one head, one sequence: replicate it
+ * for more). FLASHCL_ERROR_INVALID_ARGUMENT for an unknown layout, nbq or nbk < 1,
+ * a bad param or NULL words; FLASHCL_ERROR_BUFFER_TOO_SMALL when capacity (in
+ * words) is short. Nothing is written on failure. */
+FLASHCL_API flashcl_status flashcl_block_mask_fill(flashcl_block_layout layout, int nbq, int nbk, int param,
+                                                   uint32_t *words, size_t capacity);
 
 FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);
 

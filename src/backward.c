@@ -305,6 +305,9 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   fcl_problem p;
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
   if (st != FLASHCL_SUCCESS) return st;
+  if (p.mask_kind)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "the backward pass does not support desc.mask (block-sparse / bitmask attention is forward-only)");
   if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
       (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
     return st;

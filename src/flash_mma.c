@@ -15,7 +15,7 @@
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
  * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout, window,
- * ALiBi or softcap, and
+ * ALiBi, softcap or attention mask, and
  * every tensor's element offset and (batch, seq, head) strides a multiple of 8
  * elements (16-byte rows for cp.async). Other problems run the portable kernel.
  *
@@ -181,6 +181,8 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "ALiBi";
   else if (p->softcap > 0.0f)
     why = "softcap";
+  else if (p->mask_kind)
+    why = "attention mask";
   else if (!fcl_mma_aligned(q) || !fcl_mma_aligned(k) || !fcl_mma_aligned(v) || !fcl_mma_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   if (why) {

@@ -98,9 +98,16 @@ typedef struct fcl_problem {
   int window, window_left, window_right;
   cl_mem alibi;  /* NULL = off */
   float softcap; /* 0 = off */
+  /* Attention mask (see flashcl_mask_kind): kind 0 = none; words per row, and
+   * word strides between sequences and between query heads (0: shared). For
+   * FLASHCL_MASK_BITS mask_bq = mask_bk = 1. */
+  int mask_kind;
+  cl_mem mask;
+  int mask_bq, mask_bk, mask_words;
+  int64_t mask_bstride, mask_hstride;
 } fcl_problem;
 
-/* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1" for the variants p uses ("" for none), so
+/* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1 -DMASK=k" for the variants p uses ("" for none), so
  * that problems without them build exactly the options they always did. */
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap);
 

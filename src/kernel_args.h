@@ -84,4 +84,16 @@ static inline void fcl_arg_variants(fcl_args *a, const fcl_problem *p) {
   fcl_arg_float(a, p->softcap > 0.0f ? p->softcap * log2e : 0.0f);
 }
 
+/* The attention-mask arguments of flash_fwd and naive_softmax: mask words
+ * (NULL when off), word strides between sequences and between query heads, words
+ * per row, and the block size (1 x 1 for FLASHCL_MASK_BITS). */
+static inline void fcl_arg_mask(fcl_args *a, const fcl_problem *p) {
+  fcl_arg_mem(a, p->mask_kind ? p->mask : NULL);
+  fcl_arg_long(a, p->mask_bstride);
+  fcl_arg_long(a, p->mask_hstride);
+  fcl_arg_int(a, p->mask_words);
+  fcl_arg_int(a, p->mask_bq);
+  fcl_arg_int(a, p->mask_bk);
+}
+
 #endif

@@ -106,6 +106,7 @@ static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem s
   fcl_arg_int(&a, p->window_right);
   fcl_arg_mem(&a, p->alibi);
   fcl_arg_float(&a, p->softcap);
+  fcl_arg_mask(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_softmax)");
   return fcl_enqueue(ctx, kern, rows * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_softmax");
 }

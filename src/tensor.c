@@ -135,6 +135,46 @@ static int fcl_same_shape(const flashcl_tensor *a, const flashcl_tensor *b) {
          a->shape[3] == b->shape[3];
 }
 
+/* The attention mask of desc against the validated sizes in p (batch, lengths,
+ * heads); fills p's mask fields. */
+static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attention_desc *desc, fcl_problem *p) {
+  if (desc->mask_kind == FLASHCL_MASK_NONE) return FLASHCL_SUCCESS;
+  if (desc->mask_kind != FLASHCL_MASK_BLOCK && desc->mask_kind != FLASHCL_MASK_BITS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.mask_kind %d is not a flashcl_mask_kind",
+                    desc->mask_kind);
+  if (!desc->mask) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.mask_kind is set but desc.mask is NULL");
+  int bq = 1, bk = 1;
+  if (desc->mask_kind == FLASHCL_MASK_BLOCK) {
+    if (desc->mask_block_q <= 0 || desc->mask_block_k <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                      "desc.mask_block_q/mask_block_k (%d, %d) must be >= 1 for FLASHCL_MASK_BLOCK", desc->mask_block_q,
+                      desc->mask_block_k);
+    bq = desc->mask_block_q;
+    bk = desc->mask_block_k;
+  }
+  const int rows = (int)(((int64_t)p->seqlen_q + bq - 1) / bq), cols = (int)(((int64_t)p->seqlen_k + bk - 1) / bk);
+  const int heads = desc->mask_per_head ? p->heads_q : 1;
+  const size_t words = (size_t)(cols + 31) / 32;
+  size_t per_seq, need, have = 0;
+  if (!fcl_mul_size(words, (size_t)rows, &per_seq) || per_seq > (size_t)INT64_MAX / 8 ||
+      !fcl_mul_size(per_seq, (size_t)heads * (size_t)p->batch, &need) || !fcl_mul_size(need, 4, &need))
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "the attention mask's size overflows size_t");
+  if (clGetMemObjectInfo(desc->mask, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.mask is not a valid cl_mem");
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                    "desc.mask needs %zu bytes (%d sequences x %d heads x %d rows x %zu words) but holds %zu", need,
+                    p->batch, heads, rows, words, have);
+  p->mask_kind = desc->mask_kind;
+  p->mask = desc->mask;
+  p->mask_bq = bq;
+  p->mask_bk = bk;
+  p->mask_words = (int)words;
+  p->mask_hstride = desc->mask_per_head ? (int64_t)per_seq : 0;
+  p->mask_bstride = (int64_t)per_seq * heads;
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                  const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
                                  const flashcl_tensor *lse, fcl_problem *p) {
@@ -268,11 +308,53 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     p->window_right = (desc->window_right < 0 || desc->window_right > wide) ? wide : desc->window_right;
     if (p->causal) p->window_right = 0;
   }
-  return FLASHCL_SUCCESS;
+  return fcl_check_mask(ctx, desc, p);
 }
 
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
-           p->softcap > 0.0f ? " -DSOFTCAP=1" : "");
+  snprintf(buf, cap, "%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
+           p->softcap > 0.0f ? " -DSOFTCAP=1" : "",
+           p->mask_kind == FLASHCL_MASK_BLOCK ? " -DMASK=1" : p->mask_kind == FLASHCL_MASK_BITS ? " -DMASK=2" : "");
   return buf;
+}
+
+/* ---------------------------------------------------- host mask layouts -- */
+
+flashcl_status flashcl_mask_words(int nrows, int ncols, size_t *words) {
+  if (!words || nrows < 1 || ncols < 1) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  if (!fcl_mul_size((size_t)nrows, ((size_t)ncols + 31) / 32, words)) return FLASHCL_ERROR_OVERFLOW;
+  return FLASHCL_SUCCESS;
+}
+
+static int fcl_block_visible(flashcl_block_layout layout, int i, int j, int param) {
+  const int dist = i > j ? i - j : j - i;
+  switch (layout) {
+  case FLASHCL_BLOCK_LOCAL: return dist < param;
+  case FLASHCL_BLOCK_STRIDED: return dist < param || j % param == param - 1;
+  case FLASHCL_BLOCK_BUTTERFLY: {
+    const unsigned x = (unsigned)i ^ (unsigned)j;
+    if (x == 0) return 1;
+    if (x & (x - 1)) return 0; /* not a power of two */
+    return param == 0 || (param < 31 && x < (1u << param));
+  }
+  }
+  return 0;
+}
+
+flashcl_status flashcl_block_mask_fill(flashcl_block_layout layout, int nbq, int nbk, int param, uint32_t *words,
+                                       size_t capacity) {
+  size_t need;
+  if (!words || nbq < 1 || nbk < 1) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  if (layout != FLASHCL_BLOCK_LOCAL && layout != FLASHCL_BLOCK_STRIDED && layout != FLASHCL_BLOCK_BUTTERFLY)
+    return FLASHCL_ERROR_INVALID_ARGUMENT;
+  if (layout == FLASHCL_BLOCK_BUTTERFLY ? param < 0 : param < 1) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  flashcl_status st = flashcl_mask_words(nbq, nbk, &need);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (capacity < need) return FLASHCL_ERROR_BUFFER_TOO_SMALL;
+  const size_t w = ((size_t)nbk + 31) / 32;
+  memset(words, 0, need * sizeof *words);
+  for (int i = 0; i < nbq; i++)
+    for (int j = 0; j < nbk; j++)
+      if (fcl_block_visible(layout, i, j, param)) words[(size_t)i * w + (size_t)j / 32] |= 1u << (j % 32);
+  return FLASHCL_SUCCESS;
 }
