@@ -30,6 +30,7 @@ typedef struct bench_opts {
   int decode, have_decode_batch; /* --decode, --decode-batch */
   long page_size;
   tools_list decode_batch;
+  const char *block_sparse; /* --block-sparse DENSITY_LIST */
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
@@ -86,6 +87,11 @@ static void usage(FILE *f) {
           "  --decode-batch LIST  batches for --decode (default GPU 1,8,64, else 1,8)\n"
           "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
           "                       contiguous)\n"
+          "  --block-sparse LIST  time the flash forward with a FLASHCL_MASK_BLOCK mask at\n"
+          "                       each density in LIST (e.g. 1,0.5,0.25,0.125): N from --n\n"
+          "                       (default GPU 16k, else 2k), first --d (64) and --dtype\n"
+          "                       (GPU f16, else f32), non-causal, 128 x 128 mask blocks\n"
+          "                       (64 x 64 off GPU); time vs density\n"
           "  --bwd                also time the backward pass (after one untimed forward\n"
           "                       that writes o and lse)\n"
           "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
@@ -170,6 +176,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       o->have_decode_batch = 1;
     } else if (OPT("--page-size")) {
       if (tools_parse_long(val, &o->page_size) || o->page_size < 0) goto bad;
+    } else if (OPT("--block-sparse")) {
+      o->block_sparse = val;
     } else if (tools_opt_flag(argv, i, "--decode")) {
       o->decode = 1;
     } else if (tools_opt_flag(argv, i, "--bwd")) {
@@ -568,6 +576,129 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   return failures ? 1 : 0;
 }
 
+/* ---- --block-sparse: runtime against block density (Algorithm 5) ----
+ * Mask blocks of mb x mb (a multiple of every portable tile); with nb blocks per
+ * row and k = max(1, round(density * nb)), row i keeps blocks
+ * (i + t * (nb / k)) mod nb, t < k: the diagonal (local) block plus k - 1
+ * evenly strided ones, so every row holds exactly k blocks (density k / nb) and
+ * the work-groups stay balanced. Times the median of --reps forwards by event
+ * profiling; "x dense" is time / time at the first density. */
+static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  double dens[TOOLS_MAX_LIST];
+  int nd = 0, failures = 0;
+  for (const char *p = o->block_sparse; *p && nd < TOOLS_MAX_LIST;) {
+    char *end = NULL;
+    double x = strtod(p, &end);
+    if (end == p || !(x > 0.0 && x <= 1.0)) {
+      fprintf(stderr, "flashcl-bench: --block-sparse densities must be in (0, 1]\n");
+      return 1;
+    }
+    dens[nd++] = x;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (!o->have_n) tools_parse_int_list(info->is_gpu ? "16384" : "2048", &o->n);
+  const long d = o->have_d ? o->d.v[0] : 64;
+  const flashcl_dtype dtype = o->have_dtype ? (flashcl_dtype)o->dtype.v[0] : info->is_gpu ? FLASHCL_F16 : FLASHCL_F32;
+  const long reps = o->have_reps ? (o->reps > 0 ? o->reps : 1) : info->is_gpu ? 10 : 3;
+  const long tokens = o->have_batch_tokens ? o->batch_tokens : info->is_gpu ? 16384 : 2048;
+  const long hidden = o->have_hidden ? o->hidden : info->is_gpu ? 2048 : 256;
+  const int mb = info->is_gpu ? 128 : 64;
+  if (!o->csv) printf("flashcl-bench --block-sparse: mask blocks %d x %d, %s, d = %ld, non-causal, median of %ld\n\n"
+                      "%6s %5s %5s %8s %9s %10s %9s %11s\n",
+                      mb, mb, flashcl_dtype_name(dtype), d, reps, "N", "batch", "heads", "density", "blocks/row",
+                      "median_ms", "x dense", "x/density");
+  else printf("n,d,dtype,batch,heads,density,blocks_per_row,median_ms,ratio_dense\n");
+  for (int ni = 0; ni < o->n.count; ni++) {
+    const long n = o->n.v[ni], batch = tokens / n > 0 ? tokens / n : 1, heads = hidden / d > 0 ? hidden / d : 1;
+    const size_t count = (size_t)batch * n * heads * d;
+    void *scratch = malloc(count * 4);
+    cl_int err = CL_SUCCESS;
+    cl_mem mq = tools_random_buffer(clctx, queue, dtype, count, 11, scratch, &err);
+    cl_mem mk = mq ? tools_random_buffer(clctx, queue, dtype, count, 12, scratch, &err) : NULL;
+    cl_mem mv = mk ? tools_random_buffer(clctx, queue, dtype, count, 13, scratch, &err) : NULL;
+    cl_mem mo = mv ? clCreateBuffer(clctx, CL_MEM_READ_WRITE, count * flashcl_dtype_size(dtype), NULL, &err) : NULL;
+    free(scratch);
+    if (!mo) {
+      fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
+      failures++;
+      if (mq) clReleaseMemObject(mq);
+      if (mk) clReleaseMemObject(mk);
+      if (mv) clReleaseMemObject(mv);
+      continue;
+    }
+    flashcl_tensor q, k, v, out;
+    flashcl_tensor_init_bnhd(&q, mq, 0, dtype, batch, n, heads, d);
+    flashcl_tensor_init_bnhd(&k, mk, 0, dtype, batch, n, heads, d);
+    flashcl_tensor_init_bnhd(&v, mv, 0, dtype, batch, n, heads, d);
+    flashcl_tensor_init_bnhd(&out, mo, 0, dtype, batch, n, heads, d);
+    const int nb = (int)((n + mb - 1) / mb);
+    size_t words = 0;
+    flashcl_mask_words(nb, nb, &words);
+    uint32_t *bits = malloc(words * batch * sizeof *bits);
+    double dense_ms = 0.0;
+    for (int di = 0; di < nd; di++) {
+      int kk = (int)(dens[di] * nb + 0.5);
+      if (kk < 1) kk = 1;
+      if (kk > nb) kk = nb;
+      memset(bits, 0, words * batch * sizeof *bits);
+      const int wpr = (nb + 31) / 32;
+      for (int i = 0; i < nb; i++)
+        for (int t = 0; t < kk; t++) {
+          const int j = (i + t * (nb / kk)) % nb;
+          bits[(size_t)i * wpr + j / 32] |= 1u << (j % 32);
+        }
+      for (long b = 1; b < batch; b++) memcpy(bits + b * words, bits, words * sizeof *bits);
+      cl_mem mm = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, words * batch * sizeof *bits, bits,
+                                 &err);
+      flashcl_attention_desc desc;
+      flashcl_attention_desc_init(&desc);
+      desc.kernel = o->kernel;
+      desc.mask_kind = FLASHCL_MASK_BLOCK;
+      desc.mask = mm;
+      desc.mask_block_q = desc.mask_block_k = mb;
+      double times[1000];
+      int st = mm ? FLASHCL_SUCCESS : err, got = 0;
+      for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
+        cl_event ev = NULL;
+        cl_ulong t0 = 0, t1 = 0;
+        const double h0 = tools_now_ms();
+        st = flashcl_attention_forward(ctx, &desc, &q, &k, &v, &out, NULL, 0, NULL, &ev);
+        if (st != FLASHCL_SUCCESS) break;
+        clWaitForEvents(1, &ev);
+        double ms = tools_now_ms() - h0;
+        if (clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL) == CL_SUCCESS &&
+            clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) == CL_SUCCESS && t1 > t0)
+          ms = (double)(t1 - t0) * 1e-6;
+        clReleaseEvent(ev);
+        if (r > 0) times[got++] = ms; /* the first run builds the program */
+      }
+      if (mm) clReleaseMemObject(mm);
+      if (st != FLASHCL_SUCCESS || got == 0) {
+        tools_print_error(stderr, ctx, "flashcl_attention_forward (block-sparse)", st);
+        failures++;
+        continue;
+      }
+      const double med = tools_median(times, got), real = (double)kk / nb;
+      if (di == 0) dense_ms = med;
+      if (o->csv)
+        printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%.4f,%.4f\n", n, d, flashcl_dtype_name(dtype), batch, heads, real, kk, med,
+               med / dense_ms);
+      else
+        printf("%6ld %5ld %5ld %8.4f %9d %10.3f %9.3f %11.3f\n", n, batch, heads, real, kk, med, med / dense_ms,
+               med / dense_ms / real);
+      fflush(stdout);
+    }
+    free(bits);
+    clReleaseMemObject(mq);
+    clReleaseMemObject(mk);
+    clReleaseMemObject(mv);
+    clReleaseMemObject(mo);
+  }
+  return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   bench_opts o;
   flashcl_context_options options;
@@ -593,6 +724,11 @@ int main(int argc, char **argv) {
     tools_print_error(stderr, ctx, "flashcl_context_device_info", st);
     flashcl_context_destroy(ctx);
     return 2;
+  }
+  if (o.block_sparse) {
+    st = run_block_sparse_bench(ctx, &o, &info);
+    flashcl_context_destroy(ctx);
+    return st;
   }
   if (o.decode) {
     st = run_decode_bench(ctx, &o, &info);
