@@ -71,6 +71,11 @@
  *                (on top of every other mask). Tiles whose bits are all 0 over the
  *                tile's rows x keys are never loaded; tiles whose bits are all 1 skip
  *                the per-score test.
+ *   PAGED_KV     1: k and v are page pools (num_pages, page_size, Hkv, d): sequence b's key
+ *                j is slot j % page_size of page block_table[b * max_pages + j / page_size]
+ *                (clamped to [0, num_pages)), and its key count is kv_lens[b] clamped to
+ *                [0, seqlen_k]; the kernel takes the extra trailing arguments block_table,
+ *                page_size, max_pages, num_pages, kv_lens (PAGED_PARAMS)
  *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
  *                NTHREADS / S_* / O_* parameters are unused)
  *
@@ -140,6 +145,9 @@
 #ifndef MASK
 #define MASK 0
 #endif
+#ifndef PAGED_KV
+#define PAGED_KV 0
+#endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
@@ -182,6 +190,23 @@ inline ushort4 float4_to_bf16x4(float4 x) {
 #define GLOAD4(p, i) bf16x4_to_float4(vload4(0, (p) + (i)))
 #define GSTORE4(p, i, x) vstore4(float4_to_bf16x4(x), 0, (p) + (i))
 #endif
+#endif
+
+#if PAGED_KV
+#if VARLEN
+#error "PAGED_KV does not combine with VARLEN"
+#endif
+#define PAGED_PARAMS                                                                                 \
+  , __global const int *block_table, int page_size, int max_pages, int num_pages, __global const int *kv_lens
+/* Element offset of key j's row in a page pool (bt: this sequence's block-table row). */
+inline long paged_row(__global const int *bt, int j, int page_size, int num_pages, long sb, long sn) {
+  const int pi = j / page_size;
+  return (long)clamp(bt[pi], 0, num_pages - 1) * sb + (long)(j - pi * page_size) * sn;
+}
+#define KV_OFF(j, sb, sn) paged_row(bt, (j), page_size, num_pages, (sb), (sn))
+#else
+#define PAGED_PARAMS
+#define KV_OFF(j, sb, sn) ((long)(j) * (sn))
 #endif
 
 #if MASK
@@ -294,13 +319,13 @@ inline float4 stage_cvt(ushort4 x) {
 
 /* Read this work-item's granules of a K or V tile (rows past nk read as 0: P is
  * 0 there, but 0 * garbage could be NaN). */
-#define STAGE_LOAD(src, base, sn, kstart)                                           \
+#define STAGE_LOAD(src, base, sb, sn, kstart)                                       \
   for (int u = 0; u < KV_PER; u++) {                                                \
     const int e = tid + u * NTHREADS;                                               \
     const int c = e / D4, g = e - (e / D4) * D4;                                    \
     stage_t val = STAGE_ZERO;                                                       \
     if (KV_IN(e) && (kstart) + c < nk)              \
-      val = STAGE_GLOAD(src, (base) + (long)((kstart) + c) * (sn) + 4 * g);         \
+      val = STAGE_GLOAD(src, (base) + KV_OFF((kstart) + c, sb, sn) + 4 * g);        \
     stage[u] = val;                                                                 \
   }
 #define STAGE_STORE()                                                               \
@@ -320,7 +345,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
   __local float4 Qs[BLOCK_R * D4];
   __local float4 KVs[BLOCK_C * D4];
   __local float4 Ps[BLOCK_R * C4];
@@ -355,8 +380,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   if (q0 >= nq) return; /* whole work-group leaves together */
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
+#if PAGED_KV
+  __global const int *bt = block_table + (long)b * max_pages;
+  nk = clamp(kv_lens[b], 0, seqlen_k);
+  const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
+  const long vbase = v_off + (long)hk * v_sh;
+#else
   const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+#endif
   const int diag = nk - nq;
 
   for (int e = tid; e < BLOCK_R * D4; e += NTHREADS) {
@@ -391,7 +423,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #endif
   stage_t stage[KV_PER];
 #if PREFETCH
-  if (kend > kstart) STAGE_LOAD(k, kbase, k_sn, kstart)
+  if (kend > kstart) STAGE_LOAD(k, kbase, k_sb, k_sn, kstart)
 #endif
 
 #if MASK
@@ -403,12 +435,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
 #if !PREFETCH
-    STAGE_LOAD(k, kbase, k_sn, k0)
+    STAGE_LOAD(k, kbase, k_sb, k_sn, k0)
 #endif
     STAGE_STORE() /* K */
     barrier(CLK_LOCAL_MEM_FENCE);
 #if PREFETCH
-    STAGE_LOAD(v, vbase, v_sn, k0) /* V arrives while S is computed */
+    STAGE_LOAD(v, vbase, v_sb, v_sn, k0) /* V arrives while S is computed */
 #endif
 
     float s[S_TM][S_TN];
@@ -471,9 +503,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
 #if PREFETCH
     STAGE_STORE() /* V */
-    if (KNEXT < kend) STAGE_LOAD(k, kbase, k_sn, KNEXT) /* next K arrives during P V */
+    if (KNEXT < kend) STAGE_LOAD(k, kbase, k_sb, k_sn, KNEXT) /* next K arrives during P V */
 #else
-    STAGE_LOAD(v, vbase, v_sn, k0)
+    STAGE_LOAD(v, vbase, v_sb, v_sn, k0)
     STAGE_STORE() /* V */
 #endif
 
@@ -587,7 +619,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
   __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
   __local float Vs[BLOCK_C * HEAD_DIM]; /* V tile: Vs[j][x] */
   float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
@@ -616,8 +648,15 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
   if (q0 >= nq) return;
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
+#if PAGED_KV
+  __global const int *bt = block_table + (long)b * max_pages;
+  nk = clamp(kv_lens[b], 0, seqlen_k);
+  const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
+  const long vbase = v_off + (long)hk * v_sh;
+#else
   const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+#endif
   const int diag = nk - nq;
 
   for (int r = 0; r < BLOCK_R; r++) {
@@ -652,12 +691,12 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     for (int j = 0; j < BLOCK_C; j++) {
       const int in = k0 + j < nk;
       for (int g = 0; g < HEAD_DIM / 4; g++) {
-        const float4 kv = in ? GLOAD4(k, kbase + (long)(k0 + j) * k_sn + 4 * g) : (float4)(0.0f);
+        const float4 kv = in ? GLOAD4(k, kbase + KV_OFF(k0 + j, k_sb, k_sn) + 4 * g) : (float4)(0.0f);
         Kt[(4 * g + 0) * BLOCK_C + j] = kv.x;
         Kt[(4 * g + 1) * BLOCK_C + j] = kv.y;
         Kt[(4 * g + 2) * BLOCK_C + j] = kv.z;
         Kt[(4 * g + 3) * BLOCK_C + j] = kv.w;
-        vstore4(in ? GLOAD4(v, vbase + (long)(k0 + j) * v_sn + 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM);
+        vstore4(in ? GLOAD4(v, vbase + KV_OFF(k0 + j, v_sb, v_sn) + 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM);
       }
     }
 

@@ -25,6 +25,9 @@
  *              1 - tanh^2, reading the scaled scores from `raw`
  *   MASK       1: block mask, 2: bit mask (see flash_fwd.cl and flashcl_mask_kind);
  *              naive_softmax hides key j of query i when its bit is 0
+ *   PAGED_KV   1: paged K/V source (see flash_fwd.cl): naive_pack_paged gathers K/V
+ *              from the page pools, and naive_softmax takes a trailing kv_lens
+ *              argument (sequence s has clamp(kv_lens[s], 0, padded_k) keys)
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -55,6 +58,14 @@
 #endif
 #ifndef MASK
 #define MASK 0
+#endif
+#ifndef PAGED_KV
+#define PAGED_KV 0
+#endif
+#if PAGED_KV
+#define NAIVE_PAGED_PARAMS , __global const int *kv_lens
+#else
+#define NAIVE_PAGED_PARAMS
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -111,14 +122,18 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
     __global float *scores, __global float *lse_ws, int heads, int padded_q, int padded_k,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int window_left,
     int window_right, __global const float *alibi, float softcap, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk NAIVE_PAGED_PARAMS) {
   __local float red[WG];
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
   const int i = (int)(row % padded_q);
   const int s = (int)(row / ((long)padded_q * heads));
   const int nq = seq_range(cu_q, s, padded_q, total_q).y;
+#if PAGED_KV
+  const int nk = clamp(kv_lens[s], 0, padded_k);
+#else
   const int nk = seq_range(cu_k, s, padded_k, total_k).y;
+#endif
   int visible = i < nq ? nk : 0, first = 0; /* keys [first, visible) */
 #if CAUSAL
   visible = clamp(i + nk - nq + 1, 0, visible);
@@ -245,5 +260,25 @@ __kernel void naive_dropout(__global const float *src, __global float *dst, int 
   const int j = get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
   const long e = ((long)bh * padded_q + i) * padded_k + j;
   dst[e] = dropout_keep(seed, offset, (ulong)bh, (uint)i, (uint)j, threshold) ? src[e] * keep_scale : 0.0f;
+}
+#endif
+
+#if PAGED_KV
+/* Global size (HEAD_DIM, padded, sequences * heads): naive_pack from page pools
+ * (num_pages, page_size, heads, d): row n of sequence s is slot n % page_size of
+ * page block_table[s * max_pages + n / page_size] (clamped to [0, num_pages)); rows
+ * at or past clamp(kv_lens[s], 0, padded) are zero. */
+__kernel void naive_pack_paged(__global const store_t *src, long off, long sb, long sn, long sh,
+                               __global float *dst, int heads, int padded, __global const int *block_table,
+                               int page_size, int max_pages, int num_pages, __global const int *kv_lens) {
+  const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
+  const int s = sh_id / heads, h = sh_id - s * heads;
+  float val = 0.0f;
+  if (n < clamp(kv_lens[s], 0, padded)) {
+    const int pi = n / page_size;
+    const int pg = clamp(block_table[(long)s * max_pages + pi], 0, num_pages - 1);
+    val = LOAD(src, off + (long)pg * sb + (long)(n - pi * page_size) * sn + (long)h * sh + x);
+  }
+  dst[((long)sh_id * padded + n) * HEAD_DIM + x] = val;
 }
 #endif

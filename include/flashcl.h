@@ -285,6 +285,29 @@ typedef struct flashcl_attention_desc {
   int mask_block_k;    /* FLASHCL_MASK_BLOCK: keys per mask block (>= 1) */
   int mask_per_head;   /* 0: one mask per sequence, shared by all query heads;
                           1: one mask per (sequence, query head) */
+
+  /* Paged K/V source (chunked prefill over a paged KV cache). kv_block_table NULL
+   * (the default) is off. When set, k and v are the page pools of the decode
+   * cache (see flashcl_decode_desc): (num_pages, page_size, Hkv, d) tensors with
+   * page_size = kv_page_size, and kv_block_table is an int32 buffer [B][kv_max_pages]
+   * (B = q's batch): sequence b's key j lives in slot j % kv_page_size of page
+   * kv_block_table[b * kv_max_pages + j / kv_page_size] (page indices clamped to
+   * [0, num_pages) on the device). kv_seqlens is an int32 buffer [B] of key counts
+   * L_b, including the Nq new tokens, which must already be in the cache (append
+   * them with flashcl_kv_cache_append first): q (B, Nq, Hq, d) holds the LAST Nq
+   * positions of each sequence, so diag = L_b - Nq per sequence (bottom-right
+   * causal alignment, as everywhere). max_seqlen_k (0: kv_max_pages * kv_page_size)
+   * bounds L_b; device lengths are clamped to [0, that bound]. A query row that
+   * sees no key (L_b < Nq - i) gets O = 0 and LSE = -inf. Dropout, the window,
+   * ALiBi, softcap and masks compose as usual (indices count from the start of
+   * the sequence; mask columns: Lk = the bound). Forward only (flash and naive;
+   * the tensor-core forward falls back to the portable kernel); the backward pass
+   * and varlen (cu_seqlens_q/k) with a paged source return
+   * FLASHCL_ERROR_UNSUPPORTED (for varlen chunks, use one call per chunk length). */
+  cl_mem kv_block_table;
+  int kv_page_size;    /* >= 1, must equal k.shape[1] */
+  int kv_max_pages;    /* >= 1 */
+  cl_mem kv_seqlens;   /* int32 [B] */
 } flashcl_attention_desc;
 
 /*

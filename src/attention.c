@@ -44,6 +44,8 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, NULL, NULL, &p);
   if (st != FLASHCL_SUCCESS) return st;
   const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
+  if (pass == FLASHCL_PASS_BACKWARD && p.paged_kv)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
   if (pass == FLASHCL_PASS_BACKWARD && p.mask_kind)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support desc.mask");
   if (pass == FLASHCL_PASS_BACKWARD)

@@ -305,6 +305,9 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   fcl_problem p;
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
   if (st != FLASHCL_SUCCESS) return st;
+  if (p.paged_kv)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "the backward pass does not support a paged K/V source (desc.kv_block_table is forward-only)");
   if (p.mask_kind)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "the backward pass does not support desc.mask (block-sparse / bitmask attention is forward-only)");

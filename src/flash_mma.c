@@ -183,6 +183,8 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "softcap";
   else if (p->mask_kind)
     why = "attention mask";
+  else if (p->paged_kv)
+    why = "paged K/V source";
   else if (!fcl_mma_aligned(q) || !fcl_mma_aligned(k) || !fcl_mma_aligned(v) || !fcl_mma_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   if (why) {

@@ -105,6 +105,11 @@ typedef struct fcl_problem {
   cl_mem mask;
   int mask_bq, mask_bk, mask_words;
   int64_t mask_bstride, mask_hstride;
+  /* Paged K/V source (see flashcl_attention_desc.kv_block_table): paged_kv = 1
+   * when k/v are page pools; seqlen_k is then the bound on the per-sequence key
+   * counts read from kv_seqlens. */
+  int paged_kv, kv_page_size, kv_max_pages, kv_num_pages;
+  cl_mem kv_block_table, kv_seqlens;
 } fcl_problem;
 
 /* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1 -DMASK=k" for the variants p uses ("" for none), so

@@ -90,6 +90,24 @@ static flashcl_status fcl_pack(flashcl_context *ctx, cl_kernel kern, const flash
                      "enqueue naive_pack");
 }
 
+/* naive_pack_paged: K or V of every sequence gathered from the page pool t. */
+static flashcl_status fcl_pack_paged(flashcl_context *ctx, cl_kernel kern, const flashcl_tensor *t, cl_mem dst,
+                                     const fcl_problem *p, cl_uint nwait, const cl_event *wait) {
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, t);
+  fcl_arg_mem(&a, dst);
+  fcl_arg_int(&a, p->heads_kv);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_mem(&a, p->kv_block_table);
+  fcl_arg_int(&a, p->kv_page_size);
+  fcl_arg_int(&a, p->kv_max_pages);
+  fcl_arg_int(&a, p->kv_num_pages);
+  fcl_arg_mem(&a, p->kv_seqlens);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_pack_paged)");
+  return fcl_enqueue(ctx, kern, (size_t)p->head_dim, (size_t)p->seqlen_k, (size_t)p->batch * p->heads_kv, 0, nwait,
+                     wait, NULL, "enqueue naive_pack_paged");
+}
+
 static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem scores, cl_mem lse_ws,
                                   const fcl_problem *p, cl_mem cu_q, cl_mem cu_k, int tq, int tk, int wg, size_t rows) {
   fcl_args a = {kern, 0, CL_SUCCESS};
@@ -107,6 +125,7 @@ static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem s
   fcl_arg_mem(&a, p->alibi);
   fcl_arg_float(&a, p->softcap);
   fcl_arg_mask(&a, p);
+  if (p->paged_kv) fcl_arg_mem(&a, p->kv_seqlens); /* only built with -DPAGED_KV=1 */
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_softmax)");
   return fcl_enqueue(ctx, kern, rows * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_softmax");
 }
@@ -171,10 +190,11 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
            (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
            fcl_variant_options(p, variants, sizeof variants));
   const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
-  cl_kernel k_pack, k_soft, k_unpack;
+  cl_kernel k_pack, k_soft, k_unpack, k_paged = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
       (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "naive_unpack", &k_unpack)))
+      (st = fcl_get_kernel(ctx, src, opts, "naive_unpack", &k_unpack)) ||
+      (p->paged_kv && (st = fcl_get_kernel(ctx, src, opts, "naive_pack_paged", &k_paged))))
     return st;
 
   cl_mem buf[5] = {NULL, NULL, NULL, NULL, NULL}; /* Q (reused for O), K, V, S, LSE */
@@ -194,9 +214,14 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
 
   const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
   const int tq = (int)q->shape[1], tk = (int)k->shape[1], d = p->head_dim;
-  if ((st = fcl_pack(ctx, k_pack, q, buf[0], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)) ||
-      (st = fcl_pack(ctx, k_pack, k, buf[1], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
-      (st = fcl_pack(ctx, k_pack, v, buf[2], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)))
+  if ((st = fcl_pack(ctx, k_pack, q, buf[0], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)))
+    goto done;
+  if (p->paged_kv) {
+    if ((st = fcl_pack_paged(ctx, k_paged, k, buf[1], p, nwait, wait)) ||
+        (st = fcl_pack_paged(ctx, k_paged, v, buf[2], p, nwait, wait)))
+      goto done;
+  } else if ((st = fcl_pack(ctx, k_pack, k, buf[1], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
+             (st = fcl_pack(ctx, k_pack, v, buf[2], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)))
     goto done;
   if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
 

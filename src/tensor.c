@@ -175,6 +175,50 @@ static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attenti
   return FLASHCL_SUCCESS;
 }
 
+/* The paged K/V source of desc (k/v are page pools) against p's batch; fills p's
+ * paged fields and sets p->seqlen_k to the bound on the per-sequence key counts. */
+static flashcl_status fcl_check_paged_kv(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const flashcl_tensor *k, fcl_problem *p) {
+  if (p->varlen)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "a paged K/V source (desc.kv_block_table) does not combine with varlen (cu_seqlens_q/k)");
+  if (desc->kv_page_size < 1 || desc->kv_page_size != k->shape[1])
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "desc.kv_page_size (%d) must be >= 1 and equal the pools' page dimension k.shape[1] (%lld)",
+                    desc->kv_page_size, (long long)k->shape[1]);
+  if (desc->kv_max_pages < 1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "desc.kv_max_pages (%d) must be >= 1", desc->kv_max_pages);
+  const int64_t capacity = (int64_t)desc->kv_max_pages * desc->kv_page_size;
+  if (capacity > INT_MAX)
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "desc.kv_max_pages x kv_page_size exceeds the int32 range");
+  if (desc->max_seqlen_k < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "desc.max_seqlen_k (%d) must be >= 0", desc->max_seqlen_k);
+  size_t need, have = 0;
+  if (!fcl_mul_size((size_t)p->batch * sizeof(cl_int), (size_t)desc->kv_max_pages, &need))
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "the block table's size overflows size_t");
+  if (clGetMemObjectInfo(desc->kv_block_table, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_block_table is not a valid cl_mem");
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                    "desc.kv_block_table holds %zu bytes but batch %d x kv_max_pages %d int32 need %zu", have,
+                    p->batch, desc->kv_max_pages, need);
+  if (!desc->kv_seqlens)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_block_table is set but desc.kv_seqlens is NULL");
+  if (clGetMemObjectInfo(desc->kv_seqlens, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_seqlens is not a valid cl_mem");
+  if (have < (size_t)p->batch * sizeof(cl_int))
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.kv_seqlens holds %zu bytes but batch %d int32 need %zu",
+                    have, p->batch, (size_t)p->batch * sizeof(cl_int));
+  p->paged_kv = 1;
+  p->kv_page_size = desc->kv_page_size;
+  p->kv_max_pages = desc->kv_max_pages;
+  p->kv_num_pages = (int)k->shape[0];
+  p->kv_block_table = desc->kv_block_table;
+  p->kv_seqlens = desc->kv_seqlens;
+  p->seqlen_k = (desc->max_seqlen_k == 0 || desc->max_seqlen_k > capacity) ? (int)capacity : desc->max_seqlen_k;
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                  const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
                                  const flashcl_tensor *lse, fcl_problem *p) {
@@ -227,7 +271,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
   if (!fcl_same_shape(k, v))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k and v must have the same shape");
-  if (k->shape[0] != q->shape[0])
+  if (!desc->kv_block_table && k->shape[0] != q->shape[0]) /* paged: k's batch counts pages */
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q and k batch differ (%lld vs %lld)",
                     (long long)q->shape[0], (long long)k->shape[0]);
   int64_t hq = q->shape[2], hkv = k->shape[2];
@@ -294,6 +338,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     p->seqlen_q = (int)q->shape[1];
     p->seqlen_k = (int)k->shape[1];
   }
+  if (desc->kv_block_table && (st = fcl_check_paged_kv(ctx, desc, k, p))) return st;
 
   /* Score variants. A window wider than any distance |j - (i + diag)| (at most
    * max(Nq, Nk)) is the same as unbounded; clamping keeps the kernels' int bounds
@@ -312,9 +357,10 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
 }
 
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
+  snprintf(buf, cap, "%s%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
            p->softcap > 0.0f ? " -DSOFTCAP=1" : "",
-           p->mask_kind == FLASHCL_MASK_BLOCK ? " -DMASK=1" : p->mask_kind == FLASHCL_MASK_BITS ? " -DMASK=2" : "");
+           p->mask_kind == FLASHCL_MASK_BLOCK ? " -DMASK=1" : p->mask_kind == FLASHCL_MASK_BITS ? " -DMASK=2" : "",
+           p->paged_kv ? " -DPAGED_KV=1" : "");
   return buf;
 }
 

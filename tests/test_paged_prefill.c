@@ -1,0 +1,463 @@
+/*
+ * Paged K/V source for the forward pass (desc.kv_block_table): chunked prefill
+ * over an existing paged KV cache.
+ *
+ * Each case builds a paged cache on the host (pages in random order, page sizes 16
+ * and 64, unused slots and pages NaN so that any read outside a sequence shows up
+ * as NaN), runs the paged forward (flash or naive) of Nq new queries per sequence
+ * against cache lengths (1, 17, 200, 1000) in one batch, causal, GQA, and compares
+ * with the double-precision reference run on the equivalent contiguous K/V
+ * (q = the last Nq positions: bottom-right alignment). Outputs are NaN-poisoned
+ * before the call; tolerances (relative L2 of O): fp32 1e-5, fp16 2e-3, bf16 1e-2.
+ * Rows that see no key (L_b < Nq - i) must give O = 0 and LSE = -inf exactly.
+ * Also: the GPU work-item mapping forced on (FLASHCL_FWD_MAP=gpu), an end-to-end
+ * flashcl_kv_cache_append + paged forward against the contiguous forward over the
+ * whole sequences, and the error paths (outputs untouched).
+ */
+#include "common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void upload(fct_tensor *t) {
+  cl_int err = clEnqueueWriteBuffer(fct_env_get()->queue, t->t.buffer, CL_TRUE, 0, t->bytes, t->host, 0, NULL, NULL);
+  FCT_CHECK(err == CL_SUCCESS, "clEnqueueWriteBuffer failed: %d", (int)err);
+}
+
+static cl_mem int_buffer(const int32_t *v, size_t n) { return fct_create_buffer(n * sizeof(int32_t), v); }
+
+static void contiguous_tensor(fct_tensor *t, flashcl_dtype dtype, int64_t B, int64_t N, int64_t H, int64_t D) {
+  int64_t shape[4] = {B, N, H, D}, stride[4] = {N * H * D, H * D, D, 1};
+  fct_tensor_create_custom(t, dtype, (size_t)(B * N * H * D) * fct_dtype_size(dtype), 0, shape, stride);
+}
+
+#define MAXB 4
+
+typedef struct pp_case {
+  const char *name;
+  flashcl_dtype dtype;
+  int batch;
+  int lens[MAXB]; /* cache lengths L_b, including the Nq new tokens */
+  int nq, hq, hkv, d, page_size;
+  flashcl_algo algo;
+  int gpu_map; /* 1: FLASHCL_FWD_MAP=gpu */
+} pp_case;
+
+/* A paged K and V pool with a random page order. */
+typedef struct pp_cache {
+  fct_tensor k, v;
+  int num_pages, max_pages;
+  int32_t *table; /* [batch][max_pages] */
+  cl_mem bt, lens;
+} pp_cache;
+
+static void cache_build(pp_cache *c, flashcl_dtype dt, int B, const int *lens, int hkv, int d, int ps, fct_rng *rng) {
+  int used = 0, maxl = 0;
+  for (int b = 0; b < B; b++) {
+    used += (lens[b] + ps - 1) / ps;
+    if (lens[b] > maxl) maxl = lens[b];
+  }
+  c->max_pages = (maxl + ps - 1) / ps + 1;
+  c->num_pages = used + 3; /* a few pages no sequence owns */
+  int *perm = malloc(sizeof *perm * (size_t)c->num_pages);
+  for (int i = 0; i < c->num_pages; i++) perm[i] = i;
+  for (int i = c->num_pages - 1; i > 0; i--) {
+    int j = (int)(fct_rng_u64(rng) % (uint64_t)(i + 1)), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  c->table = malloc(sizeof *c->table * (size_t)B * (size_t)c->max_pages);
+  int next = 0;
+  for (int b = 0; b < B; b++)
+    for (int p = 0; p < c->max_pages; p++)
+      c->table[b * c->max_pages + p] = p < (lens[b] + ps - 1) / ps ? perm[next++] : -7; /* never read */
+  free(perm);
+  contiguous_tensor(&c->k, dt, c->num_pages, ps, hkv, d);
+  contiguous_tensor(&c->v, dt, c->num_pages, ps, hkv, d);
+  fct_tensor *pools[2] = {&c->k, &c->v};
+  for (int t = 0; t < 2; t++) {
+    fct_tensor *pt = pools[t];
+    size_t n = pt->bytes / fct_dtype_size(dt);
+    for (size_t i = 0; i < n; i++) fct_store_poison(dt, pt->host, i);
+    for (int b = 0; b < B; b++)
+      for (int j = 0; j < lens[b]; j++) {
+        int page = c->table[b * c->max_pages + j / ps];
+        for (int h = 0; h < hkv; h++)
+          for (int x = 0; x < d; x++)
+            fct_store(dt, pt->host, fct_tensor_index(pt, page, j % ps, h, x), (float)fct_rng_normal(rng));
+      }
+    upload(pt);
+  }
+  c->bt = int_buffer(c->table, (size_t)B * (size_t)c->max_pages);
+  c->lens = int_buffer((const int32_t *)lens, (size_t)B);
+}
+
+static void cache_release(pp_cache *c) {
+  fct_tensor_release(&c->k);
+  fct_tensor_release(&c->v);
+  free(c->table);
+  clReleaseMemObject(c->bt);
+  clReleaseMemObject(c->lens);
+}
+
+/* Sequence b's keys (or values) as a contiguous double (L_b, hkv, d) array. */
+static double *gather(const pp_cache *c, const fct_tensor *pool, int b, int len, int hkv, int d, int ps) {
+  double *out = malloc(sizeof *out * (size_t)(len > 0 ? len : 1) * (size_t)hkv * (size_t)d);
+  for (int j = 0; j < len; j++) {
+    int page = c->table[b * c->max_pages + j / ps];
+    for (int h = 0; h < hkv; h++)
+      for (int x = 0; x < d; x++)
+        out[((size_t)j * hkv + h) * d + x] = fct_tensor_get(pool, page, j % ps, h, x);
+  }
+  return out;
+}
+
+static void paged_desc(flashcl_attention_desc *desc, const pp_cache *c, int ps) {
+  flashcl_attention_desc_init(desc);
+  desc->causal = 1;
+  desc->kv_block_table = c->bt;
+  desc->kv_page_size = ps;
+  desc->kv_max_pages = c->max_pages;
+  desc->kv_seqlens = c->lens;
+}
+
+static void run_case(const pp_case *pc) {
+  fct_env *env = fct_env_get();
+  fct_rng rng;
+  fct_rng_init(&rng, pc->name);
+  const int B = pc->batch, nq = pc->nq, hq = pc->hq, hkv = pc->hkv, d = pc->d, ps = pc->page_size;
+  pp_cache c;
+  cache_build(&c, pc->dtype, B, pc->lens, hkv, d, ps, &rng);
+  fct_tensor q, o, lse;
+  contiguous_tensor(&q, pc->dtype, B, nq, hq, d);
+  fct_tensor_fill_random(&q, &rng);
+  fct_tensor_create_guarded(&o, pc->dtype, FCT_BNHD, B, nq, hq, d, 0, 64);
+  fct_tensor_create_lse_guarded(&lse, FCT_BNHD, B, nq, hq, 0, 64);
+  fct_tensor_poison(&o);
+  fct_tensor_poison(&lse);
+
+  flashcl_attention_desc desc;
+  paged_desc(&desc, &c, ps);
+  desc.algo = pc->algo;
+  if (pc->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
+  flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &q.t, &c.k.t, &c.v.t, &o.t, &lse.t, 0, NULL, NULL);
+  if (pc->gpu_map) unsetenv("FLASHCL_FWD_MAP");
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: paged forward", pc->name);
+  fct_finish();
+  fct_tensor_download(&o);
+  fct_tensor_download(&lse);
+
+  double num = 0, den = 0, lnum = 0, lden = 0;
+  size_t nonfinite = 0, bad_empty = 0;
+  double *ro = malloc(sizeof *ro * (size_t)nq * hq * d), *rl = malloc(sizeof *rl * (size_t)nq * hq);
+  for (int b = 0; b < B; b++) {
+    const int L = pc->lens[b];
+    double *kd = gather(&c, &c.k, b, L, hkv, d, ps), *vd = gather(&c, &c.v, b, L, hkv, d, ps);
+    ref_tensor qr = fct_tensor_ref(&q);
+    qr.offset += (int64_t)b * qr.stride[0];
+    qr.shape[0] = 1;
+    ref_tensor kr = ref_tensor_bnhd(kd, 1, L, hkv, d), vr = ref_tensor_bnhd(vd, 1, L, hkv, d);
+    ref_out orr = ref_out_bnhd(ro, 1, nq, hq, d), lr = ref_out_bnhd(rl, 1, nq, hq, 1);
+    ref_attention_params rp = {0};
+    rp.causal = 1;
+    FCT_CHECK(ref_attention_forward(&rp, &qr, &kr, &vr, &orr, &lr) == 0, "reference failed");
+    for (int i = 0; i < nq; i++)
+      for (int h = 0; h < hq; h++) {
+        const double want_l = rl[(size_t)i * hq + h], got_l = fct_tensor_get(&lse, b, i, h, 0);
+        if (isinf(want_l)) {
+          if (!(isinf(got_l) && got_l < 0)) bad_empty++;
+        } else if (!isfinite(got_l)) {
+          nonfinite++;
+        } else {
+          lnum += (got_l - want_l) * (got_l - want_l);
+          lden += want_l * want_l;
+        }
+        for (int x = 0; x < d; x++) {
+          const double want = ro[((size_t)i * hq + h) * d + x], got = fct_tensor_get(&o, b, i, h, x);
+          if (!isfinite(got)) {
+            nonfinite++;
+            continue;
+          }
+          if (isinf(want_l) && got != 0.0) bad_empty++;
+          num += (got - want) * (got - want);
+          den += want * want;
+        }
+      }
+    free(kd);
+    free(vd);
+  }
+  free(ro);
+  free(rl);
+  const double err = den > 0 ? sqrt(num / den) : sqrt(num), lerr = lden > 0 ? sqrt(lnum / lden) : sqrt(lnum);
+  FCT_CHECK(nonfinite == 0, "%s: %zu non-finite outputs (NaN: a read outside the sequence or an unwritten row)",
+            pc->name, nonfinite);
+  FCT_CHECK(bad_empty == 0, "%s: %zu entries of rows without keys are not O = 0 / LSE = -inf", pc->name, bad_empty);
+  FCT_CHECK(err <= fct_tolerance(pc->dtype), "%s: O rel L2 %.3g > %.3g", pc->name, err, fct_tolerance(pc->dtype));
+  FCT_CHECK(lerr <= fct_lse_tolerance(pc->dtype), "%s: LSE rel L2 %.3g > %.3g", pc->name, lerr,
+            fct_lse_tolerance(pc->dtype));
+  fct_tensor_release(&q);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+  cache_release(&c);
+}
+
+#define LENS {1, 17, 200, 1000}
+static const pp_case CASES[] = {
+    {"paged_flash_f32_ps16_nq1", FLASHCL_F32, 4, LENS, 1, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 0},
+    {"paged_flash_f32_ps16_nq7", FLASHCL_F32, 4, LENS, 7, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 0},
+    {"paged_flash_f32_ps64_nq64", FLASHCL_F32, 4, LENS, 64, 4, 2, 64, 64, FLASHCL_ALGO_FLASH, 0},
+    {"paged_flash_f16_ps64_nq7", FLASHCL_F16, 4, LENS, 7, 4, 1, 64, 64, FLASHCL_ALGO_FLASH, 0},
+    {"paged_flash_f16_ps16_nq64", FLASHCL_F16, 4, LENS, 64, 8, 2, 32, 16, FLASHCL_ALGO_FLASH, 0},
+    {"paged_flash_bf16_ps16_nq64", FLASHCL_BF16, 4, LENS, 64, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 0},
+    {"paged_naive_f32_ps64_nq7", FLASHCL_F32, 4, LENS, 7, 4, 2, 64, 64, FLASHCL_ALGO_NAIVE, 0},
+    {"paged_naive_f32_ps16_nq64", FLASHCL_F32, 4, LENS, 64, 4, 2, 64, 16, FLASHCL_ALGO_NAIVE, 0},
+    {"paged_naive_f16_ps16_nq1", FLASHCL_F16, 4, LENS, 1, 4, 2, 64, 16, FLASHCL_ALGO_NAIVE, 0},
+    {"paged_naive_bf16_ps64_nq64", FLASHCL_BF16, 4, LENS, 64, 4, 1, 64, 64, FLASHCL_ALGO_NAIVE, 0},
+    {"paged_gpu_map_f32_ps16_nq64", FLASHCL_F32, 4, LENS, 64, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 1},
+    {"paged_gpu_map_bf16_ps64_nq7", FLASHCL_BF16, 4, LENS, 7, 4, 2, 64, 64, FLASHCL_ALGO_FLASH, 1},
+};
+
+static void test_case(void **state) { run_case((const pp_case *)*state); }
+
+/* flashcl_kv_cache_append a chunk of T tokens, then the paged forward of that chunk
+ * equals the last T rows of the contiguous forward over the whole sequences. */
+static void test_append_then_prefill(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  fct_rng rng;
+  fct_rng_init(&rng, "paged/append_then_prefill");
+  const flashcl_dtype dt = FLASHCL_F32;
+  enum { B = 2, T = 7, HQ = 4, HKV = 2, D = 64, PS = 16 };
+  const int prior[B] = {100, 37}, total[B] = {107, 44};
+  pp_cache c;
+  cache_build(&c, dt, B, total, HKV, D, PS, &rng); /* pages for the whole sequences */
+  /* Full sequences (contiguous), one tensor per sequence. */
+  fct_tensor kf[B], vf[B], qf[B], of[B], kn, vn, qc, oc;
+  contiguous_tensor(&kn, dt, B, T, HKV, D);
+  contiguous_tensor(&vn, dt, B, T, HKV, D);
+  contiguous_tensor(&qc, dt, B, T, HQ, D);
+  for (int b = 0; b < B; b++) {
+    contiguous_tensor(&kf[b], dt, 1, total[b], HKV, D);
+    contiguous_tensor(&vf[b], dt, 1, total[b], HKV, D);
+    contiguous_tensor(&qf[b], dt, 1, total[b], HQ, D);
+    contiguous_tensor(&of[b], dt, 1, total[b], HQ, D);
+    fct_tensor_fill_random(&qf[b], &rng);
+    fct_tensor_poison(&of[b]);
+    /* The cache's first prior[b] tokens are the sequence's keys; the new chunk's
+     * tokens are poisoned in the pool, to be written by the append. */
+    for (int j = 0; j < total[b]; j++) {
+      const int page = c.table[b * c.max_pages + j / PS];
+      for (int h = 0; h < HKV; h++)
+        for (int x = 0; x < D; x++) {
+          const float kx = (float)fct_rng_normal(&rng), vx = (float)fct_rng_normal(&rng);
+          fct_store(dt, kf[b].host, fct_tensor_index(&kf[b], 0, j, h, x), kx);
+          fct_store(dt, vf[b].host, fct_tensor_index(&vf[b], 0, j, h, x), vx);
+          if (j < prior[b]) {
+            fct_store(dt, c.k.host, fct_tensor_index(&c.k, page, j % PS, h, x), kx);
+            fct_store(dt, c.v.host, fct_tensor_index(&c.v, page, j % PS, h, x), vx);
+          } else {
+            fct_store_poison(dt, c.k.host, fct_tensor_index(&c.k, page, j % PS, h, x));
+            fct_store_poison(dt, c.v.host, fct_tensor_index(&c.v, page, j % PS, h, x));
+            fct_store(dt, kn.host, fct_tensor_index(&kn, b, j - prior[b], h, x), kx);
+            fct_store(dt, vn.host, fct_tensor_index(&vn, b, j - prior[b], h, x), vx);
+          }
+        }
+    }
+    for (int i = 0; i < T; i++)
+      for (int h = 0; h < HQ; h++)
+        for (int x = 0; x < D; x++)
+          fct_store(dt, qc.host, fct_tensor_index(&qc, b, i, h, x), (float)fct_tensor_get(&qf[b], 0, total[b] - T + i, h, x));
+    upload(&kf[b]);
+    upload(&vf[b]);
+  }
+  upload(&c.k);
+  upload(&c.v);
+  upload(&kn);
+  upload(&vn);
+  upload(&qc);
+  contiguous_tensor(&oc, dt, B, T, HQ, D);
+  fct_tensor_poison(&oc);
+
+  flashcl_decode_desc dd;
+  flashcl_decode_desc_init(&dd);
+  dd.page_size = PS;
+  dd.block_table = c.bt;
+  dd.max_pages = c.max_pages;
+  cl_mem before = int_buffer(prior, B);
+  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &dd, &kn.t, &vn.t, &c.k.t, &c.v.t, before, 0, NULL, NULL),
+                   FLASHCL_SUCCESS, "append");
+  flashcl_attention_desc desc;
+  paged_desc(&desc, &c, PS); /* c.lens holds total[] */
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &qc.t, &c.k.t, &c.v.t, &oc.t, NULL, 0, NULL, NULL),
+                   FLASHCL_SUCCESS, "paged forward after the append");
+  for (int b = 0; b < B; b++) {
+    flashcl_attention_desc cd;
+    flashcl_attention_desc_init(&cd);
+    cd.causal = 1;
+    FCT_CHECK_STATUS(
+        flashcl_attention_forward(env->ctx, &cd, &qf[b].t, &kf[b].t, &vf[b].t, &of[b].t, NULL, 0, NULL, NULL),
+        FLASHCL_SUCCESS, "contiguous forward");
+  }
+  fct_finish();
+  fct_tensor_download(&oc);
+  double num = 0, den = 0;
+  size_t nonfinite = 0;
+  for (int b = 0; b < B; b++) {
+    fct_tensor_download(&of[b]);
+    for (int i = 0; i < T; i++)
+      for (int h = 0; h < HQ; h++)
+        for (int x = 0; x < D; x++) {
+          const double got = fct_tensor_get(&oc, b, i, h, x), want = fct_tensor_get(&of[b], 0, total[b] - T + i, h, x);
+          if (!isfinite(got) || !isfinite(want)) {
+            nonfinite++;
+            continue;
+          }
+          num += (got - want) * (got - want);
+          den += want * want;
+        }
+  }
+  const double err = sqrt(num / den);
+  FCT_CHECK(nonfinite == 0, "%zu non-finite outputs", nonfinite);
+  FCT_CHECK(err <= fct_tolerance(dt), "paged chunk vs contiguous: rel L2 %.3g", err);
+  clReleaseMemObject(before);
+  fct_tensor *all[] = {&kn, &vn, &qc, &oc};
+  for (size_t i = 0; i < 4; i++) fct_tensor_release(all[i]);
+  for (int b = 0; b < B; b++) {
+    fct_tensor_release(&kf[b]);
+    fct_tensor_release(&vf[b]);
+    fct_tensor_release(&qf[b]);
+    fct_tensor_release(&of[b]);
+  }
+  cache_release(&c);
+}
+
+static void expect_untouched(fct_tensor *t, const char *what) {
+  fct_tensor_download(t);
+  FCT_CHECK(fct_tensor_count_unpoisoned(t) == 0, "%s: a failed call wrote to its output", what);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  flashcl_context *ctx = env->ctx;
+  fct_rng rng;
+  fct_rng_init(&rng, "paged/errors");
+  const int lens[2] = {20, 30};
+  pp_cache c;
+  cache_build(&c, FLASHCL_F32, 2, lens, 2, 64, 16, &rng);
+  fct_tensor q, o, lse, k8;
+  contiguous_tensor(&q, FLASHCL_F32, 2, 4, 4, 64);
+  fct_tensor_fill_random(&q, &rng);
+  contiguous_tensor(&o, FLASHCL_F32, 2, 4, 4, 64);
+  fct_tensor_create_lse(&lse, FCT_BNHD, 2, 4, 4, 0);
+  contiguous_tensor(&k8, FLASHCL_F32, c.num_pages, 8, 2, 64); /* page dimension 8 */
+  fct_tensor_fill_random(&k8, &rng);
+  fct_tensor_poison(&o);
+  fct_tensor_poison(&lse);
+  cl_mem small = fct_create_buffer(4, NULL);
+  const int32_t cu[3] = {0, 2, 4};
+  cl_mem cub = int_buffer(cu, 3);
+  flashcl_attention_desc base, d;
+  paged_desc(&base, &c, 16);
+
+#define EXPECT(expr, status, what)                        \
+  do {                                                    \
+    FCT_CHECK_STATUS((expr), (status), "%s", what);       \
+    expect_untouched(&o, what);                           \
+    expect_untouched(&lse, what);                         \
+  } while (0)
+#define FWD(dd, kk, vv) flashcl_attention_forward(ctx, &(dd), &q.t, &(kk), &(vv), &o.t, &lse.t, 0, NULL, NULL)
+  for (int algo = FLASHCL_ALGO_FLASH; algo <= FLASHCL_ALGO_NAIVE; algo++) {
+    d = base; d.algo = (flashcl_algo)algo; d.kv_page_size = 0;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "page_size 0");
+    d = base; d.algo = (flashcl_algo)algo; d.kv_page_size = 8;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "page_size != k.shape[1]");
+    d = base; d.algo = (flashcl_algo)algo;
+    EXPECT(FWD(d, k8.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "k and v pools of different shapes");
+    d = base; d.algo = (flashcl_algo)algo; d.kv_max_pages = 0;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "max_pages 0");
+    d = base; d.algo = (flashcl_algo)algo; d.kv_block_table = small;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "block table too small");
+    d = base; d.algo = (flashcl_algo)algo; d.kv_max_pages = c.max_pages + 1;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "block table smaller than batch x max_pages");
+    d = base; d.algo = (flashcl_algo)algo; d.kv_seqlens = NULL;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "kv_seqlens NULL");
+    d = base; d.algo = (flashcl_algo)algo; d.kv_seqlens = small;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "kv_seqlens too small");
+    d = base; d.algo = (flashcl_algo)algo; d.max_seqlen_k = -1;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_k < 0");
+    d = base; d.algo = (flashcl_algo)algo; d.heads_kv = 4;
+    EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "heads_kv does not match the pools");
+  }
+  /* Varlen with a paged source is not supported. */
+  {
+    fct_tensor qv, ov;
+    contiguous_tensor(&qv, FLASHCL_F32, 1, 4, 4, 64);
+    fct_tensor_fill_random(&qv, &rng);
+    contiguous_tensor(&ov, FLASHCL_F32, 1, 4, 4, 64);
+    fct_tensor_poison(&ov);
+    d = base;
+    d.cu_seqlens_q = cub;
+    d.cu_seqlens_k = cub;
+    d.num_seqs = 2;
+    d.max_seqlen_q = 2;
+    d.max_seqlen_k = 2;
+    FCT_CHECK_STATUS(flashcl_attention_forward(ctx, &d, &qv.t, &c.k.t, &c.v.t, &ov.t, NULL, 0, NULL, NULL),
+                     FLASHCL_ERROR_UNSUPPORTED, "varlen + paged");
+    expect_untouched(&ov, "varlen + paged");
+    fct_tensor_release(&qv);
+    fct_tensor_release(&ov);
+  }
+  /* Backward with a paged source: UNSUPPORTED, nothing written. */
+  {
+    fct_tensor dq, dk, dv;
+    contiguous_tensor(&dq, FLASHCL_F32, 2, 4, 4, 64);
+    contiguous_tensor(&dk, FLASHCL_F32, c.num_pages, 16, 2, 64);
+    contiguous_tensor(&dv, FLASHCL_F32, c.num_pages, 16, 2, 64);
+    fct_tensor *g[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++) fct_tensor_poison(g[i]);
+    fct_tensor lse_in;
+    fct_tensor_create_lse(&lse_in, FCT_BNHD, 2, 4, 4, 0);
+    fct_tensor_fill_random(&lse_in, &rng);
+    for (int algo = FLASHCL_ALGO_FLASH; algo <= FLASHCL_ALGO_NAIVE; algo++) {
+      d = base;
+      d.algo = (flashcl_algo)algo;
+      FCT_CHECK_STATUS(flashcl_attention_backward(ctx, &d, &q.t, &c.k.t, &c.v.t, &q.t, &lse_in.t, &q.t, &dq.t, &dk.t,
+                                                  &dv.t, 0, NULL, NULL),
+                       FLASHCL_ERROR_UNSUPPORTED, "backward + paged");
+      for (int i = 0; i < 3; i++) expect_untouched(g[i], "backward + paged");
+      size_t bytes = 0;
+      FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &d, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_BACKWARD, &bytes),
+                       FLASHCL_ERROR_UNSUPPORTED, "backward workspace + paged");
+      FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &d, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD, &bytes),
+                       FLASHCL_SUCCESS, "forward workspace + paged");
+    }
+    for (int i = 0; i < 3; i++) fct_tensor_release(g[i]);
+    fct_tensor_release(&lse_in);
+  }
+  /* The valid call succeeds (the fixture is sound). */
+  d = base;
+  FCT_CHECK_STATUS(FWD(d, c.k.t, c.v.t), FLASHCL_SUCCESS, "valid paged call");
+  fct_finish();
+#undef FWD
+#undef EXPECT
+  clReleaseMemObject(small);
+  clReleaseMemObject(cub);
+  fct_tensor_release(&q);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+  fct_tensor_release(&k8);
+  cache_release(&c);
+}
+
+int main(void) {
+  enum { N = sizeof CASES / sizeof CASES[0] };
+  struct CMUnitTest tests[N + 2];
+  size_t n = 0;
+  for (size_t i = 0; i < N; i++) tests[n++] = (struct CMUnitTest){CASES[i].name, test_case, NULL, NULL, (void *)&CASES[i]};
+  tests[n++] = (struct CMUnitTest){"paged_append_then_prefill", test_append_then_prefill, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"paged_errors", test_errors, NULL, NULL, NULL};
+  return fct_run_group("paged_prefill", tests, n, 1);
+}
