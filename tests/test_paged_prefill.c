@@ -12,7 +12,8 @@
  * Rows that see no key (L_b < Nq - i) must give O = 0 and LSE = -inf exactly.
  * Also: the GPU work-item mapping forced on (FLASHCL_FWD_MAP=gpu), an end-to-end
  * flashcl_kv_cache_append + paged forward against the contiguous forward over the
- * whole sequences, and the error paths (outputs untouched).
+ * whole sequences, dropout/window/ALiBi/softcap against the contiguous forward, and
+ * the error paths (outputs untouched).
  */
 #include "common.h"
 
@@ -333,6 +334,93 @@ static void test_append_then_prefill(void **state) {
   cache_release(&c);
 }
 
+/* Dropout, window, ALiBi and softcap compose with a paged source: with equal
+ * lengths the paged forward must match the contiguous forward of the same keys
+ * (same (b, h, i, j) indices, hence the same dropout mask) closely. */
+static void test_variants_compose(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  fct_rng rng;
+  fct_rng_init(&rng, "paged/variants");
+  const flashcl_dtype dt = FLASHCL_F32;
+  enum { B = 2, L = 200, NQ = 24, HQ = 4, HKV = 2, D = 64, PS = 16 };
+  const int lens[B] = {L, L};
+  pp_cache c;
+  cache_build(&c, dt, B, lens, HKV, D, PS, &rng);
+  fct_tensor kf, vf, q, op, oc, lp, lc;
+  contiguous_tensor(&kf, dt, B, L, HKV, D);
+  contiguous_tensor(&vf, dt, B, L, HKV, D);
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < L; j++)
+      for (int h = 0; h < HKV; h++)
+        for (int x = 0; x < D; x++) {
+          const int page = c.table[b * c.max_pages + j / PS];
+          fct_store(dt, kf.host, fct_tensor_index(&kf, b, j, h, x), (float)fct_tensor_get(&c.k, page, j % PS, h, x));
+          fct_store(dt, vf.host, fct_tensor_index(&vf, b, j, h, x), (float)fct_tensor_get(&c.v, page, j % PS, h, x));
+        }
+  upload(&kf);
+  upload(&vf);
+  contiguous_tensor(&q, dt, B, NQ, HQ, D);
+  fct_tensor_fill_random(&q, &rng);
+  contiguous_tensor(&op, dt, B, NQ, HQ, D);
+  contiguous_tensor(&oc, dt, B, NQ, HQ, D);
+  fct_tensor_create_lse(&lp, FCT_BNHD, B, NQ, HQ, 0);
+  fct_tensor_create_lse(&lc, FCT_BNHD, B, NQ, HQ, 0);
+  const float slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
+  cl_mem alibi = fct_create_buffer(sizeof slopes, slopes);
+  for (int algo = FLASHCL_ALGO_FLASH; algo <= FLASHCL_ALGO_NAIVE; algo++) {
+    fct_tensor *outs[4] = {&op, &oc, &lp, &lc};
+    for (int i = 0; i < 4; i++) fct_tensor_poison(outs[i]);
+    flashcl_attention_desc dp, dc;
+    paged_desc(&dp, &c, PS);
+    dp.max_seqlen_k = L;
+    dp.algo = (flashcl_algo)algo;
+    dp.window_left = 50;
+    dp.window_right = 0;
+    dp.alibi_slopes = alibi;
+    dp.softcap = 20.0f;
+    dp.dropout_p = 0.2f;
+    dp.seed = 0x1234567890abcdefull;
+    dp.offset = 77;
+    dc = dp;
+    dc.kv_block_table = NULL;
+    dc.kv_seqlens = NULL;
+    dc.kv_page_size = dc.kv_max_pages = 0;
+    dc.max_seqlen_k = 0;
+    FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &dp, &q.t, &c.k.t, &c.v.t, &op.t, &lp.t, 0, NULL, NULL),
+                     FLASHCL_SUCCESS, "paged forward with variants (algo %d)", algo);
+    FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &dc, &q.t, &kf.t, &vf.t, &oc.t, &lc.t, 0, NULL, NULL),
+                     FLASHCL_SUCCESS, "contiguous forward with variants (algo %d)", algo);
+    fct_finish();
+    for (int i = 0; i < 4; i++) fct_tensor_download(outs[i]);
+    double num = 0, den = 0, lmax = 0;
+    size_t nonfinite = 0;
+    for (int b = 0; b < B; b++)
+      for (int i = 0; i < NQ; i++)
+        for (int h = 0; h < HQ; h++) {
+          const double gl = fct_tensor_get(&lp, b, i, h, 0), wl = fct_tensor_get(&lc, b, i, h, 0);
+          if (!isfinite(gl) || !isfinite(wl)) nonfinite++;
+          else if (fabs(gl - wl) > lmax) lmax = fabs(gl - wl);
+          for (int x = 0; x < D; x++) {
+            const double g = fct_tensor_get(&op, b, i, h, x), w = fct_tensor_get(&oc, b, i, h, x);
+            if (!isfinite(g) || !isfinite(w)) {
+              nonfinite++;
+              continue;
+            }
+            num += (g - w) * (g - w);
+            den += w * w;
+          }
+        }
+    FCT_CHECK(nonfinite == 0, "algo %d: %zu non-finite outputs", algo, nonfinite);
+    FCT_CHECK(sqrt(num / den) <= 1e-5, "algo %d: paged vs contiguous rel L2 %.3g", algo, sqrt(num / den));
+    FCT_CHECK(lmax <= 1e-4, "algo %d: paged vs contiguous LSE max diff %.3g", algo, lmax);
+  }
+  clReleaseMemObject(alibi);
+  fct_tensor *all[] = {&kf, &vf, &q, &op, &oc, &lp, &lc};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fct_tensor_release(all[i]);
+  cache_release(&c);
+}
+
 static void expect_untouched(fct_tensor *t, const char *what) {
   fct_tensor_download(t);
   FCT_CHECK(fct_tensor_count_unpoisoned(t) == 0, "%s: a failed call wrote to its output", what);
@@ -454,10 +542,11 @@ static void test_errors(void **state) {
 
 int main(void) {
   enum { N = sizeof CASES / sizeof CASES[0] };
-  struct CMUnitTest tests[N + 2];
+  struct CMUnitTest tests[N + 3];
   size_t n = 0;
   for (size_t i = 0; i < N; i++) tests[n++] = (struct CMUnitTest){CASES[i].name, test_case, NULL, NULL, (void *)&CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_append_then_prefill", test_append_then_prefill, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"paged_variants_compose", test_variants_compose, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"paged_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("paged_prefill", tests, n, 1);
 }
