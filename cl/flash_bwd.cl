@@ -49,6 +49,12 @@
  *   ALIBI      1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
  *   SOFTCAP    1: score = c * tanh(scale * q.k / c) (softcap_in = scale / c,
  *              softcap_log2 = c * log2(e)), and dS is multiplied by 1 - tanh^2
+ *   MASK       1: block mask, 2: bit mask (flashcl_mask_kind), the forward's layout
+ *              and addressing (see flash_fwd.cl): a 0 bit hides key j from query i,
+ *              so P_ij = 0 there (before dS). Both kernels take the extra arguments
+ *              mask, mask_bs, mask_hs, mask_words, mask_bq, mask_bk (only when
+ *              MASK != 0); (query tile x key tile) pairs whose bits are all 0 are
+ *              skipped, pairs whose bits are all 1 skip the per-score test.
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -110,6 +116,9 @@
 #ifndef SOFTCAP
 #define SOFTCAP 0
 #endif
+#ifndef MASK
+#define MASK 0
+#endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
@@ -166,6 +175,48 @@ inline void atomic_add_float(volatile __global float *p, float val) {
   } while (1);
 }
 
+#if MASK
+/* Rows [r0, r1] x columns [c0, c1] of a bit matrix of W words per row:
+ * bit 0 set iff any bit is set there, bit 1 iff all are (as in flash_fwd.cl). */
+inline int mask_scan(__global const uint *m, int W, int r0, int r1, int c0, int c1) {
+  uint any = 0u;
+  int all = 1;
+  const int w0 = c0 >> 5, w1 = c1 >> 5;
+  for (int r = r0; r <= r1; r++) {
+    __global const uint *row = m + (long)r * W;
+    for (int w = w0; w <= w1; w++) {
+      uint sel = 0xffffffffu;
+      if (w == w0) sel &= 0xffffffffu << (c0 & 31);
+      if (w == w1) sel &= 0xffffffffu >> (31 - (c1 & 31));
+      const uint x = row[w] & sel;
+      any |= x;
+      all = all && x == sel;
+    }
+  }
+  return (any != 0u) | (all << 1);
+}
+/* The mask bits of queries [qa, qb] x keys [ka, kb] (see mask_scan). Every
+ * work-item reads the same words, so the result is uniform across the work-group. */
+inline int mask_tile(__global const uint *m, int W, int bq, int bk, int qa, int qb, int ka, int kb) {
+#if MASK == 1
+  return mask_scan(m, W, qa / bq, qb / bq, ka / bk, kb / bk);
+#else
+  return mask_scan(m, W, qa, qb, ka, kb);
+#endif
+}
+inline int mask_ok(__global const uint *m, int W, int bq, int bk, int i, int j) {
+#if MASK == 1
+  i /= bq;
+  j /= bk;
+#endif
+  return (m[(long)i * W + (j >> 5)] >> (j & 31)) & 1u;
+}
+#define MASK_PARAMS \
+  , __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk
+#else
+#define MASK_PARAMS
+#endif
+
 /* Global (padded_q, heads_q, seqs). */
 __kernel void bwd_preprocess(CTENSOR(o), CTENSOR(dout), __global float *dsum, int padded_q, int heads_q,
                              __global const int *cu_q, int total_q) {
@@ -219,7 +270,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     __global const float *dsum, __global float *dq_acc, int padded_q, int padded_k, int heads_q, int group,
     float scale, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right, __global const float *alibi,
-    float softcap_in, float softcap_log2) {
+    float softcap_in, float softcap_log2 MASK_PARAMS) {
   __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
@@ -273,7 +324,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 #if ALIBI
     const float slope_log2 = alibi[h] * LOG2E;
 #endif
+#if MASK
+    __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
+#endif
     for (int i0 = istart; i0 < iend; i0 += BLOCK_R) {
+#if MASK
+      /* 1: some bits set, 3: all set; a tile with none is skipped (uniform). */
+      const int mcls = mask_tile(mrow, mask_words, mask_bq, mask_bk, i0, min(i0 + BLOCK_R, nq) - 1, k0,
+                                 min(k0 + BLOCK_C, nk) - 1);
+      if (!(mcls & 1)) continue;
+#endif
       barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
       LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
       LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
@@ -314,6 +374,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             visible = visible && jk <= iq + diag;
 #elif WINDOW
             visible = visible && jk <= iq + diag + window_right && jk >= iq + diag - window_left;
+#endif
+#if MASK
+            if (visible && !(mcls & 2)) visible = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq, jk);
 #endif
 #if SOFTCAP
             const float t = tanh(s[i][jj] * softcap_in);
@@ -418,7 +481,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     __global const float *dsum, int padded_q, int padded_k, int heads_q, int group, float scale,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed, ulong offset,
     uint threshold, float keep_scale, int window_left, int window_right, __global const float *alibi,
-    float softcap_in, float softcap_log2) {
+    float softcap_in, float softcap_log2 MASK_PARAMS) {
   __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
@@ -470,7 +533,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 #if ALIBI
   const float slope_log2 = alibi[h] * LOG2E;
 #endif
+#if MASK
+  __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
+#endif
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
+#if MASK
+    /* 1: some bits set, 3: all set; a tile with none is skipped (uniform). */
+    const int mcls = mask_tile(mrow, mask_words, mask_bq, mask_bk, i0, min(i0 + BLOCK_R, nq) - 1, k0,
+                               min(k0 + BLOCK_C, nk) - 1);
+    if (!(mcls & 1)) continue;
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
     LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
     LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
@@ -504,6 +576,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
           visible = visible && jk <= iq + diag;
 #elif WINDOW
           visible = visible && jk <= iq + diag + window_right && jk >= iq + diag - window_left;
+#endif
+#if MASK
+          if (visible && !(mcls & 2)) visible = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq, jk);
 #endif
 #if SOFTCAP
           const float t = tanh(s[i][jj] * softcap_in);

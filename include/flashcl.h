@@ -276,9 +276,10 @@ typedef struct flashcl_attention_desc {
    * usual. Rows left without a visible key get O = 0 and LSE = -inf (no NaN).
    * The flash forward skips K/V tiles whose mask bits are all 0, so its runtime
    * falls with the mask's density. mask_kind FLASHCL_MASK_NONE (the default)
-   * ignores the other mask fields. Forward only (flash and naive); the backward
-   * pass returns FLASHCL_ERROR_UNSUPPORTED when a mask is set, and the tensor-core
-   * forward falls back to the portable kernel. */
+   * ignores the other mask fields. Flash and naive, forward and backward (the
+   * backward skips all-0 tiles too; hidden pairs get P = 0, so empty rows get
+   * dQ = 0 and unseen keys dK = dV = 0); the tensor-core forward falls back to the
+   * portable kernel. */
   int mask_kind;       /* a flashcl_mask_kind */
   cl_mem mask;         /* uint32 words, the layout of mask_kind, from byte 0 */
   int mask_block_q;    /* FLASHCL_MASK_BLOCK: queries per mask block (>= 1) */

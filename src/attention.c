@@ -46,8 +46,6 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
   if (pass == FLASHCL_PASS_BACKWARD && p.paged_kv)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
-  if (pass == FLASHCL_PASS_BACKWARD && p.mask_kind)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support desc.mask");
   if (pass == FLASHCL_PASS_BACKWARD)
     return naive ? fcl_naive_backward_workspace(ctx, &p, bytes)
                  : fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, bytes);

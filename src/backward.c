@@ -201,6 +201,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_arg_int(&a, tk);
   fcl_arg_dropout(&a, p);
   fcl_arg_variants(&a, p);
+  if (p->mask_kind) fcl_arg_mask(&a, p); /* only built with -DMASK */
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
     goto done;
@@ -242,6 +243,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_int(&a, tk);
     fcl_arg_dropout(&a, p);
     fcl_arg_variants(&a, p);
+    if (p->mask_kind) fcl_arg_mask(&a, p);
   }
   if (a.err != CL_SUCCESS) {
     if (dkdv_done) clReleaseEvent(dkdv_done);
@@ -308,9 +310,6 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   if (p.paged_kv)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "the backward pass does not support a paged K/V source (desc.kv_block_table is forward-only)");
-  if (p.mask_kind)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "the backward pass does not support desc.mask (block-sparse / bitmask attention is forward-only)");
   if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
       (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
     return st;

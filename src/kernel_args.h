@@ -84,7 +84,8 @@ static inline void fcl_arg_variants(fcl_args *a, const fcl_problem *p) {
   fcl_arg_float(a, p->softcap > 0.0f ? p->softcap * log2e : 0.0f);
 }
 
-/* The attention-mask arguments of flash_fwd and naive_softmax: mask words
+/* The attention-mask arguments of flash_fwd, naive_softmax, and (only when a
+ * mask is set: they take them under -DMASK only) bwd_dkdv / bwd_dq: mask words
  * (NULL when off), word strides between sequences and between query heads, words
  * per row, and the block size (1 x 1 for FLASHCL_MASK_BITS). */
 static inline void fcl_arg_mask(fcl_args *a, const fcl_problem *p) {
