@@ -5,7 +5,8 @@
  * Everything that is PTX sits behind `#if USE_PTX`; the host sets USE_PTX=1 only
  * on NVIDIA devices of compute capability >= 8.0 whose compiler passed the
  * probe kernel below. With USE_PTX=0 the file is plain OpenCL C 1.2 and its
- * kernels are empty stubs (it still builds on any device).
+ * kernels have empty bodies (the file still builds on any device; the host never
+ * launches them there).
  *
  * Layout of the work: one work-group of NWARPS warps computes BLOCK_R =
  * NWARPS * 16 * M_TILES query rows of one (sequence, query head); each warp owns
@@ -32,7 +33,7 @@
  * 8 elements (16-byte aligned rows for cp.async), scale > 0.
  *
  * Parameters (-D):
- *   USE_PTX      1: compile the tensor-core kernels; 0: empty stubs
+ *   USE_PTX      1: compile the tensor-core kernels; 0: empty bodies, never launched
  *   PROBE_ONLY   1: only the mma_probe kernel
  *   DTYPE        1 = fp16, 2 = bf16 (the mma input type; accumulation is fp32)
  *   HEAD_DIM     head dimension, multiple of 64
@@ -442,7 +443,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 }
 #endif /* !PROBE_ONLY */
 
-#else /* !USE_PTX: stubs, so that the file is valid OpenCL C everywhere */
+#else /* !USE_PTX: empty bodies, so that the file is valid OpenCL C everywhere */
 
 __kernel void mma_probe(__global const ushort *a, __global const ushort *b, __global float *d) {
   (void)a;
