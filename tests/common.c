@@ -507,6 +507,15 @@ size_t fct_tensor_count_unpoisoned(const fct_tensor *t) {
   return c;
 }
 
+size_t fct_tensors_written(fct_tensor *const *ts, int n) {
+  size_t c = 0;
+  for (int i = 0; i < n; i++) {
+    fct_tensor_download(ts[i]);
+    c += fct_tensor_count_unpoisoned(ts[i]);
+  }
+  return c;
+}
+
 ref_tensor fct_tensor_ref(const fct_tensor *t) {
   ref_tensor r;
   int i;

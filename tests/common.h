@@ -177,6 +177,9 @@ void fct_tensor_poison(fct_tensor *t);
 void fct_tensor_download(fct_tensor *t);
 /* Number of elements of the whole buffer whose bits differ from the poison. */
 size_t fct_tensor_count_unpoisoned(const fct_tensor *t);
+/* Downloads each of the n tensors and returns how many of their elements are
+ * no longer the poison: 0 when a failed call left every output untouched. */
+size_t fct_tensors_written(fct_tensor *const *ts, int n);
 /* Element offset (in elements, relative to the buffer start) of (b, n, h, x). */
 size_t fct_tensor_index(const fct_tensor *t, int64_t b, int64_t n, int64_t h, int64_t x);
 double fct_tensor_get(const fct_tensor *t, int64_t b, int64_t n, int64_t h, int64_t x);
