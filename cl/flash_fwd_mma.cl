@@ -2,7 +2,9 @@
  * flash_fwd_mma.cl: FlashAttention-2 forward on NVIDIA tensor cores through
  * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, shfl.sync).
  *
- * Everything that is PTX sits behind `#if USE_PTX`; the host sets USE_PTX=1 only
+ * The PTX helpers (cp_async16, LDSM_*, MMA, ...) come from mma_ptx.cl, which
+ * the host compiles first in the same program. Everything that is PTX sits
+ * behind `#if USE_PTX`; the host sets USE_PTX=1 only
  * on NVIDIA devices of compute capability >= 8.0 whose compiler passed the
  * probe kernel below. With USE_PTX=0 the file is plain OpenCL C 1.2 and its
  * kernels have empty bodies (the file still builds on any device; the host never
@@ -98,61 +100,9 @@
 
 #if USE_PTX
 
-#if DTYPE == 2
-#define MMA_TYPE "bf16"
-#else
-#define MMA_TYPE "f16"
+#ifndef MMA_TYPE
+#error "flash_fwd_mma.cl with USE_PTX=1 needs mma_ptx.cl compiled first in the same program"
 #endif
-
-/* Shared-state-space address of a __local pointer. */
-#define SADDR(p) ((uint)(size_t)(p))
-
-inline void cp_async16(uint saddr, __global const ushort *src, uint bytes) {
-  /* bytes = 0 zero-fills the 16 bytes (rows past the end of the sequence). */
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(src), "r"(bytes));
-}
-inline void cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-inline void cp_wait_all(void) { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-#define LDSM_X4(r0, r1, r2, r3, addr)                                             \
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"    \
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)                          \
-               : "r"(addr))
-#define LDSM_X4_T(r0, r1, r2, r3, addr)                                                \
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"   \
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)                               \
-               : "r"(addr))
-#define LDSM_X2_T(r0, r1, addr)                                                  \
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"   \
-               : "=r"(r0), "=r"(r1)                                             \
-               : "r"(addr))
-/* c[0..3] += A(16x16, row) * B(16x8, col) */
-#define MMA(c, a, b0, b1)                                                                                  \
-  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE                                      \
-      ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                         \
-      : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                                           \
-      : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(b0), "r"(b1))
-
-inline float shfl_xor(float x, int mask) {
-  float r;
-  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(mask));
-  return r;
-}
-inline float fast_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-/* Two floats to a packed pair of the mma type: lo in bits 0-15. */
-inline uint pack2(float lo, float hi) {
-  uint r;
-#if DTYPE == 2
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-  return r;
-}
 
 /* Compile-and-run probe: one warp, D = A B through cp.async, ldmatrix(.trans)
  * and mma, plus a quad shuffle reduction. a: 16x16 row-major, b: 16x8

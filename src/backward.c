@@ -3,7 +3,12 @@
  * Flash backward runs three kernels: D = rowsum(dO * O), then dK/dV with K/V
  * resident, then dQ with Q resident (deterministic mode) or, in atomic mode, dQ
  * accumulated in fp32 by the dK/dV kernel and converted at the end. Scratch is
- * O(N): D, plus the fp32 dQ accumulator in atomic mode. */
+ * O(N): D, plus the fp32 dQ accumulator in atomic mode.
+ *
+ * On NVIDIA devices that passed the tensor-core probe (src/flash_mma.c), the
+ * dK/dV and dQ kernels are the mma.sync ones of cl/flash_bwd_mma.cl
+ * (src/backward_mma.c) whenever the problem is covered; D, the scratch and the
+ * atomic-mode dQ conversion stay the same. */
 #include "internal.h"
 #include "kernel_args.h"
 
@@ -110,13 +115,21 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
                                          const flashcl_tensor *dv, cl_uint nwait, const cl_event *wait,
                                          cl_event *out_event) {
   const int atomic = !desc->deterministic;
+  int use_mma = 0;
+  flashcl_status st = fcl_mma_select(ctx, desc, p, q, k, v, o, &use_mma);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (use_mma && !(fcl_mma_rows_aligned(d_o) && fcl_mma_rows_aligned(dq) && fcl_mma_rows_aligned(dk) &&
+                   fcl_mma_rows_aligned(dv))) {
+    fcl_log(ctx, "tensor-core backward needs 16-byte aligned d_o/dq/dk/dv rows: running the portable kernels");
+    use_mma = 0;
+  }
   fcl_bwd_plan bp = {0};
   if (!fcl_bwd_make_plan(ctx, p->head_dim, &bp))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
                     p->head_dim, ctx->info.local_mem_size);
   fcl_bwd_sizes z;
   size_t bytes;
-  flashcl_status st = fcl_bwd_sizes_of(ctx, p, atomic, &z, &bytes);
+  st = fcl_bwd_sizes_of(ctx, p, atomic, &z, &bytes);
   if (st != FLASHCL_SUCCESS) return st;
   if (bytes > ctx->info.max_mem_alloc_size)
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
@@ -136,6 +149,12 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
       (st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
       (st = fcl_get_kernel(ctx, src, opts, atomic ? "bwd_dq_store" : "bwd_dq", &k_dq)))
     return st;
+  fcl_mma_bwd_launch mma;
+  if (use_mma) {
+    if ((st = fcl_mma_backward_kernels(ctx, p, atomic, &mma))) return st;
+    k_dkdv = mma.dkdv;
+    if (!atomic) k_dq = mma.dq;
+  }
 
   cl_int err;
   cl_mem dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dsum * sizeof(float), NULL, &err);
@@ -181,6 +200,10 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   }
 
   a = (fcl_args){k_dkdv, 0, CL_SUCCESS};
+  if (use_mma) {
+    a.err = fcl_mma_backward_args(&mma, p, desc, q, k, v, lse, d_o, dq, dk, dv, dsum, acc);
+  }
+  if (!use_mma) {
   fcl_arg_tensor(&a, q);
   fcl_arg_tensor(&a, k);
   fcl_arg_tensor(&a, v);
@@ -202,6 +225,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_arg_dropout(&a, p);
   fcl_arg_variants(&a, p);
   if (p->mask_kind) fcl_arg_mask(&a, p); /* only built with -DMASK */
+  }
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
     goto done;
@@ -209,7 +233,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   size_t kblocks = ((size_t)p->seqlen_k + bp.bc - 1) / bp.bc;
   size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
-  err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, g_kv, local, 1, atomic ? &ev[1] : &ev[0],
+  err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
+                               use_mma ? mma.local : local, 1, atomic ? &ev[1] : &ev[0],
                                atomic ? &dkdv_done : NULL);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
@@ -224,7 +249,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_int(&a, p->heads_q);
     fcl_arg_mem(&a, cu_q);
     fcl_arg_int(&a, tq);
-  } else {
+  } else if (!use_mma) { /* bwd_dq_mma got its arguments with bwd_dkdv_mma's */
     fcl_arg_tensor(&a, q);
     fcl_arg_tensor(&a, k);
     fcl_arg_tensor(&a, v);
@@ -260,7 +285,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     size_t qblocks = ((size_t)p->seqlen_q + bp.br - 1) / bp.br;
     size_t g[3] = {qblocks * bp.threads, (size_t)p->heads_q, (size_t)p->batch};
     cl_event parts[2] = {NULL, NULL};
-    err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, local, 1, &ev[0], &parts[0]);
+    err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g, use_mma ? mma.local : local,
+                                 1, &ev[0], &parts[0]);
     if (err == CL_SUCCESS && out_event) {
       /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
       err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);

@@ -63,7 +63,7 @@ static unsigned short fcl_small_int_half(int x) {
 /* Runs mma_probe; returns 1 if it is exact, else 0 with ctx->mma_reason set. */
 static int fcl_mma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, "flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
+  flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
   if (st != FLASHCL_SUCCESS) {
     /* Keep the start of the build log: it says which instruction was refused. */
     char msg[400];
@@ -139,7 +139,7 @@ static int fcl_mma_available(flashcl_context *ctx) {
 }
 
 /* 16-byte aligned rows: offset and (batch, seq, head) strides multiples of 8 elements. */
-static int fcl_mma_aligned(const flashcl_tensor *t) {
+int fcl_mma_rows_aligned(const flashcl_tensor *t) {
   if (t->offset % 16) return 0;
   for (int i = 0; i < 3; i++)
     if (t->stride[i] % 8) return 0;
@@ -185,7 +185,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "attention mask";
   else if (p->paged_kv)
     why = "paged K/V source";
-  else if (!fcl_mma_aligned(q) || !fcl_mma_aligned(k) || !fcl_mma_aligned(v) || !fcl_mma_aligned(o))
+  else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   if (why) {
     fcl_log(ctx, "tensor-core forward does not cover this problem (%s): running the portable kernel", why);
@@ -218,7 +218,7 @@ static fcl_mma_config fcl_mma_pick(const fcl_problem *p) {
   return c;
 }
 
-static void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *opts) {
+void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts) {
   cl_program prog;
   if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
   size_t n = 0;
@@ -234,7 +234,7 @@ static void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const 
   clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
   clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof pmem, &pmem, NULL);
   clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
-  fprintf(stderr, "flash_fwd_mma [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", opts,
+  fprintf(stderr, "%s [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", name, opts,
           (unsigned long long)lmem, (unsigned long long)pmem, wg, log ? log : "");
   free(log);
 }
@@ -253,9 +253,9 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
            (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, p->causal, p->varlen,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, "flash_fwd_mma.cl", opts, "flash_fwd_mma", &kern);
+  flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, opts);
+  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_mma", opts);
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

@@ -157,6 +157,27 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
                                const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
                                const cl_event *wait, cl_event *out_event);
+/* 1 if a tensor's rows are 16-byte aligned for cp.async: element offset and
+ * (batch, seq, head) strides multiples of 8 elements. */
+int fcl_mma_rows_aligned(const flashcl_tensor *t);
+/* Prints a kernel's build log and resource figures to stderr (FLASHCL_MMA_BUILD_LOG). */
+void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
+
+/* NVIDIA tensor-core backward kernels (src/backward_mma.c). */
+typedef struct fcl_mma_bwd_config {
+  int nwarps, block_r, m_tiles, block_c;
+} fcl_mma_bwd_config;
+typedef struct fcl_mma_bwd_launch {
+  cl_kernel dkdv, dq;
+  size_t global_dkdv[3], global_dq[3], local[3];
+} fcl_mma_bwd_launch;
+flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic,
+                                        fcl_mma_bwd_launch *launch);
+cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
+                             const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
+                             const flashcl_tensor *v, const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                             const flashcl_tensor *dq, const flashcl_tensor *dk, const flashcl_tensor *dv,
+                             cl_mem dsum, cl_mem dq_acc);
 flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,

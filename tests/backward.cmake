@@ -2,12 +2,14 @@
 #   test_backward       default suite (label default): gradients against the double
 #                       reference, dropout mask, error paths, workspace, FD check
 #   test_backward_long  the same source with FCT_BWD_LONG: the sweep (label long)
+#   test_backward_mma   with FCT_BWD_MMA: the NVIDIA tensor-core backward (label default;
+#                       skips where the device has no tensor-core path)
 add_library(flashcl_test_bwd STATIC ${CMAKE_CURRENT_LIST_DIR}/reference_bwd.c ${CMAKE_CURRENT_LIST_DIR}/philox_ref.c)
 target_link_libraries(flashcl_test_bwd PUBLIC flashcl_test_common)
 if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
   target_compile_options(flashcl_test_bwd PRIVATE -Wall -Wextra)
 endif()
-foreach(name test_backward test_backward_long)
+foreach(name test_backward test_backward_long test_backward_mma)
   add_executable(${name} ${CMAKE_CURRENT_LIST_DIR}/test_backward.c)
   target_link_libraries(${name} PRIVATE flashcl_test_bwd)
   if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
@@ -16,5 +18,8 @@ foreach(name test_backward test_backward_long)
   add_test(NAME ${name} COMMAND ${name})
 endforeach()
 target_compile_definitions(test_backward_long PRIVATE FCT_BWD_LONG=1)
+# The tensor-core backward's own table (skips cleanly where the path is missing).
+target_compile_definitions(test_backward_mma PRIVATE FCT_BWD_LONG=1 FCT_BWD_MMA=1)
 set_tests_properties(test_backward PROPERTIES TIMEOUT 900 LABELS default)
 set_tests_properties(test_backward_long PROPERTIES TIMEOUT 7200 LABELS long)
+set_tests_properties(test_backward_mma PROPERTIES TIMEOUT 600 LABELS default)

@@ -25,9 +25,11 @@
  *  - Error paths of the backward (status, and poisoned gradients left untouched)
  *    and the backward workspace size (flash O(N), naive O(N^2)).
  *
- * Built twice: test_backward (default suite) and, with -DFCT_BWD_LONG,
+ * Built three times: test_backward (default suite); with -DFCT_BWD_LONG,
  * test_backward_long (label "long": a sweep over dtype x head_dim x causal x
- * dropout x shapes). PoCL compiles one program per (dtype, head_dim, causal,
+ * dropout x shapes); and with -DFCT_BWD_MMA, test_backward_mma (its own table,
+ * run with desc.kernel = NVIDIA_MMA: the tensor-core backward where the device
+ * has it, and a check that the explicit request is refused cleanly elsewhere). PoCL compiles one program per (dtype, head_dim, causal,
  * varlen, dQ mode, dropout), so the default table reuses a few configurations.
  *
  *   FLASHCL_TEST_SEED=<n>        reproduce a run (the seed is printed)
@@ -115,8 +117,10 @@ typedef struct bwd_case {
   const int *seqlens_q, *seqlens_k;
 } bwd_case;
 
+#ifndef FCT_BWD_MMA
 static const int VL_Q[] = {1, 70, 33};
 static const int VL_K[] = {5, 70, 1};
+#endif
 
 /* name, kind, dtype, B, Nq, Nk, Hq, Hkv, d, causal, dropout_p, runs, o_source, layout, scale, offset_mode,
  * num_seqs, seqlens_q, seqlens_k */
@@ -127,10 +131,38 @@ static const int VL_K[] = {5, 70, 1};
 #define FWD_DROP(name, dt, B, nq, nk, hq, hkv, d, causal, p) \
   {name, K_FWD_DROPOUT, dt, B, nq, nk, hq, hkv, d, causal, p, 0, SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL}
 
-#ifndef FCT_BWD_LONG
+#if !defined(FCT_BWD_LONG) || defined(FCT_BWD_MMA)
 static const int VL_Q_EMPTY[] = {3, 0, 17, 9};
 static const int VL_K_EMPTY[] = {0, 9, 17, 4};
+#endif
 
+#ifdef FCT_BWD_MMA
+/* The tensor-core backward (desc.kernel = NVIDIA_MMA): fp16/bf16 at d = 64 and
+ * 128 with 16-byte aligned rows (BNHD/BHND, offset 0), so that every case runs
+ * bwd_dkdv_mma and, per dQ mode, bwd_dq_mma or its atomic dQ. Sizes cross the
+ * tiles (64 keys / 32 or 64 queries) on both sides. */
+static const int VL_Q_MMA[] = {130, 1, 77};
+static const int VL_K_MMA[] = {200, 65, 31};
+static const bwd_case CASES[] = {
+    BWD("mma_f16_d128_B2_N200", F16, 2, 200, 200, 4, 4, 128, 0, 0.0f, R_DET | R_ATOMIC | R_REPEAT),
+    BWD("mma_f16_d128_causal_gqa_4_1_Nq129_Nk300", F16, 1, 129, 300, 4, 1, 128, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d128_causal_empty_rows_Nq300_Nk129", F16, 1, 300, 129, 2, 2, 128, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d128_causal_N257", BF16, 1, 257, 257, 2, 1, 128, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d64_N1_B3", F16, 3, 1, 1, 2, 2, 64, 0, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d64_causal_gqa_8_2_N321", F16, 1, 321, 321, 8, 2, 64, 1, 0.0f, R_DET | R_ATOMIC | R_REPEAT),
+    BWD("mma_bf16_d64_Nq65_Nk33", BF16, 2, 65, 33, 2, 2, 64, 0, 0.0f, R_DET | R_ATOMIC),
+    {"mma_f16_d128_bhnd_scale_0.2", K_BWD, F16, 2, 100, 140, 2, 2, 128, 0, 0.0f, R_DET | R_ATOMIC, SRC_REF,
+     FCT_BHND, 0.2f, OFS_RANDOM, 0, NULL, NULL},
+    BWD_VL("mma_f16_d128_varlen_causal_gqa_4_2", F16, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC, 3, VL_Q_MMA, VL_K_MMA),
+    BWD_VL("mma_bf16_d64_varlen_empty_sequences", BF16, 2, 1, 64, 0, 0.0f, R_DET | R_ATOMIC, 4, VL_Q_EMPTY,
+           VL_K_EMPTY),
+    /* o / lse from the device forward (the tensor-core one where it runs) */
+    {"mma_f16_d128_pipeline_fwd_causal", K_BWD, F16, 2, 190, 190, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC, SRC_FWD,
+     FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL},
+    /* dropout is not covered: the explicit request falls back to the portable kernels */
+    BWD("mma_f16_d64_dropout_falls_back", F16, 1, 65, 65, 2, 2, 64, 0, 0.1f, R_DET | R_ATOMIC),
+};
+#elif !defined(FCT_BWD_LONG)
 static const bwd_case CASES[] = {
     /* ---- f32, d = 64, no dropout: shapes, masks, GQA, layouts ---- */
     BWD("f32_d64_N63_B2_H2", F32, 2, 63, 63, 2, 2, 64, 0, 0.0f, R_ALL | R_REPEAT),
@@ -220,6 +252,9 @@ static void bwd_desc(const bwd_problem *bp, flashcl_algo algo, int deterministic
   run.algo = algo;
   fct_problem_desc(&bp->fp, &run, desc);
   desc->deterministic = deterministic;
+#ifdef FCT_BWD_MMA
+  desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+#endif
   desc->dropout_p = bp->drop.p;
   desc->seed = bp->drop.seed;
   desc->offset = bp->drop.offset;
@@ -662,9 +697,20 @@ static void check_forward_dropout_case(const bwd_case *c) {
   }
 }
 
+#ifdef FCT_BWD_MMA
+static int mma_available = -1; /* set by the first test: 1 runs, 0 refused, -1 the probe failed */
+#endif
+
 static void run_table_test(void **state) {
   const bwd_case *c = (const bwd_case *)*state;
   FCT_CHECK(c != NULL, "test without a case");
+#ifdef FCT_BWD_MMA
+  if (mma_available != 1) {
+    print_message("    SKIP %s: %s\n", c->name,
+                  mma_available < 0 ? "the availability probe failed" : "the device has no tensor-core path");
+    skip();
+  }
+#endif
   if (c->kind == K_FWD_DROPOUT)
     check_forward_dropout_case(c);
   else
@@ -1214,7 +1260,7 @@ static void test_backward_wait_list(void **state) {
 
 /* =========================================================== long sweep == */
 
-#ifdef FCT_BWD_LONG
+#if defined(FCT_BWD_LONG) && !defined(FCT_BWD_MMA)
 static const int LVL_QE[] = {3, 0, 17, 130};
 static const int LVL_KE[] = {0, 9, 17, 129};
 
@@ -1286,6 +1332,52 @@ static bwd_case *build_sweep(size_t *count) {
 }
 #endif
 
+#ifdef FCT_BWD_MMA
+/* ============================================== tensor-core availability == */
+
+
+/* One small backward with desc.kernel = NVIDIA_MMA: it runs where the device has
+ * the tensor-core path; elsewhere it must be refused with UNSUPPORTED, a reason
+ * naming the tensor-core kernels, and untouched outputs (the table then skips). */
+static void test_mma_backward_available(void **state) {
+  static const bwd_case c = BWD("probe", F16, 1, 40, 40, 2, 2, 64, 0, 0.0f, R_DET);
+  fct_env *env = fct_env_get();
+  bwd_problem bp;
+  fct_tensor g[3];
+  flashcl_attention_desc desc;
+  flashcl_status st;
+  size_t written = 0;
+  int i;
+  (void)state;
+  bwd_problem_create(&bp, &c, 1);
+  fct_tensor_create_guarded(&g[0], F16, FCT_BNHD, bp.B, bp.Nq, bp.Hq, bp.D, 5, FCT_OUTPUT_GUARD);
+  fct_tensor_create_guarded(&g[1], F16, FCT_BNHD, bp.B, bp.Nk, bp.Hkv, bp.D, 6, FCT_OUTPUT_GUARD);
+  fct_tensor_create_guarded(&g[2], F16, FCT_BNHD, bp.B, bp.Nk, bp.Hkv, bp.D, 7, FCT_OUTPUT_GUARD);
+  bwd_desc(&bp, FLASHCL_ALGO_FLASH, 1, &desc);
+  st = flashcl_attention_backward(env->ctx, &desc, &bp.fp.q.t, &bp.fp.k.t, &bp.fp.v.t, &bp.o.t, &bp.lse.t,
+                                  &bp.d_o.t, &g[0].t, &g[1].t, &g[2].t, 0, NULL, NULL);
+  FCT_CHECK(clFinish(env->queue) == CL_SUCCESS, "clFinish failed");
+  for (i = 0; i < 3; i++) fct_tensor_download(&g[i]);
+  if (st == FLASHCL_SUCCESS) {
+    double fl;
+    for (i = 0; i < 3; i++)
+      (void)check_grad(&bp, "probe", i, &g[i], i == 0 ? bp.ref_dq : i == 1 ? bp.ref_dk : bp.ref_dv, &fl);
+    mma_available = 1;
+    print_message("    ok  the device runs the tensor-core backward\n");
+  } else {
+    const char *msg = flashcl_context_last_error(env->ctx);
+    for (i = 0; i < 3; i++) written += fct_tensor_count_unpoisoned(&g[i]);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_UNSUPPORTED, "explicit NVIDIA_MMA backward on a device without it");
+    FCT_CHECK(strstr(msg, "tensor-core") != NULL, "the refusal does not give the reason: \"%s\"", msg);
+    FCT_CHECK(written == 0, "the refused call wrote %zu gradient element(s)", written);
+    mma_available = 0;
+    print_message("    ok  refused cleanly: %s\n", msg);
+  }
+  for (i = 0; i < 3; i++) fct_tensor_release(&g[i]);
+  bwd_problem_release(&bp);
+}
+#endif
+
 /* ================================================================= main == */
 
 int main(void) {
@@ -1293,7 +1385,20 @@ int main(void) {
   size_t i, n_cases;
   int failed = 0;
   const bwd_case *cases;
-#ifdef FCT_BWD_LONG
+#if defined(FCT_BWD_MMA)
+  cases = CASES;
+  n_cases = sizeof CASES / sizeof CASES[0];
+  tests = (struct CMUnitTest *)calloc(n_cases + 1, sizeof *tests);
+  if (!tests) return 1;
+  tests[0].name = "tensor_core_backward_available_or_refused";
+  tests[0].test_func = test_mma_backward_available;
+  for (i = 0; i < n_cases; i++) {
+    tests[1 + i].name = cases[i].name;
+    tests[1 + i].test_func = run_table_test;
+    tests[1 + i].initial_state = (void *)&cases[i];
+  }
+  failed += fct_run_group("backward_mma", tests, n_cases + 1, 1);
+#elif defined(FCT_BWD_LONG)
   bwd_case *sweep = build_sweep(&n_cases);
   if (!sweep) return 1;
   cases = sweep;

@@ -1,0 +1,561 @@
+/*
+ * flash_bwd_mma.cl: FlashAttention-2 backward on NVIDIA tensor cores through
+ * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, red.global.add.f32).
+ *
+ * The PTX helpers come from mma_ptx.cl, compiled first in the same program
+ * ("mma_ptx.cl+flash_bwd_mma.cl"). Everything that is PTX sits behind
+ * `#if USE_PTX`, which the host sets only where the tensor-core path passed its
+ * probe (src/flash_mma.c); with USE_PTX=0 the kernels have empty bodies and the
+ * host never launches them. D = rowsum(dO * O) and the conversion of the atomic
+ * dQ accumulator come from the portable flash_bwd.cl (bwd_preprocess,
+ * bwd_dq_store): they are memory-bound and need no tensor cores.
+ *
+ * P is recomputed from the forward's natural-log LSE: with raw scores s and
+ * scale_log2 = scale * log2(e), P = exp2(s * scale_log2 - lse * log2(e)). A row
+ * whose LSE is -inf saw no key; it gets +inf in the log2 domain, so its P is
+ * exactly 0 (as are rows past the end of the sequence), never NaN. Causally
+ * hidden keys and keys past the end get P = 0 explicitly.
+ *
+ *   bwd_dkdv_mma  one work-group owns KV_BLOCK = NWARPS * 16 keys of one
+ *                 (sequence, KV head); each warp owns 16 of them. K stays in
+ *                 local memory, V in registers (A fragments), dK and dV in fp32
+ *                 accumulators, while Q/dO tiles of BLOCK_R queries of every
+ *                 query head of the GQA group stream through:
+ *                   S^T = K Q^T, dP^T = V dO^T             (keys x queries)
+ *                   P^T = exp2(...), dS^T = P^T * (dP^T - D)
+ *                   dV += P^T dO, dK += dS^T Q             (P^T, dS^T repacked
+ *                                                            as A fragments)
+ *                 With ATOMIC_DQ = 1, dS^T also goes to local memory and the
+ *                 work-group adds scale * dS K to the fp32 dQ accumulator with
+ *                 red.global.add.f32 (the loads of the next Q/dO tile overlap it).
+ *   bwd_dq_mma    the deterministic dQ: one work-group owns NWARPS * 16 * M_TILES
+ *                 queries; Q and dO stay in registers, K/V tiles of BLOCK_C keys
+ *                 are double-buffered through cp.async:
+ *                   S = Q K^T, dP = dO V^T, dS = P * (dP - D), dQ += dS K.
+ *
+ * Tensors are strided (batch, seq, head, dim) views with unit dim stride;
+ * offsets and strides are in elements. D and the dQ accumulator are dense fp32
+ * scratch indexed [seq_id][head][row] (x HEAD_DIM), rows padded to seqlen_q, as
+ * in flash_bwd.cl. Requirements (checked by the host): fp16 or bf16, head_dim 64
+ * or 128, element offsets and (batch, seq, head) strides multiples of 8 (16-byte
+ * rows for cp.async), scale > 0, no dropout / window / ALiBi / softcap / mask.
+ *
+ * Parameters (-D):
+ *   USE_PTX    1: compile the tensor-core kernels; 0: empty bodies, never launched
+ *   DTYPE      1 = fp16, 2 = bf16
+ *   HEAD_DIM   64 or 128
+ *   NWARPS     warps per work-group (both kernels)
+ *   BLOCK_R    bwd_dkdv_mma: queries per streamed tile (multiple of 32, and
+ *              2 * BLOCK_R >= KV_BLOCK: V is staged through the Q/dO buffers)
+ *   M_TILES    bwd_dq_mma: 16-row tiles per warp
+ *   BLOCK_C    bwd_dq_mma: keys per streamed tile (multiple of 16)
+ *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
+ *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
+ *   ATOMIC_DQ  1: bwd_dkdv_mma also accumulates dQ (needs the dq_acc buffer)
+ */
+#ifndef USE_PTX
+#define USE_PTX 0
+#endif
+#ifndef DTYPE
+#define DTYPE 1
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+#ifndef BLOCK_R
+#define BLOCK_R 64
+#endif
+#ifndef M_TILES
+#define M_TILES 1
+#endif
+#ifndef BLOCK_C
+#define BLOCK_C 64
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+#ifndef ATOMIC_DQ
+#define ATOMIC_DQ 0
+#endif
+
+#define NTHREADS (NWARPS * 32)
+#define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+#define KT (HEAD_DIM / 16) /* k-steps over head_dim */
+#define DT (HEAD_DIM / 8)  /* 8-column n-tiles over head_dim */
+#define LSTEP (NTHREADS / CH)
+#define KV_BLOCK (NWARPS * 16)
+#define QN (BLOCK_R / 8)  /* 8-query n-tiles of S^T */
+#define DS_CH (BLOCK_R / 8)
+#define DQ_WQ (BLOCK_R / 32)           /* warps along the queries of the atomic dQ tile */
+#define DQ_WD (NWARPS / DQ_WQ)         /* warps along head_dim */
+#define DQ_NT (HEAD_DIM / 8 / DQ_WD)   /* 8-column n-tiles per warp */
+#define RQ (NWARPS * 16 * M_TILES)     /* bwd_dq_mma: queries per work-group */
+#define NT (BLOCK_C / 8)               /* bwd_dq_mma: 8-key n-tiles of S */
+
+#if HEAD_DIM % 64 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || NTHREADS % CH || \
+    KV_BLOCK % LSTEP || BLOCK_R % LSTEP || (2 * BLOCK_C) % LSTEP || NWARPS % DQ_WQ || DQ_NT % 2 || DQ_NT < 2
+#error "unsupported flash_bwd_mma parameters"
+#endif
+
+#define LOG2E 1.4426950408889634f
+
+#if USE_PTX
+
+#ifndef MMA_TYPE
+#error "flash_bwd_mma.cl with USE_PTX=1 needs mma_ptx.cl compiled first in the same program"
+#endif
+
+/* Byte offset of logical chunk c of row r in a CH-chunk swizzled tile. */
+#define SWZ(r, c) ((uint)(((r) * CH + ((c) ^ ((r) & 7))) * 16))
+/* The same for the dS^T tile ([key][query], DS_CH chunks per row): with 4 chunks
+ * a row is 64 bytes, so rows r and r + 2 share banks unless the chunk index is
+ * xor-ed with r / 2. */
+#if DS_CH >= 8
+#define DSWZ(r, c) ((uint)(((r) * DS_CH + ((c) ^ ((r) & 7))) * 16))
+#else
+#define DSWZ(r, c) ((uint)(((r) * DS_CH + ((c) ^ (((r) >> 1) & 3))) * 16))
+#endif
+
+#define CTENSOR(n) __global const ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
+#define TENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
+
+/* Sequence window of work-group batch index b: (first row, rows) of q and k. */
+#define SEQ_BOUNDS()                                                           \
+  int nq = seqlen_q, nk = seqlen_k;                                            \
+  long bq = b, row_q = 0, row_k = 0;                                           \
+  if (VARLEN) {                                                                \
+    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);  \
+    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);  \
+    nq = min(max(qe - qs, 0), seqlen_q);                                       \
+    nk = min(max(ke - ks, 0), seqlen_k);                                       \
+    row_q = qs;                                                                \
+    row_k = ks;                                                                \
+    bq = 0;                                                                    \
+  }
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma(
+    CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dk), TENSOR(dv),
+    __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
+    __global const float *dsum, __global float *dq_acc, int seqlen_q, int seqlen_k, int heads_q, int group,
+    float scale, float scale_log2, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+  /* K tile | Q tile | dO tile | (dS^T tile); V is staged through Q | dO. */
+#define SM_K 0
+#define SM_Q (KV_BLOCK * CH * 16)
+#define SM_DO (SM_Q + BLOCK_R * CH * 16)
+#define SM_DS (SM_DO + BLOCK_R * CH * 16)
+#define SM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
+  __local uint4 smem[SM_BYTES / 16];
+  __local float l2s[BLOCK_R], dss[BLOCK_R];
+  const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int k0 = get_group_id(0) * KV_BLOCK;
+  const int hk = get_group_id(1), b = get_group_id(2);
+  SEQ_BOUNDS()
+  if (k0 >= nk) return; /* whole work-group leaves together */
+  const int diag = nk - nq;
+  const uint sb = SADDR(smem);
+  const uint kbuf = sb + SM_K, qbuf = sb + SM_Q, dobuf = sb + SM_DO;
+  const int lc = tid % CH, lr = tid / CH;
+
+  /* ---- K -> local (stays); V -> local -> registers ---- */
+  {
+    __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh + lc * 8;
+    __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
+    for (int r = lr; r < KV_BLOCK; r += LSTEP) {
+      const int ok = k0 + r < nk; /* rows past the end are zero-filled */
+      cp_async16(kbuf + SWZ(r, lc), kp + (long)(ok ? k0 + r : 0) * k_sn, ok ? 16u : 0u);
+      cp_async16(qbuf + SWZ(r, lc), vp + (long)(ok ? k0 + r : 0) * v_sn, ok ? 16u : 0u);
+    }
+    cp_commit();
+    cp_wait_all();
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8; /* A-fragment row of this lane */
+  uint vf[KT][4];
+  #pragma unroll
+  for (int ks = 0; ks < KT; ks++) LDSM_X4(vf[ks][0], vf[ks][1], vf[ks][2], vf[ks][3], qbuf + SWZ(arow, 2 * ks + (lane >> 4)));
+  barrier(CLK_LOCAL_MEM_FENCE); /* the staged V is dead: Q/dO may overwrite it */
+
+  float dka[DT][4], dva[DT][4];
+  #pragma unroll
+  for (int dt = 0; dt < DT; dt++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
+
+  /* Query tiles: every query head of the group, and under a causal mask only the
+   * rows that see at least one of these keys (i >= k0 - diag). */
+  int qstart = 0;
+#if CAUSAL
+  qstart = max(0, k0 - diag) / BLOCK_R * BLOCK_R;
+#endif
+  const int qsteps = nq > qstart ? (nq - qstart + BLOCK_R - 1) / BLOCK_R : 0;
+  const int steps = qsteps * group;
+  const int kmax = k0 + KV_BLOCK - 1; /* last key of the block */
+
+/* Issues the cp.async of the Q/dO tile of step s and stages its LSE (log2
+ * domain) and D in local memory. */
+#define LOAD_STEP(s)                                                                                        \
+  {                                                                                                         \
+    const int h_ = hk * group + (s) / qsteps, q0_ = qstart + ((s) % qsteps) * BLOCK_R;                      \
+    __global const ushort *qp_ = q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh + lc * 8;           \
+    __global const ushort *dp_ = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh + lc * 8; \
+    for (int r = lr; r < BLOCK_R; r += LSTEP) {                                                             \
+      const int ok = q0_ + r < nq;                                                                          \
+      cp_async16(qbuf + SWZ(r, lc), qp_ + (long)(ok ? q0_ + r : 0) * q_sn, ok ? 16u : 0u);                  \
+      cp_async16(dobuf + SWZ(r, lc), dp_ + (long)(ok ? q0_ + r : 0) * dout_sn, ok ? 16u : 0u);              \
+    }                                                                                                       \
+    cp_commit();                                                                                            \
+    for (int r = tid; r < BLOCK_R; r += NTHREADS) {                                                         \
+      float l2 = INFINITY, dd = 0.0f;                                                                       \
+      if (q0_ + r < nq) {                                                                                   \
+        const float l = lse[l_off + bq * l_sb + (row_q + q0_ + r) * l_sn + (long)h_ * l_sh];                \
+        l2 = l == -INFINITY ? INFINITY : l * LOG2E;                                                         \
+        dd = dsum[((long)b * heads_q + h_) * seqlen_q + q0_ + r];                                           \
+      }                                                                                                     \
+      l2s[r] = l2;                                                                                          \
+      dss[r] = dd;                                                                                          \
+    }                                                                                                       \
+  }
+
+  if (steps > 0) LOAD_STEP(0)
+  for (int s = 0; s < steps; s++) {
+    const int h = hk * group + s / qsteps, q0 = qstart + (s % qsteps) * BLOCK_R;
+    cp_wait_all();
+    barrier(CLK_LOCAL_MEM_FENCE); /* Q, dO, LSE and D of this step are in */
+
+    float st[QN][4], dpt[QN][4];
+    #pragma unroll
+    for (int nt = 0; nt < QN; nt++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++) {
+      uint ka[4];
+      LDSM_X4(ka[0], ka[1], ka[2], ka[3], kbuf + SWZ(arow, 2 * ks + (lane >> 4)));
+      #pragma unroll
+      for (int np = 0; np < QN / 2; np++) {
+        const int r = np * 16 + (lane & 7) + (lane >> 4) * 8, c = 2 * ks + ((lane >> 3) & 1);
+        uint b0, b1, b2, b3;
+        LDSM_X4(b0, b1, b2, b3, qbuf + SWZ(r, c));
+        MMA(st[2 * np], ka, b0, b1);
+        MMA(st[2 * np + 1], ka, b2, b3);
+        LDSM_X4(b0, b1, b2, b3, dobuf + SWZ(r, c));
+        MMA(dpt[2 * np], vf[ks], b0, b1);
+        MMA(dpt[2 * np + 1], vf[ks], b2, b3);
+      }
+    }
+
+    /* P^T and dS^T in place; the accumulator element e of n-tile nt is key
+     * k0 + warp*16 + g + 8*(e >> 1), query q0 + nt*8 + 2t + (e & 1). */
+    const int need_mask = kmax >= nk || (CAUSAL && kmax > q0 + diag);
+    const int key0 = k0 + warp * 16 + g;
+    #pragma unroll
+    for (int nt = 0; nt < QN; nt++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = nt * 8 + 2 * t + (e & 1);
+        float p = fast_exp2(fma(st[nt][e], scale_log2, -l2s[col]));
+        if (need_mask) {
+          const int key = key0 + (e >> 1) * 8;
+          if (key >= nk || (CAUSAL && key > q0 + col + diag)) p = 0.0f;
+        }
+        st[nt][e] = p;
+        dpt[nt][e] = p * (dpt[nt][e] - dss[col]);
+      }
+
+    /* dV += P^T dO and dK += dS^T Q: k runs over this tile's queries. */
+    #pragma unroll
+    for (int j = 0; j < QN / 2; j++) {
+      uint pa[4], sa[4];
+      pa[0] = pack2(st[2 * j][0], st[2 * j][1]);
+      pa[1] = pack2(st[2 * j][2], st[2 * j][3]);
+      pa[2] = pack2(st[2 * j + 1][0], st[2 * j + 1][1]);
+      pa[3] = pack2(st[2 * j + 1][2], st[2 * j + 1][3]);
+      sa[0] = pack2(dpt[2 * j][0], dpt[2 * j][1]);
+      sa[1] = pack2(dpt[2 * j][2], dpt[2 * j][3]);
+      sa[2] = pack2(dpt[2 * j + 1][0], dpt[2 * j + 1][1]);
+      sa[3] = pack2(dpt[2 * j + 1][2], dpt[2 * j + 1][3]);
+#if ATOMIC_DQ
+      {
+        __local uint *dsw = (__local uint *)((__local uchar *)smem + SM_DS);
+        const int kr = warp * 16 + g;
+        dsw[(DSWZ(kr, 2 * j) + 4 * t) / 4] = sa[0];
+        dsw[(DSWZ(kr + 8, 2 * j) + 4 * t) / 4] = sa[1];
+        dsw[(DSWZ(kr, 2 * j + 1) + 4 * t) / 4] = sa[2];
+        dsw[(DSWZ(kr + 8, 2 * j + 1) + 4 * t) / 4] = sa[3];
+      }
+#endif
+      const int r = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      #pragma unroll
+      for (int dp = 0; dp < DT / 2; dp++) {
+        uint b0, b1, b2, b3;
+        LDSM_X4_T(b0, b1, b2, b3, dobuf + SWZ(r, 2 * dp + (lane >> 4)));
+        MMA(dva[2 * dp], pa, b0, b1);
+        MMA(dva[2 * dp + 1], pa, b2, b3);
+        LDSM_X4_T(b0, b1, b2, b3, qbuf + SWZ(r, 2 * dp + (lane >> 4)));
+        MMA(dka[2 * dp], sa, b0, b1);
+        MMA(dka[2 * dp + 1], sa, b2, b3);
+      }
+    }
+
+    barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with Q, dO, LSE, D (and dS^T is written) */
+    if (s + 1 < steps) LOAD_STEP(s + 1)
+
+#if ATOMIC_DQ
+    /* dQ[q0 .. q0 + BLOCK_R) += scale * dS K: warp (wq, wd) takes 32 queries x
+     * DQ_NT * 8 columns; A = dS from the [key][query] tile with ldmatrix.trans,
+     * B = K with ldmatrix.trans. */
+    {
+      const int wq = warp / DQ_WD, wd = warp % DQ_WD;
+      const uint dsbuf = sb + SM_DS;
+      float acc[2][DQ_NT][4];
+      #pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < DQ_NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+      #pragma unroll
+      for (int kk = 0; kk < KV_BLOCK / 16; kk++) {
+        uint a[2][4];
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+          LDSM_X4_T(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+                    dsbuf + DSWZ(kk * 16 + (lane & 7) + (lane >> 4) * 8, wq * 4 + mt * 2 + ((lane >> 3) & 1)));
+        #pragma unroll
+        for (int np = 0; np < DQ_NT / 2; np++) {
+          uint b0, b1, b2, b3;
+          LDSM_X4_T(b0, b1, b2, b3,
+                    kbuf + SWZ(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, wd * DQ_NT + 2 * np + (lane >> 4)));
+          #pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            MMA(acc[mt][2 * np], a[mt], b0, b1);
+            MMA(acc[mt][2 * np + 1], a[mt], b2, b3);
+          }
+        }
+      }
+      __global float *qacc = dq_acc + ((long)b * heads_q + h) * seqlen_q * HEAD_DIM;
+      #pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+        #pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          const int row = q0 + wq * 32 + mt * 16 + g + hh * 8;
+          if (row >= nq) continue;
+          __global float *dst = qacc + (long)row * HEAD_DIM + wd * DQ_NT * 8 + 2 * t;
+          #pragma unroll
+          for (int nt = 0; nt < DQ_NT; nt++) {
+            red_add_f32(dst + nt * 8, acc[mt][nt][2 * hh] * scale);
+            red_add_f32(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1] * scale);
+          }
+        }
+    }
+#endif
+  }
+
+  /* dK = scale * dS^T Q; rows past the end of the sequence are not stored. */
+  const long dkb = dk_off + bq * dk_sb + row_k * dk_sn + (long)hk * dk_sh;
+  const long dvb = dv_off + bq * dv_sb + row_k * dv_sn + (long)hk * dv_sh;
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int key = k0 + warp * 16 + g + hh * 8;
+    if (key >= nk) continue;
+    __global uint *kr = (__global uint *)(dk + dkb + (long)key * dk_sn + 2 * t);
+    __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + 2 * t);
+    #pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      kr[dt * 4] = pack2(dka[dt][2 * hh] * scale, dka[dt][2 * hh + 1] * scale);
+      vr[dt * 4] = pack2(dva[dt][2 * hh], dva[dt][2 * hh + 1]);
+    }
+  }
+#undef LOAD_STEP
+}
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
+    CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dq),
+    __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
+    __global const float *dsum, int seqlen_q, int seqlen_k, int heads_q, int group, float scale, float scale_log2,
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+  /* Two K | V stages; Q and dO are staged through them once at the start. */
+#define DQ_ROWS (4 * BLOCK_C > 2 * RQ ? 4 * BLOCK_C : 2 * RQ)
+  __local uint4 smem[DQ_ROWS * CH];
+  const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * RQ; /* heaviest causal blocks first */
+  const int h = get_group_id(1), b = get_group_id(2);
+  const int hk = h / group;
+  SEQ_BOUNDS()
+  if (q0 >= nq) return;
+  const int diag = nk - nq;
+  const uint sb = SADDR(smem);
+  const int lc = tid % CH, lr = tid / CH;
+  const int wrow0 = q0 + warp * 16 * M_TILES;
+
+  /* ---- Q and dO -> local -> registers ---- */
+  {
+    __global const ushort *qp = q + q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh + lc * 8;
+    __global const ushort *dp = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h * dout_sh + lc * 8;
+    for (int r = lr; r < RQ; r += LSTEP) {
+      const int ok = q0 + r < nq;
+      cp_async16(sb + SWZ(r, lc), qp + (long)(ok ? q0 + r : 0) * q_sn, ok ? 16u : 0u);
+      cp_async16(sb + SWZ(RQ + r, lc), dp + (long)(ok ? q0 + r : 0) * dout_sn, ok ? 16u : 0u);
+    }
+    cp_commit();
+    cp_wait_all();
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  uint qf[M_TILES][KT][4], df[M_TILES][KT][4];
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++) {
+      const int r = warp * 16 * M_TILES + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      LDSM_X4(qf[mt][ks][0], qf[mt][ks][1], qf[mt][ks][2], qf[mt][ks][3], sb + SWZ(r, 2 * ks + (lane >> 4)));
+      LDSM_X4(df[mt][ks][0], df[mt][ks][1], df[mt][ks][2], df[mt][ks][3], sb + SWZ(RQ + r, 2 * ks + (lane >> 4)));
+    }
+  /* Per-row LSE (log2 domain) and D of this lane's rows g and g + 8. */
+  float l2r[M_TILES][2], ddr[M_TILES][2];
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = wrow0 + mt * 16 + g + hh * 8;
+      l2r[mt][hh] = INFINITY;
+      ddr[mt][hh] = 0.0f;
+      if (row < nq) {
+        const float l = lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh];
+        l2r[mt][hh] = l == -INFINITY ? INFINITY : l * LOG2E;
+        ddr[mt][hh] = dsum[((long)b * heads_q + h) * seqlen_q + row];
+      }
+    }
+  barrier(CLK_LOCAL_MEM_FENCE); /* the staged Q/dO is dead: K/V may overwrite it */
+
+  float acc[M_TILES][DT][4];
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+    for (int dt = 0; dt < DT; dt++) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
+
+  int kend = nk, wend = nk;
+#if CAUSAL
+  kend = min(nk, q0 + RQ + diag);
+  wend = min(nk, wrow0 + 16 * M_TILES + diag);
+#endif
+  __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh + lc * 8;
+  __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
+#define STAGE_K(st) (sb + (uint)((st) * 2 * BLOCK_C * CH * 16))
+#define STAGE_V(st) (STAGE_K(st) + BLOCK_C * CH * 16)
+#define LOAD_KV(st, kk0)                                                                          \
+  {                                                                                             \
+    for (int r = lr; r < BLOCK_C; r += LSTEP) {                                                 \
+      const int ok = (kk0) + r < nk;                                                            \
+      cp_async16(STAGE_K(st) + SWZ(r, lc), kp + (long)(ok ? (kk0) + r : 0) * k_sn, ok ? 16u : 0u); \
+      cp_async16(STAGE_V(st) + SWZ(r, lc), vp + (long)(ok ? (kk0) + r : 0) * v_sn, ok ? 16u : 0u); \
+    }                                                                                           \
+    cp_commit();                                                                                \
+  }
+
+  if (kend > 0) LOAD_KV(0, 0)
+  for (int k0 = 0, it = 0; k0 < kend; k0 += BLOCK_C, it ^= 1) {
+    cp_wait_all();
+    barrier(CLK_LOCAL_MEM_FENCE); /* stage `it` is in; every warp is done with the other stage */
+    if (k0 + BLOCK_C < kend) LOAD_KV(it ^ 1, k0 + BLOCK_C)
+    if (k0 >= wend) continue; /* this warp's rows see none of these keys */
+    const uint kbuf = STAGE_K(it), vbuf = STAGE_V(it);
+
+    float s[M_TILES][NT][4], dps[M_TILES][NT][4];
+    #pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++)
+      #pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) s[mt][nt][e] = dps[mt][nt][e] = 0.0f;
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++)
+      #pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        const int r = np * 16 + (lane & 7) + (lane >> 4) * 8, c = 2 * ks + ((lane >> 3) & 1);
+        uint b0, b1, b2, b3;
+        LDSM_X4(b0, b1, b2, b3, kbuf + SWZ(r, c));
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++) {
+          MMA(s[mt][2 * np], qf[mt][ks], b0, b1);
+          MMA(s[mt][2 * np + 1], qf[mt][ks], b2, b3);
+        }
+        LDSM_X4(b0, b1, b2, b3, vbuf + SWZ(r, c));
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++) {
+          MMA(dps[mt][2 * np], df[mt][ks], b0, b1);
+          MMA(dps[mt][2 * np + 1], df[mt][ks], b2, b3);
+        }
+      }
+
+#if CAUSAL
+    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > wrow0 + diag);
+#else
+    const int need_mask = k0 + BLOCK_C > nk;
+#endif
+    #pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++)
+      #pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int hh = e >> 1;
+          float p = fast_exp2(fma(s[mt][nt][e], scale_log2, -l2r[mt][hh]));
+          if (need_mask) {
+            const int col = k0 + nt * 8 + 2 * t + (e & 1);
+            const int row = wrow0 + mt * 16 + g + hh * 8;
+            if (col >= nk || (CAUSAL && col > row + diag)) p = 0.0f;
+          }
+          dps[mt][nt][e] = p * (dps[mt][nt][e] - ddr[mt][hh]);
+        }
+
+    /* dQ += dS K: dS repacked as A fragments (k = keys), K with ldmatrix.trans. */
+    #pragma unroll
+    for (int j = 0; j < NT / 2; j++) {
+      uint sa[M_TILES][4];
+      #pragma unroll
+      for (int mt = 0; mt < M_TILES; mt++) {
+        sa[mt][0] = pack2(dps[mt][2 * j][0], dps[mt][2 * j][1]);
+        sa[mt][1] = pack2(dps[mt][2 * j][2], dps[mt][2 * j][3]);
+        sa[mt][2] = pack2(dps[mt][2 * j + 1][0], dps[mt][2 * j + 1][1]);
+        sa[mt][3] = pack2(dps[mt][2 * j + 1][2], dps[mt][2 * j + 1][3]);
+      }
+      const int r = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      #pragma unroll
+      for (int dp = 0; dp < DT / 2; dp++) {
+        uint b0, b1, b2, b3;
+        LDSM_X4_T(b0, b1, b2, b3, kbuf + SWZ(r, 2 * dp + (lane >> 4)));
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++) {
+          MMA(acc[mt][2 * dp], sa[mt], b0, b1);
+          MMA(acc[mt][2 * dp + 1], sa[mt], b2, b3);
+        }
+      }
+    }
+  }
+
+  const long dqb = dq_off + bq * dq_sb + row_q * dq_sn + (long)h * dq_sh;
+  #pragma unroll
+  for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = wrow0 + mt * 16 + g + hh * 8;
+      if (row >= nq) continue;
+      __global uint *dr = (__global uint *)(dq + dqb + (long)row * dq_sn + 2 * t);
+      #pragma unroll
+      for (int dt = 0; dt < DT; dt++) dr[dt * 4] = pack2(acc[mt][dt][2 * hh] * scale, acc[mt][dt][2 * hh + 1] * scale);
+    }
+#undef LOAD_KV
+}
+
+#else /* !USE_PTX: empty bodies, so that the file is valid OpenCL C everywhere */
+
+__kernel void bwd_dkdv_mma(__global float *unused) { (void)unused; }
+__kernel void bwd_dq_mma(__global float *unused) { (void)unused; }
+
+#endif /* USE_PTX */

@@ -1,0 +1,121 @@
+/* The NVIDIA tensor-core backward kernels (cl/flash_bwd_mma.cl): tile choice,
+ * build and arguments. src/backward.c owns the scratch, the preprocess and
+ * dQ-store kernels and the enqueue order, which both backward families share;
+ * this file only swaps in bwd_dkdv_mma and bwd_dq_mma for the portable dK/dV and
+ * dQ kernels when fcl_mma_select() picked the tensor-core path (same device
+ * probe, same coverage rules as the forward, plus 16-byte aligned dO/dQ/dK/dV).
+ *
+ * Tiles (H100, fp16; see BENCHMARKS.md): the dK/dV kernel keeps NWARPS * 16 keys
+ * per work-group (K in local memory, V as registers) and streams BLOCK_R queries:
+ * d = 128 takes 4 warps and BLOCK_R = 32 (64 keys x 256 B of K + Q/dO tiles fit
+ * in 48 KiB with the dS^T tile of the atomic mode), d = 64 takes BLOCK_R = 64.
+ * The dQ kernel keeps 64 queries (4 warps x 16) with Q and dO in registers and
+ * double-buffers K/V tiles of 32 (d = 128) or 64 (d = 64) keys.
+ *
+ *   FLASHCL_MMA_BWD_CONFIG  "nwarps,block_r,m_tiles,block_c" overrides the tiles
+ *                           (tuning only; local memory must stay within 48 KiB)
+ */
+#include "internal.h"
+#include "kernel_args.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static fcl_mma_bwd_config fcl_mma_bwd_pick(const fcl_problem *p) {
+  fcl_mma_bwd_config c = {4, 64, 1, 64};
+  if (p->head_dim > 64) {
+    c.block_r = 32;
+    c.block_c = 32;
+  }
+  const char *env = getenv("FLASHCL_MMA_BWD_CONFIG");
+  fcl_mma_bwd_config e = {0, 0, 0, 0};
+  if (env && sscanf(env, "%d,%d,%d,%d", &e.nwarps, &e.block_r, &e.m_tiles, &e.block_c) == 4 && e.nwarps > 0 &&
+      e.nwarps <= 16 && e.block_r >= 32 && e.block_r % 32 == 0 && e.m_tiles > 0 && e.m_tiles <= 4 &&
+      e.block_c >= 16 && e.block_c % 16 == 0)
+    c = e;
+  return c;
+}
+
+flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic,
+                                        fcl_mma_bwd_launch *L) {
+  const fcl_mma_bwd_config c = fcl_mma_bwd_pick(p);
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  char opts[512];
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DNWARPS=%d -DBLOCK_R=%d -DM_TILES=%d -DBLOCK_C=%d "
+           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d%s%s",
+           (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, p->causal, p->varlen, atomic,
+           extra ? " " : "", extra ? extra : "");
+  flashcl_status st;
+  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_bwd_mma.cl", opts, "bwd_dkdv_mma", &L->dkdv)) ||
+      (st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_bwd_mma.cl", opts, "bwd_dq_mma", &L->dq)))
+    return st;
+  if (getenv("FLASHCL_MMA_BUILD_LOG")) {
+    fcl_mma_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
+    fcl_mma_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
+  }
+  const int threads = c.nwarps * 32;
+  for (int i = 0; i < 2; i++) {
+    size_t kwg = 0;
+    if (clGetKernelWorkGroupInfo(i ? L->dq : L->dkdv, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg,
+                                 NULL) == CL_SUCCESS &&
+        kwg < (size_t)threads)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs %d work-items but the compiled kernel allows %zu",
+                      i ? "bwd_dq_mma" : "bwd_dkdv_mma", threads, kwg);
+  }
+  const size_t kblocks = ((size_t)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
+  const size_t rq = (size_t)c.nwarps * 16 * c.m_tiles, qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
+  L->local[0] = (size_t)threads;
+  L->local[1] = L->local[2] = 1;
+  L->global_dkdv[0] = kblocks * threads;
+  L->global_dkdv[1] = (size_t)p->heads_kv;
+  L->global_dkdv[2] = (size_t)p->batch;
+  L->global_dq[0] = qblocks * threads;
+  L->global_dq[1] = (size_t)p->heads_q;
+  L->global_dq[2] = (size_t)p->batch;
+  return FLASHCL_SUCCESS;
+}
+
+/* Arguments shared by both kernels after their tensors: LSE view, D, ... */
+static void fcl_mma_bwd_tail(fcl_args *a, const fcl_problem *p, const flashcl_attention_desc *desc, int tq, int tk) {
+  const float log2e = 1.4426950408889634f;
+  fcl_arg_int(a, p->seqlen_q);
+  fcl_arg_int(a, p->seqlen_k);
+  fcl_arg_int(a, p->heads_q);
+  fcl_arg_int(a, p->heads_q / p->heads_kv);
+  fcl_arg_float(a, p->scale);
+  fcl_arg_float(a, p->scale * log2e);
+  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_q : NULL);
+  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_k : NULL);
+  fcl_arg_int(a, tq);
+  fcl_arg_int(a, tk);
+}
+
+cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *L, const fcl_problem *p, const flashcl_attention_desc *desc,
+                             const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                             const flashcl_tensor *lse, const flashcl_tensor *d_o, const flashcl_tensor *dq,
+                             const flashcl_tensor *dk, const flashcl_tensor *dv, cl_mem dsum, cl_mem dq_acc) {
+  const int tq = (int)q->shape[1], tk = (int)k->shape[1];
+  fcl_args a = {L->dkdv, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, q);
+  fcl_arg_tensor(&a, k);
+  fcl_arg_tensor(&a, v);
+  fcl_arg_tensor(&a, d_o);
+  fcl_arg_tensor(&a, dk);
+  fcl_arg_tensor(&a, dv);
+  fcl_arg_lse(&a, lse);
+  fcl_arg_mem(&a, dsum);
+  fcl_arg_mem(&a, dq_acc);
+  fcl_mma_bwd_tail(&a, p, desc, tq, tk);
+  if (a.err != CL_SUCCESS) return a.err;
+  a = (fcl_args){L->dq, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, q);
+  fcl_arg_tensor(&a, k);
+  fcl_arg_tensor(&a, v);
+  fcl_arg_tensor(&a, d_o);
+  fcl_arg_tensor(&a, dq);
+  fcl_arg_lse(&a, lse);
+  fcl_arg_mem(&a, dsum);
+  fcl_mma_bwd_tail(&a, p, desc, tq, tk);
+  return a.err;
+}
