@@ -28,7 +28,7 @@ typedef struct bench_opts {
   int csv, check, bhnd, verbose, bwd, deterministic;
   flashcl_kernel_family kernel;
   int decode, have_decode_batch; /* --decode, --decode-batch */
-  long page_size;
+  long page_size, calls; /* --page-size, --calls */
   tools_list decode_batch;
   const char *block_sparse; /* --block-sparse DENSITY_LIST */
 } bench_opts;
@@ -85,6 +85,10 @@ static void usage(FILE *f) {
           "                       --n (default GPU 1k..128k, other devices 256,1k,4k));\n"
           "                       reports GB/s = K+V bytes read / median time\n"
           "  --decode-batch LIST  batches for --decode (default GPU 1,8,64, else 1,8)\n"
+          "  --calls C            --decode: time C back-to-back calls between two markers and\n"
+          "                       report the time per call (default 1: one call, so the\n"
+          "                       host's enqueue time is inside the timed span); host_us\n"
+          "                       is the host time of one flashcl_attention_decode call\n"
           "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
           "                       contiguous)\n"
           "  --block-sparse LIST  time the flash forward with a FLASHCL_MASK_BLOCK mask at\n"
@@ -117,6 +121,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   const char *val = NULL;
   int i, r;
   memset(o, 0, sizeof *o);
+  o->calls = 1;
   o->gqa = 1;
   o->budget_s = 10.0;
   o->check = 1;
@@ -176,6 +181,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       o->have_decode_batch = 1;
     } else if (OPT("--page-size")) {
       if (tools_parse_long(val, &o->page_size) || o->page_size < 0) goto bad;
+    } else if (OPT("--calls")) {
+      if (tools_parse_long(val, &o->calls) || o->calls < 1 || o->calls > 1000) goto bad;
     } else if (OPT("--block-sparse")) {
       o->block_sparse = val;
     } else if (tools_opt_flag(argv, i, "--decode")) {
@@ -419,25 +426,29 @@ static void free_row(row *r) {
  * fill (timing does not depend on the values). */
 static int decode_timed(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                         const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
-                        const flashcl_tensor *lse, double *ms) {
+                        const flashcl_tensor *lse, long calls, double *ms, double *host_us) {
   cl_command_queue queue = flashcl_context_cl_queue(ctx);
   cl_event before = NULL, after = NULL;
   cl_ulong t0 = 0, t1 = 0;
-  double h0;
-  int st;
+  double h0, he;
+  int st = FLASHCL_SUCCESS;
+  long c;
   cl_int err = clFinish(queue);
   if (err != CL_SUCCESS) return err;
   h0 = tools_now_ms();
   err = clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
   if (err != CL_SUCCESS) return err;
-  st = flashcl_attention_decode(ctx, desc, q, kc, vc, lens, out, lse, 0, NULL, NULL);
+  he = tools_now_ms();
+  for (c = 0; c < calls && st == FLASHCL_SUCCESS; ++c)
+    st = flashcl_attention_decode(ctx, desc, q, kc, vc, lens, out, lse, 0, NULL, NULL);
+  *host_us = (tools_now_ms() - he) * 1e3 / (double)calls;
   if (st == FLASHCL_SUCCESS) st = clEnqueueMarkerWithWaitList(queue, 0, NULL, &after);
   if (st == FLASHCL_SUCCESS) st = clWaitForEvents(1, &after);
-  *ms = tools_now_ms() - h0;
+  *ms = (tools_now_ms() - h0) / (double)calls;
   if (st == FLASHCL_SUCCESS &&
       clGetEventProfilingInfo(before, CL_PROFILING_COMMAND_END, sizeof t0, &t0, NULL) == CL_SUCCESS &&
       clGetEventProfilingInfo(after, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) == CL_SUCCESS && t1 > t0)
-    *ms = (double)(t1 - t0) * 1e-6;
+    *ms = (double)(t1 - t0) * 1e-6 / (double)calls;
   else if (st == FLASHCL_SUCCESS)
     g_host_timer = 1;
   clReleaseEvent(before);
@@ -465,14 +476,17 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   else tools_parse_int_list("128", &ds);
   if (o->have_dtype) dts = o->dtype;
   else tools_parse_dtype_list("f16", &dts);
-  if (o->csv) printf("device,n,batch,d,dtype,heads,heads_kv,page_size,splits,reps,median_ms,min_ms,kv_bytes,gbps,status\n");
+  if (o->csv)
+    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,splits,reps,median_ms,min_ms,kv_bytes,gbps,calls,host_us,"
+           "status\n");
   else {
     char devdesc[512];
     tools_describe_device(ctx, devdesc, sizeof devdesc);
-    printf("flashcl-bench --decode %s on %s\nq_len 1, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld runs\n\n",
-           FLASHCL_VERSION_STRING, devdesc, hq, hkv, o->page_size ? "paged" : "contiguous", warmup, reps);
-    printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
-           "KV_MiB", "GB/s");
+    printf("flashcl-bench --decode %s on %s\nq_len 1, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld runs"
+           " of %ld back-to-back call(s) (time per call)\n\n",
+           FLASHCL_VERSION_STRING, devdesc, hq, hkv, o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
+    printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
+           "KV_MiB", "GB/s", "host_us");
   }
   for (ti = 0; ti < dts.count; ++ti)
     for (di = 0; di < ds.count; ++di)
@@ -487,7 +501,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           cl_mem mem[6] = {0};
           flashcl_tensor q, kc, vc, out, lse;
           flashcl_decode_desc desc;
-          double times[1000], ms = 0;
+          double times[1000], hosts[1000], ms = 0, hus = 0;
           int st = 0, splits = 0, r, nrep = 0;
           cl_int err = CL_SUCCESS;
           void *scratch = NULL;
@@ -546,10 +560,11 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             desc.max_seqlen_k = (int)n;
             st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
           }
-          for (r = 0; !st && r < warmup; ++r) st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, &ms);
+          for (r = 0; !st && r < warmup; ++r)
+            st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus);
           for (r = 0; !st && r < reps && r < 1000; ++r) {
-            st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, &ms);
-            if (!st) times[nrep++] = ms;
+            st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus);
+            if (!st) hosts[nrep] = hus, times[nrep++] = ms;
           }
           if (st || nrep == 0) {
             ++failures;
@@ -561,10 +576,12 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           } else {
             const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
             const double gbps = (double)kv_read / (med * 1e-3) / 1e9;
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%d,%d,%.6f,%.6f,%zu,%.3f,\"ok\"\n", info->device_name,
-                               n, b, d, flashcl_dtype_name(dt), hq, hkv, P, splits, nrep, med, mn, kv_read, gbps);
-            else printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f\n", n, b, d, flashcl_dtype_name(dt), splits,
-                        nrep, med, mib(kv_read), gbps);
+            const double hmed = tools_median(hosts, nrep);
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n",
+                               info->device_name, n, b, d, flashcl_dtype_name(dt), hq, hkv, P, splits, nrep, med, mn,
+                               kv_read, gbps, o->calls, hmed);
+            else printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", n, b, d, flashcl_dtype_name(dt),
+                        splits, nrep, med, mib(kv_read), gbps, hmed);
           }
           fflush(stdout);
           for (r = 0; r < 6; ++r)

@@ -33,7 +33,8 @@ def ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
-def time_ms(fn, warmup, reps):
+def time_ms(fn, warmup, reps, calls=1):
+    """Median over reps of the time per call of `calls` back-to-back calls between two events."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -41,10 +42,11 @@ def time_ms(fn, warmup, reps):
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / calls)
     return statistics.median(times)
 
 
@@ -62,6 +64,8 @@ def main():
     ap.add_argument("--decode", action="store_true",
                     help="q_len 1 against a contiguous cache: 32 query heads, 8 kv heads, d from --d (default 128)")
     ap.add_argument("--decode-batch", default="1,8,64")
+    ap.add_argument("--calls", type=int, default=1,
+                    help="--decode: back-to-back calls per timed span (time per call), as flashcl-bench --calls")
     ap.add_argument("--copy", action="store_true", help="device-to-device copy bandwidth of a 4 GiB tensor")
     args = ap.parse_args()
     if args.copy:
@@ -71,7 +75,8 @@ def main():
         print(f"copy,{src.numel() * 2},{ms:.3f} ms,{2 * src.numel() * 2 / ms * 1e-6:.1f} GB/s (read + write)")
         return
     if args.decode:
-        print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, SDPA default backend, fp16, q_len 1")
+        print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, SDPA default backend, fp16, q_len 1, "
+              f"{args.calls} back-to-back call(s) per timed span")
         print("batch,kv_len,d,ms,GB/s (K+V bytes read / time)")
         d = 128 if args.d == "64,128" else ints(args.d)[0]
         for b in ints(args.decode_batch):
@@ -81,7 +86,8 @@ def main():
                     continue
                 q = torch.randn(b, 32, 1, d, device="cuda", dtype=torch.float16)
                 k, v = (torch.randn(b, 8, n, d, device="cuda", dtype=torch.float16) for _ in range(2))
-                ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.warmup, args.reps)
+                ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.warmup, args.reps,
+                             args.calls)
                 print(f"{b},{n},{d},{ms:.4f},{2 * k.numel() * 2 / ms * 1e-6:.1f}")
                 del q, k, v
                 torch.cuda.empty_cache()
