@@ -19,7 +19,9 @@
  *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning);
+ *   FLASHCL_DECODE_FUSED=1 merges in the attention kernel (see below; slower on
+ *     the H100, so off by default).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -395,15 +397,18 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   /* 1: the partials go to the context's cached scratch. */
   const int cached = split && !work;
   const int in_order = fcl_decode_queue_in_order(ctx);
-  /* The merge runs in the attention kernel's last work-group per row block
-   * (cl/decode.cl FUSED_MERGE) when the counters live in the cached scratch and
-   * the queue is in-order; FLASHCL_DECODE_FUSED=0 turns it off (comparisons). */
+  /* FLASHCL_DECODE_FUSED=1: the merge runs in the attention kernel's last
+   * work-group per row block (cl/decode.cl FUSED_MERGE); possible when the
+   * counters live in the cached scratch and the queue is in-order. Off by
+   * default: on the H100 it saves the merge launch but one work-group merging a
+   * row block is slower than the merge kernel's many (batch 1, 32K keys, 20
+   * back-to-back calls: 77.4 us per call fused, 71.9 us with decode_merge). */
   int fused = 0;
-  if (cached && in_order) {
-    const char *fe = getenv("FLASHCL_DECODE_FUSED");
+  const char *fe = getenv("FLASHCL_DECODE_FUSED");
+  if (cached && in_order && fe && !strcmp(fe, "1")) {
     const size_t tpk = (size_t)p.head_dim / 8, kg = (size_t)p.threads / tpk;
     const size_t sh = fcl_dec_local_bytes(p.head_dim, p.rows, p.threads, p.kpt) / 4 - 2 * kg * (size_t)p.kpt * p.rows;
-    fused = !(fe && !strcmp(fe, "0")) && !(p.threads & (p.threads - 1)) && p.threads >= p.head_dim / 4 &&
+    fused = !(p.threads & (p.threads - 1)) && p.threads >= p.head_dim / 4 &&
             sh >= (size_t)FLASHCL_DECODE_MAX_SPLITS + 5 * (size_t)p.threads &&
             (size_t)p.batch * p.heads_kv * p.row_blocks <= FCL_DEC_COUNTERS;
   }
