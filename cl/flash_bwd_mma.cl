@@ -52,6 +52,12 @@
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
  *   ATOMIC_DQ  1: bwd_dkdv_mma also accumulates dQ (needs the dq_acc buffer)
+ *   QBUF       bwd_dkdv_mma: 1 or 2 Q/dO tile buffers; with 2 the next tile's
+ *              cp.async runs under the current tile's math (needs the local
+ *              memory of two tiles: the host uses it where its probe showed
+ *              that the device takes more than 48 KiB per work-group)
+ *   VEC_RED    1: the atomic dQ adds two floats per red.global.add.v2.f32
+ *              (sm_90, PTX ISA 8.1)
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -83,6 +89,12 @@
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 0
 #endif
+#ifndef QBUF
+#define QBUF 1
+#endif
+#ifndef VEC_RED
+#define VEC_RED 0
+#endif
 
 #define NTHREADS (NWARPS * 32)
 #define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
@@ -99,7 +111,8 @@
 #define NT (BLOCK_C / 8)               /* bwd_dq_mma: 8-key n-tiles of S */
 
 #if HEAD_DIM % 64 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || NTHREADS % CH || \
-    KV_BLOCK % LSTEP || BLOCK_R % LSTEP || (2 * BLOCK_C) % LSTEP || NWARPS % DQ_WQ || DQ_NT % 2 || DQ_NT < 2
+    KV_BLOCK % LSTEP || BLOCK_R % LSTEP || (2 * BLOCK_C) % LSTEP || NWARPS % DQ_WQ || DQ_NT % 2 || DQ_NT < 2 || \
+    QBUF < 1 || QBUF > 2
 #error "unsupported flash_bwd_mma parameters"
 #endif
 
@@ -144,14 +157,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
     __global const float *dsum, __global float *dq_acc, int seqlen_q, int seqlen_k, int heads_q, int group,
     float scale, float scale_log2, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
-  /* K tile | Q tile | dO tile | (dS^T tile); V is staged through Q | dO. */
+  /* K tile | QBUF x (Q tile | dO tile) | (dS^T tile); V is staged through the
+   * first Q | dO pair. */
 #define SM_K 0
-#define SM_Q (KV_BLOCK * CH * 16)
-#define SM_DO (SM_Q + BLOCK_R * CH * 16)
-#define SM_DS (SM_DO + BLOCK_R * CH * 16)
+#define SM_QD (KV_BLOCK * CH * 16)
+#define QD_BYTES (2 * BLOCK_R * CH * 16) /* one Q | dO pair */
+#define SM_DS (SM_QD + QBUF * QD_BYTES)
 #define SM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
   __local uint4 smem[SM_BYTES / 16];
-  __local float l2s[BLOCK_R], dss[BLOCK_R];
+  __local float l2s_all[QBUF * BLOCK_R], dss_all[QBUF * BLOCK_R];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int k0 = get_group_id(0) * KV_BLOCK;
@@ -160,7 +174,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   if (k0 >= nk) return; /* whole work-group leaves together */
   const int diag = nk - nq;
   const uint sb = SADDR(smem);
-  const uint kbuf = sb + SM_K, qbuf = sb + SM_Q, dobuf = sb + SM_DO;
+  const uint kbuf = sb + SM_K;
+  uint qbuf = sb + SM_QD, dobuf = qbuf + QD_BYTES / 2;
   const int lc = tid % CH, lr = tid / CH;
 
   /* ---- K -> local (stays); V -> local -> registers ---- */
@@ -198,17 +213,19 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   const int steps = qsteps * group;
   const int kmax = k0 + KV_BLOCK - 1; /* last key of the block */
 
-/* Issues the cp.async of the Q/dO tile of step s and stages its LSE (log2
- * domain) and D in local memory. */
+/* Issues the cp.async of the Q/dO tile of step s into buffer pair (s) % QBUF and
+ * stages its LSE (log2 domain) and D in local memory. */
 #define LOAD_STEP(s)                                                                                        \
   {                                                                                                         \
     const int h_ = hk * group + (s) / qsteps, q0_ = qstart + ((s) % qsteps) * BLOCK_R;                      \
+    const uint qb_ = sb + SM_QD + ((s) % QBUF) * QD_BYTES, db_ = qb_ + QD_BYTES / 2;                        \
+    __local float *l2w_ = l2s_all + ((s) % QBUF) * BLOCK_R, *dsw_ = dss_all + ((s) % QBUF) * BLOCK_R;       \
     __global const ushort *qp_ = q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh + lc * 8;           \
     __global const ushort *dp_ = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh + lc * 8; \
     for (int r = lr; r < BLOCK_R; r += LSTEP) {                                                             \
       const int ok = q0_ + r < nq;                                                                          \
-      cp_async16(qbuf + SWZ(r, lc), qp_ + (long)(ok ? q0_ + r : 0) * q_sn, ok ? 16u : 0u);                  \
-      cp_async16(dobuf + SWZ(r, lc), dp_ + (long)(ok ? q0_ + r : 0) * dout_sn, ok ? 16u : 0u);              \
+      cp_async16(qb_ + SWZ(r, lc), qp_ + (long)(ok ? q0_ + r : 0) * q_sn, ok ? 16u : 0u);                   \
+      cp_async16(db_ + SWZ(r, lc), dp_ + (long)(ok ? q0_ + r : 0) * dout_sn, ok ? 16u : 0u);                \
     }                                                                                                       \
     cp_commit();                                                                                            \
     for (int r = tid; r < BLOCK_R; r += NTHREADS) {                                                         \
@@ -218,16 +235,23 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
         l2 = l == -INFINITY ? INFINITY : l * LOG2E;                                                         \
         dd = dsum[((long)b * heads_q + h_) * seqlen_q + q0_ + r];                                           \
       }                                                                                                     \
-      l2s[r] = l2;                                                                                          \
-      dss[r] = dd;                                                                                          \
+      l2w_[r] = l2;                                                                                         \
+      dsw_[r] = dd;                                                                                         \
     }                                                                                                       \
   }
 
   if (steps > 0) LOAD_STEP(0)
   for (int s = 0; s < steps; s++) {
     const int h = hk * group + s / qsteps, q0 = qstart + (s % qsteps) * BLOCK_R;
+    qbuf = sb + SM_QD + (s % QBUF) * QD_BYTES;
+    dobuf = qbuf + QD_BYTES / 2;
+    __local const float *l2s = l2s_all + (s % QBUF) * BLOCK_R, *dss = dss_all + (s % QBUF) * BLOCK_R;
     cp_wait_all();
-    barrier(CLK_LOCAL_MEM_FENCE); /* Q, dO, LSE and D of this step are in */
+    barrier(CLK_LOCAL_MEM_FENCE); /* Q, dO, LSE and D of this step are in; with QBUF = 2
+                                     every warp is done with the other buffer pair */
+#if QBUF == 2
+    if (s + 1 < steps) LOAD_STEP(s + 1)
+#endif
 
     float st[QN][4], dpt[QN][4];
     #pragma unroll
@@ -304,8 +328,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
       }
     }
 
+#if QBUF == 1
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with Q, dO, LSE, D (and dS^T is written) */
     if (s + 1 < steps) LOAD_STEP(s + 1)
+#elif ATOMIC_DQ
+    barrier(CLK_LOCAL_MEM_FENCE); /* dS^T is written */
+#endif
 
 #if ATOMIC_DQ
     /* dQ[q0 .. q0 + BLOCK_R) += scale * dS K: warp (wq, wd) takes 32 queries x
@@ -348,8 +376,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
           __global float *dst = qacc + (long)row * HEAD_DIM + wd * DQ_NT * 8 + 2 * t;
           #pragma unroll
           for (int nt = 0; nt < DQ_NT; nt++) {
+#if VEC_RED
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + nt * 8),
+                         "f"(acc[mt][nt][2 * hh] * scale), "f"(acc[mt][nt][2 * hh + 1] * scale) : "memory");
+#else
             red_add_f32(dst + nt * 8, acc[mt][nt][2 * hh] * scale);
             red_add_f32(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1] * scale);
+#endif
           }
         }
     }

@@ -105,6 +105,42 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
   return 1;
 }
 
+/* Local bytes the probe asks for: the largest tensor-core configuration needs
+ * 112 KiB (backward dK/dV at d = 128 with 8 warps, two Q/dO buffers and the
+ * atomic dS tile); two such work-groups still fit an H100 SM (227 KiB). */
+#define FCL_MMA_LOCAL_PROBE (120 * 1024)
+
+/* 1 if local_probe with FCL_MMA_LOCAL_PROBE bytes of __local builds, runs and
+ * computes the right values. */
+static int fcl_mma_run_local_probe(flashcl_context *ctx) {
+  char opts[128];
+  snprintf(opts, sizeof opts, "%s -DLOCAL_PROBE_BYTES=%d", fcl_mma_probe_options, FCL_MMA_LOCAL_PROBE);
+  cl_kernel kern;
+  if (fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", opts, "local_probe", &kern) != FLASHCL_SUCCESS) {
+    fcl_clear_error(ctx);
+    return 0;
+  }
+  cl_uint out[128];
+  cl_int err = CL_SUCCESS;
+  cl_mem bo = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, sizeof out, NULL, &err);
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof bo, &bo);
+  size_t gsz = 128;
+  if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(ctx->queue, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
+  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(ctx->queue, bo, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+  if (bo) clReleaseMemObject(bo);
+  if (err != CL_SUCCESS) return 0;
+  const cl_uint n = FCL_MMA_LOCAL_PROBE / 4;
+  for (cl_uint tid = 0; tid < 128; tid++) {
+    cl_uint x = 0;
+    for (cl_uint i = tid; i < n; i += 128) {
+      const cl_uint j = (cl_uint)(((unsigned long long)i * 7919u) % n);
+      x ^= (cl_uint)(j * 2654435761u ^ 0x5bd1e995u) + i;
+    }
+    if (out[tid] != x) return 0;
+  }
+  return 1;
+}
+
 /* 1 if the context's device runs the tensor-core path (probing on first call). */
 static int fcl_mma_available(flashcl_context *ctx) {
   if (ctx->mma_state) return ctx->mma_state > 0;
@@ -134,7 +170,11 @@ static int fcl_mma_available(flashcl_context *ctx) {
     return fcl_mma_disable(ctx, "the device has less than 48 KiB of local memory%s", "");
   if (!fcl_mma_run_probe(ctx)) return 0;
   ctx->mma_state = 1;
-  fcl_log(ctx, "NVIDIA tensor-core forward available (compute capability %u.%u)", major, minor);
+  ctx->mma_local_bytes = ctx->info.local_mem_size;
+  if (ctx->info.local_mem_size < FCL_MMA_LOCAL_PROBE && fcl_mma_run_local_probe(ctx))
+    ctx->mma_local_bytes = FCL_MMA_LOCAL_PROBE;
+  fcl_log(ctx, "NVIDIA tensor-core kernels available (compute capability %u.%u, %zu bytes of local memory per work-group)",
+          major, minor, ctx->mma_local_bytes);
   return 1;
 }
 

@@ -34,6 +34,10 @@ struct flashcl_context {
    * -1 = unavailable for the reason in mma_reason. Probed on first use. */
   int mma_state;
   char mma_reason[512];
+  /* Local memory per work-group the tensor-core kernels may use: the reported
+   * CL_DEVICE_LOCAL_MEM_SIZE, or more where the probe showed the device runs
+   * work-groups with more (NVIDIA reports 48 KiB but runs up to ~227 KiB). */
+  size_t mma_local_bytes;
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode.c): grow-only, released by flashcl_context_destroy. last: the
    * last command of the latest call that used it, kept only on an out-of-order
@@ -165,7 +169,7 @@ void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *n
 
 /* NVIDIA tensor-core backward kernels (src/backward_mma.c). */
 typedef struct fcl_mma_bwd_config {
-  int nwarps, block_r, m_tiles, block_c;
+  int nwarps, block_r, m_tiles, block_c, qbuf, vec_red;
 } fcl_mma_bwd_config;
 typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
