@@ -128,14 +128,17 @@
 #if DTYPE == 0
 typedef float store_t;
 #define LOAD(p, i) ((p)[i])
+#define LOAD4V(p, i) vload4(0, (p) + (i))
 #define STORE(p, i, x) ((p)[i] = (x))
 #elif DTYPE == 1
 typedef half store_t;
 #define LOAD(p, i) vload_half((i), (p))
+#define LOAD4V(p, i) vload_half4(0, (p) + (i))
 #define STORE(p, i, x) vstore_half_rte((x), (i), (p))
 #else
 typedef ushort store_t;
 #define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
+#define LOAD4V(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
 #define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
 inline ushort bf16_from_float(float x) {
   uint u = as_uint(x);
@@ -226,7 +229,15 @@ __kernel void bwd_preprocess(CTENSOR(o), CTENSOR(dout), __global float *dsum, in
   float acc = 0.0f;
   if (i < sq.y) {
     const long po = ROWPTR(o, bb, sq.x + i, h), pd = ROWPTR(dout, bb, sq.x + i, h);
+#if HEAD_DIM % 4 == 0
+    /* Four elements per load: a quarter of the load instructions of this
+     * memory-bound pass (H100, d = 128, fp16). */
+    float4 a4 = (float4)(0.0f);
+    for (int x = 0; x < HEAD_DIM; x += 4) a4 = mad(LOAD4V(o, po + x), LOAD4V(dout, pd + x), a4);
+    acc = a4.x + a4.y + a4.z + a4.w;
+#else
     for (int x = 0; x < HEAD_DIM; x++) acc = mad(LOAD(o, po + x), LOAD(dout, pd + x), acc);
+#endif
   }
   dsum[((long)b * heads_q + h) * padded_q + i] = acc;
 }

@@ -58,6 +58,9 @@
  *              that the device takes more than 48 KiB per work-group)
  *   VEC_RED    1: the atomic dQ adds two floats per red.global.add.v2.f32
  *              (sm_90, PTX ISA 8.1)
+ *   V_IN_SMEM  bwd_dkdv_mma: 1 keeps V in its own local tile and re-reads its
+ *              fragments (32 registers fewer at d = 128, one more ldmatrix per
+ *              k-step); 0 keeps them in registers
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -94,6 +97,9 @@
 #endif
 #ifndef VEC_RED
 #define VEC_RED 0
+#endif
+#ifndef V_IN_SMEM
+#define V_IN_SMEM 0
 #endif
 
 #define NTHREADS (NWARPS * 32)
@@ -160,7 +166,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   /* K tile | QBUF x (Q tile | dO tile) | (dS^T tile); V is staged through the
    * first Q | dO pair. */
 #define SM_K 0
-#define SM_QD (KV_BLOCK * CH * 16)
+#define SM_V (KV_BLOCK * CH * 16) /* V's own tile (V_IN_SMEM) */
+#define SM_QD ((1 + V_IN_SMEM) * KV_BLOCK * CH * 16)
 #define QD_BYTES (2 * BLOCK_R * CH * 16) /* one Q | dO pair */
 #define SM_DS (SM_QD + QBUF * QD_BYTES)
 #define SM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
@@ -185,17 +192,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     for (int r = lr; r < KV_BLOCK; r += LSTEP) {
       const int ok = k0 + r < nk; /* rows past the end are zero-filled */
       cp_async16(kbuf + SWZ(r, lc), kp + (long)(ok ? k0 + r : 0) * k_sn, ok ? 16u : 0u);
-      cp_async16(qbuf + SWZ(r, lc), vp + (long)(ok ? k0 + r : 0) * v_sn, ok ? 16u : 0u);
+      cp_async16((V_IN_SMEM ? sb + SM_V : qbuf) + SWZ(r, lc), vp + (long)(ok ? k0 + r : 0) * v_sn, ok ? 16u : 0u);
     }
     cp_commit();
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8; /* A-fragment row of this lane */
+#if V_IN_SMEM
+  const uint vbuf = sb + SM_V;
+#else
   uint vf[KT][4];
   #pragma unroll
   for (int ks = 0; ks < KT; ks++) LDSM_X4(vf[ks][0], vf[ks][1], vf[ks][2], vf[ks][3], qbuf + SWZ(arow, 2 * ks + (lane >> 4)));
   barrier(CLK_LOCAL_MEM_FENCE); /* the staged V is dead: Q/dO may overwrite it */
+#endif
 
   float dka[DT][4], dva[DT][4];
   #pragma unroll
@@ -262,6 +273,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     for (int ks = 0; ks < KT; ks++) {
       uint ka[4];
       LDSM_X4(ka[0], ka[1], ka[2], ka[3], kbuf + SWZ(arow, 2 * ks + (lane >> 4)));
+#if V_IN_SMEM
+      uint va[4];
+      LDSM_X4(va[0], va[1], va[2], va[3], vbuf + SWZ(arow, 2 * ks + (lane >> 4)));
+#define VFRAG va
+#else
+#define VFRAG vf[ks]
+#endif
       #pragma unroll
       for (int np = 0; np < QN / 2; np++) {
         const int r = np * 16 + (lane & 7) + (lane >> 4) * 8, c = 2 * ks + ((lane >> 3) & 1);
@@ -270,8 +288,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
         MMA(st[2 * np], ka, b0, b1);
         MMA(st[2 * np + 1], ka, b2, b3);
         LDSM_X4(b0, b1, b2, b3, dobuf + SWZ(r, c));
-        MMA(dpt[2 * np], vf[ks], b0, b1);
-        MMA(dpt[2 * np + 1], vf[ks], b2, b3);
+        MMA(dpt[2 * np], VFRAG, b0, b1);
+        MMA(dpt[2 * np + 1], VFRAG, b2, b3);
       }
     }
 

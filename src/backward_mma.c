@@ -14,7 +14,7 @@
  * than 16 rows per warp with 64-key tiles: 7.84 vs 8.48 ms at N = 4096, and
  * BLOCK_R = 32 or 8 warps did not pay).
  *
- *   FLASHCL_MMA_BWD_CONFIG  "nwarps,block_r,m_tiles,block_c[,qbuf[,vec_red]]"
+ *   FLASHCL_MMA_BWD_CONFIG  "nwarps,block_r,m_tiles,block_c[,qbuf[,vec_red[,v_in_smem]]]"
  *                           overrides the tiles (tuning only; the local memory is
  *                           not checked against the device's)
  */
@@ -28,27 +28,33 @@
  * and of bwd_dq_mma (two K/V stages, or the Q/dO staging). */
 static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int d, int atomic) {
   const size_t kv = (size_t)c->nwarps * 16, br = (size_t)c->block_r, rq = (size_t)c->nwarps * 16 * c->m_tiles;
-  const size_t dkdv = kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) + (atomic ? kv * br * 2 : 0);
+  const size_t dkdv = (1 + (size_t)c->v_in_smem) * kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) + (atomic ? kv * br * 2 : 0);
   const size_t dq_rows = 4 * (size_t)c->block_c > 2 * rq ? 4 * (size_t)c->block_c : 2 * rq;
   const size_t dq = dq_rows * d * 2;
   return dkdv > dq ? dkdv : dq;
 }
 
 static fcl_mma_bwd_config fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
-  /* First that fits the local memory the device takes (see ctx->mma_local_bytes). */
-  static const fcl_mma_bwd_config d128[] = {{4, 64, 1, 32, 2, 0}, {4, 32, 1, 32, 1, 0}};
-  static const fcl_mma_bwd_config d64[] = {{4, 64, 2, 32, 2, 0}, {4, 64, 2, 32, 1, 0}};
-  const fcl_mma_bwd_config *cand = p->head_dim > 64 ? d128 : d64;
+  /* The first candidate that fits the local memory the device takes (see
+   * ctx->mma_local_bytes); the last always fits 48 KiB. vec_red needs sm_90. */
+  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 32, 2, 0, 0}, {4, 32, 1, 32, 1, 0, 0}};
+  static const fcl_mma_bwd_config d128_atomic[] = {{8, 64, 1, 32, 2, 1, 0}, {4, 32, 1, 32, 1, 1, 0}};
+  static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}};
+  static const fcl_mma_bwd_config d64_atomic[] = {{8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}};
+  const fcl_mma_bwd_config *cand =
+      p->head_dim > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   fcl_mma_bwd_config c = cand[1];
   for (int i = 0; i < 2; i++)
     if (fcl_mma_bwd_local(&cand[i], p->head_dim, atomic) <= ctx->mma_local_bytes) {
       c = cand[i];
       break;
     }
+  if (ctx->mma_cc < 90) c.vec_red = 0;
   const char *env = getenv("FLASHCL_MMA_BWD_CONFIG");
-  fcl_mma_bwd_config e = {0, 0, 0, 0, 1, 0};
+  fcl_mma_bwd_config e = {0, 0, 0, 0, 1, 0, 0};
   if (env &&
-      sscanf(env, "%d,%d,%d,%d,%d,%d", &e.nwarps, &e.block_r, &e.m_tiles, &e.block_c, &e.qbuf, &e.vec_red) >= 4 &&
+      sscanf(env, "%d,%d,%d,%d,%d,%d,%d", &e.nwarps, &e.block_r, &e.m_tiles, &e.block_c, &e.qbuf, &e.vec_red,
+             &e.v_in_smem) >= 4 &&
       e.nwarps > 0 && e.nwarps <= 16 && e.block_r >= 32 && e.block_r % 32 == 0 && e.m_tiles > 0 && e.m_tiles <= 4 &&
       e.block_c >= 16 && e.block_c % 16 == 0 && (e.qbuf == 1 || e.qbuf == 2))
     c = e;
@@ -62,9 +68,9 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   char opts[512];
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DNWARPS=%d -DBLOCK_R=%d -DM_TILES=%d -DBLOCK_C=%d "
-           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DQBUF=%d -DVEC_RED=%d%s%s",
+           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DQBUF=%d -DVEC_RED=%d -DV_IN_SMEM=%d%s%s",
            (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, p->causal, p->varlen, atomic,
-           c.qbuf, c.vec_red,
+           c.qbuf, c.vec_red, c.v_in_smem,
            extra ? " " : "", extra ? extra : "");
   flashcl_status st;
   if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_bwd_mma.cl", opts, "bwd_dkdv_mma", &L->dkdv)) ||

@@ -170,6 +170,7 @@ static int fcl_mma_available(flashcl_context *ctx) {
     return fcl_mma_disable(ctx, "the device has less than 48 KiB of local memory%s", "");
   if (!fcl_mma_run_probe(ctx)) return 0;
   ctx->mma_state = 1;
+  ctx->mma_cc = (int)(major * 10 + minor);
   ctx->mma_local_bytes = ctx->info.local_mem_size;
   if (ctx->info.local_mem_size < FCL_MMA_LOCAL_PROBE && fcl_mma_run_local_probe(ctx))
     ctx->mma_local_bytes = FCL_MMA_LOCAL_PROBE;

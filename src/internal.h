@@ -38,6 +38,7 @@ struct flashcl_context {
    * CL_DEVICE_LOCAL_MEM_SIZE, or more where the probe showed the device runs
    * work-groups with more (NVIDIA reports 48 KiB but runs up to ~227 KiB). */
   size_t mma_local_bytes;
+  int mma_cc; /* compute capability * 10 (e.g. 90), once probed */
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode.c): grow-only, released by flashcl_context_destroy. last: the
    * last command of the latest call that used it, kept only on an out-of-order
@@ -169,7 +170,7 @@ void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *n
 
 /* NVIDIA tensor-core backward kernels (src/backward_mma.c). */
 typedef struct fcl_mma_bwd_config {
-  int nwarps, block_r, m_tiles, block_c, qbuf, vec_red;
+  int nwarps, block_r, m_tiles, block_c, qbuf, vec_red, v_in_smem;
 } fcl_mma_bwd_config;
 typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
