@@ -5,14 +5,17 @@
  * dQ kernels when fcl_mma_select() picked the tensor-core path (same device
  * probe, same coverage rules as the forward, plus 16-byte aligned dO/dQ/dK/dV).
  *
- * Tiles (H100, fp16; see BENCHMARKS.md): the dK/dV kernel keeps NWARPS * 16 keys
- * per work-group (K in local memory, V as registers) and streams BLOCK_R queries:
- * d = 128 takes 4 warps and BLOCK_R = 32 (64 keys x 256 B of K + Q/dO tiles fit
- * in 48 KiB with the dS^T tile of the atomic mode), d = 64 takes BLOCK_R = 64.
- * The dQ kernel keeps Q and dO in registers and double-buffers K/V tiles of 32
- * keys: 4 warps x 16 queries at d = 128, 4 warps x 32 at d = 64 (7.6% faster
- * than 16 rows per warp with 64-key tiles: 7.84 vs 8.48 ms at N = 4096, and
- * BLOCK_R = 32 or 8 warps did not pay).
+ * Tiles (H100, fp16, N = 8192; see BENCHMARKS.md "Tensor-core backward"). Where
+ * the device runs work-groups with more local memory than it reports (probe in
+ * src/flash_mma.c), bwd_dkdv_mma takes 8 warps x 16 keys, 64-query Q/dO tiles
+ * in two buffers (the next tile's cp.async under the current tile's math) and,
+ * at d = 128, V in local memory rather than registers (ptxas is at 255
+ * registers either way; this frees 32 for scheduling): 13.5 ms deterministic and
+ * 11.7 ms atomic at d = 128, against 15.2 ms for the 48 KiB layout (4 warps,
+ * 32-query tiles, one buffer). The atomic dQ adds pairs with
+ * red.global.add.v2.f32 on sm_90 (8.7% faster than scalar red). Otherwise the
+ * 48 KiB layout. bwd_dq_mma keeps Q and dO in registers and double-buffers K/V
+ * tiles of 32 keys: 4 warps x 16 queries at d = 128, 4 warps x 32 at d = 64.
  *
  *   FLASHCL_MMA_BWD_CONFIG  "nwarps,block_r,m_tiles,block_c[,qbuf[,vec_red[,v_in_smem]]]"
  *                           overrides the tiles (tuning only; the local memory is
@@ -37,8 +40,8 @@ static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int d, int atomic) 
 static fcl_mma_bwd_config fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
   /* The first candidate that fits the local memory the device takes (see
    * ctx->mma_local_bytes); the last always fits 48 KiB. vec_red needs sm_90. */
-  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 32, 2, 0, 0}, {4, 32, 1, 32, 1, 0, 0}};
-  static const fcl_mma_bwd_config d128_atomic[] = {{8, 64, 1, 32, 2, 1, 0}, {4, 32, 1, 32, 1, 1, 0}};
+  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 32, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}};
+  static const fcl_mma_bwd_config d128_atomic[] = {{8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}};
   static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}};
   static const fcl_mma_bwd_config d64_atomic[] = {{8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}};
   const fcl_mma_bwd_config *cand =

@@ -106,9 +106,10 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
 }
 
 /* Local bytes the probe asks for: the largest tensor-core configuration needs
- * 112 KiB (backward dK/dV at d = 128 with 8 warps, two Q/dO buffers and the
- * atomic dS tile); two such work-groups still fit an H100 SM (227 KiB). */
-#define FCL_MMA_LOCAL_PROBE (120 * 1024)
+ * 145 KiB (backward dK/dV at d = 128: 8 warps, K and V tiles, two Q/dO
+ * buffers and the atomic dS tile; at 255 registers one such work-group runs per
+ * H100 SM, which has 227 KiB). */
+#define FCL_MMA_LOCAL_PROBE (160 * 1024)
 
 /* 1 if local_probe with FCL_MMA_LOCAL_PROBE bytes of __local builds, runs and
  * computes the right values. */
