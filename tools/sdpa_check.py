@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Checks flashcl's outputs against PyTorch on the same machine.
+
+For each shape: fresh random q, k, v, dO (fp16 or bf16) on the GPU; flashcl runs
+forward and backward through tools/flashcl-run (public API, raw files); PyTorch
+runs scaled_dot_product_attention (flash backend where it applies, else the
+default) and a float64 reference on the same inputs. Reports relative L2 errors
+of O, LSE, dQ, dK, dV against the float64 reference for flashcl and for SDPA, and
+flashcl against SDPA. A shape passes when flashcl's error is within the dtype's
+tolerance (fp16 2e-3, bf16 1e-2) and no output holds NaN. Exit status 1 if any
+shape fails.
+
+    python3 tools/sdpa_check.py --run build/tools/flashcl-run [--dtype f16] [--deterministic 0|1]
+"""
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+TOL = {"f16": 2e-3, "bf16": 1e-2}
+TORCH_DT = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+# (batch, nq, nk, hq, hkv, d, causal)
+SHAPES = [
+    (2, 1024, 1024, 16, 16, 128, 0),
+    (2, 1024, 1024, 16, 16, 128, 1),
+    (1, 777, 2048, 8, 2, 128, 1),
+    (2, 1000, 1000, 16, 4, 64, 0),
+    (1, 513, 2048, 8, 8, 64, 1),
+]
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("nan")
+    den = b.norm().item()
+    return (a - b).norm().item() / (den if den > 0 else 1.0)
+
+
+def to_file(t, path, dt):
+    """t: (B, H, N, d) -> BNHD raw file in the storage dtype."""
+    x = t.detach().transpose(1, 2).contiguous().to(TORCH_DT[dt])
+    x.view(torch.int16).cpu().numpy().tofile(path)
+
+
+def from_file(path, shape_bnhd, dt):
+    raw = np.fromfile(path, dtype=np.int16).reshape(shape_bnhd)
+    return torch.from_numpy(raw).view(TORCH_DT[dt]).float().cuda().transpose(1, 2)
+
+
+def reference(q, k, v, do, causal, group):
+    """float64 attention forward and backward in (B, H, N, d); bottom-right causal."""
+    q, k, v, do = (x.double().detach().requires_grad_(x is not do) for x in (q, k, v, do))
+    kk = k.repeat_interleave(group, dim=1)
+    vv = v.repeat_interleave(group, dim=1)
+    s = q @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        nq, nk = q.shape[2], k.shape[2]
+        i = torch.arange(nq, device=q.device)[:, None]
+        j = torch.arange(nk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (nk - nq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.softmax(s, dim=-1) @ vv
+    o.backward(do)
+    return o, lse, q.grad, k.grad, v.grad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", required=True, help="path of the flashcl-run executable")
+    ap.add_argument("--dtype", default="f16", choices=sorted(TOL))
+    ap.add_argument("--deterministic", default="1")
+    ap.add_argument("--kernel", default="auto")
+    ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "little"))
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    dt = args.dtype
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, dtype {dt}, seed {args.seed}, "
+          f"deterministic {args.deterministic}, kernel {args.kernel}")
+    print("B,Nq,Nk,Hq,Hkv,d,causal,out,flashcl_vs_f64,sdpa_vs_f64,flashcl_vs_sdpa")
+    failed = 0
+    for (b, nq, nk, hq, hkv, d, causal) in SHAPES:
+        q = torch.randn(b, hq, nq, d, device="cuda").to(TORCH_DT[dt])
+        k = torch.randn(b, hkv, nk, d, device="cuda").to(TORCH_DT[dt])
+        v = torch.randn(b, hkv, nk, d, device="cuda").to(TORCH_DT[dt])
+        do = torch.randn(b, hq, nq, d, device="cuda").to(TORCH_DT[dt])
+        ref = reference(q, k, v, do, causal, hq // hkv)
+
+        # SDPA: its is_causal is top-left aligned, so give it the bottom-right mask
+        # explicitly when nq != nk (then the flash backend does not apply).
+        qs, ks, vs = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+        mask = None
+        if causal and nq != nk:
+            i = torch.arange(nq, device="cuda")[:, None]
+            j = torch.arange(nk, device="cuda")[None, :]
+            mask = j <= i + (nk - nq)
+        o_s = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=bool(causal and mask is None),
+                                             enable_gqa=hq != hkv)
+        o_s.backward(do)
+        sdpa = (o_s, None, qs.grad, ks.grad, vs.grad)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+                to_file(t, os.path.join(tmp, name + ".bin"), dt)
+            cmd = [args.run, "--dir", tmp, "--batch", str(b), "--nq", str(nq), "--nk", str(nk), "--hq", str(hq),
+                   "--hkv", str(hkv), "--d", str(d), "--dtype", dt, "--causal", str(causal), "--bwd",
+                   "--deterministic", args.deterministic, "--kernel", args.kernel]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"{b},{nq},{nk},{hq},{hkv},{d},{causal},error,{r.stderr.strip()}")
+                failed += 1
+                continue
+            o_f = from_file(os.path.join(tmp, "o.bin"), (b, nq, hq, d), dt)
+            lse_f = torch.from_numpy(np.fromfile(os.path.join(tmp, "lse.bin"), dtype=np.float32)
+                                     .reshape(b, nq, hq)).cuda().transpose(1, 2)
+            dq_f = from_file(os.path.join(tmp, "dq.bin"), (b, nq, hq, d), dt)
+            dk_f = from_file(os.path.join(tmp, "dk.bin"), (b, nk, hkv, d), dt)
+            dv_f = from_file(os.path.join(tmp, "dv.bin"), (b, nk, hkv, d), dt)
+        mine = (o_f, lse_f, dq_f, dk_f, dv_f)
+        for idx, name in enumerate(("o", "lse", "dq", "dk", "dv")):
+            e_f = rel(mine[idx], ref[idx])
+            e_s = rel(sdpa[idx], ref[idx]) if sdpa[idx] is not None else float("nan")
+            e_fs = rel(mine[idx], sdpa[idx]) if sdpa[idx] is not None else float("nan")
+            # LSE is fp32 in flashcl: hold it to the fp32 scale of its magnitude.
+            tol = 1e-5 if name == "lse" else TOL[dt]
+            ok = math.isfinite(e_f) and e_f <= tol
+            failed += not ok
+            print(f"{b},{nq},{nk},{hq},{hkv},{d},{causal},{name},{e_f:.3e},{e_s:.3e},{e_fs:.3e}{'' if ok else ',FAIL'}")
+        sys.stdout.flush()
+    print("# " + ("all shapes within tolerance" if not failed else f"{failed} output(s) out of tolerance"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
