@@ -5,7 +5,8 @@
  *
  * Files are headerless little-endian arrays in BNHD order (batch, seq, head,
  * dim), contiguous: q, d_o (B, Nq, Hq, d) and k, v (B, Nk, Hkv, d) in --dtype;
- * written: o (like q, --dtype), lse (B, Nq, Hq) fp32 natural log, and with
+ * written: o (like q, --dtype), lse fp32 natural log in (B, Hq, Nq) order
+ * (flashcl_tensor_init_lse, as FlashAttention), and with
  * --bwd dq, dk, dv (like q, k, v). Uses only the public API.
  */
 #include "common.h"
@@ -21,7 +22,8 @@ static void usage(FILE *f) {
           "                   [--kernel auto|portable|nvidia_mma] [--algo flash|naive] [--device SPEC]\n\n"
           "Reads DIR/q.bin, DIR/k.bin, DIR/v.bin (and DIR/do.bin with --bwd), raw BNHD arrays in\n"
           "--dtype; runs flashcl_attention_forward (and flashcl_attention_backward); writes\n"
-          "DIR/o.bin, DIR/lse.bin (fp32, natural log) and DIR/dq.bin, DIR/dk.bin, DIR/dv.bin.\n");
+          "DIR/o.bin, DIR/lse.bin (fp32, natural log, (B, Hq, Nq) order) and DIR/dq.bin,\n"
+          "DIR/dk.bin, DIR/dv.bin.\n");
 }
 
 static int read_file(const char *dir, const char *name, void *buf, size_t bytes) {

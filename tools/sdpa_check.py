@@ -119,7 +119,7 @@ def main():
                 continue
             o_f = from_file(os.path.join(tmp, "o.bin"), (b, nq, hq, d), dt)
             lse_f = torch.from_numpy(np.fromfile(os.path.join(tmp, "lse.bin"), dtype=np.float32)
-                                     .reshape(b, nq, hq)).cuda().transpose(1, 2)
+                                     .reshape(b, hq, nq)).cuda()
             dq_f = from_file(os.path.join(tmp, "dq.bin"), (b, nq, hq, d), dt)
             dk_f = from_file(os.path.join(tmp, "dk.bin"), (b, nk, hkv, d), dt)
             dv_f = from_file(os.path.join(tmp, "dv.bin"), (b, nk, hkv, d), dt)
