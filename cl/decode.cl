@@ -196,30 +196,8 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
       R[u] = RAW_LOAD8(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x); \
     }                                                                  \
   }
-#if PAGED
-/* Paged: the page of each of the work-item's KPT keys of a tile is looked up once
- * (PAGES), when the tile's K is requested, and reused for its V, so the V load
- * of a tile never waits on a block-table load. */
-#define PAGES(PG, KB)                                                                           \
-  for (int u = 0; u < KPT; u++) {                                                               \
-    const int j = (KB) + u * KG + kg;                                                           \
-    PG[u] = j < kend ? clamp(block_table[(long)b * max_pages + j / page_size], 0, num_pages - 1) : 0; \
-  }
-#define LOAD_ROWS_PG(R, PG, PTR, OFF, SB, SN, SH, KB)                                        \
-  for (int u = 0; u < KPT; u++) {                                                            \
-    const int j = (KB) + u * KG + kg;                                                        \
-    R[u] = RAW_ZERO8;                                                                        \
-    if (j < kend)                                                                            \
-      R[u] = RAW_LOAD8(PTR, OFF + PG[u] * SB + (j - (j / page_size) * page_size) * SN + hk * SH + 8 * x); \
-  }
-#define LOAD_K(R, KB) PAGES(pg_next, KB) LOAD_ROWS_PG(R, pg_next, k, k_off, k_sb, k_sn, k_sh, KB)
-#define LOAD_V(R, KB) LOAD_ROWS_PG(R, pg_cur, v, v_off, v_sb, v_sn, v_sh, KB)
-#define NEXT_PAGES() for (int u = 0; u < KPT; u++) pg_cur[u] = pg_next[u];
-#else
 #define LOAD_K(R, KB) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB)
 #define LOAD_V(R, KB) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB)
-#define NEXT_PAGES()
-#endif
 
 /* Merges the num_splits partials of row id into o and lse, with the nt work-items
  * (a power of two >= D4) of the calling work-group; the splits are spread over
@@ -328,11 +306,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   }
 
   raw8_t kr[KPT];
-#if PAGED
-  int pg_cur[KPT], pg_next[KPT]; /* pages of the current tile's keys, and of the K last requested */
-#endif
   LOAD_K(kr, kstart)
-  NEXT_PAGES()
 #if PREFETCH >= 2
   raw8_t vr[KPT];
   LOAD_V(vr, kstart)
@@ -354,7 +328,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #endif
 #if PREFETCH >= 2
     raw8_t vn[KPT];
-    NEXT_PAGES() /* this tile's V is already in registers */
     LOAD_V(vn, k0 + TILE)
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -395,9 +368,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #endif
 #if PREFETCH == 0
     LOAD_K(kr, k0 + TILE)
-#endif
-#if PREFETCH < 2
-    NEXT_PAGES()
 #endif
     buf ^= 1;
   }
