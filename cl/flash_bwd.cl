@@ -7,7 +7,8 @@
  * garbage there, 0 * inf would give NaN). Rows whose LSE is -inf saw no key and
  * contribute nothing.
  *
- *   bwd_preprocess  D_i = rowsum(dO_i * O_i)                        (O(N d))
+ *   bwd_preprocess  D_i = rowsum(dO_i * O_i)                        (O(N d));
+ *                   with ATOMIC_DQ it also zeroes the fp32 dQ accumulator
  *   bwd_dkdv        a work-group owns BLOCK_C keys: K and V stay in local
  *                   memory and dK, dV in registers while Q/dO tiles of BLOCK_R
  *                   rows stream through (see the kernel's comment). With GQA it
@@ -220,26 +221,44 @@ inline int mask_ok(__global const uint *m, int W, int bq, int bk, int i, int j) 
 #define MASK_PARAMS
 #endif
 
-/* Global (padded_q, heads_q, seqs). */
-__kernel void bwd_preprocess(CTENSOR(o), CTENSOR(dout), __global float *dsum, int padded_q, int heads_q,
-                             __global const int *cu_q, int total_q) {
-  const int i = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
+/* Global (ceil(padded_q / PRE_ROWS) * 64, heads_q, seqs), local (64, 1, 1). Each
+ * row's D is computed by PRE_TPR = HEAD_DIM / 8 work-items of 8 elements each (a
+ * row's loads are one contiguous run: coalesced on GPUs), reduced through local
+ * memory. With ATOMIC_DQ the same work-items zero the row of the fp32 dQ
+ * accumulator, so that no separate fill is needed. Rows past the sequence get
+ * D = 0 (and a zero accumulator row). */
+#define PRE_TPR (HEAD_DIM / 8)
+#define PRE_ROWS (64 / PRE_TPR)
+__kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
+    CTENSOR(o), CTENSOR(dout), __global float *dsum, __global float *dq_acc, int padded_q, int heads_q,
+    __global const int *cu_q, int total_q) {
+  __local float red[64];
+  const int tid = get_local_id(0), r = tid / PRE_TPR, x = tid - r * PRE_TPR;
+  const int i = get_group_id(0) * PRE_ROWS + r, h = get_global_id(1), b = get_global_id(2);
   const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
   const long bb = VARLEN ? 0 : b;
   float acc = 0.0f;
-  if (i < sq.y) {
-    const long po = ROWPTR(o, bb, sq.x + i, h), pd = ROWPTR(dout, bb, sq.x + i, h);
-#if HEAD_DIM % 4 == 0
-    /* Four elements per load: a quarter of the load instructions of this
-     * memory-bound pass (H100, d = 128, fp16). */
-    float4 a4 = (float4)(0.0f);
-    for (int x = 0; x < HEAD_DIM; x += 4) a4 = mad(LOAD4V(o, po + x), LOAD4V(dout, pd + x), a4);
-    acc = a4.x + a4.y + a4.z + a4.w;
-#else
-    for (int x = 0; x < HEAD_DIM; x++) acc = mad(LOAD(o, po + x), LOAD(dout, pd + x), acc);
-#endif
+  if (r < PRE_ROWS && i < sq.y) {
+    const long po = ROWPTR(o, bb, sq.x + i, h) + 8 * x, pd = ROWPTR(dout, bb, sq.x + i, h) + 8 * x;
+    const float4 a = LOAD4V(o, po) * LOAD4V(dout, pd), c = LOAD4V(o, po + 4) * LOAD4V(dout, pd + 4);
+    acc = (a.x + a.y) + (a.z + a.w) + (c.x + c.y) + (c.z + c.w);
   }
-  dsum[((long)b * heads_q + h) * padded_q + i] = acc;
+#if ATOMIC_DQ
+  if (r < PRE_ROWS && i < padded_q)
+    vstore8((float8)(0.0f), 0, dq_acc + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * x);
+#endif
+  red[tid] = acc;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int w = 1; w < PRE_TPR; w <<= 1) {
+    /* PRE_TPR is a power of two only for some head dims: add the partner when it
+     * exists, so any HEAD_DIM / 8 works. */
+    const float mine = red[tid];
+    const float other = (r < PRE_ROWS && x % (2 * w) == 0 && x + w < PRE_TPR) ? red[tid + w] : 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    red[tid] = mine + other;
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (r < PRE_ROWS && x == 0 && i < padded_q) dsum[((long)b * heads_q + h) * padded_q + i] = red[tid];
 }
 
 /* Shared by both kernels: local tiles are fp32 rows padded to LDA floats, so the

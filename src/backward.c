@@ -1,6 +1,7 @@
 /* Public backward entry point and the flash backward path.
  *
- * Flash backward runs three kernels: D = rowsum(dO * O), then dK/dV with K/V
+ * Flash backward runs three kernels: D = rowsum(dO * O) (which also zeroes the
+ * atomic-mode dQ accumulator), then dK/dV with K/V
  * resident, then dQ with Q resident (deterministic mode) or, in atomic mode, dQ
  * accumulated in fp32 by the dK/dV kernel and converted at the end. Scratch is
  * O(N): D, plus the fp32 dQ accumulator in atomic mode.
@@ -187,6 +188,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_arg_tensor(&a, o);
   fcl_arg_tensor(&a, d_o);
   fcl_arg_mem(&a, dsum);
+  fcl_arg_mem(&a, acc); /* zeroed by the preprocess in atomic mode */
   fcl_arg_int(&a, p->seqlen_q);
   fcl_arg_int(&a, p->heads_q);
   fcl_arg_mem(&a, cu_q);
@@ -195,19 +197,14 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_preprocess)");
     goto done;
   }
-  size_t g_pre[3] = {(size_t)p->seqlen_q, (size_t)p->heads_q, (size_t)p->batch};
-  err = clEnqueueNDRangeKernel(ctx->queue, k_pre, 3, NULL, g_pre, NULL, nwait, nwait ? wait : NULL, &ev[0]);
+  /* cl/flash_bwd.cl bwd_preprocess: 64 work-items, HEAD_DIM / 8 per row. */
+  const size_t pre_rows = (size_t)(64 / (p->head_dim / 8));
+  size_t g_pre[3] = {((size_t)p->seqlen_q + pre_rows - 1) / pre_rows * 64, (size_t)p->heads_q, (size_t)p->batch};
+  size_t l_pre[3] = {64, 1, 1};
+  err = clEnqueueNDRangeKernel(ctx->queue, k_pre, 3, NULL, g_pre, l_pre, nwait, nwait ? wait : NULL, &ev[0]);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_preprocess");
     goto done;
-  }
-  if (atomic) {
-    const float zero = 0.0f;
-    err = clEnqueueFillBuffer(ctx->queue, acc, &zero, sizeof zero, 0, z.dq_acc * sizeof(float), 1, &ev[0], &ev[1]);
-    if (err != CL_SUCCESS) {
-      st = fcl_cl_fail(ctx, err, "clEnqueueFillBuffer(dQ accumulator)");
-      goto done;
-    }
   }
 
   a = (fcl_args){k_dkdv, 0, CL_SUCCESS};
@@ -245,7 +242,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
   err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
-                               use_mma ? mma.local : local, 1, atomic ? &ev[1] : &ev[0],
+                               use_mma ? mma.local : local, 1, &ev[0],
                                atomic ? &dkdv_done : NULL);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
