@@ -284,7 +284,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     goto done;
   }
   if (atomic) {
-    size_t g[3] = {(size_t)p->head_dim, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
+    size_t g[3] = {(size_t)p->head_dim / 4, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
     /* The last command must cover dK/dV too: on an out-of-order queue waiting on
      * the dK/dV event is what orders it. */
     err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
