@@ -46,6 +46,10 @@
  *   Q_IN_SMEM    1: Q stays in its own local buffer and its fragments are
  *                re-read with ldmatrix at every k-step (fewer registers, more
  *                local memory); 0: Q fragments live in registers
+ *   KV_STAGES    1: one K and one V buffer, loaded in the FlashAttention-2 order
+ *                above (two barriers per key tile); 2: two K | V stages, the next
+ *                tile's K and V requested as soon as the current tile is in (one
+ *                barrier per tile; twice the K/V local memory)
  *   CAUSAL       1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN       1: sequence bounds come from cu_seqlens_q/k
  */
@@ -73,6 +77,9 @@
 #ifndef Q_IN_SMEM
 #define Q_IN_SMEM 0
 #endif
+#ifndef KV_STAGES
+#define KV_STAGES 1
+#endif
 #ifndef CAUSAL
 #define CAUSAL 0
 #endif
@@ -89,10 +96,10 @@
 #define DT (HEAD_DIM / 8)  /* 8-column n-tiles of O */
 #if Q_IN_SMEM
 #define Q_ROWS BLOCK_R /* Q keeps rows [0, BLOCK_R), K/V follow */
-#define SMEM_ROWS (BLOCK_R + 2 * BLOCK_C)
+#define SMEM_ROWS (BLOCK_R + 2 * KV_STAGES * BLOCK_C)
 #else
 #define Q_ROWS 0 /* Q is staged through the K/V rows */
-#define SMEM_ROWS (2 * BLOCK_C > BLOCK_R ? 2 * BLOCK_C : BLOCK_R)
+#define SMEM_ROWS (2 * KV_STAGES * BLOCK_C > BLOCK_R ? 2 * KV_STAGES * BLOCK_C : BLOCK_R)
 #endif
 
 #if HEAD_DIM % 64 || BLOCK_C % 16 || NTHREADS % CH || (BLOCK_C * CH) % NTHREADS
@@ -263,12 +270,33 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     cp_commit();                                                                            \
   }
 
+#if KV_STAGES == 2
+#define STAGE_BYTES (2 * BLOCK_C * CH * 16) /* K | V of one stage */
+  if (kend > 0) {
+    LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, 0)
+    LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, 0)
+  }
+  int stage = 0;
+#else
   if (kend > 0) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, 0)
+#endif
 
   for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
     cp_wait_all();
+#if KV_STAGES == 2
+    barrier(CLK_LOCAL_MEM_FENCE); /* K and V of this tile are in; every warp is done with the other stage */
+    const uint kb = kbuf + stage * STAGE_BYTES, vb = kb + BLOCK_C * CH * 16;
+    if (k0 + BLOCK_C < kend) {
+      const uint nk_ = kbuf + (stage ^ 1) * STAGE_BYTES;
+      LOAD_TILE(nk_, kp, kp0, k_sn, kstep, k0 + BLOCK_C)
+      LOAD_TILE(nk_ + BLOCK_C * CH * 16, vp, vp0, v_sn, vstep, k0 + BLOCK_C)
+    }
+    stage ^= 1;
+#else
     barrier(CLK_LOCAL_MEM_FENCE); /* K ready; every warp is done with the previous V */
+    const uint kb = kbuf, vb = vbuf;
     LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, k0)
+#endif
 
     const int active = k0 < wend;
     uint pf[M_TILES][NT / 2][4];
@@ -295,7 +323,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         for (int np = 0; np < NT / 2; np++) {
           uint b0, b1, b2, b3;
           const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
-          LDSM_X4(b0, b1, b2, b3, kbuf + SWZ(r, 2 * ks + ((lane >> 3) & 1)));
+          LDSM_X4(b0, b1, b2, b3, kb + SWZ(r, 2 * ks + ((lane >> 3) & 1)));
           #pragma unroll
           for (int mt = 0; mt < M_TILES; mt++) {
             MMA(s[mt][2 * np], QFRAG(mt, ks), b0, b1);
@@ -367,9 +395,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         }
     }
 
+#if KV_STAGES == 1
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE); /* V ready; every warp is done with K */
     if (k0 + BLOCK_C < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0 + BLOCK_C)
+#endif
 
     if (active) {
       #pragma unroll
@@ -378,7 +408,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         for (int dp = 0; dp < DT / 2; dp++) {
           uint b0, b1, b2, b3;
           const int r = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          LDSM_X4_T(b0, b1, b2, b3, vbuf + SWZ(r, 2 * dp + (lane >> 4)));
+          LDSM_X4_T(b0, b1, b2, b3, vb + SWZ(r, 2 * dp + (lane >> 4)));
           #pragma unroll
           for (int mt = 0; mt < M_TILES; mt++) {
             MMA(oacc[mt][2 * dp], pf[mt][j], b0, b1);

@@ -21,8 +21,8 @@
  *
  * Environment (tuning and diagnostics only):
  *   FLASHCL_KERNEL          "portable" or "nvidia_mma": overrides desc.kernel = AUTO
- *   FLASHCL_MMA_CONFIG      "nwarps,m_tiles,block_c[,q_in_smem]" overrides the tile
- *                           configuration (local memory must stay within 48 KiB)
+ *   FLASHCL_MMA_CONFIG      "nwarps,m_tiles,block_c[,q_in_smem[,kv_stages]]" overrides
+ *                           the tile configuration (local memory is not checked)
  *   FLASHCL_BUILD_OPTIONS   appended to the kernel's build options (e.g. -cl-nv-verbose)
  *   FLASHCL_MMA_BUILD_LOG   if set, the build log and resource figures are printed
  *                           to stderr after each launch set-up
@@ -238,7 +238,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
 }
 
 typedef struct fcl_mma_config {
-  int nwarps, m_tiles, block_c, q_in_smem;
+  int nwarps, m_tiles, block_c, q_in_smem, kv_stages;
 } fcl_mma_config;
 
 static fcl_mma_config fcl_mma_pick(const fcl_problem *p) {
@@ -246,14 +246,15 @@ static fcl_mma_config fcl_mma_pick(const fcl_problem *p) {
    * warps x 32 rows, Q in registers) and Bc = 64; d = 128 with Br = 128, Bc = 32
    * and Q re-read from local memory (Q in registers with 32 rows per warp spills,
    * and 16 rows per warp doubles the ldmatrix traffic per mma). */
-  fcl_mma_config c = {4, 2, 64, 0};
+  fcl_mma_config c = {4, 2, 64, 0, 1};
   if (p->head_dim > 64) {
     c.block_c = 32;
     c.q_in_smem = 1;
   }
   const char *env = getenv("FLASHCL_MMA_CONFIG");
-  fcl_mma_config e = {0, 0, 0, 0};
-  if (env && sscanf(env, "%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem) >= 3 &&
+  fcl_mma_config e = {0, 0, 0, 0, 1};
+  if (env && sscanf(env, "%d,%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem, &e.kv_stages) >= 3 &&
+      (e.kv_stages == 1 || e.kv_stages == 2) &&
       e.nwarps > 0 && e.nwarps <= 16 &&
       e.m_tiles > 0 && e.m_tiles <= 4 && e.block_c >= 16 && e.block_c % 16 == 0)
     c = e;
@@ -291,8 +292,8 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   char opts[512];
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWARPS=%d -DM_TILES=%d -DQ_IN_SMEM=%d "
-           "-DCAUSAL=%d -DVARLEN=%d%s%s",
-           (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, p->causal, p->varlen,
+           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d%s%s",
+           (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, p->causal, p->varlen,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
   flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", opts, "flash_fwd_mma", &kern);
