@@ -156,16 +156,19 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
            bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic, p->dropout, variants);
   const char *src = p->dropout ? "philox.cl+flash_bwd.cl" : "flash_bwd.cl";
-  cl_kernel k_pre, k_dkdv, k_dq;
-  if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
-      (st = fcl_get_kernel(ctx, src, opts, atomic ? "bwd_dq_store" : "bwd_dq", &k_dq)))
-    return st;
+  /* The preprocess and the atomic-mode dQ store are shared by both families. */
+  cl_kernel k_pre, k_dkdv = NULL, k_dq = NULL;
   fcl_mma_bwd_launch mma;
+  if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
+      (atomic && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_store", &k_dq))))
+    return st;
   if (use_mma) {
     if ((st = fcl_mma_backward_kernels(ctx, p, atomic, &mma))) return st;
     k_dkdv = mma.dkdv;
     if (!atomic) k_dq = mma.dq;
+  } else if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
+             (!atomic && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq", &k_dq)))) {
+    return st;
   }
 
   cl_int err;
@@ -181,7 +184,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   }
   const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
   const int tq = (int)q->shape[1], tk = (int)k->shape[1], group = p->heads_q / p->heads_kv;
-  cl_event ev[2] = {NULL, NULL};
+  cl_event pre_done = NULL; /* D is ready (and, in atomic mode, the accumulator zeroed) */
   size_t local[3] = {(size_t)bp.threads, 1, 1};
 
   fcl_args a = {k_pre, 0, CL_SUCCESS};
@@ -201,7 +204,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   const size_t pre_rows = (size_t)(64 / (p->head_dim / 8));
   size_t g_pre[3] = {((size_t)p->seqlen_q + pre_rows - 1) / pre_rows * 64, (size_t)p->heads_q, (size_t)p->batch};
   size_t l_pre[3] = {64, 1, 1};
-  err = clEnqueueNDRangeKernel(ctx->queue, k_pre, 3, NULL, g_pre, l_pre, nwait, nwait ? wait : NULL, &ev[0]);
+  err = clEnqueueNDRangeKernel(ctx->queue, k_pre, 3, NULL, g_pre, l_pre, nwait, nwait ? wait : NULL, &pre_done);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_preprocess");
     goto done;
@@ -210,29 +213,28 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   a = (fcl_args){k_dkdv, 0, CL_SUCCESS};
   if (use_mma) {
     a.err = fcl_mma_backward_args(&mma, p, desc, q, k, v, lse, d_o, dq, dk, dv, dsum, acc);
-  }
-  if (!use_mma) {
-  fcl_arg_tensor(&a, q);
-  fcl_arg_tensor(&a, k);
-  fcl_arg_tensor(&a, v);
-  fcl_arg_tensor(&a, d_o);
-  fcl_arg_tensor(&a, dk);
-  fcl_arg_tensor(&a, dv);
-  fcl_arg_lse(&a, lse);
-  fcl_arg_mem(&a, dsum);
-  fcl_arg_mem(&a, acc);
-  fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_int(&a, p->seqlen_k);
-  fcl_arg_int(&a, p->heads_q);
-  fcl_arg_int(&a, group);
-  fcl_arg_float(&a, p->scale);
-  fcl_arg_mem(&a, cu_q);
-  fcl_arg_mem(&a, cu_k);
-  fcl_arg_int(&a, tq);
-  fcl_arg_int(&a, tk);
-  fcl_arg_dropout(&a, p);
-  fcl_arg_variants(&a, p);
-  if (p->mask_kind) fcl_arg_mask(&a, p); /* only built with -DMASK */
+  } else {
+    fcl_arg_tensor(&a, q);
+    fcl_arg_tensor(&a, k);
+    fcl_arg_tensor(&a, v);
+    fcl_arg_tensor(&a, d_o);
+    fcl_arg_tensor(&a, dk);
+    fcl_arg_tensor(&a, dv);
+    fcl_arg_lse(&a, lse);
+    fcl_arg_mem(&a, dsum);
+    fcl_arg_mem(&a, acc);
+    fcl_arg_int(&a, p->seqlen_q);
+    fcl_arg_int(&a, p->seqlen_k);
+    fcl_arg_int(&a, p->heads_q);
+    fcl_arg_int(&a, group);
+    fcl_arg_float(&a, p->scale);
+    fcl_arg_mem(&a, cu_q);
+    fcl_arg_mem(&a, cu_k);
+    fcl_arg_int(&a, tq);
+    fcl_arg_int(&a, tk);
+    fcl_arg_dropout(&a, p);
+    fcl_arg_variants(&a, p);
+    if (p->mask_kind) fcl_arg_mask(&a, p); /* only built with -DMASK */
   }
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
@@ -242,7 +244,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
   err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
-                               use_mma ? mma.local : local, 1, &ev[0],
+                               use_mma ? mma.local : local, 1, &pre_done,
                                atomic ? &dkdv_done : NULL);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
@@ -294,7 +296,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     size_t g[3] = {qblocks * bp.threads, (size_t)p->heads_q, (size_t)p->batch};
     cl_event parts[2] = {NULL, NULL};
     err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g, use_mma ? mma.local : local,
-                                 1, &ev[0], &parts[0]);
+                                 1, &pre_done, &parts[0]);
     if (err == CL_SUCCESS && out_event) {
       /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
       err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
@@ -304,8 +306,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   if (err != CL_SUCCESS) st = fcl_cl_fail(ctx, err, "enqueue dQ");
 
 done:
-  for (int i = 0; i < 2; i++)
-    if (ev[i]) clReleaseEvent(ev[i]);
+  if (pre_done) clReleaseEvent(pre_done);
   if (acc) clReleaseMemObject(acc);
   clReleaseMemObject(dsum);
   return st;
