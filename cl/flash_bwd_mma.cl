@@ -18,16 +18,18 @@
  *
  *   bwd_dkdv_mma  one work-group owns KV_BLOCK = NWARPS * 16 keys of one
  *                 (sequence, KV head); each warp owns 16 of them. K stays in
- *                 local memory, V in registers (A fragments), dK and dV in fp32
- *                 accumulators, while Q/dO tiles of BLOCK_R queries of every
- *                 query head of the GQA group stream through:
+ *                 local memory, V in registers (A fragments; in local memory
+ *                 with V_IN_SMEM), dK and dV in fp32 accumulators, while Q/dO
+ *                 tiles of BLOCK_R queries (QBUF buffers) of every query head
+ *                 of the GQA group stream through:
  *                   S^T = K Q^T, dP^T = V dO^T             (keys x queries)
  *                   P^T = exp2(...), dS^T = P^T * (dP^T - D)
  *                   dV += P^T dO, dK += dS^T Q             (P^T, dS^T repacked
  *                                                            as A fragments)
  *                 With ATOMIC_DQ = 1, dS^T also goes to local memory and the
  *                 work-group adds scale * dS K to the fp32 dQ accumulator with
- *                 red.global.add.f32 (the loads of the next Q/dO tile overlap it).
+ *                 red.global.add.f32 (.v2 with VEC_RED); the accumulator is
+ *                 zeroed by bwd_preprocess.
  *   bwd_dq_mma    the deterministic dQ: one work-group owns NWARPS * 16 * M_TILES
  *                 queries; Q and dO stay in registers, K/V tiles of BLOCK_C keys
  *                 are double-buffered through cp.async:
