@@ -20,13 +20,6 @@
  * decode_merge: work-group (MERGE_THREADS work-items) per row id: merges the
  *   num_splits (<= MERGE_MAX_SPLITS) partials (the associative merge of merge.cl)
  *   into o and lse.
- * FUSED_MERGE = 1 (with SPLIT = 1; NTHREADS a power of two >= HEAD_DIM / 4): no
- *   decode_merge launch. Each work-group, once its partials are written, bumps
- *   counters[wc_off + b * gridY + group_id(1)] (gridY = kv heads * row blocks);
- *   the one that sees num_splits - 1 (the last of its row block's splits to
- *   finish) merges that row block's rows into o and lse, and puts the counter
- *   back to 0, so the counters are 0 between calls (the host zeroes them once,
- *   when it allocates them). Saves a kernel launch (~5 us on the H100) per call.
  *
  * Mapping (NTHREADS = TPK * KG work-items, TPK = HEAD_DIM / 8): work-item
  *   (kg = tid / TPK, x = tid % TPK) owns elements [8x, 8x + 8) of every row: Q of
@@ -57,7 +50,7 @@
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
  *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
- *   MERGE_THREADS (a power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS, FUSED_MERGE.
+ *   MERGE_THREADS (a power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
  * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
@@ -127,9 +120,6 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #ifndef MERGE_MAX_SPLITS
 #define MERGE_MAX_SPLITS 256
 #endif
-#ifndef FUSED_MERGE
-#define FUSED_MERGE 0
-#endif
 
 #define D4 (HEAD_DIM / 4)
 #define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */
@@ -142,9 +132,7 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #define SH_FLOATS (PART_FLOATS > OBUF_FLOATS ? PART_FLOATS : OBUF_FLOATS)
 
 #if HEAD_DIM % 8 || NTHREADS % TPK || KPT < 1 || ROWS < 1 || MERGE_THREADS < D4 || \
-    (MERGE_THREADS & (MERGE_THREADS - 1)) ||                                                          \
-    (FUSED_MERGE && ((NTHREADS & (NTHREADS - 1)) || NTHREADS < D4 ||                                   \
-                     SH_FLOATS < MERGE_MAX_SPLITS + 5 * NTHREADS))
+    (MERGE_THREADS & (MERGE_THREADS - 1))
 #error "inconsistent decode_attn mapping"
 #endif
 
@@ -199,64 +187,6 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 #define LOAD_K(R, KB) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB)
 #define LOAD_V(R, KB) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB)
 
-/* Merges the num_splits partials of row id into o and lse, with the nt work-items
- * (a power of two >= D4) of the calling work-group; the splits are spread over
- * them (no serial chain of num_splits dependent steps): the LSE max and the
- * weight sum are tree reductions, then work-item (sg, g) of (nt / D4) x D4 sums
- * splits sg, sg + nt / D4, ... of granule g. W holds num_splits floats, Red nt,
- * Acc nt float4. */
-inline void merge_row(__global const float *work, long wo_off, long wl_off, long id, int num_splits, int nt,
-                      __global store_t *o, long oi, __global float *lse, long li, int has_lse, __local float *W,
-                      __local float *Red, __local float4 *Acc) {
-  const int tid = get_local_id(0), msg = nt / D4;
-  __global const float *wl = work + wl_off + id * num_splits;
-  float m = -INFINITY;
-  for (int s = tid; s < num_splits; s += nt) {
-    const float ls = wl[s];
-    W[s] = ls;
-    m = fmax(m, ls);
-  }
-  Red[tid] = m;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int h = nt / 2; h > 0; h >>= 1) {
-    if (tid < h) Red[tid] = fmax(Red[tid], Red[tid + h]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  m = Red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float sum = 0.0f;
-  for (int s = tid; s < num_splits; s += nt) {
-    const float ls = W[s];
-    const float w = (m == -INFINITY || ls == -INFINITY) ? 0.0f : exp2(ls - m);
-    W[s] = w;
-    sum += w;
-  }
-  Red[tid] = sum;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int h = nt / 2; h > 0; h >>= 1) {
-    if (tid < h) Red[tid] += Red[tid + h];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  sum = Red[0];
-  const int sg = tid / D4, g = tid - (tid / D4) * D4;
-  if (sg < msg) {
-    float4 acc = (float4)(0.0f);
-    /* A split with weight 0 (no visible key) holds o = 0, so it adds nothing. */
-    for (int s = sg; s < num_splits; s += msg)
-      acc = mad((float4)(W[s]), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM + 4 * g), acc);
-    Acc[sg * D4 + g] = acc;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (tid < D4) {
-    float4 acc = Acc[tid];
-    for (int i = 1; i < msg; i++) acc += Acc[i * D4 + tid];
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    STORE4(o, oi + 4 * tid, acc * inv);
-    if (has_lse && tid == 0) lse[li] = sum > 0.0f ? (m + log2(sum)) * M_LN2_F : -INFINITY;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE); /* W, Red and Acc are free for the next row */
-}
-
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
     __global const store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
@@ -265,8 +195,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     __global const int *seqlens, __global const int *block_table, int max_pages, int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
-    __global float *work, long wo_off, long wl_off, __global int *counters, long wc_off) {
-  __local float Sh[SH_FLOATS] __attribute__((aligned(16))); /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */
+    __global float *work, long wo_off, long wl_off) {
+  __local float Sh[SH_FLOATS]; /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */
   __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
 
   const int tid = get_local_id(0);
@@ -410,45 +340,68 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = ls > 0.0f ? (mx + log2(ls)) * M_LN2_F : -INFINITY;
 #endif
   }
-#if SPLIT && FUSED_MERGE
-  /* The last work-group of this row block's splits merges them. The fence makes
-   * this work-item's partials visible device-wide before the counter moves; the
-   * merging work-group reads the others' partials only after the atomic saw
-   * every split counted. */
-  __local int is_last;
-  mem_fence(CLK_GLOBAL_MEM_FENCE);
-  barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-  if (tid == 0) {
-    __global int *cnt = counters + wc_off + (long)b * get_num_groups(1) + get_group_id(1);
-    is_last = atomic_inc(cnt) == num_splits - 1;
-    if (is_last) atomic_xchg(cnt, 0);
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (!is_last) return;
-  mem_fence(CLK_GLOBAL_MEM_FENCE);
-  for (int r = 0; r < ROWS; r++) {
-    const int rg = row0 + r;
-    if (rg >= nrows) break;
-    const int gi = rg / q_len, t = rg - (rg / q_len) * q_len, hq = hk * group + gi;
-    const long id = ((long)b * q_len + t) * heads_q + hq;
-    merge_row(work, wo_off, wl_off, id, num_splits, NTHREADS, o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh, lse,
-              l_off + b * l_sb + t * l_sn + (long)hq * l_sh, has_lse, Sh, Sh + MERGE_MAX_SPLITS,
-              (__local float4 *)(Sh + MERGE_MAX_SPLITS + NTHREADS));
-  }
-#endif
 }
 
-/* Global (MERGE_THREADS, q_len * heads_q, batch), local (MERGE_THREADS, 1, 1). */
+/* Global (MERGE_THREADS, q_len * heads_q, batch), local (MERGE_THREADS, 1, 1). The
+ * splits are spread over the work-items (no serial chain of num_splits dependent
+ * steps): the LSE max and the weight sum are tree reductions, then work-item
+ * (sg, g) of MSG x D4 sums splits sg, sg + MSG, ... of granule g. */
+#define MSG (MERGE_THREADS / D4)
 __kernel __attribute__((reqd_work_group_size(MERGE_THREADS, 1, 1))) void decode_merge(
     __global const float *work, long wo_off, long wl_off, int num_splits, int q_len, int heads_q,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse) {
   __local float W[MERGE_MAX_SPLITS];
   __local float Red[MERGE_THREADS];
-  __local float4 Acc[MERGE_THREADS];
+  __local float4 Acc[MSG * D4];
+  const int tid = get_local_id(0);
   const int th = get_group_id(1), b = get_group_id(2);
   const int t = th / heads_q, hq = th - (th / heads_q) * heads_q;
   const long id = (long)b * q_len * heads_q + th;
-  merge_row(work, wo_off, wl_off, id, num_splits, MERGE_THREADS, o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh,
-            lse, l_off + b * l_sb + t * l_sn + (long)hq * l_sh, has_lse, W, Red, Acc);
+  __global const float *wl = work + wl_off + id * num_splits;
+  float m = -INFINITY;
+  for (int s = tid; s < num_splits; s += MERGE_THREADS) {
+    const float ls = wl[s];
+    W[s] = ls;
+    m = fmax(m, ls);
+  }
+  Red[tid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = MERGE_THREADS / 2; h > 0; h >>= 1) {
+    if (tid < h) Red[tid] = fmax(Red[tid], Red[tid + h]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = Red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float sum = 0.0f;
+  for (int s = tid; s < num_splits; s += MERGE_THREADS) {
+    const float ls = W[s];
+    const float w = (m == -INFINITY || ls == -INFINITY) ? 0.0f : exp2(ls - m);
+    W[s] = w;
+    sum += w;
+  }
+  Red[tid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = MERGE_THREADS / 2; h > 0; h >>= 1) {
+    if (tid < h) Red[tid] += Red[tid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  sum = Red[0];
+  const int sg = tid / D4, g = tid - (tid / D4) * D4;
+  if (sg < MSG) {
+    float4 acc = (float4)(0.0f);
+    /* A split with weight 0 (no visible key) holds o = 0, so it adds nothing. */
+    for (int s = sg; s < num_splits; s += MSG)
+      acc = mad((float4)(W[s]), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM + 4 * g), acc);
+    Acc[sg * D4 + g] = acc;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (tid < D4) {
+    float4 acc = Acc[tid];
+    for (int i = 1; i < MSG; i++) acc += Acc[i * D4 + tid];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * tid, acc * inv);
+    if (has_lse && tid == 0)
+      lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = sum > 0.0f ? (m + log2(sum)) * M_LN2_F : -INFINITY;
+  }
 }

@@ -19,9 +19,7 @@
  *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning);
- *   FLASHCL_DECODE_FUSED=1 merges in the attention kernel (see below; slower on
- *     the H100, so off by default).
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -44,10 +42,6 @@
 #define FCL_DEC_MAX_ROWS 8
 #define FCL_DEC_KPT 2
 #define FCL_DEC_WG_PER_CU 4
-/* The cached scratch starts with this many int32 split counters of the fused
- * merge (zeroed when the buffer is made, back to 0 after every fused call);
- * split partials follow them, so no call's partials ever overlap a counter. */
-#define FCL_DEC_COUNTERS 16384
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -316,9 +310,7 @@ static void fcl_arg_lse_or_null(fcl_args *a, const flashcl_tensor *lse) {
   fcl_arg_int(a, lse != NULL);
 }
 
-/* The context's cached scratch (desc.workspace NULL), grown to at least `need`
- * bytes (rounded up to 64 KiB). A replaced buffer is released at once: OpenCL
- * frees it once the commands already enqueued on it finish. */
+/* 1 if the context's queue is in-order (asked once, cached in the scratch state). */
 static int fcl_decode_queue_in_order(flashcl_context *ctx) {
   struct fcl_decode_scratch *sc = &ctx->decode_scratch;
   if (!sc->queue_ooo) {
@@ -330,10 +322,11 @@ static int fcl_decode_queue_in_order(flashcl_context *ctx) {
   return sc->queue_ooo == 1;
 }
 
+/* The context's cached scratch (desc.workspace NULL), grown to at least `need`
+ * bytes (rounded up to 64 KiB). A replaced buffer is released at once: OpenCL
+ * frees it once the commands already enqueued on it finish. */
 static flashcl_status fcl_decode_scratch(flashcl_context *ctx, size_t need, cl_mem *out) {
   struct fcl_decode_scratch *sc = &ctx->decode_scratch;
-  (void)fcl_decode_queue_in_order(ctx);
-  need += FCL_DEC_COUNTERS * sizeof(cl_int);
   if (!sc->mem || sc->bytes < need) {
     const size_t gran = 64 * 1024;
     size_t bytes = need;
@@ -346,14 +339,6 @@ static flashcl_status fcl_decode_scratch(flashcl_context *ctx, size_t need, cl_m
       if (err != CL_SUCCESS || !m) return fcl_cl_fail(ctx, err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES,
                                                        "clCreateBuffer(decode workspace)");
       bytes = need;
-    }
-    /* The fused merge's counters start at 0; on an out-of-order queue nothing
-     * fuses, so the fill needs no ordering there. */
-    const cl_int zero = 0;
-    err = clEnqueueFillBuffer(ctx->queue, m, &zero, sizeof zero, 0, FCL_DEC_COUNTERS * sizeof(cl_int), 0, NULL, NULL);
-    if (err != CL_SUCCESS) {
-      clReleaseMemObject(m);
-      return fcl_cl_fail(ctx, err, "clEnqueueFillBuffer(decode workspace counters)");
     }
     if (sc->mem) clReleaseMemObject(sc->mem);
     /* Nothing enqueued so far uses the new buffer. */
@@ -397,33 +382,18 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   /* 1: the partials go to the context's cached scratch. */
   const int cached = split && !work;
   const int in_order = fcl_decode_queue_in_order(ctx);
-  /* FLASHCL_DECODE_FUSED=1: the merge runs in the attention kernel's last
-   * work-group per row block (cl/decode.cl FUSED_MERGE); possible when the
-   * counters live in the cached scratch and the queue is in-order. Off by
-   * default: on the H100 it saves the merge launch but one work-group merging a
-   * row block is slower than the merge kernel's many (batch 1, 32K keys, 20
-   * back-to-back calls: 77.4 us per call fused, 71.9 us with decode_merge). */
-  int fused = 0;
-  const char *fe = getenv("FLASHCL_DECODE_FUSED");
-  if (cached && in_order && fe && !strcmp(fe, "1")) {
-    const size_t tpk = (size_t)p.head_dim / 8, kg = (size_t)p.threads / tpk;
-    const size_t sh = fcl_dec_local_bytes(p.head_dim, p.rows, p.threads, p.kpt) / 4 - 2 * kg * (size_t)p.kpt * p.rows;
-    fused = !(p.threads & (p.threads - 1)) && p.threads >= p.head_dim / 4 &&
-            sh >= (size_t)FLASHCL_DECODE_MAX_SPLITS + 5 * (size_t)p.threads &&
-            (size_t)p.batch * p.heads_kv * p.row_blocks <= FCL_DEC_COUNTERS;
-  }
 
   char opts[512];
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
-           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d -DFUSED_MERGE=%d%s%s",
+           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
-           p.merge_threads, FLASHCL_DECODE_MAX_SPLITS, fused,
+           p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
   if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
-  if (split && !fused && (st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_merge", &merge))) return st;
+  if (split && (st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_merge", &merge))) return st;
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&
@@ -433,7 +403,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
 
   if (cached && (st = fcl_decode_scratch(ctx, need, &work))) return st;
   const int64_t wo_off =
-      split ? (int64_t)(cached ? FCL_DEC_COUNTERS : desc->workspace_offset / sizeof(float)) : 0;
+      split ? (int64_t)((cached ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
   const int64_t wl_off = wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim + 1) * (size_t)p.head_dim);
 
   const float log2e = 1.4426950408889634f;
@@ -458,9 +428,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   fcl_arg_mem(&a, work);
   fcl_arg_long(&a, wo_off);
   fcl_arg_long(&a, wl_off);
-  fcl_arg_mem(&a, fused ? work : NULL); /* counters, at int 0 of the cached scratch */
-  fcl_arg_long(&a, 0);
-  if (a.err == CL_SUCCESS && split && !fused) {
+  if (a.err == CL_SUCCESS && split) {
     fcl_args m = {merge, 0, CL_SUCCESS};
     fcl_arg_mem(&m, work);
     fcl_arg_long(&m, wo_off);
@@ -477,7 +445,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   /* On an out-of-order queue a call on the cached scratch waits for the previous
    * one (its merge still reads the partials); an in-order queue orders them. */
   struct fcl_decode_scratch *sc = &ctx->decode_scratch;
-  const int chain = cached && sc->queue_ooo == 2;
+  const int chain = cached && !in_order;
   const cl_event *wait = num_events_in_wait_list ? event_wait_list : NULL;
   cl_uint nwait = num_events_in_wait_list;
   cl_event wait_buf[16], *wait_heap = NULL;
@@ -497,12 +465,11 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   size_t local[3] = {(size_t)p.threads, 1, 1};
   /* Events only where something waits on them: with profiling on, an event costs
    * the NVIDIA driver ~8 us of host time per enqueue (a third of a short call). */
-  const int two = split && !fused;
   cl_event ev = NULL, done = NULL;
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, nwait, wait,
-                                      two ? (in_order ? NULL : &ev) : (out_event || chain) ? &done : NULL);
+                                      split ? (in_order ? NULL : &ev) : out_event ? &done : NULL);
   free(wait_heap);
-  if (err == CL_SUCCESS && two) {
+  if (err == CL_SUCCESS && split) {
     /* Out-of-order queues (flashcl_context_create_from_cl) order the merge by event. */
     size_t mg[3] = {(size_t)p.merge_threads, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
     size_t ml[3] = {(size_t)p.merge_threads, 1, 1};

@@ -386,18 +386,6 @@ static const dec_case DEC_CASES[] = {
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
 
-/* The opt-in fused merge (FLASHCL_DECODE_FUSED=1: the last work-group of each
- * row block merges the splits, counters in the cached scratch): three shapes in
- * a row on one context, so a counter left non-zero by one call would break the
- * next, then the first shape again. */
-static void test_decode_fused_merge(void **state) {
-  static const int idx[4] = {1, 2, 6, 1};
-  (void)state;
-  setenv("FLASHCL_DECODE_FUSED", "1", 1);
-  for (int i = 0; i < 4; i++) run_decode_case(&DEC_CASES[idx[i]]);
-  unsetenv("FLASHCL_DECODE_FUSED");
-}
-
 /* A corrupt block table (indices far outside the pool) reads clamped pages: the
  * call succeeds and the outputs stay finite. */
 static void test_decode_corrupt_block_table(void **state) {
@@ -1120,7 +1108,7 @@ static void test_errors(void **state) {
 
 int main(void) {
   enum { NDEC = sizeof DEC_CASES / sizeof DEC_CASES[0] };
-  struct CMUnitTest tests[NDEC + 16];
+  struct CMUnitTest tests[NDEC + 8];
   size_t n = 0;
   tests[n++] = (struct CMUnitTest){"merge_split_ranges", test_merge_split_ranges, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"merge_assoc_f32", test_merge_assoc_f32, NULL, NULL, NULL};
@@ -1131,7 +1119,6 @@ int main(void) {
   tests[n++] = (struct CMUnitTest){"decode_corrupt_block_table", test_decode_corrupt_block_table, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_auto_splits", test_decode_auto_splits, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_cached_scratch", test_decode_cached_scratch, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"decode_fused_merge", test_decode_fused_merge, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("decode", tests, n, 1);
 }
