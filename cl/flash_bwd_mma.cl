@@ -132,8 +132,17 @@
 #error "flash_bwd_mma.cl with USE_PTX=1 needs mma_ptx.cl compiled first in the same program"
 #endif
 
-/* Byte offset of logical chunk c of row r in a CH-chunk swizzled tile. */
-#define SWZ(r, c) ((uint)(((r) * CH + ((c) ^ ((r) & 7))) * 16))
+/* This work-item's cp.async share of rows [row0, row0 + rows) of a strided source
+ * into the swizzled tile at local address buf: chunk lc of tile rows lr,
+ * lr + LSTEP, ...; p points at chunk lc of source row 0, rows are sn elements
+ * apart. Rows at or past n are zero-filled (P is 0 there, but 0 * garbage could
+ * be NaN); their source address is clamped to row 0. */
+inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int lr, int lc) {
+  for (int r = lr; r < rows; r += LSTEP) {
+    const int ok = row0 + r < n;
+    cp_async16(buf + SWZ(r, lc), p + (long)(ok ? row0 + r : 0) * sn, ok ? 16u : 0u);
+  }
+}
 /* The same for the dS^T tile ([key][query], DS_CH chunks per row): with 4 chunks
  * a row is 64 bytes, so rows r and r + 2 share banks unless the chunk index is
  * xor-ed with r / 2. */
@@ -191,11 +200,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   {
     __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh + lc * 8;
     __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
-    for (int r = lr; r < KV_BLOCK; r += LSTEP) {
-      const int ok = k0 + r < nk; /* rows past the end are zero-filled */
-      cp_async16(kbuf + SWZ(r, lc), kp + (long)(ok ? k0 + r : 0) * k_sn, ok ? 16u : 0u);
-      cp_async16((V_IN_SMEM ? sb + SM_V : qbuf) + SWZ(r, lc), vp + (long)(ok ? k0 + r : 0) * v_sn, ok ? 16u : 0u);
-    }
+    cp_rows(kbuf, kp, k_sn, k0, KV_BLOCK, nk, lr, lc);
+    cp_rows(V_IN_SMEM ? sb + SM_V : qbuf, vp, v_sn, k0, KV_BLOCK, nk, lr, lc);
     cp_commit();
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -235,11 +241,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     __local float *l2w_ = l2s_all + ((s) % QBUF) * BLOCK_R, *dsw_ = dss_all + ((s) % QBUF) * BLOCK_R;       \
     __global const ushort *qp_ = q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh + lc * 8;           \
     __global const ushort *dp_ = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh + lc * 8; \
-    for (int r = lr; r < BLOCK_R; r += LSTEP) {                                                             \
-      const int ok = q0_ + r < nq;                                                                          \
-      cp_async16(qb_ + SWZ(r, lc), qp_ + (long)(ok ? q0_ + r : 0) * q_sn, ok ? 16u : 0u);                   \
-      cp_async16(db_ + SWZ(r, lc), dp_ + (long)(ok ? q0_ + r : 0) * dout_sn, ok ? 16u : 0u);                \
-    }                                                                                                       \
+    cp_rows(qb_, qp_, q_sn, q0_, BLOCK_R, nq, lr, lc);                                                      \
+    cp_rows(db_, dp_, dout_sn, q0_, BLOCK_R, nq, lr, lc);                                                   \
     cp_commit();                                                                                            \
     for (int r = tid; r < BLOCK_R; r += NTHREADS) {                                                         \
       float l2 = INFINITY, dd = 0.0f;                                                                       \
@@ -451,11 +454,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
   {
     __global const ushort *qp = q + q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh + lc * 8;
     __global const ushort *dp = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h * dout_sh + lc * 8;
-    for (int r = lr; r < RQ; r += LSTEP) {
-      const int ok = q0 + r < nq;
-      cp_async16(sb + SWZ(r, lc), qp + (long)(ok ? q0 + r : 0) * q_sn, ok ? 16u : 0u);
-      cp_async16(sb + SWZ(RQ + r, lc), dp + (long)(ok ? q0 + r : 0) * dout_sn, ok ? 16u : 0u);
-    }
+    cp_rows(sb, qp, q_sn, q0, RQ, nq, lr, lc);
+    cp_rows(sb + RQ * CH * 16, dp, dout_sn, q0, RQ, nq, lr, lc); /* = rows RQ.. of the same swizzle */
     cp_commit();
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -501,14 +501,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
   __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
 #define STAGE_K(st) (sb + (uint)((st) * 2 * BLOCK_C * CH * 16))
 #define STAGE_V(st) (STAGE_K(st) + BLOCK_C * CH * 16)
-#define LOAD_KV(st, kk0)                                                                          \
-  {                                                                                             \
-    for (int r = lr; r < BLOCK_C; r += LSTEP) {                                                 \
-      const int ok = (kk0) + r < nk;                                                            \
-      cp_async16(STAGE_K(st) + SWZ(r, lc), kp + (long)(ok ? (kk0) + r : 0) * k_sn, ok ? 16u : 0u); \
-      cp_async16(STAGE_V(st) + SWZ(r, lc), vp + (long)(ok ? (kk0) + r : 0) * v_sn, ok ? 16u : 0u); \
-    }                                                                                           \
-    cp_commit();                                                                                \
+#define LOAD_KV(st, kk0)                                  \
+  {                                                     \
+    cp_rows(STAGE_K(st), kp, k_sn, kk0, BLOCK_C, nk, lr, lc); \
+    cp_rows(STAGE_V(st), vp, v_sn, kk0, BLOCK_C, nk, lr, lc); \
+    cp_commit();                                        \
   }
 
   if (kend > 0) LOAD_KV(0, 0)

@@ -165,9 +165,6 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 #endif
 
 #if !PROBE_ONLY
-/* Byte address in local memory of logical chunk c of row r. */
-#define SWZ(r, c) ((uint)(((r) * CH + ((c) ^ ((r) & 7))) * 16))
-
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mma(
     __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
     __global const ushort *k, long k_off, long k_sb, long k_sn, long k_sh,
