@@ -50,7 +50,9 @@
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
  *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
- *   MERGE_THREADS (a power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
+ *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
+ *   argument page_size must then equal; -1: any page size), MERGE_THREADS (a
+ *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
  * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
@@ -114,6 +116,9 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #ifndef PAGED
 #define PAGED 0
 #endif
+#ifndef PAGE_SHIFT
+#define PAGE_SHIFT -1
+#endif
 #ifndef MERGE_THREADS
 #define MERGE_THREADS 128
 #endif
@@ -166,9 +171,18 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 /* Reads this work-item's KPT keys (u * KG + kg of the tile at KB) of K and V;
  * keys at or past kend read as 0. */
 #if PAGED
-#define KEY_ROW(j, PG, SLOT)                                                              \
-  PG = clamp(block_table[(long)b * max_pages + (j) / page_size], 0, num_pages - 1); \
-  SLOT = (j) - ((j) / page_size) * page_size
+/* A power-of-two page size comes in as PAGE_SHIFT, so that finding a key's page
+ * is a shift rather than an integer division per key row and tile. */
+#if PAGE_SHIFT >= 0
+#define PAGE_OF(j) ((j) >> PAGE_SHIFT)
+#define SLOT_OF(j) ((j) & ((1 << PAGE_SHIFT) - 1))
+#else
+#define PAGE_OF(j) ((j) / page_size)
+#define SLOT_OF(j) ((j) - ((j) / page_size) * page_size)
+#endif
+#define KEY_ROW(j, PG, SLOT)                                                       \
+  PG = clamp(block_table[(long)b * max_pages + PAGE_OF(j)], 0, num_pages - 1); \
+  SLOT = SLOT_OF(j)
 #else
 #define KEY_ROW(j, PG, SLOT) \
   PG = b;                    \

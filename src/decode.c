@@ -383,13 +383,18 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   const int cached = split && !work;
   const int in_order = fcl_decode_queue_in_order(ctx);
 
+  /* Power-of-two page sizes (the usual 16, 32, 64) are compiled in as a shift. */
+  int page_shift = -1;
+  if (p.kv.paged)
+    for (int s = 0; s < 31; s++)
+      if (p.kv.page_size == 1 << s) page_shift = s;
   char opts[512];
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
-           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d%s%s",
+           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
-           p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
+           page_shift, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
   if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;

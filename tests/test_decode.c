@@ -380,6 +380,8 @@ static const dec_case DEC_CASES[] = {
     {"paged64_q4_f16_unsplit", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 64, 1, 0, 0, 0},
     {"contig_q4_f32_split7_padded", FLASHCL_F32, 7, 4, 32, 8, 64, MIXED0, 0, 7, 1, 0, 1},
     {"paged16_q1_f16_d128", FLASHCL_F16, 6, 1, 8, 2, 128, MIXED, 16, 3, 0, 0, 0},
+    /* Not a power of two: the kernel divides instead of shifting. */
+    {"paged24_q1_f16_split3", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 24, 3, 0, 0, 0},
     {"append_paged16_q4_f16", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 16, 4, 0, 1, 0},
     {"append_contig_q1_f16", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 0, 3, 0, 1, 0},
 };
