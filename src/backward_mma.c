@@ -15,7 +15,10 @@
  * 32-query tiles, one buffer). The atomic dQ adds pairs with
  * red.global.add.v2.f32 on sm_90 (8.7% faster than scalar red). Otherwise the
  * 48 KiB layout. bwd_dq_mma keeps Q and dO in registers and double-buffers K/V
- * tiles of 32 keys: 4 warps x 16 queries at d = 128, 4 warps x 32 at d = 64.
+ * tiles: where the larger layout fits, 8 warps x 16 queries with 64-key tiles
+ * at d = 128 (2-4.5% faster for the whole deterministic backward than 32-key
+ * tiles) and 4 warps x 32 queries with 32-key tiles at d = 64 (64-key tiles
+ * were 1-3% slower there).
  *
  *   FLASHCL_MMA_BWD_CONFIG  "nwarps,block_r,m_tiles,block_c[,qbuf[,vec_red[,v_in_smem]]]"
  *                           overrides the tiles (tuning only; the local memory is
@@ -40,7 +43,7 @@ static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int d, int atomic) 
 static fcl_mma_bwd_config fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
   /* The first candidate that fits the local memory the device takes (see
    * ctx->mma_local_bytes); the last always fits 48 KiB. vec_red needs sm_90. */
-  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 32, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}};
+  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}};
   static const fcl_mma_bwd_config d128_atomic[] = {{8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}};
   static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}};
   static const fcl_mma_bwd_config d64_atomic[] = {{8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}};
