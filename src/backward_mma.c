@@ -16,7 +16,7 @@
  * red.global.add.v2.f32 on sm_90 (8.7% faster than scalar red). Otherwise the
  * 48 KiB layout. bwd_dq_mma keeps Q and dO in registers and double-buffers K/V
  * tiles: where the larger layout fits, 8 warps x 16 queries with 64-key tiles
- * at d = 128 (2-4.5% faster for the whole deterministic backward than 32-key
+ * at d = 128 (1.4-5.2% faster for the whole deterministic backward than 32-key
  * tiles) and 4 warps x 32 queries with 32-key tiles at d = 64 (64-key tiles
  * were 1-3% slower there).
  *
