@@ -169,8 +169,22 @@ inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
 inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
 
 /* Reads this work-item's KPT keys (u * KG + kg of the tile at KB) of K and V;
- * keys at or past kend read as 0. */
-#if PAGED
+ * keys at or past kend read as 0. TPG is the tile's page where TILE_PAGES (see
+ * there), unused otherwise. */
+#if PAGED && PAGE_SHIFT >= 0 && (1 << PAGE_SHIFT) % TILE == 0
+/* Tiles start at multiples of TILE, so with a page size that is a multiple of
+ * TILE a tile never crosses a page: one block-table read per tile, made a tile
+ * ahead of the loads that need it, so that the read's latency is not paid in
+ * front of every K and V load. */
+#define TILE_PAGES 1
+#define TILE_PAGE(KB) \
+  ((KB) < kend ? clamp(block_table[(long)b * max_pages + ((KB) >> PAGE_SHIFT)], 0, num_pages - 1) : 0)
+#define KEY_ROW(j, PG, SLOT, TPG) \
+  PG = (TPG);                     \
+  SLOT = (j) & ((1 << PAGE_SHIFT) - 1)
+#elif PAGED
+#define TILE_PAGES 0
+#define TILE_PAGE(KB) 0
 /* A power-of-two page size comes in as PAGE_SHIFT, so that finding a key's page
  * is a shift rather than an integer division per key row and tile. */
 #if PAGE_SHIFT >= 0
@@ -180,26 +194,28 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 #define PAGE_OF(j) ((j) / page_size)
 #define SLOT_OF(j) ((j) - ((j) / page_size) * page_size)
 #endif
-#define KEY_ROW(j, PG, SLOT)                                                       \
+#define KEY_ROW(j, PG, SLOT, TPG)                                                  \
   PG = clamp(block_table[(long)b * max_pages + PAGE_OF(j)], 0, num_pages - 1); \
   SLOT = SLOT_OF(j)
 #else
-#define KEY_ROW(j, PG, SLOT) \
-  PG = b;                    \
+#define TILE_PAGES 0
+#define TILE_PAGE(KB) 0
+#define KEY_ROW(j, PG, SLOT, TPG) \
+  PG = b;                         \
   SLOT = (j)
 #endif
-#define LOAD_ROWS(R, PTR, OFF, SB, SN, SH, KB)                       \
+#define LOAD_ROWS(R, PTR, OFF, SB, SN, SH, KB, TPG)                   \
   for (int u = 0; u < KPT; u++) {                                      \
     const int j = (KB) + u * KG + kg;                                  \
     R[u] = RAW_ZERO8;                                                  \
     if (j < kend) {                                                    \
       int pg_, sl_;                                                    \
-      KEY_ROW(j, pg_, sl_);                                            \
+      KEY_ROW(j, pg_, sl_, TPG);                                       \
       R[u] = RAW_LOAD8(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x); \
     }                                                                  \
   }
-#define LOAD_K(R, KB) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB)
-#define LOAD_V(R, KB) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB)
+#define LOAD_K(R, KB, TPG) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
+#define LOAD_V(R, KB, TPG) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
@@ -249,17 +265,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     l[r] = 0.0f;
   }
 
+  /* Pages of the current and the next tile (TILE_PAGES only; 0 otherwise). */
+  int pg = TILE_PAGE(kstart);
   raw8_t kr[KPT];
-  LOAD_K(kr, kstart)
+  LOAD_K(kr, kstart, pg)
+  int pgn = TILE_PAGE(kstart + TILE);
 #if PREFETCH >= 2
   raw8_t vr[KPT];
-  LOAD_V(vr, kstart)
+  LOAD_V(vr, kstart, pg)
 #endif
   int buf = 0;
   for (int k0 = kstart; k0 < kend; k0 += TILE) {
+    const int pgnn = TILE_PAGE(k0 + 2 * TILE);
 #if PREFETCH < 2
     raw8_t vr[KPT];
-    LOAD_V(vr, k0)
+    LOAD_V(vr, k0, pg)
 #endif
     /* Partial dots of this work-item's 8 elements. */
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
@@ -268,11 +288,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
     }
 #if PREFETCH >= 1
-    LOAD_K(kr, k0 + TILE)
+    LOAD_K(kr, k0 + TILE, pgn)
 #endif
 #if PREFETCH >= 2
     raw8_t vn[KPT];
-    LOAD_V(vn, k0 + TILE)
+    LOAD_V(vn, k0 + TILE, pgn)
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
     /* Sum the partials of each (key, row); mask. */
@@ -311,8 +331,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     for (int u = 0; u < KPT; u++) vr[u] = vn[u];
 #endif
 #if PREFETCH == 0
-    LOAD_K(kr, k0 + TILE)
+    LOAD_K(kr, k0 + TILE, pgn)
 #endif
+    pg = pgn;
+    pgn = pgnn;
     buf ^= 1;
   }
 
