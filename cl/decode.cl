@@ -44,6 +44,8 @@
  * Paged (PAGED = 1): key j of sequence b is slot j % page_size of page
  *   block_table[b * max_pages + j / page_size], clamped to [0, num_pages); the
  *   cache tensors are (num_pages, page_size, Hkv, d). Contiguous: page b, slot j.
+ *   Where the page size is a multiple of TILE the block table is read once per
+ *   tile, a tile ahead; otherwise once per key row.
  * L = clamp(seqlens[b], 0, capacity).
  *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
@@ -169,21 +171,19 @@ inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
 inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
 
 /* Reads this work-item's KPT keys (u * KG + kg of the tile at KB) of K and V;
- * keys at or past kend read as 0. TPG is the tile's page where TILE_PAGES (see
- * there), unused otherwise. */
+ * keys at or past kend read as 0. TPG is the tile's page (TILE_PAGE) where a tile
+ * never crosses a page, unused otherwise. */
 #if PAGED && PAGE_SHIFT >= 0 && (1 << PAGE_SHIFT) % TILE == 0
 /* Tiles start at multiples of TILE, so with a page size that is a multiple of
  * TILE a tile never crosses a page: one block-table read per tile, made a tile
  * ahead of the loads that need it, so that the read's latency is not paid in
  * front of every K and V load. */
-#define TILE_PAGES 1
 #define TILE_PAGE(KB) \
   ((KB) < kend ? clamp(block_table[(long)b * max_pages + ((KB) >> PAGE_SHIFT)], 0, num_pages - 1) : 0)
 #define KEY_ROW(j, PG, SLOT, TPG) \
   PG = (TPG);                     \
   SLOT = (j) & ((1 << PAGE_SHIFT) - 1)
 #elif PAGED
-#define TILE_PAGES 0
 #define TILE_PAGE(KB) 0
 /* A power-of-two page size comes in as PAGE_SHIFT, so that finding a key's page
  * is a shift rather than an integer division per key row and tile. */
@@ -198,7 +198,6 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
   PG = clamp(block_table[(long)b * max_pages + PAGE_OF(j)], 0, num_pages - 1); \
   SLOT = SLOT_OF(j)
 #else
-#define TILE_PAGES 0
 #define TILE_PAGE(KB) 0
 #define KEY_ROW(j, PG, SLOT, TPG) \
   PG = b;                         \
@@ -265,7 +264,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     l[r] = 0.0f;
   }
 
-  /* Pages of the current and the next tile (TILE_PAGES only; 0 otherwise). */
+  /* Pages of the current and the next tile (0 unless a tile never crosses a page). */
   int pg = TILE_PAGE(kstart);
   raw8_t kr[KPT];
   LOAD_K(kr, kstart, pg)
