@@ -51,7 +51,8 @@
  *   SOFTCAP    1: score = c * tanh(scale * q.k / c) (softcap_in = scale / c,
  *              softcap_log2 = c * log2(e)), and dS is multiplied by 1 - tanh^2
  *   MASK       1: block mask, 2: bit mask (flashcl_mask_kind), the forward's layout
- *              and addressing (see flash_fwd.cl): a 0 bit hides key j from query i,
+ *              and addressing (see flash_fwd.cl; mask.cl must be compiled first in
+ *              the same program): a 0 bit hides key j from query i,
  *              so P_ij = 0 there (before dS). Both kernels take the extra arguments
  *              mask, mask_bs, mask_hs, mask_words, mask_bq, mask_bk (only when
  *              MASK != 0); (query tile x key tile) pairs whose bits are all 0 are
@@ -180,41 +181,9 @@ inline void atomic_add_float(volatile __global float *p, float val) {
 }
 
 #if MASK
-/* Rows [r0, r1] x columns [c0, c1] of a bit matrix of W words per row:
- * bit 0 set iff any bit is set there, bit 1 iff all are (as in flash_fwd.cl). */
-inline int mask_scan(__global const uint *m, int W, int r0, int r1, int c0, int c1) {
-  uint any = 0u;
-  int all = 1;
-  const int w0 = c0 >> 5, w1 = c1 >> 5;
-  for (int r = r0; r <= r1; r++) {
-    __global const uint *row = m + (long)r * W;
-    for (int w = w0; w <= w1; w++) {
-      uint sel = 0xffffffffu;
-      if (w == w0) sel &= 0xffffffffu << (c0 & 31);
-      if (w == w1) sel &= 0xffffffffu >> (31 - (c1 & 31));
-      const uint x = row[w] & sel;
-      any |= x;
-      all = all && x == sel;
-    }
-  }
-  return (any != 0u) | (all << 1);
-}
-/* The mask bits of queries [qa, qb] x keys [ka, kb] (see mask_scan). Every
- * work-item reads the same words, so the result is uniform across the work-group. */
-inline int mask_tile(__global const uint *m, int W, int bq, int bk, int qa, int qb, int ka, int kb) {
-#if MASK == 1
-  return mask_scan(m, W, qa / bq, qb / bq, ka / bk, kb / bk);
-#else
-  return mask_scan(m, W, qa, qb, ka, kb);
+#ifndef MASK_CL
+#error "MASK needs mask.cl compiled first in the same program"
 #endif
-}
-inline int mask_ok(__global const uint *m, int W, int bq, int bk, int i, int j) {
-#if MASK == 1
-  i /= bq;
-  j /= bk;
-#endif
-  return (m[(long)i * W + (j >> 5)] >> (j & 31)) & 1u;
-}
 #define MASK_PARAMS \
   , __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk
 #else

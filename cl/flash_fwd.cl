@@ -70,7 +70,8 @@
  *                j / mask_bk), MASK 2: bit (i, j); a 0 bit hides key j from query i
  *                (on top of every other mask). Tiles whose bits are all 0 over the
  *                tile's rows x keys are never loaded; tiles whose bits are all 1 skip
- *                the per-score test.
+ *                the per-score test. mask.cl (the bit readers) must be compiled first
+ *                in the same program.
  *   PAGED_KV     1: k and v are page pools (num_pages, page_size, Hkv, d): sequence b's key
  *                j is slot j % page_size of page block_table[b * max_pages + j / page_size]
  *                (clamped to [0, num_pages)), and its key count is kv_lens[b] clamped to
@@ -210,40 +211,9 @@ inline long paged_row(__global const int *bt, int j, int page_size, int num_page
 #endif
 
 #if MASK
-/* Rows [r0, r1] x columns [c0, c1] of a bit matrix of W words per row:
- * bit 0 set iff any bit is set there, bit 1 iff all are. */
-inline int mask_scan(__global const uint *m, int W, int r0, int r1, int c0, int c1) {
-  uint any = 0u;
-  int all = 1;
-  const int w0 = c0 >> 5, w1 = c1 >> 5;
-  for (int r = r0; r <= r1; r++) {
-    __global const uint *row = m + (long)r * W;
-    for (int w = w0; w <= w1; w++) {
-      uint sel = 0xffffffffu;
-      if (w == w0) sel &= 0xffffffffu << (c0 & 31);
-      if (w == w1) sel &= 0xffffffffu >> (31 - (c1 & 31));
-      const uint x = row[w] & sel;
-      any |= x;
-      all = all && x == sel;
-    }
-  }
-  return (any != 0u) | (all << 1);
-}
-/* The mask bits of queries [qa, qb] x keys [ka, kb] (see mask_scan). */
-inline int mask_tile(__global const uint *m, int W, int bq, int bk, int qa, int qb, int ka, int kb) {
-#if MASK == 1
-  return mask_scan(m, W, qa / bq, qb / bq, ka / bk, kb / bk);
-#else
-  return mask_scan(m, W, qa, qb, ka, kb);
+#ifndef MASK_CL
+#error "MASK needs mask.cl compiled first in the same program"
 #endif
-}
-inline int mask_ok(__global const uint *m, int W, int bq, int bk, int i, int j) {
-#if MASK == 1
-  i /= bq;
-  j /= bk;
-#endif
-  return (m[(long)i * W + (j >> 5)] >> (j & 31)) & 1u;
-}
 /* The first tile start k0' = k0 + t * BLOCK_C < kend with a visible bit, or a
  * value >= kend. Uniform across the work-group (every work-item reads the same words). */
 inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int qb, int k0, int kend, int nk) {

@@ -155,7 +155,10 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
            "-DDROPOUT=%d%s",
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
            bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic, p->dropout, variants);
-  const char *src = p->dropout ? "philox.cl+flash_bwd.cl" : "flash_bwd.cl";
+  /* Dropout and masks bring their helper files into the program. */
+  static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
+                                      "philox.cl+mask.cl+flash_bwd.cl"};
+  const char *src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
   /* The preprocess and the atomic-mode dQ store are shared by both families. */
   cl_kernel k_pre, k_dkdv = NULL, k_dq = NULL;
   fcl_mma_bwd_launch mma;

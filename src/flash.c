@@ -82,7 +82,10 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
              causal, p->varlen, aligned, p->dropout, variants, extra ? " " : "", extra ? extra : "");
   }
   cl_kernel kern;
-  st = fcl_get_kernel(ctx, p->dropout ? "philox.cl+flash_fwd.cl" : "flash_fwd.cl", opts, "flash_fwd", &kern);
+  /* Dropout and masks bring their helper files into the program. */
+  static const char *const srcs[4] = {"flash_fwd.cl", "philox.cl+flash_fwd.cl", "mask.cl+flash_fwd.cl",
+                                      "philox.cl+mask.cl+flash_fwd.cl"};
+  st = fcl_get_kernel(ctx, srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)], opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (getenv("FLASHCL_FWD_BUILD_LOG")) fcl_print_build_log(ctx, kern, opts);
   size_t kwg = 0;
