@@ -119,6 +119,23 @@ static int fcl_bwd_make_plan(const flashcl_context *ctx, int d, fcl_bwd_plan *p)
 }
 
 
+/* The arguments bwd_dkdv and bwd_dq share after their tensors and scratch. */
+static void fcl_bwd_shared_args(fcl_args *a, const fcl_problem *p, int group, cl_mem cu_q, cl_mem cu_k, int tq,
+                                int tk) {
+  fcl_arg_int(a, p->seqlen_q);
+  fcl_arg_int(a, p->seqlen_k);
+  fcl_arg_int(a, p->heads_q);
+  fcl_arg_int(a, group);
+  fcl_arg_float(a, p->scale);
+  fcl_arg_mem(a, cu_q);
+  fcl_arg_mem(a, cu_k);
+  fcl_arg_int(a, tq);
+  fcl_arg_int(a, tk);
+  fcl_arg_dropout(a, p);
+  fcl_arg_variants(a, p);
+  if (p->mask_kind) fcl_arg_mask(a, p); /* only built with -DMASK */
+}
+
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
                                          const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                          const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
@@ -226,18 +243,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_lse(&a, lse);
     fcl_arg_mem(&a, dsum);
     fcl_arg_mem(&a, acc);
-    fcl_arg_int(&a, p->seqlen_q);
-    fcl_arg_int(&a, p->seqlen_k);
-    fcl_arg_int(&a, p->heads_q);
-    fcl_arg_int(&a, group);
-    fcl_arg_float(&a, p->scale);
-    fcl_arg_mem(&a, cu_q);
-    fcl_arg_mem(&a, cu_k);
-    fcl_arg_int(&a, tq);
-    fcl_arg_int(&a, tk);
-    fcl_arg_dropout(&a, p);
-    fcl_arg_variants(&a, p);
-    if (p->mask_kind) fcl_arg_mask(&a, p); /* only built with -DMASK */
+    fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
   }
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
@@ -270,18 +276,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_tensor(&a, dq);
     fcl_arg_lse(&a, lse);
     fcl_arg_mem(&a, dsum);
-    fcl_arg_int(&a, p->seqlen_q);
-    fcl_arg_int(&a, p->seqlen_k);
-    fcl_arg_int(&a, p->heads_q);
-    fcl_arg_int(&a, group);
-    fcl_arg_float(&a, p->scale);
-    fcl_arg_mem(&a, cu_q);
-    fcl_arg_mem(&a, cu_k);
-    fcl_arg_int(&a, tq);
-    fcl_arg_int(&a, tk);
-    fcl_arg_dropout(&a, p);
-    fcl_arg_variants(&a, p);
-    if (p->mask_kind) fcl_arg_mask(&a, p);
+    fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
   }
   if (a.err != CL_SUCCESS) {
     if (dkdv_done) clReleaseEvent(dkdv_done);
