@@ -30,6 +30,15 @@
  * end of the sequence and causally hidden keys are masked with -inf; tiles past
  * the causal diagonal are neither loaded (work-group) nor computed (warp).
  *
+ * Score variants (the portable forward's, same rules): with SOFTCAP or ALIBI the
+ * scores are turned into log2 units right after Q K^T (the softcap's tanh and
+ * ALiBi's distance term are not a positive scaling, so the raw-max shortcut does
+ * not apply) and the softmax runs with a unit scale. A sliding window, like
+ * causal, narrows the key range of the work-group (loads) and of each warp
+ * (mma). With an attention mask, key tiles whose bits are all 0 for the
+ * work-group's rows are not loaded, those all 0 for a warp's rows not computed,
+ * and those all 1 skip the per-score test.
+ *
  * Requirements (checked by the host, src/flash_mma.c): fp16 or bf16 data,
  * head_dim stride 1, element offsets and (batch, seq, head) strides multiples of
  * 8 elements (16-byte aligned rows for cp.async), scale > 0.
@@ -52,6 +61,14 @@
  *                barrier per tile; twice the K/V local memory)
  *   CAUSAL       1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN       1: sequence bounds come from cu_seqlens_q/k
+ *   WINDOW       1: key j is visible to query i iff i + diag - window_left <= j <=
+ *                i + diag + window_right (diag = Nk - Nq; causal folded into
+ *                window_right by the host: build with CAUSAL=0)
+ *   ALIBI        1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
+ *   SOFTCAP      1: score = c * tanh(scale * q.k / c) (softcap_in = scale / c,
+ *                softcap_log2 = c * log2(e))
+ *   MASK         1: block mask, 2: bit mask (flashcl_mask_kind; mask.cl compiled
+ *                first in the same program): a 0 bit hides key j from query i
  *   RESCALE_THRESHOLD  float, log2 units: the running max (and with it O and l)
  *                is only moved when a row's max grows by more than this; 0.0f
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
@@ -89,9 +106,30 @@
 #ifndef VARLEN
 #define VARLEN 0
 #endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
 #endif
+#if WINDOW && CAUSAL
+#error "WINDOW folds causal into window_right: build with CAUSAL=0"
+#endif
+#if MASK && !defined(MASK_CL)
+#error "MASK needs mask.cl compiled first in the same program"
+#endif
+/* Scores leave Q K^T in log2 units (softmax scale 1) instead of raw. */
+#define SCORE_LOG2 (SOFTCAP || ALIBI)
+#define LOG2E 1.4426950408889634f
 
 #define NTHREADS (NWARPS * 32)
 #define WARP_ROWS (16 * M_TILES)
@@ -171,6 +209,26 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 #endif
 
 #if !PROBE_ONLY
+#if SOFTCAP
+/* tanh x = 1 - 2 / (e^2x + 1): one ex2 and one division, with the limits +-1
+ * exact (e^2x overflows to inf or underflows to 0). Absolute error ~1e-7 near 0,
+ * where the score is small anyway. */
+inline float tanh_ex2(float x) { return 1.0f - 2.0f / (fast_exp2(x * (2.0f * LOG2E)) + 1.0f); }
+#endif
+
+#if MASK
+/* The first key tile at or after k0 whose mask bits for queries [qa, qb] are not
+ * all 0 (kend when none): uniform across the work-group, so whole tiles are
+ * neither loaded nor computed. */
+inline int mask_next_tile(__global const uint *m, int W, int bq, int bk, int qa, int qb, int k0, int kend) {
+  while (k0 < kend && !(mask_tile(m, W, bq, bk, qa, qb, k0, min(k0 + BLOCK_C, kend) - 1) & 1)) k0 += BLOCK_C;
+  return k0;
+}
+#define NEXT_TILE(k0) mask_next_tile(mrow, mask_words, mask_bq, mask_bk, q0, qlast, (k0), kend)
+#else
+#define NEXT_TILE(k0) (k0)
+#endif
+
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mma(
     __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
     __global const ushort *k, long k_off, long k_sb, long k_sn, long k_sh,
@@ -178,7 +236,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     __global ushort *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
-    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
+    int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
+    __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk) {
   __local uint4 smem[SMEM_ROWS * CH];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -249,10 +309,29 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   }
 
   const int wrow0 = q0 + warp * WARP_ROWS; /* first query row of this warp */
-  int kend = nk, wend = nk;
+  /* Keys [kbeg, kend) are needed by the work-group, [wbeg, wend) by this warp. */
+  int kbeg = 0, kend = nk, wbeg = 0, wend = nk;
 #if CAUSAL
-  kend = min(nk, q0 + BLOCK_R + diag);     /* keys the work-group needs */
-  wend = min(nk, wrow0 + WARP_ROWS + diag); /* keys this warp needs */
+  kend = min(nk, q0 + BLOCK_R + diag);
+  wend = min(nk, wrow0 + WARP_ROWS + diag);
+#elif WINDOW
+  kbeg = max(0, q0 + diag - window_left);
+  kbeg -= kbeg % BLOCK_C;
+  kend = min(nk, max(0, q0 + BLOCK_R + diag + window_right));
+  wbeg = max(0, wrow0 + diag - window_left);
+  wend = min(nk, max(0, wrow0 + WARP_ROWS + diag + window_right));
+#endif
+#if SCORE_LOG2
+  const float sl2 = 1.0f; /* scores are already scaled, in log2 units */
+#else
+  const float sl2 = scale_log2;
+#endif
+#if ALIBI
+  const float slope_log2 = alibi[h] * LOG2E;
+#endif
+#if MASK
+  __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
+  const int qlast = min(q0 + BLOCK_R, nq) - 1, wlast = min(wrow0 + WARP_ROWS, nq) - 1;
 #endif
 
   /* Per-thread global pointers of the K/V chunks, row lr of the tile at key 0. */
@@ -273,26 +352,28 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     cp_commit();                                                                            \
   }
 
+  int k0 = NEXT_TILE(kbeg);
 #if KV_STAGES == 2
 #define STAGE_BYTES (2 * BLOCK_C * CH * 16) /* K | V of one stage */
-  if (kend > 0) {
-    LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, 0)
-    LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, 0)
+  if (k0 < kend) {
+    LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0)
+    LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, k0)
   }
   int stage = 0;
 #else
-  if (kend > 0) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, 0)
+  if (k0 < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0)
 #endif
 
-  for (int k0 = 0; k0 < kend; k0 += BLOCK_C) {
+  while (k0 < kend) {
+    const int kn = NEXT_TILE(k0 + BLOCK_C); /* the next tile to load */
     cp_wait_all();
 #if KV_STAGES == 2
     barrier(CLK_LOCAL_MEM_FENCE); /* K and V of this tile are in; every warp is done with the other stage */
     const uint kb = kbuf + stage * STAGE_BYTES, vb = kb + BLOCK_C * CH * 16;
-    if (k0 + BLOCK_C < kend) {
+    if (kn < kend) {
       const uint nk_ = kbuf + (stage ^ 1) * STAGE_BYTES;
-      LOAD_TILE(nk_, kp, kp0, k_sn, kstep, k0 + BLOCK_C)
-      LOAD_TILE(nk_ + BLOCK_C * CH * 16, vp, vp0, v_sn, vstep, k0 + BLOCK_C)
+      LOAD_TILE(nk_, kp, kp0, k_sn, kstep, kn)
+      LOAD_TILE(nk_ + BLOCK_C * CH * 16, vp, vp0, v_sn, vstep, kn)
     }
     stage ^= 1;
 #else
@@ -301,7 +382,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, k0)
 #endif
 
-    const int active = k0 < wend;
+    int active = k0 < wend;
+#if WINDOW
+    active = active && k0 + BLOCK_C > wbeg;
+#endif
+#if MASK
+    /* 1: some of this warp's bits are set, 3: all are (no per-score test). */
+    int wcls = 0;
+    if (active) wcls = mask_tile(mrow, mask_words, mask_bq, mask_bk, wrow0, wlast, k0, min(k0 + BLOCK_C, nk) - 1);
+    active = wcls & 1;
+#endif
     uint pf[M_TILES][NT / 2][4];
     if (active) {
       float s[M_TILES][NT][4];
@@ -335,12 +425,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         }
       }
 
+      int need_mask = k0 + BLOCK_C > nk;
 #if CAUSAL
-      const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > wrow0 + diag);
-#else
-      const int need_mask = k0 + BLOCK_C > nk;
+      need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag;
+#elif WINDOW
+      need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag + window_right ||
+                  k0 < wrow0 + WARP_ROWS - 1 + diag - window_left;
 #endif
-      if (need_mask) {
+#if MASK
+      need_mask = need_mask || !(wcls & 2);
+#endif
+      if (SCORE_LOG2 || need_mask) {
         #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
           #pragma unroll
@@ -348,12 +443,32 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
             #pragma unroll
             for (int e = 0; e < 4; e++) {
               const int col = k0 + nt * 8 + 2 * t + (e & 1);
-#if CAUSAL
               const int row = wrow0 + mt * 16 + g + (e >> 1) * 8;
-              if (col >= nk || col > row + diag) s[mt][nt][e] = -INFINITY;
+#if SCORE_LOG2
+#if SOFTCAP
+              float x = softcap_log2 * tanh_ex2(s[mt][nt][e] * softcap_in);
 #else
-              if (col >= nk) s[mt][nt][e] = -INFINITY;
+              float x = s[mt][nt][e] * scale_log2;
 #endif
+#if ALIBI
+              x -= slope_log2 * (float)abs(col - (row + diag));
+#endif
+              s[mt][nt][e] = x;
+#endif
+              if (need_mask) {
+                int vis = col < nk;
+#if CAUSAL
+                vis = vis && col <= row + diag;
+#elif WINDOW
+                vis = vis && col <= row + diag + window_right && col >= row + diag - window_left;
+#endif
+#if MASK
+                /* rows past nq have no mask bits: hidden (they are never stored) */
+                vis = vis && row < nq;
+                if (vis && !(wcls & 2)) vis = mask_ok(mrow, mask_words, mask_bq, mask_bk, row, col);
+#endif
+                if (!vis) s[mt][nt][e] = -INFINITY;
+              }
             }
       }
 
@@ -372,7 +487,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
           mx[mt][hh] = x;
           /* -inf - -inf is NaN and compares false: a row that still sees no key
            * keeps m = -inf. A first visible key gives +inf > threshold. */
-          grow |= (x - m_r[mt][hh]) * scale_log2 > RESCALE_THRESHOLD;
+          grow |= (x - m_r[mt][hh]) * sl2 > RESCALE_THRESHOLD;
         }
       /* Lazy rescaling: a row's pivot m only moves when its max grew by more
        * than RESCALE_THRESHOLD (log2 units), so p <= 2^RESCALE_THRESHOLD (256:
@@ -386,9 +501,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         for (int mt = 0; mt < M_TILES; mt++)
           #pragma unroll
           for (int hh = 0; hh < 2; hh++) {
-            const float mnew = (mx[mt][hh] - m_r[mt][hh]) * scale_log2 > RESCALE_THRESHOLD ? mx[mt][hh] : m_r[mt][hh];
+            const float mnew = (mx[mt][hh] - m_r[mt][hh]) * sl2 > RESCALE_THRESHOLD ? mx[mt][hh] : m_r[mt][hh];
             /* A row with no visible key so far keeps m = -inf: alpha is 0 or 1, never NaN. */
-            const float alpha = mnew == m_r[mt][hh] ? 1.0f : fast_exp2((m_r[mt][hh] - mnew) * scale_log2);
+            const float alpha = mnew == m_r[mt][hh] ? 1.0f : fast_exp2((m_r[mt][hh] - mnew) * sl2);
             m_r[mt][hh] = mnew;
             l_r[mt][hh] *= alpha;
             #pragma unroll
@@ -403,12 +518,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
           /* Pivot 0 for a row with m = -inf keeps exp2 at 0, not NaN. */
-          const float ms = m_r[mt][hh] == -INFINITY ? 0.0f : m_r[mt][hh] * scale_log2;
+          const float ms = m_r[mt][hh] == -INFINITY ? 0.0f : m_r[mt][hh] * sl2;
           float ls = 0.0f;
           #pragma unroll
           for (int nt = 0; nt < NT; nt++) {
-            const float p0 = fast_exp2(fma(s[mt][nt][2 * hh], scale_log2, -ms));
-            const float p1 = fast_exp2(fma(s[mt][nt][2 * hh + 1], scale_log2, -ms));
+            const float p0 = fast_exp2(fma(s[mt][nt][2 * hh], sl2, -ms));
+            const float p1 = fast_exp2(fma(s[mt][nt][2 * hh + 1], sl2, -ms));
             s[mt][nt][2 * hh] = p0;
             s[mt][nt][2 * hh + 1] = p1;
             ls += p0 + p1;
@@ -430,7 +545,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #if KV_STAGES == 1
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE); /* V ready; every warp is done with K */
-    if (k0 + BLOCK_C < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0 + BLOCK_C)
+    if (kn < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, kn)
 #endif
 
     if (active) {
@@ -448,6 +563,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
           }
         }
     }
+    k0 = kn;
   }
 
   const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;
@@ -468,7 +584,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         orow[dt * 4] = pack2(oacc[mt][dt][2 * hh] * inv, oacc[mt][dt][2 * hh + 1] * inv);
       if (has_lse && t == 0)
         lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] =
-            l > 0.0f ? (m_r[mt][hh] * scale_log2 + log2(l)) * M_LN2_F : -INFINITY;
+            l > 0.0f ? (m_r[mt][hh] * sl2 + log2(l)) * M_LN2_F : -INFINITY;
     }
 }
 #endif /* !PROBE_ONLY */

@@ -419,6 +419,20 @@ FLASHCL_API flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx
                                                             const flashcl_tensor *v, flashcl_pass pass,
                                                             size_t *bytes);
 
+/* The flash kernel family the operation would run for these arguments on ctx:
+ * FLASHCL_KERNEL_PORTABLE or FLASHCL_KERNEL_NVIDIA_MMA (AUTO, desc->kernel and
+ * $FLASHCL_KERNEL resolved; a problem the tensor-core kernels do not cover
+ * resolves to PORTABLE, with the reason in the verbose log), or
+ * FLASHCL_KERNEL_AUTO when desc->algo resolves to NAIVE (no flash kernel runs).
+ * Runs the forward's validation; the first call may build the tensor-core probe.
+ * For pass BACKWARD the tensor-core kernels also need dO, dQ, dK and dV rows
+ * that are 16-byte aligned, which this call does not see. Fails like the
+ * operation when NVIDIA_MMA is requested on a device without it. */
+FLASHCL_API flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                           const flashcl_tensor *q, const flashcl_tensor *k,
+                                                           const flashcl_tensor *v, const flashcl_tensor *o,
+                                                           flashcl_pass pass, flashcl_kernel_family *family);
+
 /* Tile plan the flash path would use for this head_dim and dtype on ctx's device. */
 typedef struct flashcl_block_plan {
   int block_r;      /* Br: query rows per work-group */

@@ -26,7 +26,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
   int use_mma = 0;
-  if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, o, &use_mma)) != FLASHCL_SUCCESS) return st;
+  if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, o, FLASHCL_PASS_FORWARD, &use_mma)) != FLASHCL_SUCCESS) return st;
   if (use_mma)
     return fcl_mma_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
   return fcl_flash_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
@@ -51,5 +51,30 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
                  : fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, bytes);
   if (naive) return fcl_naive_workspace(ctx, &p, bytes);
   *bytes = 0; /* the fused kernel keeps everything on chip */
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                               const flashcl_tensor *q, const flashcl_tensor *k,
+                                               const flashcl_tensor *v, const flashcl_tensor *o, flashcl_pass pass,
+                                               flashcl_kernel_family *family) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!family) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "family is NULL");
+  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
+  if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
+  fcl_problem p;
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, NULL, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (pass == FLASHCL_PASS_BACKWARD && p.paged_kv)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) {
+    *family = FLASHCL_KERNEL_AUTO;
+    return FLASHCL_SUCCESS;
+  }
+  int use_mma = 0;
+  if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, o, pass, &use_mma)) != FLASHCL_SUCCESS) return st;
+  *family = use_mma ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE;
   return FLASHCL_SUCCESS;
 }

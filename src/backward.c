@@ -145,7 +145,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
                                          cl_event *out_event) {
   const int atomic = !desc->deterministic;
   int use_mma = 0;
-  flashcl_status st = fcl_mma_select(ctx, desc, p, q, k, v, o, &use_mma);
+  flashcl_status st = fcl_mma_select(ctx, desc, p, q, k, v, o, FLASHCL_PASS_BACKWARD, &use_mma);
   if (st != FLASHCL_SUCCESS) return st;
   if (use_mma && !(fcl_mma_rows_aligned(d_o) && fcl_mma_rows_aligned(dq) && fcl_mma_rows_aligned(dk) &&
                    fcl_mma_rows_aligned(dv))) {

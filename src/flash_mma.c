@@ -14,10 +14,11 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout, window,
- * ALiBi, softcap or attention mask, and
- * every tensor's element offset and (batch, seq, head) strides a multiple of 8
- * elements (16-byte rows for cp.async). Other problems run the portable kernel.
+ * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout or paged
+ * K/V source, and every tensor's element offset and (batch, seq, head) strides
+ * a multiple of 8 elements (16-byte rows for cp.async). The forward also covers
+ * the sliding window, ALiBi, softcap and attention masks; the backward kernels
+ * (src/backward_mma.c) do not yet. Other problems run the portable kernels.
  *
  * Environment (tuning and diagnostics only):
  *   FLASHCL_KERNEL          "portable" or "nvidia_mma": overrides desc.kernel = AUTO
@@ -190,7 +191,7 @@ int fcl_mma_rows_aligned(const flashcl_tensor *t) {
 
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                              const flashcl_tensor *o, int *use) {
+                              const flashcl_tensor *o, flashcl_pass pass, int *use) {
   *use = 0;
   flashcl_kernel_family fam = desc->kernel;
   if (fam == FLASHCL_KERNEL_AUTO) {
@@ -217,20 +218,21 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "scale is not positive";
   else if (p->dropout)
     why = "dropout";
-  else if (p->window)
+  else if (pass == FLASHCL_PASS_BACKWARD && p->window)
     why = "sliding window";
-  else if (p->alibi)
+  else if (pass == FLASHCL_PASS_BACKWARD && p->alibi)
     why = "ALiBi";
-  else if (p->softcap > 0.0f)
+  else if (pass == FLASHCL_PASS_BACKWARD && p->softcap > 0.0f)
     why = "softcap";
-  else if (p->mask_kind)
+  else if (pass == FLASHCL_PASS_BACKWARD && p->mask_kind)
     why = "attention mask";
   else if (p->paged_kv)
     why = "paged K/V source";
   else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   if (why) {
-    fcl_log(ctx, "tensor-core forward does not cover this problem (%s): running the portable kernel", why);
+    fcl_log(ctx, "tensor-core %s does not cover this problem (%s): running the portable kernels",
+            pass == FLASHCL_PASS_BACKWARD ? "backward" : "forward", why);
     return FLASHCL_SUCCESS;
   }
   *use = 1;
@@ -300,14 +302,17 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   const fcl_mma_config c = fcl_mma_pick(ctx, p);
   const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-  char opts[512];
+  char opts[640], variants[64];
+  fcl_variant_options(p, variants, sizeof variants);
+  const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWARPS=%d -DM_TILES=%d -DQ_IN_SMEM=%d "
-           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d%s%s",
-           (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, p->causal, p->varlen,
-           extra ? " " : "", extra ? extra : "");
+           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d%s%s%s",
+           (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, causal, p->varlen,
+           variants, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", opts, "flash_fwd_mma", &kern);
+  flashcl_status st = fcl_get_kernel(ctx, p->mask_kind ? "mma_ptx.cl+mask.cl+flash_fwd_mma.cl" : "mma_ptx.cl+flash_fwd_mma.cl",
+                                     opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_mma", opts);
   size_t kwg = 0;
@@ -319,6 +324,8 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
 
   fcl_args a = {kern, 0, CL_SUCCESS};
   fcl_arg_forward(&a, p, desc, q, k, v, o, lse);
+  fcl_arg_variants(&a, p);
+  fcl_arg_mask(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_mma)");
 
   size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;

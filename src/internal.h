@@ -153,11 +153,12 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                                  const cl_event *wait, cl_event *out_event);
 /* NVIDIA tensor-core forward (src/flash_mma.c). fcl_mma_select sets *use when
  * desc->kernel (or FLASHCL_KERNEL under AUTO) resolves to NVIDIA_MMA, the device
- * passed the probe and the problem is covered; it fails only when NVIDIA_MMA was
+ * passed the probe and the problem is covered for `pass` (the backward kernels
+ * cover less than the forward); it fails only when NVIDIA_MMA was
  * requested explicitly and the device cannot run it. */
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                              const flashcl_tensor *o, int *use);
+                              const flashcl_tensor *o, flashcl_pass pass, int *use);
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,

@@ -321,6 +321,21 @@ int fct_run_group(const char *name, const struct CMUnitTest *tests, size_t count
   return failed;
 }
 
+int fct_mma_ready(const char *name, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                  const flashcl_tensor *k, const flashcl_tensor *v, flashcl_pass pass) {
+  flashcl_context *ctx = fct_env_get()->ctx;
+  flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
+  const flashcl_status st = flashcl_attention_kernel_family(ctx, desc, q, k, v, q, pass, &fam);
+  if (st == FLASHCL_ERROR_UNSUPPORTED && strstr(flashcl_context_last_error(ctx), "not available")) {
+    print_message("  %-28s skipped: %s\n", name, flashcl_context_last_error(ctx));
+    return 0;
+  }
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_attention_kernel_family", name);
+  FCT_CHECK(fam == FLASHCL_KERNEL_NVIDIA_MMA, "%s: the tensor-core %s does not cover this case (family %d)", name,
+            pass == FLASHCL_PASS_BACKWARD ? "backward" : "forward", (int)fam);
+  return 1;
+}
+
 /* ------------------------------------------------------- device tensors -- */
 
 cl_mem fct_create_buffer(size_t bytes, const void *init) {

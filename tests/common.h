@@ -133,6 +133,14 @@ int fct_group_teardown(void **state);
  * setup. Honors FLASHCL_TEST_FILTER (a cmocka test-name pattern, '*' and '?'). */
 int fct_run_group(const char *name, const struct CMUnitTest *tests, size_t count, int need_device);
 
+/* For a case run with desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA: 0 when the
+ * device has no tensor-core path (the caller skips the case; a message says
+ * so), 1 when it has, after checking that `pass` really runs the tensor-core
+ * kernels for these arguments (o taken as q's layout): a silent fallback to the
+ * portable kernels fails the test. */
+int fct_mma_ready(const char *name, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                  const flashcl_tensor *k, const flashcl_tensor *v, flashcl_pass pass);
+
 /* ------------------------------------------------------- device tensors -- */
 
 typedef enum fct_layout {

@@ -519,6 +519,67 @@ static void test_workspace_size_errors(void **state) {
   clReleaseMemObject(buf);
 }
 
+/* Which kernel family a call would run: errors leave *family alone; NAIVE is
+ * AUTO; PORTABLE is PORTABLE; NVIDIA_MMA is honored where the device has it
+ * (else UNSUPPORTED), and problems it does not cover (dropout) resolve to PORTABLE. */
+static void test_kernel_family(void **state) {
+  fct_env *env = fct_env_get();
+  cl_mem buf = fct_create_buffer(64 * 2 * 64 * 2, NULL);
+  flashcl_tensor q, bad;
+  flashcl_attention_desc desc;
+  flashcl_kernel_family fam = (flashcl_kernel_family)99;
+  (void)state;
+  flashcl_tensor_init_bnhd(&q, buf, 0, FLASHCL_F16, 1, 64, 2, 64);
+  flashcl_attention_desc_init(&desc);
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(NULL, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(ctx=NULL)");
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, NULL),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(family=NULL)");
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, NULL, FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(o=NULL)");
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, (flashcl_pass)7, &fam),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(pass=7)");
+  bad = q;
+  bad.shape[1] = 65;
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &bad, &bad, &bad, &bad, FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_ERROR_BUFFER_TOO_SMALL, "kernel_family(N=65 in a buffer for 64)");
+  FCT_CHECK(fam == (flashcl_kernel_family)99, "failed kernel_family calls wrote *family = %d", (int)fam);
+
+  desc.algo = FLASHCL_ALGO_NAIVE;
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_SUCCESS, "kernel_family(naive)");
+  FCT_CHECK(fam == FLASHCL_KERNEL_AUTO, "naive: family %d, expected AUTO", (int)fam);
+  desc.algo = FLASHCL_ALGO_AUTO;
+  desc.kernel = FLASHCL_KERNEL_PORTABLE;
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_BACKWARD, &fam),
+                   FLASHCL_SUCCESS, "kernel_family(portable)");
+  FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "portable: family %d", (int)fam);
+
+  desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  fam = (flashcl_kernel_family)99;
+  const flashcl_status st = flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam);
+  if (st == FLASHCL_ERROR_UNSUPPORTED) {
+    FCT_CHECK(fam == (flashcl_kernel_family)99, "UNSUPPORTED wrote *family = %d", (int)fam);
+    FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "tensor-core") != NULL, "no reason given: \"%s\"",
+              flashcl_context_last_error(env->ctx));
+  } else {
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "kernel_family(nvidia_mma)");
+    FCT_CHECK(fam == FLASHCL_KERNEL_NVIDIA_MMA, "nvidia_mma on a device that has it: family %d", (int)fam);
+    desc.dropout_p = 0.1f;
+    FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+                     FLASHCL_SUCCESS, "kernel_family(nvidia_mma, dropout)");
+    FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "dropout is not covered by the tensor-core kernels: family %d", (int)fam);
+  }
+  desc.kernel = FLASHCL_KERNEL_AUTO;
+  desc.dropout_p = 0.0f;
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_SUCCESS, "kernel_family(auto)");
+  if (!getenv("FLASHCL_KERNEL")) /* which overrides AUTO */
+    FCT_CHECK(fam == (st == FLASHCL_SUCCESS ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE),
+              "auto: family %d", (int)fam);
+  clReleaseMemObject(buf);
+}
+
 /* ----------------------------------------------------------- last error -- */
 
 static void test_last_error(void **state) {
@@ -550,6 +611,7 @@ int main(void) {
       cmocka_unit_test(test_block_plan),
       cmocka_unit_test(test_workspace_size),
       cmocka_unit_test(test_workspace_size_errors),
+      cmocka_unit_test(test_kernel_family),
       cmocka_unit_test(test_last_error),
       cmocka_unit_test(test_create_from_cl),
       cmocka_unit_test(test_profiling_option),

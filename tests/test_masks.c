@@ -36,6 +36,7 @@ typedef struct mt_case {
   int backward;
   int gpu_map;    /* forward with FLASHCL_FWD_MAP=gpu */
   int block;      /* flash block_r = block_c (0: automatic); small tiles make the window skip tiles */
+  int mma;        /* 1: forward only, desc.kernel = NVIDIA_MMA (skipped where there is none) */
 } mt_case;
 
 typedef struct mt_inputs {
@@ -109,6 +110,7 @@ static void mt_desc(const mt_case *c, const mt_inputs *in, flashcl_algo algo, fl
   desc->seed = 0x1234567890abcdefull;
   desc->offset = 77;
   desc->block_r = desc->block_c = c->block;
+  if (c->mma) desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   if (c->num_seqs > 0) {
     desc->cu_seqlens_q = in->cu_q;
     desc->cu_seqlens_k = in->cu_k;
@@ -261,6 +263,17 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
 
 static void mt_both(void **state) {
   const mt_case *c = (const mt_case *)*state;
+  if (c->mma) {
+    mt_inputs in;
+    flashcl_attention_desc desc;
+    mt_inputs_create(&in, c);
+    mt_desc(c, &in, FLASHCL_ALGO_FLASH, &desc);
+    const int ready = fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_FORWARD);
+    mt_inputs_release(&in);
+    if (!ready) skip();
+    else mt_run(c, FLASHCL_ALGO_FLASH);
+    return;
+  }
   mt_run(c, FLASHCL_ALGO_FLASH);
   mt_run(c, FLASHCL_ALGO_NAIVE);
 }
@@ -281,6 +294,17 @@ static const mt_case CASES[] = {
     {"softcap_causal", FLASHCL_F16, 2, 40, 56, 2, 1, 32, 1, -1, -1, 0, 2.0f, 0.5f, 0, 0, NULL, NULL, 0, 0},
     {"all_varlen_gqa", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0},
     {"all_varlen_dropout_gpu_map", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 0, 6, 4, 1, 4.0f, 0.5f, 0.2f, 3, VQ, VK, 1, 1, 16},
+    /* The tensor-core forward (NVIDIA only; skipped elsewhere). Its work-groups
+     * take 128 queries and 64-key (d = 64) or 32-key (d = 128) tiles: these windows
+     * skip whole tiles at both ends, per work-group and per warp. */
+    {"mma_window_both_gqa", FLASHCL_F16, 2, 517, 517, 4, 2, 64, 0, 100, 30, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    {"mma_window_causal_d128", FLASHCL_F16, 1, 300, 450, 2, 1, 128, 1, 64, -1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    {"mma_window_empty_rows_bf16", FLASHCL_BF16, 1, 450, 300, 2, 2, 64, 0, 20, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    {"mma_alibi_causal_gqa_d128", FLASHCL_F16, 1, 333, 333, 4, 2, 128, 1, -1, -1, 1, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    {"mma_softcap_d64", FLASHCL_F16, 2, 400, 380, 2, 2, 64, 0, -1, -1, 0, 2.0f, 1.0f, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    {"mma_softcap_large_scores", FLASHCL_F16, 1, 300, 300, 2, 1, 128, 0, -1, -1, 0, 30.0f, 4.0f, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    {"mma_all_varlen_bf16_d128", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 0, 0, 0, 1},
+    {"mma_all_long_d64", FLASHCL_F16, 1, 1000, 1000, 2, 2, 64, 1, 300, -1, 1, 10.0f, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
 };
 
 /* ------------------------------------------------------------ error paths -- */

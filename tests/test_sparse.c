@@ -55,6 +55,7 @@ typedef struct sp_case {
   int gpu_map;
   int backward;      /* 1: also check dQ / dK / dV */
   float dropout;     /* backward only: desc.dropout_p */
+  int mma;           /* 1: flash runs with desc.kernel = NVIDIA_MMA (skipped where there is none) */
 } sp_case;
 
 typedef struct sp_inputs {
@@ -204,7 +205,7 @@ static void sp_desc(const sp_case *c, const sp_inputs *in, const sp_mask *m, fla
   desc->causal = c->causal;
   desc->window_left = c->window_left;
   desc->block_r = desc->block_c = c->block;
-  desc->kernel = FLASHCL_KERNEL_PORTABLE;
+  desc->kernel = c->mma ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE;
   if (m) {
     desc->mask_kind = m->kind;
     desc->mask = m->mem;
@@ -515,6 +516,16 @@ static void sp_case_run(void **state) {
   sp_mask m;
   sp_mask_alloc(&m, &in, c->kind, c->bq, c->bk, c->per_head, c->hq);
   sp_mask_fill(&m, c, &in, &rng);
+  if (c->mma) {
+    flashcl_attention_desc desc;
+    sp_desc(c, &in, &m, FLASHCL_ALGO_FLASH, &desc);
+    if (!fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_FORWARD)) {
+      sp_mask_release(&m);
+      sp_inputs_release(&in);
+      skip();
+      return;
+    }
+  }
   const size_t no = (size_t)(in.B * in.Nq * c->hq * c->d), nl = (size_t)(in.B * in.Nq * c->hq);
   double *ref_o = calloc(no, sizeof(double)), *ref_lse = calloc(nl, sizeof(double));
   sp_reference(c, &in, &m, ref_o, ref_lse);
@@ -575,6 +586,15 @@ static const sp_case CASES[] = {
     {"block_butterfly_32x5_bf16", FLASHCL_BF16, 1, 96, 120, 2, 1, 64, 0, -1, BLOCK, 32, 5, 1, SP_BUTTERFLY, 2, 0, NULL, NULL, 0, 0},
     {"block_local_varlen_causal", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, -1, BLOCK, 12, 20, 0, SP_LOCAL, 1, 3, VQ, VK, 16, 0, 1, 0.1f},
     {"block_strided_gpu_map_f16", FLASHCL_F16, 1, 80, 112, 2, 1, 32, 0, -1, BLOCK, 16, 48, 0, SP_STRIDED, 3, 0, NULL, NULL, 16, 1},
+    /* The tensor-core forward (NVIDIA only; skipped elsewhere): 128-query work-groups,
+     * 64-key (d = 64) or 32-key (d = 128) tiles, so these shapes skip whole tiles
+     * per work-group and per warp, and mix full, partial and empty tiles. */
+    {"mma_tree_decode_d128", FLASHCL_F16, 2, 9, 49, 8, 2, 128, 0, -1, BITS, 0, 0, 0, SP_TREE, 0, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
+    {"mma_bits_random_causal_d64", FLASHCL_F16, 1, 300, 300, 4, 2, 64, 1, -1, BITS, 0, 0, 0, SP_RANDOM, 60, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
+    {"mma_bits_window_per_head_bf16", FLASHCL_BF16, 1, 256, 320, 2, 2, 128, 0, 100, BITS, 0, 0, 1, SP_RANDOM, 70, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
+    {"mma_block_local_64_d64", FLASHCL_F16, 2, 512, 512, 2, 1, 64, 0, -1, BLOCK, 64, 64, 0, SP_LOCAL, 2, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
+    {"mma_block_strided_128x32_bf16", FLASHCL_BF16, 1, 600, 700, 2, 2, 64, 0, -1, BLOCK, 128, 32, 1, SP_STRIDED, 3, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
+    {"mma_block_butterfly_varlen_causal", FLASHCL_F16, 0, 0, 0, 4, 2, 128, 1, -1, BLOCK, 12, 20, 0, SP_BUTTERFLY, 0, 3, VQ, VK, 0, 0, 0, 0.0f, 1},
 };
 
 /* ------------------------------------------------------------ error paths -- */

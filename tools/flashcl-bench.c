@@ -31,11 +31,14 @@ typedef struct bench_opts {
   long page_size, calls; /* --page-size, --calls */
   tools_list decode_batch;
   const char *block_sparse; /* --block-sparse DENSITY_LIST */
+  long window;              /* --window: window_left, -1 = none */
+  double softcap;           /* --softcap */
+  int alibi;                /* --alibi */
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
 typedef struct config_bufs {
-  cl_mem mem[9];
+  cl_mem mem[10]; /* q k v o lse d_o dq dk dv, ALiBi slopes */
   flashcl_tensor q, k, v, o, lse, d_o, dq, dk, dv;
   size_t q_count, kv_count;
   size_t fwd_io, bwd_io; /* bytes the pass reads/writes besides its workspace */
@@ -51,6 +54,7 @@ typedef struct row {
   size_t workspace;
   flashcl_block_plan plan;
   int have_plan;
+  int family; /* flash rows: the flashcl_kernel_family that ran (0 when unknown) */
   float *out[3]; /* outputs as float for the flash/naive comparison: o, or dq, dk, dv */
   size_t out_count[3];
   int nout;
@@ -100,6 +104,12 @@ static void usage(FILE *f) {
           "                       that writes o and lse)\n"
           "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
           "  --dropout P          dropout probability for both passes (default 0)\n"
+          "  --window L           sliding window: each query sees the L keys before its\n"
+          "                       diagonal and, unless causal, every key after it\n"
+          "                       (desc.window_left = L); TFLOP/s then counts the\n"
+          "                       visible (query, key) pairs exactly\n"
+          "  --softcap C          logit soft-capping C * tanh(s / C) (desc.softcap)\n"
+          "  --alibi              ALiBi with the geometric slopes 2^(-8 (h + 1) / heads)\n"
           "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
           "  --warmup W           untimed runs first (default 2 on GPU, 1 otherwise)\n"
           "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
@@ -110,11 +120,25 @@ static void usage(FILE *f) {
           "\n"
           "TFLOP/s counts 4*N*N*d (forward) or 10*N*N*d (backward, FlashAttention's\n"
           "convention) per head and batch, half of that when causal.\n"
+          "Br x Bc shows the portable kernel's tiles, or \"mma\" when the NVIDIA\n"
+          "tensor-core kernels ran (flashcl_attention_kernel_family).\n"
           "speedup (on flash rows) = naive median / flash median.\n"
           "relL2 (on flash rows) = ||x_flash - x_naive|| / ||x_naive|| for x = o, or the\n"
           "largest of the three for x = dq, dk, dv.\n"
           "A row that runs out of device memory prints OOM; other errors print the\n"
           "status and the library's message on stderr and make the exit status 1.\n");
+}
+
+/* (query, key) pairs the FLOP count covers: N^2, half of it when causal
+ * (FlashAttention's convention), and with a window exactly the visible ones. */
+static double visible_pairs(long n, int causal, long window) {
+  if (window < 0) return (double)n * (double)n * (causal ? 0.5 : 1.0);
+  double pairs = 0.0;
+  for (long i = 0; i < n; ++i) {
+    const long lo = i - window > 0 ? i - window : 0, hi = causal ? i : n - 1;
+    pairs += (double)(hi - lo + 1);
+  }
+  return pairs;
 }
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
@@ -127,6 +151,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   o->check = 1;
   o->deterministic = 1;
   o->kernel = FLASHCL_KERNEL_AUTO;
+  o->window = -1;
   tools_parse_algo_list("flash,naive", &o->algo);
   for (i = 1; i < argc; ++i) {
     val = NULL;
@@ -166,6 +191,14 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       char *end = NULL;
       o->dropout = strtod(val, &end);
       if (!end || *end || !(o->dropout >= 0.0 && o->dropout < 1.0)) goto bad;
+    } else if (OPT("--window")) {
+      if (tools_parse_long(val, &o->window) || o->window < 0) goto bad;
+    } else if (OPT("--softcap")) {
+      char *end = NULL;
+      o->softcap = strtod(val, &end);
+      if (!end || *end || !(o->softcap > 0.0)) goto bad;
+    } else if (tools_opt_flag(argv, i, "--alibi")) {
+      o->alibi = 1;
     } else if (OPT("--reps")) {
       if (tools_parse_long(val, &o->reps) || o->reps < 1) goto bad;
       o->have_reps = 1;
@@ -230,7 +263,7 @@ static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 /* Releases the buffers; the sizes stay (OOM rows still report them). */
 static void release_bufs(config_bufs *b) {
   int i;
-  for (i = 0; i < 9; ++i) {
+  for (i = 0; i < 10; ++i) {
     if (b->mem[i]) clReleaseMemObject(b->mem[i]);
     b->mem[i] = NULL;
   }
@@ -271,6 +304,13 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
     if (b->mem[6]) b->mem[7] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->kv_count * esize, NULL, &err);
     if (b->mem[7]) b->mem[8] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->kv_count * esize, NULL, &err);
     if (!b->mem[8] || err) goto fail;
+  }
+  if (o->alibi) {
+    float *slopes = (float *)scratch; /* scratch holds at least q_count >= heads floats */
+    for (long h = 0; h < heads; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)heads);
+    b->mem[9] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), slopes,
+                               &err);
+    if (!b->mem[9] || err) goto fail;
   }
   st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
   if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
@@ -326,6 +366,9 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
   desc.dropout_p = (float)o->dropout;
   desc.seed = 0x5eedu;
   desc.offset = 0;
+  if (o->window >= 0) desc.window_left = (int)o->window;
+  desc.softcap = (float)o->softcap;
+  desc.alibi_slopes = b->mem[9];
   if (o->gqa > 1) {
     desc.heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
     desc.heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
@@ -350,6 +393,11 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
       flashcl_attention_block_plan(ctx, (int)b->q.shape[FLASHCL_DIM_HEADDIM], b->q.dtype, 0, 0, &r->plan) ==
           FLASHCL_SUCCESS)
     r->have_plan = 1;
+  if (r->algo == FLASHCL_ALGO_FLASH) {
+    flashcl_kernel_family fam;
+    if (flashcl_attention_kernel_family(ctx, &desc, &b->q, &b->k, &b->v, &b->o, r->pass, &fam) == FLASHCL_SUCCESS)
+      r->family = (int)fam;
+  }
   io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
   if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
     r->status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
@@ -767,6 +815,9 @@ int main(int argc, char **argv) {
     printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
            o.batch_tokens, o.hidden, o.gqa > 1 ? " (GQA)" : "", o.bhnd ? "BHND" : "BNHD", o.warmup, o.reps);
     if (o.dropout > 0) printf(", dropout %g", o.dropout);
+    if (o.window >= 0) printf(", window %ld", o.window);
+    if (o.softcap > 0) printf(", softcap %g", o.softcap);
+    if (o.alibi) printf(", ALiBi");
     if (o.bwd) printf(", %s backward", o.deterministic ? "deterministic" : "atomic-dQ");
     printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s\n", "N", "d", "dtype",
            "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
@@ -808,8 +859,8 @@ int main(int argc, char **argv) {
 
           for (pi = 0; pi < npass; ++pi) {
             const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
-            const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * (double)n * (double)n *
-                                 (double)d * (double)batch * (double)heads * (causal ? 0.5 : 1.0);
+            const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * visible_pairs(n, causal, o.window) *
+                                 (double)d * (double)batch * (double)heads;
             const size_t io = pass == FLASHCL_PASS_BACKWARD ? bufs.bwd_io : bufs.fwd_io;
             row rows[MAX_ALGOS];
             int flash_i = -1, naive_i = -1;
@@ -853,7 +904,8 @@ int main(int argc, char **argv) {
                   }
                 }
               }
-              if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
+              if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
+              else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
               else snprintf(blocks, sizeof blocks, "-");
 
               if (o.csv) {
