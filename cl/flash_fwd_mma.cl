@@ -210,21 +210,32 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 
 #if !PROBE_ONLY
 #if SOFTCAP
-/* tanh x = 1 - 2 / (e^2x + 1): one ex2 and one division, with the limits +-1
+/* tanh x = 1 - 2 / (e^2x + 1): one ex2 and one reciprocal (both approximate to
+ * a few ulp; an IEEE division was 20% slower at N = 8K), with the limits +-1
  * exact (e^2x overflows to inf or underflows to 0). Absolute error ~1e-7 near 0,
  * where the score is small anyway. */
-inline float tanh_ex2(float x) { return 1.0f - 2.0f / (fast_exp2(x * (2.0f * LOG2E)) + 1.0f); }
+inline float tanh_ex2(float x) { return 1.0f - 2.0f * native_recip(fast_exp2(x * (2.0f * LOG2E)) + 1.0f); }
 #endif
 
 #if MASK
-/* The first key tile at or after k0 whose mask bits for queries [qa, qb] are not
- * all 0 (kend when none): uniform across the work-group, so whole tiles are
- * neither loaded nor computed. */
-inline int mask_next_tile(__global const uint *m, int W, int bq, int bk, int qa, int qb, int k0, int kend) {
-  while (k0 < kend && !(mask_tile(m, W, bq, bk, qa, qb, k0, min(k0 + BLOCK_C, kend) - 1) & 1)) k0 += BLOCK_C;
-  return k0;
+/* Mask row / column of query i / key j (block masks: of its block). */
+#if MASK == 1
+#define MROW(i) ((i) / mask_bq)
+#define MCOL(j) ((j) / mask_bk)
+#else
+#define MROW(i) (i)
+#define MCOL(j) (j)
+#endif
+/* The first key tile at or after k0 (a multiple of BLOCK_C) with a mask bit set
+ * in mask rows [r0, r1], or kend when none: uniform across the work-group, so
+ * whole tiles are neither loaded nor computed. bk: keys per mask column. */
+inline int mask_next_tile(__global const uint *m, int W, int bk, int r0, int r1, int k0, int kend) {
+  if (k0 >= kend) return kend;
+  const int key = bk * mask_next_col(m, W, r0, r1, k0 / bk, (kend - 1) / bk + 1);
+  if (key >= kend) return kend;
+  return key > k0 ? key - key % BLOCK_C : k0; /* the tile holding the first key of that column */
 }
-#define NEXT_TILE(k0) mask_next_tile(mrow, mask_words, mask_bq, mask_bk, q0, qlast, (k0), kend)
+#define NEXT_TILE(k0) mask_next_tile(mrow, mask_words, MASK == 1 ? mask_bk : 1, mr0, mr1, (k0), kend)
 #else
 #define NEXT_TILE(k0) (k0)
 #endif
@@ -331,7 +342,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #endif
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
-  const int qlast = min(q0 + BLOCK_R, nq) - 1, wlast = min(wrow0 + WARP_ROWS, nq) - 1;
+  /* Mask rows of the work-group's and of this warp's queries (a warp past nq has none). */
+  const int wlast = min(wrow0 + WARP_ROWS, nq) - 1;
+  const int mr0 = MROW(q0), mr1 = MROW(min(q0 + BLOCK_R, nq) - 1), wr0 = MROW(wrow0), wr1 = MROW(wlast);
 #endif
 
   /* Per-thread global pointers of the K/V chunks, row lr of the tile at key 0. */
@@ -389,7 +402,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #if MASK
     /* 1: some of this warp's bits are set, 3: all are (no per-score test). */
     int wcls = 0;
-    if (active) wcls = mask_tile(mrow, mask_words, mask_bq, mask_bk, wrow0, wlast, k0, min(k0 + BLOCK_C, nk) - 1);
+    if (active && wlast >= wrow0) wcls = mask_scan(mrow, mask_words, wr0, wr1, MCOL(k0), MCOL(min(k0 + BLOCK_C, nk) - 1));
     active = wcls & 1;
 #endif
     uint pf[M_TILES][NT / 2][4];
