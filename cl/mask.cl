@@ -48,21 +48,6 @@ inline int mask_tile(__global const uint *m, int W, int bq, int bk, int qa, int 
   return mask_scan(m, W, qa, qb, ka, kb);
 #endif
 }
-/* The first column in [c0, c1) with a bit set in some row of [r0, r1], or c1:
- * whole 32-column words at a time, so that runs of empty tiles cost a load per
- * row and word rather than a scan per tile. */
-inline int mask_next_col(__global const uint *m, int W, int r0, int r1, int c0, int c1) {
-  for (int w = c0 >> 5; (w << 5) < c1; w++) {
-    uint any = 0u;
-    for (int r = r0; r <= r1; r++) any |= m[(long)r * W + w];
-    if (w == (c0 >> 5)) any &= 0xffffffffu << (c0 & 31);
-    if (any) {
-      const int c = (w << 5) + 31 - (int)clz(any & (0u - any)); /* lowest set bit (OpenCL 1.2 has no ctz) */
-      return c < c1 ? c : c1;
-    }
-  }
-  return c1;
-}
 inline int mask_ok(__global const uint *m, int W, int bq, int bk, int i, int j) {
 #if MASK == 1
   i /= bq;

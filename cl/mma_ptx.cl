@@ -80,6 +80,14 @@ inline int warp_any(int p) {
                : "r"(p));
   return r;
 }
+/* Bit l set iff p is non-zero in lane l. */
+inline uint warp_ballot(int p) {
+  uint r;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.s32 q, %1, 0;\n\tvote.sync.ballot.b32 %0, q, 0xffffffff;\n\t}"
+               : "=r"(r)
+               : "r"(p));
+  return r;
+}
 inline float fast_exp2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
