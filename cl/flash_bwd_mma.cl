@@ -40,7 +40,15 @@
  * scratch indexed [seq_id][head][row] (x HEAD_DIM), rows padded to seqlen_q, as
  * in flash_bwd.cl. Requirements (checked by the host): fp16 or bf16, head_dim 64
  * or 128, element offsets and (batch, seq, head) strides multiples of 8 (16-byte
- * rows for cp.async), scale > 0, no dropout / window / ALiBi / softcap / mask.
+ * rows for cp.async), scale > 0, no dropout.
+ *
+ * Score variants and masks follow the portable backward (flash_bwd.cl): with
+ * SOFTCAP or ALIBI the score goes to log2 units before the exp2 (softcap:
+ * c * tanh(scale * s / c), and dS is multiplied by 1 - tanh^2; ALiBi: minus
+ * slope * |j - (i + diag)|); a window narrows the query tiles of bwd_dkdv_mma
+ * and the key tiles of bwd_dq_mma as causal does; with a mask, bwd_dkdv_mma
+ * neither loads nor computes query tiles whose bits are all 0 for its keys, and
+ * bwd_dq_mma skips key tiles as the forward does (mask_mma.cl).
  *
  * Parameters (-D):
  *   USE_PTX    1: compile the tensor-core kernels; 0: empty bodies, never launched
@@ -63,6 +71,8 @@
  *   V_IN_SMEM  bwd_dkdv_mma: 1 keeps V in its own local tile and re-reads its
  *              fragments (32 registers fewer at d = 128, one more ldmatrix per
  *              k-step); 0 keeps them in registers
+ *   WINDOW, ALIBI, SOFTCAP, MASK   as in flash_fwd_mma.cl (MASK needs mask.cl
+ *              and mask_mma.cl compiled first in the same program)
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -103,6 +113,25 @@
 #ifndef V_IN_SMEM
 #define V_IN_SMEM 0
 #endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+#if WINDOW && CAUSAL
+#error "WINDOW folds causal into window_right: build with CAUSAL=0"
+#endif
+#if MASK && USE_PTX && !defined(MASK_MMA_CL)
+#error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
+#endif
+#define SCORE_LOG2 (SOFTCAP || ALIBI) /* scores go to log2 units before the exp2 */
 
 #define NTHREADS (NWARPS * 32)
 #define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
@@ -153,6 +182,46 @@ inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int r
 #endif
 
 #define CTENSOR(n) __global const ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
+/* The score-variant and mask arguments both kernels take last (unused ones are 0 / NULL). */
+#define VARIANT_PARAMS                                                                                       \
+  , int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,    \
+      __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk
+
+#if SCORE_LOG2
+/* Raw score s of a pair `dist` = |j - (i + diag)| apart, in log2 units; *t gets
+ * the softcap's tanh (for dS). */
+inline float score_log2(float s, float scale_log2, float softcap_in, float softcap_log2, float slope_log2, int dist,
+                        float *t) {
+#if SOFTCAP
+  *t = tanh_ex2(s * softcap_in);
+  float x = softcap_log2 * *t;
+#else
+  *t = 0.0f;
+  float x = s * scale_log2;
+#endif
+#if ALIBI
+  x -= slope_log2 * (float)dist;
+#endif
+  return x;
+}
+#endif
+
+/* Whether query i (< nq or not) sees key j under the kernel's masks; mrow is the
+ * mask of the pair's (sequence, query head), mcls its tile class (3: all bits set). */
+inline int pair_visible(int i, int j, int nq, int nk, int diag, int window_left, int window_right,
+                        __global const uint *mrow, int mcls, int mask_words, int mask_bq, int mask_bk) {
+  int vis = j < nk;
+#if CAUSAL
+  vis = vis && j <= i + diag;
+#elif WINDOW
+  vis = vis && j <= i + diag + window_right && j >= i + diag - window_left;
+#endif
+#if MASK
+  vis = vis && i < nq; /* rows past nq have no mask bits (their P is 0 anyway) */
+  if (vis && !(mcls & 2)) vis = mask_ok(mrow, mask_words, mask_bq, mask_bk, i, j);
+#endif
+  return vis;
+}
 #define TENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
 
 /* Sequence window of work-group batch index b: (first row, rows) of q and k. */
@@ -169,11 +238,29 @@ inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int r
     bq = 0;                                                                    \
   }
 
+#if MASK
+/* bwd_dkdv_mma's steps run over (query head h0 + s / qsteps, query tile
+ * qstart + (s % qsteps) * BLOCK_R). The mask class (mask.cl: 1 some bits set,
+ * 3 all) of step s's queries x keys [k0, klast]. */
+inline int dkdv_step_class(__global const uint *mseq, long mask_hs, int W, int bq, int bk, int h0, int qsteps,
+                           int qstart, int nq, int k0, int klast, int s) {
+  const int q0 = qstart + (s % qsteps) * BLOCK_R;
+  return mask_tile(mseq + (h0 + s / qsteps) * mask_hs, W, bq, bk, q0, min(q0 + BLOCK_R, nq) - 1, k0, klast);
+}
+/* The first step at or after s whose tile has a mask bit set, or steps (uniform). */
+inline int dkdv_next_step(__global const uint *mseq, long mask_hs, int W, int bq, int bk, int h0, int qsteps,
+                          int qstart, int nq, int k0, int klast, int s, int steps) {
+  while (s < steps && !(dkdv_step_class(mseq, mask_hs, W, bq, bk, h0, qsteps, qstart, nq, k0, klast, s) & 1)) s++;
+  return s;
+}
+#endif
+
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dk), TENSOR(dv),
     __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
     __global const float *dsum, __global float *dq_acc, int seqlen_q, int seqlen_k, int heads_q, int group,
-    float scale, float scale_log2, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+    float scale, float scale_log2, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k
+    VARIANT_PARAMS) {
   /* K tile | QBUF x (Q tile | dO tile) | (dS^T tile); V is staged through the
    * first Q | dO pair. */
 #define SM_K 0
@@ -222,23 +309,38 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     #pragma unroll
     for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
-  /* Query tiles: every query head of the group, and under a causal mask only the
-   * rows that see at least one of these keys (i >= k0 - diag). */
-  int qstart = 0;
+  /* Query tiles: every query head of the group, and under a causal mask or a
+   * window only the rows that see at least one of these keys (causal:
+   * i >= k0 - diag; window: k0 - diag - right <= i <= kmax - diag + left). */
+  const int kmax = k0 + KV_BLOCK - 1; /* last key of the block */
+  int qstart = 0, qend = nq;
 #if CAUSAL
   qstart = max(0, k0 - diag) / BLOCK_R * BLOCK_R;
+#elif WINDOW
+  qstart = max(0, k0 - diag - window_right) / BLOCK_R * BLOCK_R;
+  qend = min(nq, max(0, min(kmax, nk - 1) - diag + window_left + 1));
 #endif
-  const int qsteps = nq > qstart ? (nq - qstart + BLOCK_R - 1) / BLOCK_R : 0;
+  const int qsteps = qend > qstart ? (qend - qstart + BLOCK_R - 1) / BLOCK_R : 0;
   const int steps = qsteps * group;
-  const int kmax = k0 + KV_BLOCK - 1; /* last key of the block */
+#if MASK
+  __global const uint *mseq = mask + b * mask_bs;
+#define STEP_CLASS(s)                                                                                        \
+  dkdv_step_class(mseq, mask_hs, mask_words, mask_bq, mask_bk, hk * group, qsteps, qstart, nq, k0,          \
+                  min(kmax, nk - 1), (s))
+#define NEXT_STEP(s0)                                                                                        \
+  dkdv_next_step(mseq, mask_hs, mask_words, mask_bq, mask_bk, hk * group, qsteps, qstart, nq, k0,           \
+                 min(kmax, nk - 1), (s0), steps)
+#else
+#define NEXT_STEP(s0) (s0)
+#endif
 
-/* Issues the cp.async of the Q/dO tile of step s into buffer pair (s) % QBUF and
+/* Issues the cp.async of the Q/dO tile of step s into buffer pair `slot` and
  * stages its LSE (log2 domain) and D in local memory. */
-#define LOAD_STEP(s)                                                                                        \
+#define LOAD_STEP(s, slot)                                                                                  \
   {                                                                                                         \
     const int h_ = hk * group + (s) / qsteps, q0_ = qstart + ((s) % qsteps) * BLOCK_R;                      \
-    const uint qb_ = sb + SM_QD + ((s) % QBUF) * QD_BYTES, db_ = qb_ + QD_BYTES / 2;                        \
-    __local float *l2w_ = l2s_all + ((s) % QBUF) * BLOCK_R, *dsw_ = dss_all + ((s) % QBUF) * BLOCK_R;       \
+    const uint qb_ = sb + SM_QD + (slot) * QD_BYTES, db_ = qb_ + QD_BYTES / 2;                              \
+    __local float *l2w_ = l2s_all + (slot) * BLOCK_R, *dsw_ = dss_all + (slot) * BLOCK_R;                   \
     __global const ushort *qp_ = q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh + lc * 8;           \
     __global const ushort *dp_ = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh + lc * 8; \
     cp_rows(qb_, qp_, q_sn, q0_, BLOCK_R, nq, lr, lc);                                                      \
@@ -256,17 +358,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     }                                                                                                       \
   }
 
-  if (steps > 0) LOAD_STEP(0)
-  for (int s = 0; s < steps; s++) {
+  /* Steps run in order, skipping (with a mask) those whose bits are all 0; the
+   * buffer pair alternates per step run, not per step index. */
+  int s = NEXT_STEP(0), slot = 0;
+  if (s < steps) LOAD_STEP(s, 0)
+  while (s < steps) {
     const int h = hk * group + s / qsteps, q0 = qstart + (s % qsteps) * BLOCK_R;
-    qbuf = sb + SM_QD + (s % QBUF) * QD_BYTES;
+    const int sn = NEXT_STEP(s + 1);
+    qbuf = sb + SM_QD + slot * QD_BYTES;
     dobuf = qbuf + QD_BYTES / 2;
-    __local const float *l2s = l2s_all + (s % QBUF) * BLOCK_R, *dss = dss_all + (s % QBUF) * BLOCK_R;
+    __local const float *l2s = l2s_all + slot * BLOCK_R, *dss = dss_all + slot * BLOCK_R;
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE); /* Q, dO, LSE and D of this step are in; with QBUF = 2
                                      every warp is done with the other buffer pair */
 #if QBUF == 2
-    if (s + 1 < steps) LOAD_STEP(s + 1)
+    if (sn < steps) LOAD_STEP(sn, slot ^ 1)
 #endif
 
     float st[QN][4], dpt[QN][4];
@@ -300,20 +406,48 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 
     /* P^T and dS^T in place; the accumulator element e of n-tile nt is key
      * k0 + warp*16 + g + 8*(e >> 1), query q0 + nt*8 + 2t + (e & 1). */
-    const int need_mask = kmax >= nk || (CAUSAL && kmax > q0 + diag);
+    int need_mask = kmax >= nk;
+#if CAUSAL
+    need_mask = need_mask || kmax > q0 + diag;
+#elif WINDOW
+    need_mask = need_mask || kmax > q0 + diag + window_right || k0 < q0 + BLOCK_R - 1 + diag - window_left;
+#endif
+#if MASK
+    __global const uint *mrow = mseq + h * mask_hs;
+    const int mcls = STEP_CLASS(s);
+    need_mask = need_mask || !(mcls & 2);
+#else
+    __global const uint *mrow = mask;
+    const int mcls = 3;
+#endif
+#if ALIBI
+    const float slope_log2 = alibi[h] * LOG2E;
+#else
+    const float slope_log2 = 0.0f;
+#endif
     const int key0 = k0 + warp * 16 + g;
     #pragma unroll
     for (int nt = 0; nt < QN; nt++)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int col = nt * 8 + 2 * t + (e & 1);
+        const int key = key0 + (e >> 1) * 8;
+#if SCORE_LOG2
+        float th;
+        float p = fast_exp2(score_log2(st[nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
+                                       abs(key - (q0 + col + diag)), &th) - l2s[col]);
+#else
         float p = fast_exp2(fma(st[nt][e], scale_log2, -l2s[col]));
-        if (need_mask) {
-          const int key = key0 + (e >> 1) * 8;
-          if (key >= nk || (CAUSAL && key > q0 + col + diag)) p = 0.0f;
-        }
+#endif
+        if (need_mask && !pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words,
+                                       mask_bq, mask_bk))
+          p = 0.0f;
         st[nt][e] = p;
+#if SOFTCAP
+        dpt[nt][e] = p * (dpt[nt][e] - dss[col]) * (1.0f - th * th);
+#else
         dpt[nt][e] = p * (dpt[nt][e] - dss[col]);
+#endif
       }
 
     /* dV += P^T dO and dK += dS^T Q: k runs over this tile's queries. */
@@ -353,7 +487,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 
 #if QBUF == 1
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with Q, dO, LSE, D (and dS^T is written) */
-    if (s + 1 < steps) LOAD_STEP(s + 1)
+    if (sn < steps) LOAD_STEP(sn, 0)
 #elif ATOMIC_DQ
     barrier(CLK_LOCAL_MEM_FENCE); /* dS^T is written */
 #endif
@@ -410,6 +544,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
         }
     }
 #endif
+    s = sn;
+    if (QBUF == 2) slot ^= 1;
   }
 
   /* dK = scale * dS^T Q; rows past the end of the sequence are not stored. */
@@ -434,7 +570,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dq),
     __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
     __global const float *dsum, int seqlen_q, int seqlen_k, int heads_q, int group, float scale, float scale_log2,
-    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k) {
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k VARIANT_PARAMS) {
   /* Two K | V stages; Q and dO are staged through them once at the start. */
 #define DQ_ROWS (4 * BLOCK_C > 2 * RQ ? 4 * BLOCK_C : 2 * RQ)
   __local uint4 smem[DQ_ROWS * CH];
@@ -492,10 +628,43 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     #pragma unroll
     for (int dt = 0; dt < DT; dt++) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
 
-  int kend = nk, wend = nk;
+  /* Keys [kbeg, kend) are needed by the work-group, [wbeg, wend) by this warp. */
+  int kbeg = 0, kend = nk, wbeg = 0, wend = nk;
 #if CAUSAL
   kend = min(nk, q0 + RQ + diag);
   wend = min(nk, wrow0 + 16 * M_TILES + diag);
+#elif WINDOW
+  kbeg = max(0, q0 + diag - window_left);
+  kbeg -= kbeg % BLOCK_C;
+  kend = min(nk, max(0, q0 + RQ + diag + window_right));
+  wbeg = max(0, wrow0 + diag - window_left);
+  wend = min(nk, max(0, wrow0 + 16 * M_TILES + diag + window_right));
+#endif
+#if ALIBI
+  const float slope_log2 = alibi[h] * LOG2E;
+#else
+  const float slope_log2 = 0.0f;
+#endif
+#if MASK
+  __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
+  mask_geom mg;
+  mg.m = mrow;
+  mg.words = mask_words;
+  mg.r0 = q0 / (MASK == 1 ? mask_bq : 1);
+  mg.r1 = (min(q0 + RQ, nq) - 1) / (MASK == 1 ? mask_bq : 1);
+  /* A warp whose rows all lie past nq has no mask rows. */
+  mg.w0 = wrow0 < nq ? wrow0 / (MASK == 1 ? mask_bq : 1) : 1;
+  mg.w1 = wrow0 < nq ? (min(wrow0 + 16 * M_TILES, nq) - 1) / (MASK == 1 ? mask_bq : 1) : 0;
+  mg.kend = kend;
+  mg.nk = nk;
+  mg.bk = MASK == 1 ? mask_bk : 1;
+  mask_win mw;
+  mw.win = -32;
+  mw.any_wg = mw.any_w = mw.all_w = 0u;
+#define NEXT_TILE(k) mask_next_tile(&mw, &mg, (k), lane)
+#else
+  __global const uint *mrow = mask;
+#define NEXT_TILE(k) (k)
 #endif
   __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh + lc * 8;
   __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
@@ -508,12 +677,30 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     cp_commit();                                        \
   }
 
-  if (kend > 0) LOAD_KV(0, 0)
-  for (int k0 = 0, it = 0; k0 < kend; k0 += BLOCK_C, it ^= 1) {
+  int k0 = NEXT_TILE(kbeg), it = 0;
+  if (k0 < kend) LOAD_KV(0, k0)
+  for (; k0 < kend; it ^= 1) {
+#if MASK
+    const int mcls = mask_warp_class(&mw, k0); /* before NEXT_TILE may move the window */
+#else
+    const int mcls = 3;
+#endif
+    const int kn = NEXT_TILE(k0 + BLOCK_C);
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE); /* stage `it` is in; every warp is done with the other stage */
-    if (k0 + BLOCK_C < kend) LOAD_KV(it ^ 1, k0 + BLOCK_C)
-    if (k0 >= wend) continue; /* this warp's rows see none of these keys */
+    if (kn < kend) LOAD_KV(it ^ 1, kn)
+    /* Tiles this warp's rows see none of are skipped (the loads above are shared). */
+    int active = k0 < wend;
+#if WINDOW
+    active = active && k0 + BLOCK_C > wbeg;
+#endif
+#if MASK
+    active = active && (mcls & 1);
+#endif
+    if (!active) {
+      k0 = kn;
+      continue;
+    }
     const uint kbuf = STAGE_K(it), vbuf = STAGE_V(it);
 
     float s[M_TILES][NT][4], dps[M_TILES][NT][4];
@@ -543,10 +730,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
         }
       }
 
+    int need_mask = k0 + BLOCK_C > nk;
 #if CAUSAL
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > wrow0 + diag);
-#else
-    const int need_mask = k0 + BLOCK_C > nk;
+    need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag;
+#elif WINDOW
+    need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag + window_right ||
+                k0 < wrow0 + 16 * M_TILES - 1 + diag - window_left;
+#endif
+#if MASK
+    need_mask = need_mask || !(mcls & 2);
 #endif
     #pragma unroll
     for (int mt = 0; mt < M_TILES; mt++)
@@ -555,13 +747,23 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
         #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int hh = e >> 1;
+          const int col = k0 + nt * 8 + 2 * t + (e & 1);
+          const int row = wrow0 + mt * 16 + g + hh * 8;
+#if SCORE_LOG2
+          float th;
+          float p = fast_exp2(score_log2(s[mt][nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
+                                         abs(col - (row + diag)), &th) - l2r[mt][hh]);
+#else
           float p = fast_exp2(fma(s[mt][nt][e], scale_log2, -l2r[mt][hh]));
-          if (need_mask) {
-            const int col = k0 + nt * 8 + 2 * t + (e & 1);
-            const int row = wrow0 + mt * 16 + g + hh * 8;
-            if (col >= nk || (CAUSAL && col > row + diag)) p = 0.0f;
-          }
+#endif
+          if (need_mask &&
+              !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words, mask_bq, mask_bk))
+            p = 0.0f;
+#if SOFTCAP
+          dps[mt][nt][e] = p * (dps[mt][nt][e] - ddr[mt][hh]) * (1.0f - th * th);
+#else
           dps[mt][nt][e] = p * (dps[mt][nt][e] - ddr[mt][hh]);
+#endif
         }
 
     /* dQ += dS K: dS repacked as A fragments (k = keys), K with ldmatrix.trans. */
@@ -587,6 +789,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
         }
       }
     }
+    k0 = kn;
   }
 
   const long dqb = dq_off + bq * dq_sb + row_q * dq_sn + (long)h * dq_sh;

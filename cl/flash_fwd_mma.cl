@@ -67,8 +67,9 @@
  *   ALIBI        1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
  *   SOFTCAP      1: score = c * tanh(scale * q.k / c) (softcap_in = scale / c,
  *                softcap_log2 = c * log2(e))
- *   MASK         1: block mask, 2: bit mask (flashcl_mask_kind; mask.cl compiled
- *                first in the same program): a 0 bit hides key j from query i
+ *   MASK         1: block mask, 2: bit mask (flashcl_mask_kind; mask.cl and
+ *                mask_mma.cl compiled first in the same program): a 0 bit hides
+ *                key j from query i
  *   RESCALE_THRESHOLD  float, log2 units: the running max (and with it O and l)
  *                is only moved when a row's max grows by more than this; 0.0f
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
@@ -124,8 +125,8 @@
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
-#if MASK && !defined(MASK_CL)
-#error "MASK needs mask.cl compiled first in the same program"
+#if MASK && USE_PTX && !defined(MASK_MMA_CL)
+#error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
 #endif
 /* Scores leave Q K^T in log2 units (softmax scale 1) instead of raw. */
 #define SCORE_LOG2 (SOFTCAP || ALIBI)
@@ -209,72 +210,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 #endif
 
 #if !PROBE_ONLY
-#if SOFTCAP
-/* tanh x = 1 - 2 / (e^2x + 1): one ex2 and one reciprocal (both approximate to
- * a few ulp; an IEEE division was 20% slower at N = 8K), with the limits +-1
- * exact (e^2x overflows to inf or underflows to 0). Absolute error ~1e-7 near 0,
- * where the score is small anyway. */
-inline float tanh_ex2(float x) { return 1.0f - 2.0f * native_recip(fast_exp2(x * (2.0f * LOG2E)) + 1.0f); }
-#endif
-
 #if MASK
-/* Mask row / column of query i / key j (block masks: of its block). */
-#if MASK == 1
-#define MROW(i) ((i) / mask_bq)
-#else
-#define MROW(i) (i)
-#endif
-/* Mask classes of key tiles, 32 at a time: lane l scans tile win + l, and
- * ballots give, per window, the tiles with some bit set for the work-group's
- * rows (any_wg: uniform across the work-group, so such tiles are neither loaded
- * nor computed) and for this warp's rows (any_w; all_w: every bit set, so no
- * per-score test). Reading the mask once per 32 tiles, in parallel, rather than
- * with a few dependent loads per tile, is what keeps its cost small: per-tile
- * scans made a dense block mask 40% slower at N = 16K. */
-typedef struct mask_geom {
-  __global const uint *m; /* this (sequence, head)'s bit matrix */
-  int words;              /* per mask row */
-  int r0, r1;             /* mask rows of the work-group's queries */
-  int w0, w1;             /* mask rows of this warp's queries (w1 < w0: none) */
-  int kend, nk;           /* keys the work-group needs; keys in the sequence */
-  int bk;                 /* keys per mask column (block masks) */
-} mask_geom;
-typedef struct mask_win {
-  int win; /* first tile of the window (-32: none yet) */
-  uint any_wg, any_w, all_w;
-} mask_win;
-
-inline void mask_window(mask_win *w, const mask_geom *g, int t, int lane) {
-  const int kl = (t + lane) * BLOCK_C;
-  int cg = 0, cw = 0;
-  if (kl < g->kend) {
-    const int c0 = kl / g->bk, c1 = (min(kl + BLOCK_C, g->kend) - 1) / g->bk, c1w = (min(kl + BLOCK_C, g->nk) - 1) / g->bk;
-    cg = mask_scan(g->m, g->words, g->r0, g->r1, c0, c1);
-    if (g->w1 >= g->w0) cw = mask_scan(g->m, g->words, g->w0, g->w1, c0, c1w);
-  }
-  w->win = t;
-  w->any_wg = warp_ballot(cg & 1);
-  w->any_w = warp_ballot(cw & 1);
-  w->all_w = warp_ballot(cw & 2);
-}
-/* The first key tile at or after key k0 (a multiple of BLOCK_C) with a mask bit
- * set for the work-group's rows, or kend. Warp-uniform. */
-inline int mask_next_tile(mask_win *w, const mask_geom *g, int k0, int lane) {
-  int t = k0 / BLOCK_C;
-  while (t * BLOCK_C < g->kend) {
-    if (t < w->win || t - w->win >= 32) mask_window(w, g, t, lane);
-    const uint bits = w->any_wg >> (t - w->win);
-    if (bits) return min((t + 31 - (int)clz(bits & (0u - bits))) * BLOCK_C, g->kend);
-    t = w->win + 32;
-  }
-  return g->kend;
-}
-/* This warp's class (1: some bits set, 3: all) of the tile at k0, which
- * mask_next_tile returned last (so it is in the window). */
-inline int mask_warp_class(const mask_win *w, int k0) {
-  const int i = k0 / BLOCK_C - w->win;
-  return (int)((w->any_w >> i) & 1u) | (int)(((w->all_w >> i) & 1u) << 1);
-}
+#define MROW(i) ((i) / (MASK == 1 ? mask_bq : 1)) /* mask row of query i */
 #define NEXT_TILE(k0) mask_next_tile(&mw, &mg, (k0), lane)
 #else
 #define NEXT_TILE(k0) (k0)

@@ -16,9 +16,9 @@
  *
  * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout or paged
  * K/V source, and every tensor's element offset and (batch, seq, head) strides
- * a multiple of 8 elements (16-byte rows for cp.async). The forward also covers
- * the sliding window, ALiBi, softcap and attention masks; the backward kernels
- * (src/backward_mma.c) do not yet. Other problems run the portable kernels.
+ * a multiple of 8 elements (16-byte rows for cp.async); causal, GQA, varlen, the
+ * sliding window, ALiBi, softcap and attention masks compose. Other problems run
+ * the portable kernels.
  *
  * Environment (tuning and diagnostics only):
  *   FLASHCL_KERNEL          "portable" or "nvidia_mma": overrides desc.kernel = AUTO
@@ -218,14 +218,6 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "scale is not positive";
   else if (p->dropout)
     why = "dropout";
-  else if (pass == FLASHCL_PASS_BACKWARD && p->window)
-    why = "sliding window";
-  else if (pass == FLASHCL_PASS_BACKWARD && p->alibi)
-    why = "ALiBi";
-  else if (pass == FLASHCL_PASS_BACKWARD && p->softcap > 0.0f)
-    why = "softcap";
-  else if (pass == FLASHCL_PASS_BACKWARD && p->mask_kind)
-    why = "attention mask";
   else if (p->paged_kv)
     why = "paged K/V source";
   else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
@@ -311,7 +303,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
            (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, causal, p->varlen,
            variants, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, p->mask_kind ? "mma_ptx.cl+mask.cl+flash_fwd_mma.cl" : "mma_ptx.cl+flash_fwd_mma.cl",
+  flashcl_status st = fcl_get_kernel(ctx, p->mask_kind ? "mma_ptx.cl+mask.cl+mask_mma.cl+flash_fwd_mma.cl" : "mma_ptx.cl+flash_fwd_mma.cl",
                                      opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_mma", opts);

@@ -36,7 +36,8 @@ typedef struct mt_case {
   int backward;
   int gpu_map;    /* forward with FLASHCL_FWD_MAP=gpu */
   int block;      /* flash block_r = block_c (0: automatic); small tiles make the window skip tiles */
-  int mma;        /* 1: forward only, desc.kernel = NVIDIA_MMA (skipped where there is none) */
+  int mma;        /* 1: flash only, desc.kernel = NVIDIA_MMA, backward in both dQ modes (skipped where
+                   * there is no tensor-core path) */
 } mt_case;
 
 typedef struct mt_inputs {
@@ -97,8 +98,11 @@ static void mt_inputs_release(mt_inputs *in) {
   if (in->alibi) clReleaseMemObject(in->alibi);
 }
 
+static int mt_deterministic = 1; /* desc.deterministic of the next mt_run */
+
 static void mt_desc(const mt_case *c, const mt_inputs *in, flashcl_algo algo, flashcl_attention_desc *desc) {
   flashcl_attention_desc_init(desc);
+  desc->deterministic = mt_deterministic;
   desc->algo = algo;
   desc->causal = c->causal;
   desc->scale = c->scale;
@@ -268,10 +272,19 @@ static void mt_both(void **state) {
     flashcl_attention_desc desc;
     mt_inputs_create(&in, c);
     mt_desc(c, &in, FLASHCL_ALGO_FLASH, &desc);
-    const int ready = fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_FORWARD);
+    const int ready = fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_FORWARD) &&
+                      (!c->backward || fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_BACKWARD));
     mt_inputs_release(&in);
-    if (!ready) skip();
-    else mt_run(c, FLASHCL_ALGO_FLASH);
+    if (!ready) {
+      skip();
+      return;
+    }
+    mt_run(c, FLASHCL_ALGO_FLASH);
+    if (c->backward) { /* and the atomic dQ mode */
+      mt_deterministic = 0;
+      mt_run(c, FLASHCL_ALGO_FLASH);
+      mt_deterministic = 1;
+    }
     return;
   }
   mt_run(c, FLASHCL_ALGO_FLASH);
@@ -294,17 +307,18 @@ static const mt_case CASES[] = {
     {"softcap_causal", FLASHCL_F16, 2, 40, 56, 2, 1, 32, 1, -1, -1, 0, 2.0f, 0.5f, 0, 0, NULL, NULL, 0, 0},
     {"all_varlen_gqa", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0},
     {"all_varlen_dropout_gpu_map", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 0, 6, 4, 1, 4.0f, 0.5f, 0.2f, 3, VQ, VK, 1, 1, 16},
-    /* The tensor-core forward (NVIDIA only; skipped elsewhere). Its work-groups
-     * take 128 queries and 64-key (d = 64) or 32-key (d = 128) tiles: these windows
-     * skip whole tiles at both ends, per work-group and per warp. */
-    {"mma_window_both_gqa", FLASHCL_F16, 2, 517, 517, 4, 2, 64, 0, 100, 30, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
-    {"mma_window_causal_d128", FLASHCL_F16, 1, 300, 450, 2, 1, 128, 1, 64, -1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
-    {"mma_window_empty_rows_bf16", FLASHCL_BF16, 1, 450, 300, 2, 2, 64, 0, 20, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
-    {"mma_alibi_causal_gqa_d128", FLASHCL_F16, 1, 333, 333, 4, 2, 128, 1, -1, -1, 1, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
-    {"mma_softcap_d64", FLASHCL_F16, 2, 400, 380, 2, 2, 64, 0, -1, -1, 0, 2.0f, 1.0f, 0, 0, NULL, NULL, 0, 0, 0, 1},
-    {"mma_softcap_large_scores", FLASHCL_F16, 1, 300, 300, 2, 1, 128, 0, -1, -1, 0, 30.0f, 4.0f, 0, 0, NULL, NULL, 0, 0, 0, 1},
-    {"mma_all_varlen_bf16_d128", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 0, 0, 0, 1},
-    {"mma_all_long_d64", FLASHCL_F16, 1, 1000, 1000, 2, 2, 64, 1, 300, -1, 1, 10.0f, 0, 0, 0, NULL, NULL, 0, 0, 0, 1},
+    /* The tensor-core kernels (NVIDIA only; skipped elsewhere), forward and backward
+     * in both dQ modes. Forward work-groups take 128 queries and 64-key (d = 64) or
+     * 32-key (d = 128) tiles, backward ones 64-128 keys and 32-64-query tiles: these
+     * windows skip whole tiles at both ends, per work-group and per warp. */
+    {"mma_window_both_gqa", FLASHCL_F16, 2, 517, 517, 4, 2, 64, 0, 100, 30, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_window_causal_d128", FLASHCL_F16, 1, 300, 450, 2, 1, 128, 1, 64, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_window_empty_rows_bf16", FLASHCL_BF16, 1, 450, 300, 2, 2, 64, 0, 20, 0, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_alibi_causal_gqa_d128", FLASHCL_F16, 1, 333, 333, 4, 2, 128, 1, -1, -1, 1, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_softcap_d64", FLASHCL_F16, 2, 400, 380, 2, 2, 64, 0, -1, -1, 0, 2.0f, 1.0f, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_softcap_large_scores", FLASHCL_F16, 1, 300, 300, 2, 1, 128, 0, -1, -1, 0, 30.0f, 4.0f, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_all_varlen_bf16_d128", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0, 0, 1},
+    {"mma_all_long_d64", FLASHCL_F16, 1, 1000, 1000, 2, 2, 64, 1, 300, -1, 1, 10.0f, 0, 0, 0, NULL, NULL, 1, 0, 0, 1},
 };
 
 /* ------------------------------------------------------------ error paths -- */

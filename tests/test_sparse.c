@@ -519,7 +519,8 @@ static void sp_case_run(void **state) {
   if (c->mma) {
     flashcl_attention_desc desc;
     sp_desc(c, &in, &m, FLASHCL_ALGO_FLASH, &desc);
-    if (!fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_FORWARD)) {
+    if (!fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_FORWARD) ||
+        (c->backward && !fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_BACKWARD))) {
       sp_mask_release(&m);
       sp_inputs_release(&in);
       skip();
@@ -586,15 +587,17 @@ static const sp_case CASES[] = {
     {"block_butterfly_32x5_bf16", FLASHCL_BF16, 1, 96, 120, 2, 1, 64, 0, -1, BLOCK, 32, 5, 1, SP_BUTTERFLY, 2, 0, NULL, NULL, 0, 0},
     {"block_local_varlen_causal", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, -1, BLOCK, 12, 20, 0, SP_LOCAL, 1, 3, VQ, VK, 16, 0, 1, 0.1f},
     {"block_strided_gpu_map_f16", FLASHCL_F16, 1, 80, 112, 2, 1, 32, 0, -1, BLOCK, 16, 48, 0, SP_STRIDED, 3, 0, NULL, NULL, 16, 1},
-    /* The tensor-core forward (NVIDIA only; skipped elsewhere): 128-query work-groups,
-     * 64-key (d = 64) or 32-key (d = 128) tiles, so these shapes skip whole tiles
-     * per work-group and per warp, and mix full, partial and empty tiles. */
-    {"mma_tree_decode_d128", FLASHCL_F16, 2, 9, 49, 8, 2, 128, 0, -1, BITS, 0, 0, 0, SP_TREE, 0, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
-    {"mma_bits_random_causal_d64", FLASHCL_F16, 1, 300, 300, 4, 2, 64, 1, -1, BITS, 0, 0, 0, SP_RANDOM, 60, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
-    {"mma_bits_window_per_head_bf16", FLASHCL_BF16, 1, 256, 320, 2, 2, 128, 0, 100, BITS, 0, 0, 1, SP_RANDOM, 70, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
-    {"mma_block_local_64_d64", FLASHCL_F16, 2, 512, 512, 2, 1, 64, 0, -1, BLOCK, 64, 64, 0, SP_LOCAL, 2, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
-    {"mma_block_strided_128x32_bf16", FLASHCL_BF16, 1, 600, 700, 2, 2, 64, 0, -1, BLOCK, 128, 32, 1, SP_STRIDED, 3, 0, NULL, NULL, 0, 0, 0, 0.0f, 1},
-    {"mma_block_butterfly_varlen_causal", FLASHCL_F16, 0, 0, 0, 4, 2, 128, 1, -1, BLOCK, 12, 20, 0, SP_BUTTERFLY, 0, 3, VQ, VK, 0, 0, 0, 0.0f, 1},
+    /* The tensor-core kernels (NVIDIA only; skipped elsewhere), forward and backward
+     * (both dQ modes): forward work-groups of 128 queries with 64-key (d = 64) or
+     * 32-key (d = 128) tiles, backward ones of 64-128 keys with 32-64-query tiles, so
+     * these shapes skip whole tiles per work-group and per warp, and mix full,
+     * partial and empty tiles. */
+    {"mma_tree_decode_d128", FLASHCL_F16, 2, 9, 49, 8, 2, 128, 0, -1, BITS, 0, 0, 0, SP_TREE, 0, 0, NULL, NULL, 0, 0, 1, 0.0f, 1},
+    {"mma_bits_random_causal_d64", FLASHCL_F16, 1, 300, 300, 4, 2, 64, 1, -1, BITS, 0, 0, 0, SP_RANDOM, 60, 0, NULL, NULL, 0, 0, 1, 0.0f, 1},
+    {"mma_bits_window_per_head_bf16", FLASHCL_BF16, 1, 256, 320, 2, 2, 128, 0, 100, BITS, 0, 0, 1, SP_RANDOM, 70, 0, NULL, NULL, 0, 0, 1, 0.0f, 1},
+    {"mma_block_local_64_d64", FLASHCL_F16, 2, 512, 512, 2, 1, 64, 0, -1, BLOCK, 64, 64, 0, SP_LOCAL, 2, 0, NULL, NULL, 0, 0, 1, 0.0f, 1},
+    {"mma_block_strided_128x32_bf16", FLASHCL_BF16, 1, 600, 700, 2, 2, 64, 0, -1, BLOCK, 128, 32, 1, SP_STRIDED, 3, 0, NULL, NULL, 0, 0, 1, 0.0f, 1},
+    {"mma_block_butterfly_varlen_causal", FLASHCL_F16, 0, 0, 0, 4, 2, 128, 1, -1, BLOCK, 12, 20, 0, SP_BUTTERFLY, 0, 3, VQ, VK, 0, 0, 1, 0.0f, 1},
 };
 
 /* ------------------------------------------------------------ error paths -- */
