@@ -40,7 +40,10 @@
  * scratch indexed [seq_id][head][row] (x HEAD_DIM), rows padded to seqlen_q, as
  * in flash_bwd.cl. Requirements (checked by the host): fp16 or bf16, head_dim 64
  * or 128, element offsets and (batch, seq, head) strides multiples of 8 (16-byte
- * rows for cp.async), scale > 0, no dropout.
+ * rows for cp.async), scale > 0.
+ *
+ * Dropout (DROPOUT = 1, philox.cl compiled first) regenerates the forward's
+ * mask Z: dV = (P Z / (1 - p))^T dO, dS = P (dP Z / (1 - p) - D).
  *
  * Score variants and masks follow the portable backward (flash_bwd.cl): with
  * SOFTCAP or ALIBI the score goes to log2 units before the exp2 (softcap:
@@ -125,6 +128,12 @@
 #ifndef MASK
 #define MASK 0
 #endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#if DROPOUT && !defined(PHILOX_CL)
+#error "DROPOUT needs philox.cl compiled first in the same program"
+#endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
@@ -185,7 +194,8 @@ inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int r
 /* The score-variant and mask arguments both kernels take last (unused ones are 0 / NULL). */
 #define VARIANT_PARAMS                                                                                       \
   , int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,    \
-      __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk
+      __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,      \
+      ulong seed, ulong offset, uint threshold, float keep_scale
 
 #if SCORE_LOG2
 /* Raw score s of a pair `dist` = |j - (i + diag)| apart, in log2 units; *t gets
@@ -442,11 +452,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
         if (need_mask && !pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words,
                                        mask_bq, mask_bk))
           p = 0.0f;
-        st[nt][e] = p;
-#if SOFTCAP
-        dpt[nt][e] = p * (dpt[nt][e] - dss[col]) * (1.0f - th * th);
+#if DROPOUT
+        float dpv = 0.0f;
+        st[nt][e] = 0.0f;
+        if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)(q0 + col), (uint)key, threshold)) {
+          st[nt][e] = p * keep_scale;
+          dpv = dpt[nt][e] * keep_scale;
+        }
 #else
-        dpt[nt][e] = p * (dpt[nt][e] - dss[col]);
+        st[nt][e] = p;
+        const float dpv = dpt[nt][e];
+#endif
+#if SOFTCAP
+        dpt[nt][e] = p * (dpv - dss[col]) * (1.0f - th * th);
+#else
+        dpt[nt][e] = p * (dpv - dss[col]);
 #endif
       }
 
@@ -740,6 +760,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
 #if MASK
     need_mask = need_mask || !(mcls & 2);
 #endif
+#if DROPOUT
+    int keep = 0;
+#endif
     #pragma unroll
     for (int mt = 0; mt < M_TILES; mt++)
       #pragma unroll
@@ -759,10 +782,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
           if (need_mask &&
               !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words, mask_bq, mask_bk))
             p = 0.0f;
-#if SOFTCAP
-          dps[mt][nt][e] = p * (dps[mt][nt][e] - ddr[mt][hh]) * (1.0f - th * th);
+#if DROPOUT
+          /* One Philox call covers the lane's two columns (e = 0, 1 and e = 2, 3). */
+          if (!(e & 1)) keep = dropout_keep2(seed, offset, (ulong)b * heads_q + h, (uint)row, (uint)col, threshold);
+          const float dpv = (keep >> (e & 1)) & 1 ? dps[mt][nt][e] * keep_scale : 0.0f;
 #else
-          dps[mt][nt][e] = p * (dps[mt][nt][e] - ddr[mt][hh]);
+          const float dpv = dps[mt][nt][e];
+#endif
+#if SOFTCAP
+          dps[mt][nt][e] = p * (dpv - ddr[mt][hh]) * (1.0f - th * th);
+#else
+          dps[mt][nt][e] = p * (dpv - ddr[mt][hh]);
 #endif
         }
 

@@ -67,6 +67,9 @@
  *   ALIBI        1: score -= alibi[h] * |j - (i + diag)| (after the softcap)
  *   SOFTCAP      1: score = c * tanh(scale * q.k / c) (softcap_in = scale / c,
  *                softcap_log2 = c * log2(e))
+ *   DROPOUT      1: P V uses P * Z / (1 - p) with the forward's dropout mask Z
+ *                (philox.cl compiled first in the same program; l sums the
+ *                undropped P, as in flash_fwd.cl)
  *   MASK         1: block mask, 2: bit mask (flashcl_mask_kind; mask.cl and
  *                mask_mma.cl compiled first in the same program): a 0 bit hides
  *                key j from query i
@@ -118,6 +121,12 @@
 #endif
 #ifndef MASK
 #define MASK 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#if DROPOUT && !defined(PHILOX_CL)
+#error "DROPOUT needs philox.cl compiled first in the same program"
 #endif
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
@@ -226,7 +235,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
     int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
-    __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk) {
+    __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
+    ulong seed, ulong offset, uint threshold, float keep_scale) {
   __local uint4 smem[SMEM_ROWS * CH];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -525,9 +535,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
           for (int nt = 0; nt < NT; nt++) {
             const float p0 = fast_exp2(fma(s[mt][nt][2 * hh], sl2, -ms));
             const float p1 = fast_exp2(fma(s[mt][nt][2 * hh + 1], sl2, -ms));
+            ls += p0 + p1;
+#if DROPOUT
+            const int keep = dropout_keep2(seed, offset, (ulong)b * get_num_groups(1) + h,
+                                           (uint)(wrow0 + mt * 16 + g + hh * 8), (uint)(k0 + nt * 8 + 2 * t), threshold);
+            s[mt][nt][2 * hh] = (keep & 1) ? p0 * keep_scale : 0.0f;
+            s[mt][nt][2 * hh + 1] = (keep & 2) ? p1 * keep_scale : 0.0f;
+#else
             s[mt][nt][2 * hh] = p0;
             s[mt][nt][2 * hh + 1] = p1;
-            ls += p0 + p1;
+#endif
           }
           l_r[mt][hh] += ls;
         }

@@ -38,6 +38,15 @@ inline int dropout_keep(ulong seed, ulong offset, ulong stream, uint row, uint c
   return word >= threshold;
 }
 
+/* The keep bits of entries (row, col) and (row, col + 1) for an even col, from
+ * one Philox call (they share a counter): bit 0 for col, bit 1 for col + 1. */
+inline int dropout_keep2(ulong seed, ulong offset, ulong stream, uint row, uint col, uint threshold) {
+  const ulong t = stream + offset;
+  const uint4 w = philox4x32_10((uint4)(col >> 2, row, (uint)t, (uint)(t >> 32)), (uint2)((uint)seed, (uint)(seed >> 32)));
+  const uint2 pair = (col & 2u) ? w.zw : w.xy;
+  return (pair.x >= threshold ? 1 : 0) | (pair.y >= threshold ? 2 : 0);
+}
+
 /* Global (seqlen_k, seqlen_q, batch * heads_q): mask[bh][i][j] = keep ? 1 : 0. */
 __kernel void dropout_mask(__global uchar *mask, ulong seed, ulong offset, uint threshold, int seqlen_q,
                            int seqlen_k) {

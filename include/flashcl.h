@@ -102,12 +102,15 @@ typedef enum flashcl_algo {
 
 /* Which flash kernel family runs. AUTO takes the fastest family this device
  * supports; PORTABLE is plain OpenCL C 1.2 and works everywhere. NVIDIA_MMA is
- * the tensor-core forward (inline PTX mma.sync) for NVIDIA devices of compute
- * capability >= 8.0 that pass a compile-and-run probe; it covers fp16/bf16 with
- * head_dim 64 or 128 and 16-byte aligned rows, and other problems (and the
- * backward pass) run the portable kernels. Requesting it on a device without it
- * fails with FLASHCL_ERROR_UNSUPPORTED. The FLASHCL_KERNEL environment variable
- * ("portable" or "nvidia_mma") overrides AUTO. */
+ * the tensor-core forward and backward (inline PTX mma.sync) for NVIDIA devices
+ * of compute capability >= 8.0 that pass a compile-and-run probe; it covers
+ * fp16/bf16 with head_dim 64 or 128 and 16-byte aligned rows, with causal, GQA,
+ * varlen, the sliding window, ALiBi, softcap and attention masks; other problems
+ * (dropout, a paged K/V source, other head dims or dtypes) run the portable
+ * kernels, and flashcl_attention_kernel_family() says which family a call runs.
+ * Requesting it on a device without it fails with FLASHCL_ERROR_UNSUPPORTED.
+ * The FLASHCL_KERNEL environment variable ("portable" or "nvidia_mma")
+ * overrides AUTO. */
 typedef enum flashcl_kernel_family {
   FLASHCL_KERNEL_AUTO = 0,
   FLASHCL_KERNEL_PORTABLE = 1,

@@ -76,11 +76,12 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DNWARPS=%d -DBLOCK_R=%d -DM_TILES=%d -DBLOCK_C=%d "
-           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DQBUF=%d -DVEC_RED=%d -DV_IN_SMEM=%d%s%s%s",
+           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DQBUF=%d -DVEC_RED=%d -DV_IN_SMEM=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen, atomic,
-           c.qbuf, c.vec_red, c.v_in_smem, variants,
+           c.qbuf, c.vec_red, c.v_in_smem, p->dropout, variants,
            extra ? " " : "", extra ? extra : "");
-  const char *src = p->mask_kind ? "mma_ptx.cl+mask.cl+mask_mma.cl+flash_bwd_mma.cl" : "mma_ptx.cl+flash_bwd_mma.cl";
+  char src[96];
+  fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
   flashcl_status st;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||
       (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq)))
@@ -126,6 +127,7 @@ static void fcl_mma_bwd_tail(fcl_args *a, const fcl_problem *p, const flashcl_at
   fcl_arg_int(a, tk);
   fcl_arg_variants(a, p);
   fcl_arg_mask(a, p);
+  fcl_arg_dropout(a, p);
 }
 
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *L, const fcl_problem *p, const flashcl_attention_desc *desc,

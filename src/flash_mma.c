@@ -14,10 +14,10 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no dropout or paged
- * K/V source, and every tensor's element offset and (batch, seq, head) strides
- * a multiple of 8 elements (16-byte rows for cp.async); causal, GQA, varlen, the
- * sliding window, ALiBi, softcap and attention masks compose. Other problems run
+ * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no paged K/V source,
+ * and every tensor's element offset and (batch, seq, head) strides
+ * a multiple of 8 elements (16-byte rows for cp.async); causal, GQA, varlen,
+ * dropout, the sliding window, ALiBi, softcap and attention masks compose. Other problems run
  * the portable kernels.
  *
  * Environment (tuning and diagnostics only):
@@ -216,8 +216,6 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "head_dim is not 64 or 128";
   else if (!(p->scale > 0.0f))
     why = "scale is not positive";
-  else if (p->dropout)
-    why = "dropout";
   else if (p->paged_kv)
     why = "paged K/V source";
   else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
@@ -266,6 +264,11 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
   return c;
 }
 
+void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap) {
+  snprintf(buf, cap, "mma_ptx.cl+%s%s%s", p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+mask_mma.cl+" : "",
+           kernel_file);
+}
+
 void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts) {
   cl_program prog;
   if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
@@ -299,12 +302,13 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWARPS=%d -DM_TILES=%d -DQ_IN_SMEM=%d "
-           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d%s%s%s",
+           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, causal, p->varlen,
-           variants, extra ? " " : "", extra ? extra : "");
+           p->dropout, variants, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, p->mask_kind ? "mma_ptx.cl+mask.cl+mask_mma.cl+flash_fwd_mma.cl" : "mma_ptx.cl+flash_fwd_mma.cl",
-                                     opts, "flash_fwd_mma", &kern);
+  char src[96];
+  fcl_mma_sources(p, "flash_fwd_mma.cl", src, sizeof src);
+  flashcl_status st = fcl_get_kernel(ctx, src, opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_mma", opts);
   size_t kwg = 0;
@@ -318,6 +322,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   fcl_arg_forward(&a, p, desc, q, k, v, o, lse);
   fcl_arg_variants(&a, p);
   fcl_arg_mask(&a, p);
+  fcl_arg_dropout(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_mma)");
 
   size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;

@@ -54,7 +54,7 @@ flashcl_status fcl_kernel_source(flashcl_context *ctx, const char *file, const c
 /* `files` names one source, or several joined by '+' that are compiled as one
  * program in that order (e.g. "philox.cl+flash_bwd.cl"). */
 static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
-  enum { MAX_PARTS = 4 };
+  enum { MAX_PARTS = 6 };
   const char *text[MAX_PARTS];
   size_t size[MAX_PARTS];
   char *owned[MAX_PARTS] = {0};

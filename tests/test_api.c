@@ -521,11 +521,12 @@ static void test_workspace_size_errors(void **state) {
 
 /* Which kernel family a call would run: errors leave *family alone; NAIVE is
  * AUTO; PORTABLE is PORTABLE; NVIDIA_MMA is honored where the device has it
- * (else UNSUPPORTED), and problems it does not cover (dropout) resolve to PORTABLE. */
+ * (else UNSUPPORTED), and problems it does not cover (rows that are not 16-byte
+ * aligned) resolve to PORTABLE. */
 static void test_kernel_family(void **state) {
   fct_env *env = fct_env_get();
-  cl_mem buf = fct_create_buffer(64 * 2 * 64 * 2, NULL);
-  flashcl_tensor q, bad;
+  cl_mem buf = fct_create_buffer(64 * 2 * 64 * 2 + 64, NULL);
+  flashcl_tensor q, bad, shifted;
   flashcl_attention_desc desc;
   flashcl_kernel_family fam = (flashcl_kernel_family)99;
   (void)state;
@@ -565,13 +566,14 @@ static void test_kernel_family(void **state) {
   } else {
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "kernel_family(nvidia_mma)");
     FCT_CHECK(fam == FLASHCL_KERNEL_NVIDIA_MMA, "nvidia_mma on a device that has it: family %d", (int)fam);
-    desc.dropout_p = 0.1f;
-    FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
-                     FLASHCL_SUCCESS, "kernel_family(nvidia_mma, dropout)");
-    FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "dropout is not covered by the tensor-core kernels: family %d", (int)fam);
+    flashcl_tensor_init_bnhd(&shifted, buf, 8, FLASHCL_F16, 1, 64, 2, 64); /* 4-element offset */
+    FCT_CHECK_STATUS(
+        flashcl_attention_kernel_family(env->ctx, &desc, &shifted, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+        FLASHCL_SUCCESS, "kernel_family(nvidia_mma, unaligned q)");
+    FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "unaligned rows are not covered by the tensor-core kernels: family %d",
+              (int)fam);
   }
   desc.kernel = FLASHCL_KERNEL_AUTO;
-  desc.dropout_p = 0.0f;
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(auto)");
   if (!getenv("FLASHCL_KERNEL")) /* which overrides AUTO */

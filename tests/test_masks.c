@@ -319,6 +319,9 @@ static const mt_case CASES[] = {
     {"mma_softcap_large_scores", FLASHCL_F16, 1, 300, 300, 2, 1, 128, 0, -1, -1, 0, 30.0f, 4.0f, 0, 0, NULL, NULL, 1, 0, 0, 1},
     {"mma_all_varlen_bf16_d128", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0, 0, 1},
     {"mma_all_long_d64", FLASHCL_F16, 1, 1000, 1000, 2, 2, 64, 1, 300, -1, 1, 10.0f, 0, 0, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_dropout_causal_gqa", FLASHCL_F16, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_dropout_d128_nq_lt_nk", FLASHCL_F16, 1, 257, 390, 2, 2, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0, NULL, NULL, 1, 0, 0, 1},
+    {"mma_dropout_all_varlen_bf16", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0.2f, 3, VQ, VK, 1, 0, 0, 1},
 };
 
 /* ------------------------------------------------------------ error paths -- */
