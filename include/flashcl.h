@@ -105,8 +105,8 @@ typedef enum flashcl_algo {
  * the tensor-core forward and backward (inline PTX mma.sync) for NVIDIA devices
  * of compute capability >= 8.0 that pass a compile-and-run probe; it covers
  * fp16/bf16 with head_dim 64 or 128 and 16-byte aligned rows, with causal, GQA,
- * varlen, the sliding window, ALiBi, softcap and attention masks; other problems
- * (dropout, a paged K/V source, other head dims or dtypes) run the portable
+ * varlen, dropout, the sliding window, ALiBi, softcap and attention masks; other
+ * problems (a paged K/V source, other head dims or dtypes) run the portable
  * kernels, and flashcl_attention_kernel_family() says which family a call runs.
  * Requesting it on a device without it fails with FLASHCL_ERROR_UNSUPPORTED.
  * The FLASHCL_KERNEL environment variable ("portable" or "nvidia_mma")
