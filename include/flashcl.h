@@ -264,8 +264,7 @@ typedef struct flashcl_attention_desc {
    * window_left / window_right: -1 (the default of flashcl_attention_desc_init) is
    * unbounded; values < -1 are invalid. alibi_slopes: NULL (off) or an fp32 buffer
    * of at least heads_q floats. softcap: 0 (off) or a finite value > 0. These run
-   * on the portable flash kernel and the naive path (the tensor-core forward
-   * falls back to the portable kernel), forward and backward. */
+   * on every flash kernel family and the naive path, forward and backward. */
   int window_left;
   int window_right;
   cl_mem alibi_slopes;
@@ -281,8 +280,8 @@ typedef struct flashcl_attention_desc {
    * falls with the mask's density. mask_kind FLASHCL_MASK_NONE (the default)
    * ignores the other mask fields. Flash and naive, forward and backward (the
    * backward skips all-0 tiles too; hidden pairs get P = 0, so empty rows get
-   * dQ = 0 and unseen keys dK = dV = 0); the tensor-core forward falls back to the
-   * portable kernel. */
+   * dQ = 0 and unseen keys dK = dV = 0); the tensor-core kernels skip all-0 tiles
+   * the same way. */
   int mask_kind;       /* a flashcl_mask_kind */
   cl_mem mask;         /* uint32 words, the layout of mask_kind, from byte 0 */
   int mask_block_q;    /* FLASHCL_MASK_BLOCK: queries per mask block (>= 1) */
