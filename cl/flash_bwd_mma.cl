@@ -2,8 +2,11 @@
  * flash_bwd_mma.cl: FlashAttention-2 backward on NVIDIA tensor cores through
  * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, red.global.add.f32).
  *
- * The PTX helpers come from mma_ptx.cl, compiled first in the same program
- * ("mma_ptx.cl+flash_bwd_mma.cl"). Everything that is PTX sits behind
+ * The PTX helpers come from mma_ptx.cl and the masking and score-variant
+ * rules from mma_scores.cl, compiled first in the same program
+ * ("mma_ptx.cl+mma_scores.cl+flash_bwd_mma.cl", with philox.cl, mask.cl and
+ * mask_mma.cl in between where dropout or a mask needs them). Everything that is
+ * PTX sits behind
  * `#if USE_PTX`, which the host sets only where the tensor-core path passed its
  * probe (src/flash_mma.c); with USE_PTX=0 the kernels have empty bodies and the
  * host never launches them. D = rowsum(dO * O) and the conversion of the atomic
@@ -134,13 +137,12 @@
 #if DROPOUT && !defined(PHILOX_CL)
 #error "DROPOUT needs philox.cl compiled first in the same program"
 #endif
-#if WINDOW && CAUSAL
-#error "WINDOW folds causal into window_right: build with CAUSAL=0"
+#if USE_PTX && !defined(MMA_SCORES_CL)
+#error "flash_bwd_mma.cl needs mma_scores.cl compiled first in the same program"
 #endif
 #if MASK && USE_PTX && !defined(MASK_MMA_CL)
 #error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
 #endif
-#define SCORE_LOG2 (SOFTCAP || ALIBI) /* scores go to log2 units before the exp2 */
 
 #define NTHREADS (NWARPS * 32)
 #define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
@@ -197,41 +199,6 @@ inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int r
       __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,      \
       ulong seed, ulong offset, uint threshold, float keep_scale
 
-#if SCORE_LOG2
-/* Raw score s of a pair `dist` = |j - (i + diag)| apart, in log2 units; *t gets
- * the softcap's tanh (for dS). */
-inline float score_log2(float s, float scale_log2, float softcap_in, float softcap_log2, float slope_log2, int dist,
-                        float *t) {
-#if SOFTCAP
-  *t = tanh_ex2(s * softcap_in);
-  float x = softcap_log2 * *t;
-#else
-  *t = 0.0f;
-  float x = s * scale_log2;
-#endif
-#if ALIBI
-  x -= slope_log2 * (float)dist;
-#endif
-  return x;
-}
-#endif
-
-/* Whether query i (< nq or not) sees key j under the kernel's masks; mrow is the
- * mask of the pair's (sequence, query head), mcls its tile class (3: all bits set). */
-inline int pair_visible(int i, int j, int nq, int nk, int diag, int window_left, int window_right,
-                        __global const uint *mrow, int mcls, int mask_words, int mask_bq, int mask_bk) {
-  int vis = j < nk;
-#if CAUSAL
-  vis = vis && j <= i + diag;
-#elif WINDOW
-  vis = vis && j <= i + diag + window_right && j >= i + diag - window_left;
-#endif
-#if MASK
-  vis = vis && i < nq; /* rows past nq have no mask bits (their P is 0 anyway) */
-  if (vis && !(mcls & 2)) vis = mask_ok(mrow, mask_words, mask_bq, mask_bk, i, j);
-#endif
-  return vis;
-}
 #define TENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
 
 /* Sequence window of work-group batch index b: (first row, rows) of q and k. */
@@ -416,25 +383,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 
     /* P^T and dS^T in place; the accumulator element e of n-tile nt is key
      * k0 + warp*16 + g + 8*(e >> 1), query q0 + nt*8 + 2t + (e & 1). */
-    int need_mask = kmax >= nk;
-#if CAUSAL
-    need_mask = need_mask || kmax > q0 + diag;
-#elif WINDOW
-    need_mask = need_mask || kmax > q0 + diag + window_right || k0 < q0 + BLOCK_R - 1 + diag - window_left;
-#endif
 #if MASK
     __global const uint *mrow = mseq + h * mask_hs;
     const int mcls = STEP_CLASS(s);
-    need_mask = need_mask || !(mcls & 2);
 #else
     __global const uint *mrow = mask;
     const int mcls = 3;
 #endif
-#if ALIBI
-    const float slope_log2 = alibi[h] * LOG2E;
-#else
-    const float slope_log2 = 0.0f;
-#endif
+    const int need_mask =
+        tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right) | !(mcls & 2);
+    const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
     const int key0 = k0 + warp * 16 + g;
     #pragma unroll
     for (int nt = 0; nt < QN; nt++)
@@ -649,38 +607,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     for (int dt = 0; dt < DT; dt++) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
 
   /* Keys [kbeg, kend) are needed by the work-group, [wbeg, wend) by this warp. */
-  int kbeg = 0, kend = nk, wbeg = 0, wend = nk;
-#if CAUSAL
-  kend = min(nk, q0 + RQ + diag);
-  wend = min(nk, wrow0 + 16 * M_TILES + diag);
-#elif WINDOW
-  kbeg = max(0, q0 + diag - window_left);
-  kbeg -= kbeg % BLOCK_C;
-  kend = min(nk, max(0, q0 + RQ + diag + window_right));
-  wbeg = max(0, wrow0 + diag - window_left);
-  wend = min(nk, max(0, wrow0 + 16 * M_TILES + diag + window_right));
-#endif
-#if ALIBI
-  const float slope_log2 = alibi[h] * LOG2E;
-#else
-  const float slope_log2 = 0.0f;
-#endif
+  const int2 wg_keys = needed_keys(q0, RQ, diag, nk, window_left, window_right, BLOCK_C);
+  const int2 w_keys = needed_keys(wrow0, 16 * M_TILES, diag, nk, window_left, window_right, 1);
+  const int kbeg = wg_keys.x, kend = wg_keys.y, wbeg = w_keys.x, wend = w_keys.y;
+  const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
   mask_geom mg;
-  mg.m = mrow;
-  mg.words = mask_words;
-  mg.r0 = q0 / (MASK == 1 ? mask_bq : 1);
-  mg.r1 = (min(q0 + RQ, nq) - 1) / (MASK == 1 ? mask_bq : 1);
-  /* A warp whose rows all lie past nq has no mask rows. */
-  mg.w0 = wrow0 < nq ? wrow0 / (MASK == 1 ? mask_bq : 1) : 1;
-  mg.w1 = wrow0 < nq ? (min(wrow0 + 16 * M_TILES, nq) - 1) / (MASK == 1 ? mask_bq : 1) : 0;
-  mg.kend = kend;
-  mg.nk = nk;
-  mg.bk = MASK == 1 ? mask_bk : 1;
   mask_win mw;
-  mw.win = -32;
-  mw.any_wg = mw.any_w = mw.all_w = 0u;
+  mask_init(&mg, &mw, mrow, mask_words, mask_bq, mask_bk, q0, RQ, wrow0, 16 * M_TILES, nq, kend, nk);
 #define NEXT_TILE(k) mask_next_tile(&mw, &mg, (k), lane)
 #else
   __global const uint *mrow = mask;
@@ -750,16 +685,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
         }
       }
 
-    int need_mask = k0 + BLOCK_C > nk;
-#if CAUSAL
-    need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag;
-#elif WINDOW
-    need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag + window_right ||
-                k0 < wrow0 + 16 * M_TILES - 1 + diag - window_left;
-#endif
-#if MASK
-    need_mask = need_mask || !(mcls & 2);
-#endif
+    const int need_mask =
+        tile_partial(wrow0, 16 * M_TILES, k0, BLOCK_C, diag, nk, window_left, window_right) | !(mcls & 2);
 #if DROPOUT
     int keep = 0;
 #endif

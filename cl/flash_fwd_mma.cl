@@ -2,8 +2,11 @@
  * flash_fwd_mma.cl: FlashAttention-2 forward on NVIDIA tensor cores through
  * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, shfl.sync).
  *
- * The PTX helpers (cp_async16, LDSM_*, MMA, ...) come from mma_ptx.cl, which
- * the host compiles first in the same program. Everything that is PTX sits
+ * The PTX helpers (cp_async16, LDSM_*, MMA, ...) come from mma_ptx.cl and the
+ * masking and score-variant rules from mma_scores.cl, which the host compiles
+ * first in the same program (src/flash_mma.c, fcl_mma_sources: with philox.cl,
+ * mask.cl and mask_mma.cl in between where dropout or a mask needs them; the
+ * probe kernels need only mma_ptx.cl). Everything that is PTX sits
  * behind `#if USE_PTX`; the host sets USE_PTX=1 only
  * on NVIDIA devices of compute capability >= 8.0 whose compiler passed the
  * probe kernel below. With USE_PTX=0 the file is plain OpenCL C 1.2 and its
@@ -131,14 +134,12 @@
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
 #endif
-#if WINDOW && CAUSAL
-#error "WINDOW folds causal into window_right: build with CAUSAL=0"
+#if USE_PTX && !PROBE_ONLY && !defined(MMA_SCORES_CL)
+#error "flash_fwd_mma.cl needs mma_scores.cl compiled first in the same program"
 #endif
 #if MASK && USE_PTX && !defined(MASK_MMA_CL)
 #error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
 #endif
-/* Scores leave Q K^T in log2 units (softmax scale 1) instead of raw. */
-#define SCORE_LOG2 (SOFTCAP || ALIBI)
 #define LOG2E 1.4426950408889634f
 
 #define NTHREADS (NWARPS * 32)
@@ -220,7 +221,6 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 
 #if !PROBE_ONLY
 #if MASK
-#define MROW(i) ((i) / (MASK == 1 ? mask_bq : 1)) /* mask row of query i */
 #define NEXT_TILE(k0) mask_next_tile(&mw, &mg, (k0), lane)
 #else
 #define NEXT_TILE(k0) (k0)
@@ -308,41 +308,19 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 
   const int wrow0 = q0 + warp * WARP_ROWS; /* first query row of this warp */
   /* Keys [kbeg, kend) are needed by the work-group, [wbeg, wend) by this warp. */
-  int kbeg = 0, kend = nk, wbeg = 0, wend = nk;
-#if CAUSAL
-  kend = min(nk, q0 + BLOCK_R + diag);
-  wend = min(nk, wrow0 + WARP_ROWS + diag);
-#elif WINDOW
-  kbeg = max(0, q0 + diag - window_left);
-  kbeg -= kbeg % BLOCK_C;
-  kend = min(nk, max(0, q0 + BLOCK_R + diag + window_right));
-  wbeg = max(0, wrow0 + diag - window_left);
-  wend = min(nk, max(0, wrow0 + WARP_ROWS + diag + window_right));
-#endif
-#if SCORE_LOG2
-  const float sl2 = 1.0f; /* scores are already scaled, in log2 units */
-#else
-  const float sl2 = scale_log2;
-#endif
-#if ALIBI
-  const float slope_log2 = alibi[h] * LOG2E;
-#endif
+  const int2 wg_keys = needed_keys(q0, BLOCK_R, diag, nk, window_left, window_right, BLOCK_C);
+  const int2 w_keys = needed_keys(wrow0, WARP_ROWS, diag, nk, window_left, window_right, 1);
+  const int kbeg = wg_keys.x, kend = wg_keys.y, wbeg = w_keys.x, wend = w_keys.y;
+  const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
+  const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
   mask_geom mg;
-  mg.m = mrow;
-  mg.words = mask_words;
-  mg.r0 = MROW(q0);
-  mg.r1 = MROW(min(q0 + BLOCK_R, nq) - 1);
-  /* A warp whose rows all lie past nq has no mask rows. */
-  mg.w0 = wrow0 < nq ? MROW(wrow0) : 1;
-  mg.w1 = wrow0 < nq ? MROW(min(wrow0 + WARP_ROWS, nq) - 1) : 0;
-  mg.kend = kend;
-  mg.nk = nk;
-  mg.bk = MASK == 1 ? mask_bk : 1;
   mask_win mw;
-  mw.win = -32;
-  mw.any_wg = mw.any_w = mw.all_w = 0u;
+  mask_init(&mg, &mw, mrow, mask_words, mask_bq, mask_bk, q0, BLOCK_R, wrow0, WARP_ROWS, nq, kend, nk);
+#else
+  __global const uint *mrow = mask;
+  const int wcls = 3;
 #endif
 
   /* Per-thread global pointers of the K/V chunks, row lr of the tile at key 0. */
@@ -436,16 +414,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         }
       }
 
-      int need_mask = k0 + BLOCK_C > nk;
-#if CAUSAL
-      need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag;
-#elif WINDOW
-      need_mask = need_mask || k0 + BLOCK_C - 1 > wrow0 + diag + window_right ||
-                  k0 < wrow0 + WARP_ROWS - 1 + diag - window_left;
-#endif
-#if MASK
-      need_mask = need_mask || !(wcls & 2);
-#endif
+      const int need_mask =
+          tile_partial(wrow0, WARP_ROWS, k0, BLOCK_C, diag, nk, window_left, window_right) | !(wcls & 2);
       if (SCORE_LOG2 || need_mask) {
         #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
@@ -456,30 +426,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
               const int col = k0 + nt * 8 + 2 * t + (e & 1);
               const int row = wrow0 + mt * 16 + g + (e >> 1) * 8;
 #if SCORE_LOG2
-#if SOFTCAP
-              float x = softcap_log2 * tanh_ex2(s[mt][nt][e] * softcap_in);
-#else
-              float x = s[mt][nt][e] * scale_log2;
+              float th;
+              s[mt][nt][e] = score_log2(s[mt][nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
+                                        abs(col - (row + diag)), &th);
 #endif
-#if ALIBI
-              x -= slope_log2 * (float)abs(col - (row + diag));
-#endif
-              s[mt][nt][e] = x;
-#endif
-              if (need_mask) {
-                int vis = col < nk;
-#if CAUSAL
-                vis = vis && col <= row + diag;
-#elif WINDOW
-                vis = vis && col <= row + diag + window_right && col >= row + diag - window_left;
-#endif
-#if MASK
-                /* rows past nq have no mask bits: hidden (they are never stored) */
-                vis = vis && row < nq;
-                if (vis && !(wcls & 2)) vis = mask_ok(mrow, mask_words, mask_bq, mask_bk, row, col);
-#endif
-                if (!vis) s[mt][nt][e] = -INFINITY;
-              }
+              if (need_mask && !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, wcls,
+                                             mask_words, mask_bq, mask_bk))
+                s[mt][nt][e] = -INFINITY;
             }
       }
 

@@ -48,6 +48,26 @@ typedef struct mask_win {
   uint any_wg, any_w, all_w;
 } mask_win;
 
+/* The geometry of a work-group of query rows [q0, q0 + rows) whose warp owns
+ * [wrow0, wrow0 + wrows), keys up to kend; mask rows count blocks of bq queries
+ * (block masks) or queries (bit masks). An empty window to start with. */
+inline void mask_init(mask_geom *g, mask_win *w, __global const uint *m, int words, int bq, int bk, int q0, int rows,
+                      int wrow0, int wrows, int nq, int kend, int nk) {
+  if (MASK != 1) bq = bk = 1;
+  g->m = m;
+  g->words = words;
+  g->r0 = q0 / bq;
+  g->r1 = (min(q0 + rows, nq) - 1) / bq;
+  /* A warp whose rows all lie past nq has no mask rows. */
+  g->w0 = wrow0 < nq ? wrow0 / bq : 1;
+  g->w1 = wrow0 < nq ? (min(wrow0 + wrows, nq) - 1) / bq : 0;
+  g->kend = kend;
+  g->nk = nk;
+  g->bk = bk;
+  w->win = -32;
+  w->any_wg = w->any_w = w->all_w = 0u;
+}
+
 inline void mask_window(mask_win *w, const mask_geom *g, int t, int lane) {
   const int kl = (t + lane) * BLOCK_C;
   int cg = 0, cw = 0;

@@ -72,14 +72,6 @@ inline float shfl_xor(float x, int mask) {
   asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(mask));
   return r;
 }
-/* 1 in every lane if p is non-zero in any lane of the warp. */
-inline int warp_any(int p) {
-  int r;
-  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.s32 q, %1, 0;\n\tvote.sync.any.pred q, q, 0xffffffff;\n\tselp.s32 %0, 1, 0, q;\n\t}"
-               : "=r"(r)
-               : "r"(p));
-  return r;
-}
 /* Bit l set iff p is non-zero in lane l. */
 inline uint warp_ballot(int p) {
   uint r;
@@ -88,6 +80,8 @@ inline uint warp_ballot(int p) {
                : "r"(p));
   return r;
 }
+/* 1 in every lane if p is non-zero in any lane of the warp. */
+inline int warp_any(int p) { return warp_ballot(p) != 0u; }
 inline float fast_exp2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));

@@ -265,8 +265,8 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
 }
 
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap) {
-  snprintf(buf, cap, "mma_ptx.cl+%s%s%s", p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+mask_mma.cl+" : "",
-           kernel_file);
+  snprintf(buf, cap, "mma_ptx.cl+%s%smma_scores.cl+%s", p->dropout ? "philox.cl+" : "",
+           p->mask_kind ? "mask.cl+mask_mma.cl+" : "", kernel_file);
 }
 
 void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts) {
