@@ -87,13 +87,18 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
 }
 
 /* FLASHCL_BWD_PLAN="bc,br,threads" (tuning) forces the tile pair and work-item
- * count. Tiles: the first of 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br)
- * whose four d-wide fp32 tiles (K, V, Q, dO) and two score tiles fit in local
- * memory: the backward keeps twice the forward's tiles on chip, so it gets
- * smaller ones from the same M. 128 work-items where the score tile has at least
- * 128 entries (the forward's best warp count on the H100), else one per entry. */
+ * count; 32x8, 24x16 and 24x8 are candidates for it only. Tiles: the first of
+ * 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br) whose four d-wide fp32
+ * tiles (K, V, Q, dO) and two score tiles fit in local memory: the backward keeps
+ * twice the forward's tiles on chip, so it gets smaller ones from the same M.
+ * 64 work-items where the score tile has at least 64 entries, else one per
+ * entry: on the H100 (N = 4096, f16) 64 beat 128 by 14% at d = 128 (16x16 tiles:
+ * 112.0 against 130.7 ms) and 5% at d = 64 (32x32: 81.9 against 86.1 ms), and 32
+ * was slower than either; the tuning alternatives 32x8 and 24x16 were no better. */
 static int fcl_bwd_make_plan(const flashcl_context *ctx, int d, fcl_bwd_plan *p) {
-  static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8}};
+  static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
+                                {32, 8}, {24, 16}, {24, 8}};
+  const int n_auto = 7; /* the candidates the automatic choice takes from */
   int want_bc = 0, want_br = 0, want_threads = 0;
   const char *env = getenv("FLASHCL_BWD_PLAN");
   if (env) sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads);
@@ -101,8 +106,9 @@ static int fcl_bwd_make_plan(const flashcl_context *ctx, int d, fcl_bwd_plan *p)
     p->bc = cand[i][0];
     p->br = cand[i][1];
     if (want_bc && (p->bc != want_bc || p->br != want_br)) continue;
+    if (!want_bc && (int)i >= n_auto) break;
     if (fcl_bwd_local_bytes(p->br, p->bc, d) > ctx->info.local_mem_size) continue;
-    p->threads = p->br * p->bc >= 128 ? 128 : p->br * p->bc;
+    p->threads = p->br * p->bc >= 64 ? 64 : p->br * p->bc;
     /* CPUs (PoCL runs a work-group as loops over its work-items, with every value
      * that lives across a barrier in memory): 16 work-items with larger
      * register tiles were 1.3-1.4x faster than 128 (N = 1024-2048, d = 64). */

@@ -115,6 +115,7 @@ typedef struct bwd_case {
   int offset_mode; /* OFS_* */
   int num_seqs;
   const int *seqlens_q, *seqlens_k;
+  const char *bwd_plan; /* FLASHCL_BWD_PLAN for the flash runs (NULL: the automatic plan) */
 } bwd_case;
 
 #ifndef FCT_BWD_MMA
@@ -159,8 +160,9 @@ static const bwd_case CASES[] = {
     /* o / lse from the device forward (the tensor-core one where it runs) */
     {"mma_f16_d128_pipeline_fwd_causal", K_BWD, F16, 2, 190, 190, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC, SRC_FWD,
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL},
-    /* dropout is not covered: the explicit request falls back to the portable kernels */
-    BWD("mma_f16_d64_dropout_falls_back", F16, 1, 65, 65, 2, 2, 64, 0, 0.1f, R_DET | R_ATOMIC),
+    /* dropout: the tensor-core kernels regenerate the portable kernels' Philox mask */
+    BWD("mma_f16_d64_dropout", F16, 1, 65, 65, 2, 2, 64, 0, 0.1f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d128_dropout_causal_gqa_4_2", BF16, 1, 130, 170, 4, 2, 128, 1, 0.2f, R_DET | R_ATOMIC),
 };
 #elif !defined(FCT_BWD_LONG)
 static const bwd_case CASES[] = {
@@ -212,6 +214,11 @@ static const bwd_case CASES[] = {
     BWD("f16_d32_gqa_8_1_causal", F16, 1, 40, 40, 8, 1, 32, 1, 0.0f, R_DET),
     BWD("f32_d128_Nq63_Nk65_causal", F32, 1, 63, 65, 2, 2, 128, 1, 0.0f, R_DET),
     BWD("f32_d256_Nq23_Nk9_causal_dropout", F32, 1, 23, 9, 2, 1, 256, 1, 0.1f, R_DET),
+    /* ---- the GPU work-item counts of the portable backward, forced on any device ---- */
+    {"f32_d64_plan_16x16x64_causal_gqa_4_2", K_BWD, F32, 1, 65, 70, 4, 2, 64, 1, 0.0f, R_DET | R_ATOMIC, SRC_REF,
+     FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "16,16,64"},
+    {"f16_d128_plan_32x8x64_dropout", K_BWD, F16, 1, 40, 50, 2, 1, 128, 0, 0.1f, R_DET, SRC_REF, FCT_BNHD, 0.0f,
+     OFS_RANDOM, 0, NULL, NULL, "32,8,64"},
     /* ---- forward with dropout: naive and flash against the reference ---- */
     FWD_DROP("fwd_dropout_f32_d64", F32, 2, 65, 65, 2, 2, 64, 0, 0.1f),
     FWD_DROP("fwd_dropout_f32_d64_causal_gqa_8_1_empty_rows", F32, 1, 65, 40, 8, 1, 64, 1, 0.1f),
@@ -633,6 +640,7 @@ static void check_backward_case(const bwd_case *c) {
   bwd_problem bp;
   bwd_result det, other;
   bwd_problem_create(&bp, c, 1);
+  if (c->bwd_plan) setenv("FLASHCL_BWD_PLAN", c->bwd_plan, 1);
   if (c->runs & R_DET) {
     bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &det);
     if (c->runs & R_REPEAT) {
@@ -655,6 +663,7 @@ static void check_backward_case(const bwd_case *c) {
     bwd_run(&bp, FLASHCL_ALGO_NAIVE, 1, &other);
     bwd_result_release(&other);
   }
+  if (c->bwd_plan) unsetenv("FLASHCL_BWD_PLAN");
   bwd_problem_release(&bp);
 }
 
