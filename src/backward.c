@@ -240,15 +240,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   if (use_mma) {
     a.err = fcl_mma_backward_args(&mma, p, desc, q, k, v, lse, d_o, dq, dk, dv, dsum, acc);
   } else {
-    fcl_arg_tensor(&a, q);
-    fcl_arg_tensor(&a, k);
-    fcl_arg_tensor(&a, v);
-    fcl_arg_tensor(&a, d_o);
-    fcl_arg_tensor(&a, dk);
-    fcl_arg_tensor(&a, dv);
-    fcl_arg_lse(&a, lse);
-    fcl_arg_mem(&a, dsum);
-    fcl_arg_mem(&a, acc);
+    fcl_arg_bwd_dkdv_head(&a, q, k, v, d_o, dk, dv, lse, dsum, acc);
     fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
   }
   if (a.err != CL_SUCCESS) {
@@ -275,13 +267,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_arg_mem(&a, cu_q);
     fcl_arg_int(&a, tq);
   } else if (!use_mma) { /* bwd_dq_mma got its arguments with bwd_dkdv_mma's */
-    fcl_arg_tensor(&a, q);
-    fcl_arg_tensor(&a, k);
-    fcl_arg_tensor(&a, v);
-    fcl_arg_tensor(&a, d_o);
-    fcl_arg_tensor(&a, dq);
-    fcl_arg_lse(&a, lse);
-    fcl_arg_mem(&a, dsum);
+    fcl_arg_bwd_dq_head(&a, q, k, v, d_o, dq, lse, dsum);
     fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
   }
   if (a.err != CL_SUCCESS) {

@@ -136,25 +136,11 @@ cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *L, const fcl_problem *p, 
                              const flashcl_tensor *dk, const flashcl_tensor *dv, cl_mem dsum, cl_mem dq_acc) {
   const int tq = (int)q->shape[1], tk = (int)k->shape[1];
   fcl_args a = {L->dkdv, 0, CL_SUCCESS};
-  fcl_arg_tensor(&a, q);
-  fcl_arg_tensor(&a, k);
-  fcl_arg_tensor(&a, v);
-  fcl_arg_tensor(&a, d_o);
-  fcl_arg_tensor(&a, dk);
-  fcl_arg_tensor(&a, dv);
-  fcl_arg_lse(&a, lse);
-  fcl_arg_mem(&a, dsum);
-  fcl_arg_mem(&a, dq_acc);
+  fcl_arg_bwd_dkdv_head(&a, q, k, v, d_o, dk, dv, lse, dsum, dq_acc);
   fcl_mma_bwd_tail(&a, p, desc, tq, tk);
   if (a.err != CL_SUCCESS) return a.err;
   a = (fcl_args){L->dq, 0, CL_SUCCESS};
-  fcl_arg_tensor(&a, q);
-  fcl_arg_tensor(&a, k);
-  fcl_arg_tensor(&a, v);
-  fcl_arg_tensor(&a, d_o);
-  fcl_arg_tensor(&a, dq);
-  fcl_arg_lse(&a, lse);
-  fcl_arg_mem(&a, dsum);
+  fcl_arg_bwd_dq_head(&a, q, k, v, d_o, dq, lse, dsum);
   fcl_mma_bwd_tail(&a, p, desc, tq, tk);
   return a.err;
 }

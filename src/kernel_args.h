@@ -62,6 +62,37 @@ static inline void fcl_arg_forward(fcl_args *a, const fcl_problem *p, const flas
   fcl_arg_int(a, (int)k->shape[1]);
 }
 
+/* The argument prefix the dK/dV kernels share (bwd_dkdv, bwd_dkdv_mma): q, k, v,
+ * dO, dK, dV, the LSE view, D and the fp32 dQ accumulator (NULL when unused). */
+static inline void fcl_arg_bwd_dkdv_head(fcl_args *a, const flashcl_tensor *q, const flashcl_tensor *k,
+                                         const flashcl_tensor *v, const flashcl_tensor *d_o,
+                                         const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                         const flashcl_tensor *lse, cl_mem dsum, cl_mem dq_acc) {
+  fcl_arg_tensor(a, q);
+  fcl_arg_tensor(a, k);
+  fcl_arg_tensor(a, v);
+  fcl_arg_tensor(a, d_o);
+  fcl_arg_tensor(a, dk);
+  fcl_arg_tensor(a, dv);
+  fcl_arg_lse(a, lse);
+  fcl_arg_mem(a, dsum);
+  fcl_arg_mem(a, dq_acc);
+}
+
+/* The argument prefix the deterministic dQ kernels share (bwd_dq, bwd_dq_mma):
+ * q, k, v, dO, dQ, the LSE view and D. */
+static inline void fcl_arg_bwd_dq_head(fcl_args *a, const flashcl_tensor *q, const flashcl_tensor *k,
+                                       const flashcl_tensor *v, const flashcl_tensor *d_o, const flashcl_tensor *dq,
+                                       const flashcl_tensor *lse, cl_mem dsum) {
+  fcl_arg_tensor(a, q);
+  fcl_arg_tensor(a, k);
+  fcl_arg_tensor(a, v);
+  fcl_arg_tensor(a, d_o);
+  fcl_arg_tensor(a, dq);
+  fcl_arg_lse(a, lse);
+  fcl_arg_mem(a, dsum);
+}
+
 static inline void fcl_arg_dropout(fcl_args *a, const fcl_problem *p) {
   cl_ulong seed = p->seed, offset = p->offset;
   cl_uint threshold = p->threshold;
