@@ -76,7 +76,8 @@
  *                j is slot j % page_size of page block_table[b * max_pages + j / page_size]
  *                (clamped to [0, num_pages)), and its key count is kv_lens[b] clamped to
  *                [0, seqlen_k]; the kernel takes the extra trailing arguments block_table,
- *                page_size, max_pages, num_pages, kv_lens (PAGED_PARAMS)
+ *                page_size, max_pages, num_pages, kv_lens (PAGED_PARAMS). With VARLEN the
+ *                queries are packed (cu_q) and cu_k is unused (NULL)
  *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
  *                NTHREADS / S_* / O_* parameters are unused)
  *
@@ -194,9 +195,6 @@ inline ushort4 float4_to_bf16x4(float4 x) {
 #endif
 
 #if PAGED_KV
-#if VARLEN
-#error "PAGED_KV does not combine with VARLEN"
-#endif
 #define PAGED_PARAMS                                                                                 \
   , __global const int *block_table, int page_size, int max_pages, int num_pages, __global const int *kv_lens
 /* Element offset of key j's row in a page pool (bt: this sequence's block-table row). */
@@ -339,12 +337,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   {
     /* Clamp so that corrupt cu_seqlens can never reach outside the tensors. */
     int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
     nq = min(max(qe - qs, 0), seqlen_q);
-    nk = min(max(ke - ks, 0), seqlen_k);
     row_q = qs;
-    row_k = ks;
     bq = 0;
+#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
+    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
+    nk = min(max(ke - ks, 0), seqlen_k);
+    row_k = ks;
+#endif
   }
 #endif
   if (q0 >= nq) return; /* whole work-group leaves together */
@@ -607,12 +607,14 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
 #if VARLEN
   {
     int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
     nq = min(max(qe - qs, 0), seqlen_q);
-    nk = min(max(ke - ks, 0), seqlen_k);
     row_q = qs;
-    row_k = ks;
     bq = 0;
+#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
+    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
+    nk = min(max(ke - ks, 0), seqlen_k);
+    row_k = ks;
+#endif
   }
 #endif
   if (q0 >= nq) return;

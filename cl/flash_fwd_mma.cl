@@ -76,6 +76,16 @@
  *   MASK         1: block mask, 2: bit mask (flashcl_mask_kind; mask.cl and
  *                mask_mma.cl compiled first in the same program): a 0 bit hides
  *                key j from query i
+ *   PAGED_KV     1: k and v are page pools (num_pages, page_size, Hkv, d), as in
+ *                flash_fwd.cl: sequence b's key j is slot j % page_size of page
+ *                block_table[b * max_pages + j / page_size] (clamped to
+ *                [0, num_pages)), its key count kv_lens[b] clamped to [0, seqlen_k];
+ *                trailing arguments block_table, page_size, max_pages, num_pages,
+ *                kv_lens. Each K/V row's cp.async address goes through the block
+ *                table. With VARLEN only the queries are packed (cu_k unused)
+ *   PAGE_SHIFT   log2 of the page size when it is a power of two (the page_size
+ *                argument must then equal it): a shift instead of a division
+ *                per row; -1: any page size
  *   RESCALE_THRESHOLD  float, log2 units: the running max (and with it O and l)
  *                is only moved when a row's max grows by more than this; 0.0f
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
@@ -130,6 +140,12 @@
 #endif
 #if DROPOUT && !defined(PHILOX_CL)
 #error "DROPOUT needs philox.cl compiled first in the same program"
+#endif
+#ifndef PAGED_KV
+#define PAGED_KV 0
+#endif
+#ifndef PAGE_SHIFT
+#define PAGE_SHIFT -1
 #endif
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
@@ -226,6 +242,21 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 #define NEXT_TILE(k0) (k0)
 #endif
 
+#if PAGED_KV
+#define MMA_PAGED_PARAMS                                                                             \
+  , __global const int *block_table, int page_size, int max_pages, int num_pages, __global const int *kv_lens
+#if PAGE_SHIFT >= 0
+#define PAGE_OF(j) ((j) >> PAGE_SHIFT)
+#else
+#define PAGE_OF(j) ((j) / page_size)
+#endif
+/* Element offset of key j's row in the pools (bt: this sequence's block-table row). */
+#define PAGED_ROW(j, sb, sn) \
+  ((long)clamp(bt[PAGE_OF(j)], 0, num_pages - 1) * (sb) + (long)((j) - PAGE_OF(j) * page_size) * (sn))
+#else
+#define MMA_PAGED_PARAMS
+#endif
+
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mma(
     __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
     __global const ushort *k, long k_off, long k_sb, long k_sn, long k_sh,
@@ -236,7 +267,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
     int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
     __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
-    ulong seed, ulong offset, uint threshold, float keep_scale) {
+    ulong seed, ulong offset, uint threshold, float keep_scale MMA_PAGED_PARAMS) {
   __local uint4 smem[SMEM_ROWS * CH];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -251,19 +282,28 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #if VARLEN
   {
     int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
     nq = min(max(qe - qs, 0), seqlen_q);
-    nk = min(max(ke - ks, 0), seqlen_k);
     row_q = qs;
-    row_k = ks;
     bq = 0;
+#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
+    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
+    nk = min(max(ke - ks, 0), seqlen_k);
+    row_k = ks;
+#endif
   }
 #endif
   if (q0 >= nq) return; /* whole work-group leaves together */
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
+#if PAGED_KV
+  __global const int *bt = block_table + (long)b * max_pages;
+  nk = clamp(kv_lens[b], 0, seqlen_k);
+  const long kbase = k_off + (long)hk * k_sh; /* rows come from PAGED_ROW */
+  const long vbase = v_off + (long)hk * v_sh;
+#else
   const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+#endif
   const int diag = nk - nq;
   const uint sbase = SADDR(smem);
   const uint kbuf = sbase + Q_ROWS * CH * 16, vbuf = kbuf + BLOCK_C * CH * 16;
@@ -330,7 +370,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 
 /* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN); their
  * source address is clamped to key 0, which exists whenever a tile is loaded. */
-#define LOAD_TILE(buf, ptr, ptr0, sn, step, k0)                                               \
+#if PAGED_KV
+#define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                              \
+  {                                                                                            \
+    for (int i = 0; i < LPER; i++) {                                                           \
+      const int r = lr + i * LSTEP, j = (k0) + r;                                              \
+      const int ok = j < nk;                                                                   \
+      cp_async16((buf) + SWZ(r, lc), ok ? (ptr0) + PAGED_ROW(j, sb, sn) : (ptr0), ok ? 16u : 0u); \
+    }                                                                                          \
+    cp_commit();                                                                               \
+  }
+#else
+#define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                           \
   {                                                                                         \
     __global const ushort *p_ = (ptr) + (long)(k0) * (sn);                                  \
     for (int i = 0; i < LPER; i++) {                                                        \
@@ -340,17 +391,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     }                                                                                       \
     cp_commit();                                                                            \
   }
+#endif
 
   int k0 = NEXT_TILE(kbeg);
 #if KV_STAGES == 2
 #define STAGE_BYTES (2 * BLOCK_C * CH * 16) /* K | V of one stage */
   if (k0 < kend) {
-    LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0)
-    LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, k0)
+    LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, k0)
+    LOAD_TILE(vbuf, vp, vp0, v_sb, v_sn, vstep, k0)
   }
   int stage = 0;
 #else
-  if (k0 < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, k0)
+  if (k0 < kend) LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, k0)
 #endif
 
   while (k0 < kend) {
@@ -364,14 +416,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     const uint kb = kbuf + stage * STAGE_BYTES, vb = kb + BLOCK_C * CH * 16;
     if (kn < kend) {
       const uint nk_ = kbuf + (stage ^ 1) * STAGE_BYTES;
-      LOAD_TILE(nk_, kp, kp0, k_sn, kstep, kn)
-      LOAD_TILE(nk_ + BLOCK_C * CH * 16, vp, vp0, v_sn, vstep, kn)
+      LOAD_TILE(nk_, kp, kp0, k_sb, k_sn, kstep, kn)
+      LOAD_TILE(nk_ + BLOCK_C * CH * 16, vp, vp0, v_sb, v_sn, vstep, kn)
     }
     stage ^= 1;
 #else
     barrier(CLK_LOCAL_MEM_FENCE); /* K ready; every warp is done with the previous V */
     const uint kb = kbuf, vb = vbuf;
-    LOAD_TILE(vbuf, vp, vp0, v_sn, vstep, k0)
+    LOAD_TILE(vbuf, vp, vp0, v_sb, v_sn, vstep, k0)
 #endif
 
     int active = k0 < wend;
@@ -516,7 +568,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #if KV_STAGES == 1
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE); /* V ready; every warp is done with K */
-    if (kn < kend) LOAD_TILE(kbuf, kp, kp0, k_sn, kstep, kn)
+    if (kn < kend) LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, kn)
 #endif
 
     if (active) {

@@ -303,10 +303,13 @@ typedef struct flashcl_attention_desc {
    * bounds L_b; device lengths are clamped to [0, that bound]. A query row that
    * sees no key (L_b < Nq - i) gets O = 0 and LSE = -inf. Dropout, the window,
    * ALiBi, softcap and masks compose as usual (indices count from the start of
-   * the sequence; mask columns: Lk = the bound). Forward only (flash and naive;
-   * the tensor-core forward falls back to the portable kernel); the backward pass
-   * and varlen (cu_seqlens_q/k) with a paged source return
-   * FLASHCL_ERROR_UNSUPPORTED (for varlen chunks, use one call per chunk length). */
+   * the sequence; mask columns: Lk = the bound). Varlen chunks: with cu_seqlens_q
+   * set (and cu_seqlens_k NULL: the key counts are kv_seqlens), q and o are packed
+   * (1, total_q, Hq, d) as for varlen, sequence s owns query rows
+   * [cu_seqlens_q[s], cu_seqlens_q[s+1]), which are the last Nq_s positions of its
+   * L_s keys (diag = L_s - Nq_s), and B = num_seqs. Forward only, on the flash
+   * kernels (portable and tensor-core) and the naive path; the backward pass with
+   * a paged source returns FLASHCL_ERROR_UNSUPPORTED. */
   cl_mem kv_block_table;
   int kv_page_size;    /* >= 1, must equal k.shape[1] */
   int kv_max_pages;    /* >= 1 */

@@ -383,11 +383,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   const int cached = split && !work;
   const int in_order = fcl_decode_queue_in_order(ctx);
 
-  /* Power-of-two page sizes (the usual 16, 32, 64) are compiled in as a shift. */
-  int page_shift = -1;
-  if (p.kv.paged)
-    for (int s = 0; s < 31; s++)
-      if (p.kv.page_size == 1 << s) page_shift = s;
+  const int page_shift = p.kv.paged ? fcl_page_shift(p.kv.page_size) : -1;
   char opts[512];
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,

@@ -103,13 +103,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_arg_dropout(&a, p); /* zeros when there is no dropout; the kernel then ignores them */
   fcl_arg_variants(&a, p); /* likewise for the window, ALiBi and softcap */
   fcl_arg_mask(&a, p);     /* and the attention mask */
-  if (p->paged_kv) {       /* PAGED_PARAMS, present only in -DPAGED_KV=1 builds */
-    fcl_arg_mem(&a, p->kv_block_table);
-    fcl_arg_int(&a, p->kv_page_size);
-    fcl_arg_int(&a, p->kv_max_pages);
-    fcl_arg_int(&a, p->kv_num_pages);
-    fcl_arg_mem(&a, p->kv_seqlens);
-  }
+  fcl_arg_paged(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd)");
 
   size_t qblocks = ((size_t)p->seqlen_q + plan.br - 1) / plan.br;

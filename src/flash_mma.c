@@ -14,11 +14,11 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, no paged K/V source,
- * and every tensor's element offset and (batch, seq, head) strides
- * a multiple of 8 elements (16-byte rows for cp.async); causal, GQA, varlen,
- * dropout, the sliding window, ALiBi, softcap and attention masks compose. Other problems run
- * the portable kernels.
+ * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, and every tensor's
+ * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
+ * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
+ * softcap, attention masks and (forward only) a paged K/V source compose. Other
+ * problems run the portable kernels.
  *
  * Environment (tuning and diagnostics only):
  *   FLASHCL_KERNEL          "portable" or "nvidia_mma": overrides desc.kernel = AUTO
@@ -216,7 +216,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "head_dim is not 64 or 128";
   else if (!(p->scale > 0.0f))
     why = "scale is not positive";
-  else if (p->paged_kv)
+  else if (p->paged_kv && pass == FLASHCL_PASS_BACKWARD)
     why = "paged K/V source";
   else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
@@ -302,9 +302,9 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWARPS=%d -DM_TILES=%d -DQ_IN_SMEM=%d "
-           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d -DDROPOUT=%d%s%s%s",
+           "-DKV_STAGES=%d -DCAUSAL=%d -DVARLEN=%d -DDROPOUT=%d -DPAGE_SHIFT=%d%s%s%s",
            (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, causal, p->varlen,
-           p->dropout, variants, extra ? " " : "", extra ? extra : "");
+           p->dropout, p->paged_kv ? fcl_page_shift(p->kv_page_size) : -1, variants, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
   char src[96];
   fcl_mma_sources(p, "flash_fwd_mma.cl", src, sizeof src);
@@ -323,6 +323,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   fcl_arg_variants(&a, p);
   fcl_arg_mask(&a, p);
   fcl_arg_dropout(&a, p);
+  fcl_arg_paged(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_mma)");
 
   size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;

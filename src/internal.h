@@ -205,6 +205,15 @@ flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_prob
 int fcl_mul_size(size_t a, size_t b, size_t *out);
 int fcl_add_size(size_t a, size_t b, size_t *out);
 
+/* log2 of a page size that is a power of two (the usual 16, 32, 64), else -1: the
+ * paged kernels take such sizes as -DPAGE_SHIFT, a shift instead of a division
+ * per key row. */
+static inline int fcl_page_shift(int page_size) {
+  for (int s = 0; s < 31; s++)
+    if (page_size == 1 << s) return s;
+  return -1;
+}
+
 /* ---- decode, KV cache and merge (src/decode.c, src/kv_cache.c, src/merge.c) ---- */
 
 /* A validated KV cache (see flashcl_decode_desc). Contiguous: num_pages = batch,

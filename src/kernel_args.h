@@ -62,6 +62,17 @@ static inline void fcl_arg_forward(fcl_args *a, const fcl_problem *p, const flas
   fcl_arg_int(a, (int)k->shape[1]);
 }
 
+/* The trailing paged-source arguments of the forward kernels built with
+ * -DPAGED_KV=1 (flash_fwd, flash_fwd_mma); nothing otherwise. */
+static inline void fcl_arg_paged(fcl_args *a, const fcl_problem *p) {
+  if (!p->paged_kv) return;
+  fcl_arg_mem(a, p->kv_block_table);
+  fcl_arg_int(a, p->kv_page_size);
+  fcl_arg_int(a, p->kv_max_pages);
+  fcl_arg_int(a, p->kv_num_pages);
+  fcl_arg_mem(a, p->kv_seqlens);
+}
+
 /* The argument prefix the dK/dV kernels share (bwd_dkdv, bwd_dkdv_mma): q, k, v,
  * dO, dK, dV, the LSE view, D and the fp32 dQ accumulator (NULL when unused). */
 static inline void fcl_arg_bwd_dkdv_head(fcl_args *a, const flashcl_tensor *q, const flashcl_tensor *k,

@@ -179,9 +179,6 @@ static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attenti
  * paged fields and sets p->seqlen_k to the bound on the per-sequence key counts. */
 static flashcl_status fcl_check_paged_kv(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                          const flashcl_tensor *k, fcl_problem *p) {
-  if (p->varlen)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "a paged K/V source (desc.kv_block_table) does not combine with varlen (cu_seqlens_q/k)");
   if (desc->kv_page_size < 1 || desc->kv_page_size != k->shape[1])
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                     "desc.kv_page_size (%d) must be >= 1 and equal the pools' page dimension k.shape[1] (%lld)",
@@ -312,19 +309,26 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   p->offset = desc->offset;
 
   if (desc->cu_seqlens_q || desc->cu_seqlens_k) {
-    if (!desc->cu_seqlens_q || !desc->cu_seqlens_k)
+    /* With a paged K/V source the key counts come from kv_seqlens and the keys from
+     * the page pools, so only the queries are packed. */
+    const int paged = desc->kv_block_table != NULL;
+    if (paged && desc->cu_seqlens_k)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                      "with a paged K/V source (desc.kv_block_table) the key counts come from desc.kv_seqlens: "
+                      "cu_seqlens_k must be NULL");
+    if (!desc->cu_seqlens_q || (!paged && !desc->cu_seqlens_k))
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
-    if (desc->num_seqs <= 0 || desc->max_seqlen_q <= 0 || desc->max_seqlen_k <= 0)
+    if (desc->num_seqs <= 0 || desc->max_seqlen_q <= 0 || (!paged && desc->max_seqlen_k <= 0))
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                       "varlen needs num_seqs, max_seqlen_q and max_seqlen_k >= 1 (got %d, %d, %d)", desc->num_seqs,
                       desc->max_seqlen_q, desc->max_seqlen_k);
     if (q->shape[0] != 1)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "varlen tensors must have batch 1 (packed tokens)");
-    if (desc->max_seqlen_q > q->shape[1] || desc->max_seqlen_k > k->shape[1])
+    if (desc->max_seqlen_q > q->shape[1] || (!paged && desc->max_seqlen_k > k->shape[1]))
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_q/k exceed the packed token counts");
-    size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = 0;
+    size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = need;
     if (clGetMemObjectInfo(desc->cu_seqlens_q, CL_MEM_SIZE, sizeof have_q, &have_q, NULL) != CL_SUCCESS ||
-        clGetMemObjectInfo(desc->cu_seqlens_k, CL_MEM_SIZE, sizeof have_k, &have_k, NULL) != CL_SUCCESS)
+        (!paged && clGetMemObjectInfo(desc->cu_seqlens_k, CL_MEM_SIZE, sizeof have_k, &have_k, NULL) != CL_SUCCESS))
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "cu_seqlens_q/k are not valid cl_mem objects");
     if (have_q < need || have_k < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cu_seqlens_q/k need %zu bytes (num_seqs + 1 int32)",
@@ -332,7 +336,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     p->varlen = 1;
     p->batch = desc->num_seqs;
     p->seqlen_q = desc->max_seqlen_q;
-    p->seqlen_k = desc->max_seqlen_k;
+    p->seqlen_k = desc->max_seqlen_k; /* paged: replaced by the pools' bound below */
   } else {
     p->batch = (int)q->shape[0];
     p->seqlen_q = (int)q->shape[1];

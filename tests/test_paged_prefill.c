@@ -43,7 +43,10 @@ typedef struct pp_case {
   int lens[MAXB]; /* cache lengths L_b, including the Nq new tokens */
   int nq, hq, hkv, d, page_size;
   flashcl_algo algo;
-  int gpu_map; /* 1: FLASHCL_FWD_MAP=gpu */
+  int gpu_map;                 /* 1: FLASHCL_FWD_MAP=gpu */
+  flashcl_kernel_family kernel; /* NVIDIA_MMA: the tensor-core forward (skipped where it is not available) */
+  int varlen;                  /* 1: packed queries (cu_seqlens_q), nqs[b] of them for sequence b */
+  int nqs[MAXB];
 } pp_case;
 
 /* A paged K and V pool with a random page order. */
@@ -128,20 +131,49 @@ static void run_case(const pp_case *pc) {
   fct_env *env = fct_env_get();
   fct_rng rng;
   fct_rng_init(&rng, pc->name);
-  const int B = pc->batch, nq = pc->nq, hq = pc->hq, hkv = pc->hkv, d = pc->d, ps = pc->page_size;
+  const int B = pc->batch, hq = pc->hq, hkv = pc->hkv, d = pc->d, ps = pc->page_size;
+  /* Sequence b's queries: rows [row0[b], row0[b] + nqb[b]) of batch entry qb[b]. */
+  int nqb[MAXB], row0[MAXB], qb[MAXB], total = 0, nq_max = 0;
+  int32_t cu[MAXB + 1] = {0};
+  for (int b = 0; b < B; b++) {
+    nqb[b] = pc->varlen ? pc->nqs[b] : pc->nq;
+    row0[b] = pc->varlen ? total : 0;
+    qb[b] = pc->varlen ? 0 : b;
+    total += nqb[b];
+    cu[b + 1] = total;
+    if (nqb[b] > nq_max) nq_max = nqb[b];
+  }
+  const int QB = pc->varlen ? 1 : B, QN = pc->varlen ? total : pc->nq;
   pp_cache c;
   cache_build(&c, pc->dtype, B, pc->lens, hkv, d, ps, &rng);
   fct_tensor q, o, lse;
-  contiguous_tensor(&q, pc->dtype, B, nq, hq, d);
+  contiguous_tensor(&q, pc->dtype, QB, QN, hq, d);
   fct_tensor_fill_random(&q, &rng);
-  fct_tensor_create_guarded(&o, pc->dtype, FCT_BNHD, B, nq, hq, d, 0, 64);
-  fct_tensor_create_lse_guarded(&lse, FCT_BNHD, B, nq, hq, 0, 64);
+  fct_tensor_create_guarded(&o, pc->dtype, FCT_BNHD, QB, QN, hq, d, 0, 64);
+  fct_tensor_create_lse_guarded(&lse, FCT_BNHD, QB, QN, hq, 0, 64);
   fct_tensor_poison(&o);
   fct_tensor_poison(&lse);
 
   flashcl_attention_desc desc;
   paged_desc(&desc, &c, ps);
   desc.algo = pc->algo;
+  desc.kernel = pc->kernel;
+  cl_mem cub = NULL;
+  if (pc->varlen) {
+    cub = int_buffer(cu, (size_t)B + 1);
+    desc.cu_seqlens_q = cub;
+    desc.num_seqs = B;
+    desc.max_seqlen_q = nq_max;
+  }
+  if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
+      !fct_mma_ready(pc->name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
+    if (cub) clReleaseMemObject(cub);
+    fct_tensor_release(&q);
+    fct_tensor_release(&o);
+    fct_tensor_release(&lse);
+    cache_release(&c);
+    return;
+  }
   if (pc->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &q.t, &c.k.t, &c.v.t, &o.t, &lse.t, 0, NULL, NULL);
   if (pc->gpu_map) unsetenv("FLASHCL_FWD_MAP");
@@ -152,13 +184,15 @@ static void run_case(const pp_case *pc) {
 
   double num = 0, den = 0, lnum = 0, lden = 0;
   size_t nonfinite = 0, bad_empty = 0;
-  double *ro = malloc(sizeof *ro * (size_t)nq * hq * d), *rl = malloc(sizeof *rl * (size_t)nq * hq);
+  double *ro = malloc(sizeof *ro * (size_t)(nq_max + 1) * hq * d), *rl = malloc(sizeof *rl * (size_t)(nq_max + 1) * hq);
   for (int b = 0; b < B; b++) {
-    const int L = pc->lens[b];
+    const int L = pc->lens[b], nq = nqb[b];
+    if (nq == 0) continue;
     double *kd = gather(&c, &c.k, b, L, hkv, d, ps), *vd = gather(&c, &c.v, b, L, hkv, d, ps);
     ref_tensor qr = fct_tensor_ref(&q);
-    qr.offset += (int64_t)b * qr.stride[0];
+    qr.offset += (int64_t)qb[b] * qr.stride[0] + (int64_t)row0[b] * qr.stride[1];
     qr.shape[0] = 1;
+    qr.shape[1] = nq;
     ref_tensor kr = ref_tensor_bnhd(kd, 1, L, hkv, d), vr = ref_tensor_bnhd(vd, 1, L, hkv, d);
     ref_out orr = ref_out_bnhd(ro, 1, nq, hq, d), lr = ref_out_bnhd(rl, 1, nq, hq, 1);
     ref_attention_params rp = {0};
@@ -166,7 +200,7 @@ static void run_case(const pp_case *pc) {
     FCT_CHECK(ref_attention_forward(&rp, &qr, &kr, &vr, &orr, &lr) == 0, "reference failed");
     for (int i = 0; i < nq; i++)
       for (int h = 0; h < hq; h++) {
-        const double want_l = rl[(size_t)i * hq + h], got_l = fct_tensor_get(&lse, b, i, h, 0);
+        const double want_l = rl[(size_t)i * hq + h], got_l = fct_tensor_get(&lse, qb[b], row0[b] + i, h, 0);
         if (isinf(want_l)) {
           if (!(isinf(got_l) && got_l < 0)) bad_empty++;
         } else if (!isfinite(got_l)) {
@@ -176,7 +210,7 @@ static void run_case(const pp_case *pc) {
           lden += want_l * want_l;
         }
         for (int x = 0; x < d; x++) {
-          const double want = ro[((size_t)i * hq + h) * d + x], got = fct_tensor_get(&o, b, i, h, x);
+          const double want = ro[((size_t)i * hq + h) * d + x], got = fct_tensor_get(&o, qb[b], row0[b] + i, h, x);
           if (!isfinite(got)) {
             nonfinite++;
             continue;
@@ -198,6 +232,7 @@ static void run_case(const pp_case *pc) {
   FCT_CHECK(err <= fct_tolerance(pc->dtype), "%s: O rel L2 %.3g > %.3g", pc->name, err, fct_tolerance(pc->dtype));
   FCT_CHECK(lerr <= fct_lse_tolerance(pc->dtype), "%s: LSE rel L2 %.3g > %.3g", pc->name, lerr,
             fct_lse_tolerance(pc->dtype));
+  if (cub) clReleaseMemObject(cub);
   fct_tensor_release(&q);
   fct_tensor_release(&o);
   fct_tensor_release(&lse);
@@ -205,6 +240,8 @@ static void run_case(const pp_case *pc) {
 }
 
 #define LENS {1, 17, 200, 1000}
+#define MMA FLASHCL_KERNEL_NVIDIA_MMA
+#define NQS {5, 0, 64, 130} /* varlen: a sequence without queries, one longer than its cache */
 static const pp_case CASES[] = {
     {"paged_flash_f32_ps16_nq1", FLASHCL_F32, 4, LENS, 1, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 0},
     {"paged_flash_f32_ps16_nq7", FLASHCL_F32, 4, LENS, 7, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 0},
@@ -218,6 +255,18 @@ static const pp_case CASES[] = {
     {"paged_naive_bf16_ps64_nq64", FLASHCL_BF16, 4, LENS, 64, 4, 1, 64, 64, FLASHCL_ALGO_NAIVE, 0},
     {"paged_gpu_map_f32_ps16_nq64", FLASHCL_F32, 4, LENS, 64, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 1},
     {"paged_gpu_map_bf16_ps64_nq7", FLASHCL_BF16, 4, LENS, 7, 4, 2, 64, 64, FLASHCL_ALGO_FLASH, 1},
+    /* Packed queries over the paged source (cu_seqlens_q + kv_seqlens). */
+    {"paged_varlen_flash_f32_ps16", FLASHCL_F32, 4, LENS, 0, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 0, 0, 1, NQS},
+    {"paged_varlen_flash_f16_ps64", FLASHCL_F16, 4, LENS, 0, 8, 2, 32, 64, FLASHCL_ALGO_FLASH, 0, 0, 1, NQS},
+    {"paged_varlen_gpu_map_f32_ps16", FLASHCL_F32, 4, LENS, 0, 4, 2, 64, 16, FLASHCL_ALGO_FLASH, 1, 0, 1, NQS},
+    {"paged_varlen_naive_f32_ps16", FLASHCL_F32, 4, LENS, 0, 4, 2, 64, 16, FLASHCL_ALGO_NAIVE, 0, 0, 1, NQS},
+    /* The tensor-core forward (NVIDIA only): tiles of 32 / 64 keys over pages of
+     * 16 (a tile spans pages), 64, and 24 (not a power of two: no shift). */
+    {"paged_mma_f16_d128_ps16_nq64", FLASHCL_F16, 4, LENS, 64, 8, 2, 128, 16, FLASHCL_ALGO_FLASH, 0, MMA},
+    {"paged_mma_bf16_d64_ps64_nq7", FLASHCL_BF16, 4, LENS, 7, 4, 1, 64, 64, FLASHCL_ALGO_FLASH, 0, MMA},
+    {"paged_mma_f16_d64_ps24_nq130", FLASHCL_F16, 4, LENS, 130, 4, 2, 64, 24, FLASHCL_ALGO_FLASH, 0, MMA},
+    {"paged_mma_varlen_f16_d128_ps64", FLASHCL_F16, 4, LENS, 0, 4, 2, 128, 64, FLASHCL_ALGO_FLASH, 0, MMA, 1, NQS},
+    {"paged_mma_varlen_bf16_d64_ps16", FLASHCL_BF16, 4, LENS, 0, 8, 2, 64, 16, FLASHCL_ALGO_FLASH, 0, MMA, 1, NQS},
 };
 
 static void test_case(void **state) { run_case((const pp_case *)*state); }
@@ -337,12 +386,10 @@ static void test_append_then_prefill(void **state) {
 /* Dropout, window, ALiBi and softcap compose with a paged source: with equal
  * lengths the paged forward must match the contiguous forward of the same keys
  * (same (b, h, i, j) indices, hence the same dropout mask) closely. */
-static void test_variants_compose(void **state) {
-  (void)state;
+static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_family kernel) {
   fct_env *env = fct_env_get();
   fct_rng rng;
-  fct_rng_init(&rng, "paged/variants");
-  const flashcl_dtype dt = FLASHCL_F32;
+  fct_rng_init(&rng, name);
   enum { B = 2, L = 200, NQ = 24, HQ = 4, HKV = 2, D = 64, PS = 16 };
   const int lens[B] = {L, L};
   pp_cache c;
@@ -368,7 +415,9 @@ static void test_variants_compose(void **state) {
   fct_tensor_create_lse(&lc, FCT_BNHD, B, NQ, HQ, 0);
   const float slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
   cl_mem alibi = fct_create_buffer(sizeof slopes, slopes);
-  for (int algo = FLASHCL_ALGO_FLASH; algo <= FLASHCL_ALGO_NAIVE; algo++) {
+  /* The tensor-core kernels run only the flash path. */
+  const int last = kernel == FLASHCL_KERNEL_NVIDIA_MMA ? FLASHCL_ALGO_FLASH : FLASHCL_ALGO_NAIVE;
+  for (int algo = FLASHCL_ALGO_FLASH; algo <= last; algo++) {
     fct_tensor *outs[4] = {&op, &oc, &lp, &lc};
     for (int i = 0; i < 4; i++) fct_tensor_poison(outs[i]);
     flashcl_attention_desc dp, dc;
@@ -382,6 +431,9 @@ static void test_variants_compose(void **state) {
     dp.dropout_p = 0.2f;
     dp.seed = 0x1234567890abcdefull;
     dp.offset = 77;
+    dp.kernel = kernel;
+    if (kernel == FLASHCL_KERNEL_NVIDIA_MMA && !fct_mma_ready(name, &dp, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD))
+      break;
     dc = dp;
     dc.kv_block_table = NULL;
     dc.kv_seqlens = NULL;
@@ -412,6 +464,7 @@ static void test_variants_compose(void **state) {
           }
         }
     FCT_CHECK(nonfinite == 0, "algo %d: %zu non-finite outputs", algo, nonfinite);
+    /* Both calls run the same arithmetic on the same keys; only the addresses differ. */
     FCT_CHECK(sqrt(num / den) <= 1e-5, "algo %d: paged vs contiguous rel L2 %.3g", algo, sqrt(num / den));
     FCT_CHECK(lmax <= 1e-4, "algo %d: paged vs contiguous LSE max diff %.3g", algo, lmax);
   }
@@ -419,6 +472,16 @@ static void test_variants_compose(void **state) {
   fct_tensor *all[] = {&kf, &vf, &q, &op, &oc, &lp, &lc};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fct_tensor_release(all[i]);
   cache_release(&c);
+}
+
+static void test_variants_compose(void **state) {
+  (void)state;
+  variants_compose("paged/variants", FLASHCL_F32, FLASHCL_KERNEL_AUTO);
+}
+
+static void test_variants_compose_mma(void **state) {
+  (void)state;
+  variants_compose("paged_variants_compose_mma", FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA);
 }
 
 static void expect_untouched(fct_tensor *t, const char *what) {
@@ -479,7 +542,7 @@ static void test_errors(void **state) {
     d = base; d.algo = (flashcl_algo)algo; d.heads_kv = 4;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "heads_kv does not match the pools");
   }
-  /* Varlen with a paged source is not supported. */
+  /* Varlen with a paged source takes the key counts from kv_seqlens: cu_seqlens_k is refused. */
   {
     fct_tensor qv, ov;
     contiguous_tensor(&qv, FLASHCL_F32, 1, 4, 4, 64);
@@ -493,8 +556,13 @@ static void test_errors(void **state) {
     d.max_seqlen_q = 2;
     d.max_seqlen_k = 2;
     FCT_CHECK_STATUS(flashcl_attention_forward(ctx, &d, &qv.t, &c.k.t, &c.v.t, &ov.t, NULL, 0, NULL, NULL),
-                     FLASHCL_ERROR_UNSUPPORTED, "varlen + paged");
-    expect_untouched(&ov, "varlen + paged");
+                     FLASHCL_ERROR_INVALID_ARGUMENT, "varlen + paged with cu_seqlens_k");
+    expect_untouched(&ov, "varlen + paged with cu_seqlens_k");
+    d.cu_seqlens_k = NULL;
+    d.num_seqs = 3; /* the block table holds 2 rows */
+    FCT_CHECK_STATUS(flashcl_attention_forward(ctx, &d, &qv.t, &c.k.t, &c.v.t, &ov.t, NULL, 0, NULL, NULL),
+                     FLASHCL_ERROR_BUFFER_TOO_SMALL, "varlen + paged, num_seqs past the block table");
+    expect_untouched(&ov, "varlen + paged, num_seqs past the block table");
     fct_tensor_release(&qv);
     fct_tensor_release(&ov);
   }
@@ -542,11 +610,12 @@ static void test_errors(void **state) {
 
 int main(void) {
   enum { N = sizeof CASES / sizeof CASES[0] };
-  struct CMUnitTest tests[N + 3];
+  struct CMUnitTest tests[N + 4];
   size_t n = 0;
   for (size_t i = 0; i < N; i++) tests[n++] = (struct CMUnitTest){CASES[i].name, test_case, NULL, NULL, (void *)&CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_append_then_prefill", test_append_then_prefill, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"paged_variants_compose", test_variants_compose, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"paged_variants_compose_mma", test_variants_compose_mma, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"paged_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("paged_prefill", tests, n, 1);
 }

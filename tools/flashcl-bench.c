@@ -38,8 +38,10 @@ typedef struct bench_opts {
 
 /* Buffers and tensors of one (N, d, dtype) config. */
 typedef struct config_bufs {
-  cl_mem mem[10]; /* q k v o lse d_o dq dk dv, ALiBi slopes */
+  cl_mem mem[12]; /* q k v o lse d_o dq dk dv, ALiBi slopes, --page-size: block table, key counts */
   flashcl_tensor q, k, v, o, lse, d_o, dq, dk, dv;
+  flashcl_tensor kp, vp; /* --page-size: k and v as page pools */
+  long pages_per_seq;
   size_t q_count, kv_count;
   size_t fwd_io, bwd_io; /* bytes the pass reads/writes besides its workspace */
 } config_bufs;
@@ -94,7 +96,10 @@ static void usage(FILE *f) {
           "                       host's enqueue time is inside the timed span); host_us\n"
           "                       is the host time of one flashcl_attention_decode call\n"
           "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
-          "                       contiguous)\n"
+          "                       contiguous); without --decode, the forward reads K and V\n"
+          "                       as page pools of P-token pages through an identity block\n"
+          "                       table (desc.kv_block_table: chunked prefill over a paged\n"
+          "                       cache; BNHD, forward only, N a multiple of P)\n"
           "  --block-sparse LIST  time the flash forward with a FLASHCL_MASK_BLOCK mask at\n"
           "                       each density in LIST (e.g. 1,0.5,0.25,0.125): N from --n\n"
           "                       (default GPU 16k, else 2k), first --d (64) and --dtype\n"
@@ -238,6 +243,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     }
 #undef OPT
   }
+  if (o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
+    fprintf(stderr, "flashcl-bench: --page-size without --decode times the paged forward: it does not combine "
+                    "with --bwd, --layout bhnd or --block-sparse\n");
+    return -1;
+  }
   return 0;
 bad:
   fprintf(stderr, "flashcl-bench: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
@@ -263,7 +273,7 @@ static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 /* Releases the buffers; the sizes stay (OOM rows still report them). */
 static void release_bufs(config_bufs *b) {
   int i;
-  for (i = 0; i < 10; ++i) {
+  for (i = 0; i < 12; ++i) {
     if (b->mem[i]) clReleaseMemObject(b->mem[i]);
     b->mem[i] = NULL;
   }
@@ -312,7 +322,21 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
                                &err);
     if (!b->mem[9] || err) goto fail;
   }
-  st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
+  if (o->page_size) { /* the same K/V memory as page pools; sequence b owns pages [b * n / P, (b + 1) * n / P) */
+    const long P = o->page_size, per = n / P;
+    cl_int *host = (cl_int *)scratch; /* scratch holds q_count >= batch * per ints */
+    b->pages_per_seq = per;
+    for (long i = 0; i < batch * per; ++i) host[i] = (cl_int)i;
+    b->mem[10] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * batch * per, host,
+                                &err);
+    for (long i = 0; i < batch; ++i) host[i] = (cl_int)n;
+    if (b->mem[10]) b->mem[11] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * batch,
+                                                host, &err);
+    if (!b->mem[11] || err) goto fail;
+    st = flashcl_tensor_init_bnhd(&b->kp, b->mem[1], 0, dtype, batch * per, P, heads_kv, d);
+    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[2], 0, dtype, batch * per, P, heads_kv, d);
+  }
+  if (!st) st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
   if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
   if (!st) st = init(&b->v, b->mem[2], 0, dtype, batch, n, heads_kv, d);
   if (!st) st = init(&b->o, b->mem[3], 0, dtype, batch, n, heads, d);
@@ -373,11 +397,20 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
     desc.heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
     desc.heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
   }
+  const flashcl_tensor *kt = &b->k, *vt = &b->v;
+  if (o->page_size) {
+    desc.kv_block_table = b->mem[10];
+    desc.kv_page_size = (int)o->page_size;
+    desc.kv_max_pages = (int)b->pages_per_seq;
+    desc.kv_seqlens = b->mem[11];
+    kt = &b->kp;
+    vt = &b->vp;
+  }
   memset(&args, 0, sizeof args);
   args.desc = &desc;
   args.q = &b->q;
-  args.k = &b->k;
-  args.v = &b->v;
+  args.k = kt;
+  args.v = vt;
   args.o = &b->o;
   if (r->pass == FLASHCL_PASS_BACKWARD) {
     args.lse = &b->lse;
@@ -387,7 +420,7 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
     args.dv = &b->dv;
   }
 
-  st = flashcl_attention_workspace_size(ctx, &desc, &b->q, &b->k, &b->v, r->pass, &r->workspace);
+  st = flashcl_attention_workspace_size(ctx, &desc, &b->q, kt, vt, r->pass, &r->workspace);
   if (st != FLASHCL_SUCCESS) goto failed;
   if (r->algo == FLASHCL_ALGO_FLASH && r->pass == FLASHCL_PASS_FORWARD &&
       flashcl_attention_block_plan(ctx, (int)b->q.shape[FLASHCL_DIM_HEADDIM], b->q.dtype, 0, 0, &r->plan) ==
@@ -395,7 +428,7 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
     r->have_plan = 1;
   if (r->algo == FLASHCL_ALGO_FLASH) {
     flashcl_kernel_family fam;
-    if (flashcl_attention_kernel_family(ctx, &desc, &b->q, &b->k, &b->v, &b->o, r->pass, &fam) == FLASHCL_SUCCESS)
+    if (flashcl_attention_kernel_family(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &fam) == FLASHCL_SUCCESS)
       r->family = (int)fam;
   }
   io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
@@ -818,6 +851,7 @@ int main(int argc, char **argv) {
     if (o.window >= 0) printf(", window %ld", o.window);
     if (o.softcap > 0) printf(", softcap %g", o.softcap);
     if (o.alibi) printf(", ALiBi");
+    if (o.page_size) printf(", K/V in pages of %ld (identity block table)", o.page_size);
     if (o.bwd) printf(", %s backward", o.deterministic ? "deterministic" : "atomic-dQ");
     printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s\n", "N", "d", "dtype",
            "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
@@ -844,6 +878,10 @@ int main(int argc, char **argv) {
           void *scratch = NULL;
           int alloc_status, pi, ai, need_reset = 0;
 
+          if (o.page_size && n % o.page_size) {
+            fprintf(stderr, "skipping N=%ld: not a multiple of --page-size %ld\n", n, o.page_size);
+            continue;
+          }
           if (heads_kv < 1 || heads % o.gqa != 0) {
             fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", n, d, heads,
                     o.gqa);
