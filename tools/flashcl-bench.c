@@ -104,7 +104,8 @@ static void usage(FILE *f) {
           "                       each density in LIST (e.g. 1,0.5,0.25,0.125): N from --n\n"
           "                       (default GPU 16k, else 2k), first --d (64) and --dtype\n"
           "                       (GPU f16, else f32), non-causal, 128 x 128 mask blocks\n"
-          "                       (64 x 64 off GPU); time vs density\n"
+          "                       (64 x 64 off GPU); time vs density (with --bwd, the\n"
+          "                       backward's too)\n"
           "  --bwd                also time the backward pass (after one untimed forward\n"
           "                       that writes o and lse)\n"
           "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
@@ -707,39 +708,49 @@ static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const fla
   const long tokens = o->have_batch_tokens ? o->batch_tokens : info->is_gpu ? 16384 : 2048;
   const long hidden = o->have_hidden ? o->hidden : info->is_gpu ? 2048 : 256;
   const int mb = info->is_gpu ? 128 : 64;
-  if (!o->csv) printf("flashcl-bench --block-sparse: mask blocks %d x %d, %s, d = %ld, non-causal, median of %ld\n\n"
-                      "%6s %5s %5s %8s %9s %10s %9s %11s\n",
-                      mb, mb, flashcl_dtype_name(dtype), d, reps, "N", "batch", "heads", "density", "blocks/row",
-                      "median_ms", "x dense", "x/density");
-  else printf("n,d,dtype,batch,heads,density,blocks_per_row,median_ms,ratio_dense\n");
+  const int npass = o->bwd ? 2 : 1;
+  if (!o->csv) {
+    printf("flashcl-bench --block-sparse: mask blocks %d x %d, %s, d = %ld, non-causal, median of %ld%s\n\n"
+           "%6s %5s %5s %8s %9s %4s %10s %9s %11s\n",
+           mb, mb, flashcl_dtype_name(dtype), d, reps,
+           o->bwd ? (o->deterministic ? ", deterministic backward" : ", atomic-dQ backward") : "", "N", "batch",
+           "heads", "density", "blocks/row", "pass", "median_ms", "x dense", "x/density");
+  } else {
+    printf("n,d,dtype,batch,heads,density,blocks_per_row,pass,median_ms,ratio_dense\n");
+  }
   for (int ni = 0; ni < o->n.count; ni++) {
     const long n = o->n.v[ni], batch = tokens / n > 0 ? tokens / n : 1, heads = hidden / d > 0 ? hidden / d : 1;
-    const size_t count = (size_t)batch * n * heads * d;
+    const size_t count = (size_t)batch * n * heads * d, bytes = count * flashcl_dtype_size(dtype);
     void *scratch = malloc(count * 4);
     cl_int err = CL_SUCCESS;
-    cl_mem mq = tools_random_buffer(clctx, queue, dtype, count, 11, scratch, &err);
-    cl_mem mk = mq ? tools_random_buffer(clctx, queue, dtype, count, 12, scratch, &err) : NULL;
-    cl_mem mv = mk ? tools_random_buffer(clctx, queue, dtype, count, 13, scratch, &err) : NULL;
-    cl_mem mo = mv ? clCreateBuffer(clctx, CL_MEM_READ_WRITE, count * flashcl_dtype_size(dtype), NULL, &err) : NULL;
+    /* q k v o, and for --bwd lse dO dQ dK dV */
+    cl_mem mem[9] = {NULL};
+    const int nmem = o->bwd ? 9 : 4;
+    for (int i = 0; i < nmem && err == CL_SUCCESS; i++) {
+      if (i < 3 || i == 5) mem[i] = tools_random_buffer(clctx, queue, dtype, count, 11 + i, scratch, &err);
+      else mem[i] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, i == 4 ? count / d * sizeof(float) : bytes, NULL, &err);
+      if (!mem[i] && err == CL_SUCCESS) err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    }
     free(scratch);
-    if (!mo) {
+    if (err != CL_SUCCESS) {
       fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
       failures++;
-      if (mq) clReleaseMemObject(mq);
-      if (mk) clReleaseMemObject(mk);
-      if (mv) clReleaseMemObject(mv);
+      for (int i = 0; i < 9; i++)
+        if (mem[i]) clReleaseMemObject(mem[i]);
       continue;
     }
-    flashcl_tensor q, k, v, out;
-    flashcl_tensor_init_bnhd(&q, mq, 0, dtype, batch, n, heads, d);
-    flashcl_tensor_init_bnhd(&k, mk, 0, dtype, batch, n, heads, d);
-    flashcl_tensor_init_bnhd(&v, mv, 0, dtype, batch, n, heads, d);
-    flashcl_tensor_init_bnhd(&out, mo, 0, dtype, batch, n, heads, d);
+    flashcl_tensor t[9];
+    for (int i = 0; i < nmem; i++)
+      if (i == 4) flashcl_tensor_init_lse(&t[i], mem[i], 0, batch, n, heads);
+      else flashcl_tensor_init_bnhd(&t[i], mem[i], 0, dtype, batch, n, heads, d);
+    tools_attention_args args = {NULL, &t[0], &t[1], &t[2], &t[3], o->bwd ? &t[4] : NULL,
+                                 o->bwd ? &t[5] : NULL, o->bwd ? &t[6] : NULL, o->bwd ? &t[7] : NULL,
+                                 o->bwd ? &t[8] : NULL};
     const int nb = (int)((n + mb - 1) / mb);
     size_t words = 0;
     flashcl_mask_words(nb, nb, &words);
     uint32_t *bits = malloc(words * batch * sizeof *bits);
-    double dense_ms = 0.0;
+    double dense_ms[2] = {0.0, 0.0};
     for (int di = 0; di < nd; di++) {
       int kk = (int)(dens[di] * nb + 0.5);
       if (kk < 1) kk = 1;
@@ -760,43 +771,40 @@ static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const fla
       desc.mask_kind = FLASHCL_MASK_BLOCK;
       desc.mask = mm;
       desc.mask_block_q = desc.mask_block_k = mb;
-      double times[1000];
-      int st = mm ? FLASHCL_SUCCESS : err, got = 0;
-      for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
-        cl_event ev = NULL;
-        cl_ulong t0 = 0, t1 = 0;
-        const double h0 = tools_now_ms();
-        st = flashcl_attention_forward(ctx, &desc, &q, &k, &v, &out, NULL, 0, NULL, &ev);
-        if (st != FLASHCL_SUCCESS) break;
-        clWaitForEvents(1, &ev);
-        double ms = tools_now_ms() - h0;
-        if (clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL) == CL_SUCCESS &&
-            clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) == CL_SUCCESS && t1 > t0)
-          ms = (double)(t1 - t0) * 1e-6;
-        clReleaseEvent(ev);
-        if (r > 0) times[got++] = ms; /* the first run builds the program */
+      desc.deterministic = o->deterministic;
+      args.desc = &desc;
+      int st = mm ? FLASHCL_SUCCESS : err;
+      for (int pi = 0; pi < npass && st == FLASHCL_SUCCESS; pi++) {
+        const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
+        double times[1000];
+        int got = 0, host_timer = 0;
+        /* The first run builds the programs; the forward runs write the o and lse the backward reads. */
+        for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
+          double ms = 0.0;
+          st = tools_timed_call(ctx, pass, &args, &ms, &host_timer);
+          if (st == FLASHCL_SUCCESS && r > 0) times[got++] = ms;
+        }
+        if (st != FLASHCL_SUCCESS || got == 0) {
+          tools_print_error(stderr, ctx, pi ? "flashcl_attention_backward (block-sparse)"
+                                            : "flashcl_attention_forward (block-sparse)", st);
+          failures++;
+          break;
+        }
+        const double med = tools_median(times, got), real = (double)kk / nb;
+        if (di == 0) dense_ms[pi] = med;
+        if (o->csv)
+          printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", n, d, flashcl_dtype_name(dtype), batch, heads, real, kk,
+                 pi ? "bwd" : "fwd", med, med / dense_ms[pi]);
+        else
+          printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", n, batch, heads, real, kk, pi ? "bwd" : "fwd",
+                 med, med / dense_ms[pi], med / dense_ms[pi] / real);
+        fflush(stdout);
       }
       if (mm) clReleaseMemObject(mm);
-      if (st != FLASHCL_SUCCESS || got == 0) {
-        tools_print_error(stderr, ctx, "flashcl_attention_forward (block-sparse)", st);
-        failures++;
-        continue;
-      }
-      const double med = tools_median(times, got), real = (double)kk / nb;
-      if (di == 0) dense_ms = med;
-      if (o->csv)
-        printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%.4f,%.4f\n", n, d, flashcl_dtype_name(dtype), batch, heads, real, kk, med,
-               med / dense_ms);
-      else
-        printf("%6ld %5ld %5ld %8.4f %9d %10.3f %9.3f %11.3f\n", n, batch, heads, real, kk, med, med / dense_ms,
-               med / dense_ms / real);
-      fflush(stdout);
     }
     free(bits);
-    clReleaseMemObject(mq);
-    clReleaseMemObject(mk);
-    clReleaseMemObject(mv);
-    clReleaseMemObject(mo);
+    for (int i = 0; i < 9; i++)
+      if (mem[i]) clReleaseMemObject(mem[i]);
   }
   return failures ? 1 : 0;
 }
