@@ -146,6 +146,7 @@
 
 #define NTHREADS (NWARPS * 32)
 #define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+#define SWZ_ROW CH         /* local rows hold exactly the row (HEAD_DIM is 64 or 128) */
 #define KT (HEAD_DIM / 16) /* k-steps over head_dim */
 #define DT (HEAD_DIM / 8)  /* 8-column n-tiles over head_dim */
 #define LSTEP (NTHREADS / CH)

@@ -174,6 +174,9 @@
 #define WARP_ROWS (16 * M_TILES)
 #define BLOCK_R (NWARPS * WARP_ROWS)
 #define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+/* Chunks per local row: a multiple of 8, so that the swizzle c ^ (r & 7) stays in
+ * the row (head dims that are not multiples of 64 leave the rest of the row unused). */
+#define SWZ_ROW ((CH + 7) / 8 * 8)
 #define KT (HEAD_DIM / 16) /* k-steps of Q K^T */
 #define NT (BLOCK_C / 8)   /* 8-key n-tiles of S */
 #define DT (HEAD_DIM / 8)  /* 8-column n-tiles of O */
@@ -185,7 +188,30 @@
 #define SMEM_ROWS (2 * KV_STAGES * BLOCK_C > BLOCK_R ? 2 * KV_STAGES * BLOCK_C : BLOCK_R)
 #endif
 
-#if HEAD_DIM % 64 || BLOCK_C % 16 || NTHREADS % CH || (BLOCK_C * CH) % NTHREADS
+/* The cp.async chunks of a tile (Q: BLOCK_R rows, K/V: BLOCK_C rows) are spread over
+ * the work-items: element e = tid + i * NTHREADS is chunk e % CH of row e / CH.
+ * Where CH divides NTHREADS (head dims 16, 32, 64, 128, 256) that is the fixed
+ * column chunk lc of rows lr + i * LSTEP, and the thread's global pointers carry
+ * the column and the first row. */
+#define LREG (NTHREADS % CH == 0)
+#define TILE_PER(rows) (((rows) * CH + NTHREADS - 1) / NTHREADS)
+#define TILE_IN(rows, r) (((rows) * CH) % NTHREADS == 0 || (r) < (rows))
+#define LPER TILE_PER(BLOCK_C)
+#if LREG
+#define LSTEP (NTHREADS / CH)
+#define TILE_ROW(i) (lr + (i) * LSTEP)
+#define TILE_COL(i) lc
+#define COL0 (lc * 8)  /* in the thread's pointers */
+#define COLX(i) 0
+#else
+#define LSTEP 0
+#define TILE_ROW(i) ((tid + (i) * NTHREADS) / CH)
+#define TILE_COL(i) ((tid + (i) * NTHREADS) % CH)
+#define COL0 0
+#define COLX(i) (TILE_COL(i) * 8)
+#endif
+
+#if HEAD_DIM % 16 || HEAD_DIM > 256 || BLOCK_C % 16
 #error "unsupported flash_fwd_mma parameters"
 #endif
 
@@ -280,7 +306,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
     __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
     ulong seed, ulong offset, uint threshold, float keep_scale MMA_PAGED_PARAMS) {
-  __local uint4 smem[SMEM_ROWS * CH];
+  __local uint4 smem[SMEM_ROWS * SWZ_ROW];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   /* Highest query blocks first: under a causal mask they carry the most work. */
@@ -318,19 +344,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #endif
   const int diag = nk - nq;
   const uint sbase = SADDR(smem);
-  const uint kbuf = sbase + Q_ROWS * CH * 16, vbuf = kbuf + BLOCK_C * CH * 16;
-
-  /* This thread's cp.async chunks: column chunk lc of rows lr + i * LSTEP. */
-  const int lc = tid % CH, lr = tid / CH;
-#define LSTEP (NTHREADS / CH)
-#define LPER (BLOCK_C * CH / NTHREADS)
+  const uint kbuf = sbase + Q_ROWS * SWZ_ROW * 16, vbuf = kbuf + BLOCK_C * SWZ_ROW * 16;
+  const int lc = tid % CH, lr = tid / CH; /* used where LREG */
 
   /* ---- Q tile -> local -> registers ---- */
-  for (int i = 0; i < (BLOCK_R + LSTEP - 1) / LSTEP; i++) {
-    const int r = lr + i * LSTEP;
-    if (BLOCK_R % LSTEP == 0 || r < BLOCK_R) {
+  for (int i = 0; i < TILE_PER(BLOCK_R); i++) {
+    const int r = TILE_ROW(i), c = TILE_COL(i);
+    if (TILE_IN(BLOCK_R, r)) {
       const int ok = q0 + r < nq;
-      cp_async16(sbase + SWZ(r, lc), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + lc * 8, ok ? 16u : 0u);
+      cp_async16(sbase + SWZ(r, c), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + c * 8, ok ? 16u : 0u);
     }
   }
   cp_commit();
@@ -375,42 +397,46 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   const int wcls = 3;
 #endif
 
-  /* Per-thread global pointers of the K/V chunks, row lr of the tile at key 0. */
-  __global const ushort *kp0 = k + kbase + lc * 8, *kp = kp0 + (long)lr * k_sn;
-  __global const ushort *vp0 = v + vbase + lc * 8, *vp = vp0 + (long)lr * v_sn;
+  /* Per-thread global pointers of the K/V chunks: column COL0 of key 0 (kp0) and,
+   * where LREG, of the thread's first row (kp). */
+  __global const ushort *kp0 = k + kbase + COL0, *kp = kp0 + (LREG ? (long)lr * k_sn : 0);
+  __global const ushort *vp0 = v + vbase + COL0, *vp = vp0 + (LREG ? (long)lr * v_sn : 0);
   const long kstep = (long)LSTEP * k_sn, vstep = (long)LSTEP * v_sn;
 
 /* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN); their
  * source address is clamped to key 0, which exists whenever a tile is loaded. */
 #if PAGED_KV
-#define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                              \
-  {                                                                                            \
-    for (int i = 0; i < LPER; i++) {                                                           \
-      const int r = lr + i * LSTEP, j = (k0) + r;                                              \
-      const int ok = j < nk;                                                                   \
-      cp_async16((buf) + SWZ(r, lc), ok ? (ptr0) + PAGED_ROW(j, sb, sn) : (ptr0), ok ? 16u : 0u); \
-    }                                                                                          \
-    cp_commit();                                                                               \
+#define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                           \
+  {                                                                                         \
+    for (int i = 0; i < LPER; i++) {                                                        \
+      const int r = TILE_ROW(i), j = (k0) + r;                                              \
+      const int ok = TILE_IN(BLOCK_C, r) && j < nk;                                         \
+      if (TILE_IN(BLOCK_C, r))                                                              \
+        cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? (ptr0) + PAGED_ROW(j, sb, sn) + COLX(i) : (ptr0), \
+                   ok ? 16u : 0u);                                                          \
+    }                                                                                       \
+    cp_commit();                                                                            \
   }
-/* The same with the tile's pages already read (pg[i]: the page of row lr + i * LSTEP). */
-#define LOAD_TILE_PAGES(buf, ptr0, sb, sn, k0, pg)                                              \
-  {                                                                                            \
-    for (int i = 0; i < LPER; i++) {                                                           \
-      const int r = lr + i * LSTEP, j = (k0) + r;                                              \
-      const int ok = j < nk;                                                                   \
-      const long off_ = (long)(pg)[i] * (sb) + (long)(j - PAGE_OF(j) * page_size) * (sn);      \
-      cp_async16((buf) + SWZ(r, lc), ok ? (ptr0) + off_ : (ptr0), ok ? 16u : 0u);              \
-    }                                                                                          \
-    cp_commit();                                                                               \
+/* The same with the tile's pages already read (pg[i]: the page of row TILE_ROW(i)). */
+#define LOAD_TILE_PAGES(buf, ptr0, sb, sn, k0, pg)                                            \
+  {                                                                                         \
+    for (int i = 0; i < LPER; i++) {                                                        \
+      const int r = TILE_ROW(i), j = (k0) + r;                                              \
+      const int ok = TILE_IN(BLOCK_C, r) && j < nk;                                         \
+      const long off_ = (long)(pg)[i] * (sb) + (long)(j - PAGE_OF(j) * page_size) * (sn) + COLX(i); \
+      if (TILE_IN(BLOCK_C, r)) cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? (ptr0) + off_ : (ptr0), ok ? 16u : 0u); \
+    }                                                                                       \
+    cp_commit();                                                                            \
   }
 #else
 #define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                           \
   {                                                                                         \
     __global const ushort *p_ = (ptr) + (long)(k0) * (sn);                                  \
     for (int i = 0; i < LPER; i++) {                                                        \
-      const int r = lr + i * LSTEP;                                                         \
-      const int ok = (k0) + r < nk;                                                         \
-      cp_async16((buf) + SWZ(r, lc), ok ? p_ + i * (step) : (ptr0), ok ? 16u : 0u);         \
+      const int r = TILE_ROW(i);                                                            \
+      const int ok = TILE_IN(BLOCK_C, r) && (k0) + r < nk;                                  \
+      const long off_ = LREG ? i * (step) : (long)r * (sn) + COLX(i);                       \
+      if (TILE_IN(BLOCK_C, r)) cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? p_ + off_ : (ptr0), ok ? 16u : 0u); \
     }                                                                                       \
     cp_commit();                                                                            \
   }
@@ -418,7 +444,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 
   int k0 = NEXT_TILE(kbeg);
 #if KV_STAGES == 2
-#define STAGE_BYTES (2 * BLOCK_C * CH * 16) /* K | V of one stage */
+#define STAGE_BYTES (2 * BLOCK_C * SWZ_ROW * 16) /* K | V of one stage */
   if (k0 < kend) {
     LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, k0)
     LOAD_TILE(vbuf, vp, vp0, v_sb, v_sn, vstep, k0)
@@ -436,7 +462,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     cp_wait_all();
 #if KV_STAGES == 2
     barrier(CLK_LOCAL_MEM_FENCE); /* K and V of this tile are in; every warp is done with the other stage */
-    const uint kb = kbuf + stage * STAGE_BYTES, vb = kb + BLOCK_C * CH * 16;
+    const uint kb = kbuf + stage * STAGE_BYTES, vb = kb + BLOCK_C * SWZ_ROW * 16;
     const uint nbuf = kbuf + (stage ^ 1) * STAGE_BYTES;
 #if PAGED_EARLY
     /* The next tile's pages: plain loads whose latency the S = Q K^T below hides;
@@ -444,13 +470,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     int pgn[LPER];
     #pragma unroll
     for (int i = 0; i < LPER; i++) {
-      const int j = kn + lr + i * LSTEP;
-      pgn[i] = kn < kend && j < nk ? clamp(bt[PAGE_OF(j)], 0, num_pages - 1) : 0;
+      const int j = kn + TILE_ROW(i);
+      pgn[i] = kn < kend && TILE_IN(BLOCK_C, TILE_ROW(i)) && j < nk ? clamp(bt[PAGE_OF(j)], 0, num_pages - 1) : 0;
     }
 #else
     if (kn < kend) {
       LOAD_TILE(nbuf, kp, kp0, k_sb, k_sn, kstep, kn)
-      LOAD_TILE(nbuf + BLOCK_C * CH * 16, vp, vp0, v_sb, v_sn, vstep, kn)
+      LOAD_TILE(nbuf + BLOCK_C * SWZ_ROW * 16, vp, vp0, v_sb, v_sn, vstep, kn)
     }
 #endif
     stage ^= 1;
@@ -606,7 +632,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #elif PAGED_EARLY
     if (kn < kend) {
       LOAD_TILE_PAGES(nbuf, kp0, k_sb, k_sn, kn, pgn)
-      LOAD_TILE_PAGES(nbuf + BLOCK_C * CH * 16, vp0, v_sb, v_sn, kn, pgn)
+      LOAD_TILE_PAGES(nbuf + BLOCK_C * SWZ_ROW * 16, vp0, v_sb, v_sn, kn, pgn)
     }
 #endif
 

@@ -37,9 +37,9 @@
 
 /* Shared-state-space address of a __local pointer. */
 #define SADDR(p) ((uint)(size_t)(p))
-/* Byte offset of logical chunk c of row r in a swizzled tile of CH 16-byte chunks
- * per row (CH >= 8, defined by the kernel file before any use). */
-#define SWZ(r, c) ((uint)(((r) * CH + ((c) ^ ((r) & 7))) * 16))
+/* Byte offset of logical chunk c of row r in a swizzled tile of SWZ_ROW 16-byte
+ * chunks per row (a multiple of 8, defined by the kernel file before any use). */
+#define SWZ(r, c) ((uint)(((r) * SWZ_ROW + ((c) ^ ((r) & 7))) * 16))
 
 inline void cp_async16(uint saddr, __global const ushort *src, uint bytes) {
   /* bytes = 0 zero-fills the 16 bytes (rows past the end of the sequence). */

@@ -14,7 +14,8 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim 64 and 128, scale > 0, and every tensor's
+ * Coverage: fp16 and bf16, head_dim a multiple of 16 up to 256 (the backward: 64
+ * and 128), scale > 0, and every tensor's
  * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
  * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
  * softcap, attention masks and (forward only) a paged K/V source compose. Other
@@ -189,6 +190,46 @@ int fcl_mma_rows_aligned(const flashcl_tensor *t) {
   return 1;
 }
 
+typedef struct fcl_mma_config {
+  int nwarps, m_tiles, block_c, q_in_smem, kv_stages;
+} fcl_mma_config;
+
+/* Local bytes of flash_fwd_mma: its SMEM_ROWS rows of SWZ_ROW 16-byte chunks (the
+ * row rounded up to 64 elements, for the swizzle). */
+static size_t fcl_mma_fwd_local(const fcl_mma_config *c, int d) {
+  const size_t br = (size_t)c->nwarps * 16 * c->m_tiles, kv = 2 * (size_t)c->kv_stages * c->block_c;
+  const size_t rows = c->q_in_smem ? br + kv : (kv > br ? kv : br);
+  return rows * (size_t)((d + 63) / 64 * 64) * 2;
+}
+
+static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem *p) {
+  /* Measured on the H100 (fp16, N = 2K/8K): d = 64 runs best with Br = 128 (4
+   * warps x 32 rows, Q in registers) and Bc = 64; d = 128 with Br = 128, Bc = 32
+   * and Q re-read from local memory (Q in registers with 32 rows per warp spills,
+   * and 16 rows per warp doubles the ldmatrix traffic per mma). */
+  fcl_mma_config c = {4, 2, 64, 0, 2};
+  if (p->head_dim > 64) {
+    c.block_c = 32;
+    c.q_in_smem = 1;
+  }
+  /* Past d = 128 the O accumulators of 32 rows per warp (d registers per lane,
+   * 256 at d = 256) do not fit: 16 rows per warp. Other head dims take the
+   * configuration of the next larger one of 64 and 128. */
+  if (p->head_dim > 128) c.m_tiles = 1;
+  /* Two K | V stages where the local memory allows (d = 64: 32 KiB; d = 128:
+   * 64 KiB, so only past the probe): measured 3.6% (d = 64) and 2.5% (d = 128)
+   * faster at N = 8K, 12% for causal d = 64. */
+  if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) c.kv_stages = 1;
+  const char *env = getenv("FLASHCL_MMA_CONFIG");
+  fcl_mma_config e = {0, 0, 0, 0, 1};
+  if (env && sscanf(env, "%d,%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem, &e.kv_stages) >= 3 &&
+      (e.kv_stages == 1 || e.kv_stages == 2) &&
+      e.nwarps > 0 && e.nwarps <= 16 &&
+      e.m_tiles > 0 && e.m_tiles <= 4 && e.block_c >= 16 && e.block_c % 16 == 0)
+    c = e;
+  return c;
+}
+
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, int *use) {
@@ -212,14 +253,20 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   const char *why = NULL;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
     why = "dtype is not f16/bf16";
-  else if (p->head_dim != 64 && p->head_dim != 128)
+  else if (pass == FLASHCL_PASS_BACKWARD && p->head_dim != 64 && p->head_dim != 128)
     why = "head_dim is not 64 or 128";
+  else if (p->head_dim % 16 || p->head_dim > 256)
+    why = "head_dim is not a multiple of 16 up to 256";
   else if (!(p->scale > 0.0f))
     why = "scale is not positive";
   else if (p->paged_kv && pass == FLASHCL_PASS_BACKWARD)
     why = "paged K/V source";
   else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
+  else if (pass == FLASHCL_PASS_FORWARD) {
+    const fcl_mma_config c = fcl_mma_pick(ctx, p);
+    if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) why = "its tiles need more local memory than the device allows";
+  }
   if (why) {
     fcl_log(ctx, "tensor-core %s does not cover this problem (%s): running the portable kernels",
             pass == FLASHCL_PASS_BACKWARD ? "backward" : "forward", why);
@@ -227,41 +274,6 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   }
   *use = 1;
   return FLASHCL_SUCCESS;
-}
-
-typedef struct fcl_mma_config {
-  int nwarps, m_tiles, block_c, q_in_smem, kv_stages;
-} fcl_mma_config;
-
-/* Local bytes of flash_fwd_mma (its SMEM_ROWS rows of head_dim * 2 bytes). */
-static size_t fcl_mma_fwd_local(const fcl_mma_config *c, int d) {
-  const size_t br = (size_t)c->nwarps * 16 * c->m_tiles, kv = 2 * (size_t)c->kv_stages * c->block_c;
-  const size_t rows = c->q_in_smem ? br + kv : (kv > br ? kv : br);
-  return rows * (size_t)d * 2;
-}
-
-static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem *p) {
-  /* Measured on the H100 (fp16, N = 2K/8K): d = 64 runs best with Br = 128 (4
-   * warps x 32 rows, Q in registers) and Bc = 64; d = 128 with Br = 128, Bc = 32
-   * and Q re-read from local memory (Q in registers with 32 rows per warp spills,
-   * and 16 rows per warp doubles the ldmatrix traffic per mma). */
-  fcl_mma_config c = {4, 2, 64, 0, 2};
-  if (p->head_dim > 64) {
-    c.block_c = 32;
-    c.q_in_smem = 1;
-  }
-  /* Two K | V stages where the local memory allows (d = 64: 32 KiB; d = 128:
-   * 64 KiB, so only past the probe): measured 3.6% (d = 64) and 2.5% (d = 128)
-   * faster at N = 8K, 12% for causal d = 64. */
-  if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) c.kv_stages = 1;
-  const char *env = getenv("FLASHCL_MMA_CONFIG");
-  fcl_mma_config e = {0, 0, 0, 0, 1};
-  if (env && sscanf(env, "%d,%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem, &e.kv_stages) >= 3 &&
-      (e.kv_stages == 1 || e.kv_stages == 2) &&
-      e.nwarps > 0 && e.nwarps <= 16 &&
-      e.m_tiles > 0 && e.m_tiles <= 4 && e.block_c >= 16 && e.block_c % 16 == 0)
-    c = e;
-  return c;
 }
 
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap) {

@@ -5,8 +5,9 @@
  * capability 8.0) an explicit request must fail with FLASHCL_ERROR_UNSUPPORTED
  * and a reason, while AUTO keeps working; the accuracy tests then skip. On a
  * device with it, fp16/bf16 outputs and LSE are compared with a double-precision
- * reference over causal, GQA, varlen, ragged N, strided and offset layouts, and
- * the problems it does not cover (d = 96, unaligned rows) fall back cleanly.
+ * reference over head dims 16 to 256, causal, GQA, varlen, ragged N, strided and
+ * offset layouts, and the problems it does not cover (d = 136, unaligned rows)
+ * fall back cleanly.
  *
  * Inputs are fresh every run (FLASHCL_TEST_SEED, printed). O and LSE buffers are
  * NaN-filled before each call, and every O element outside the tensor (offset,
@@ -48,6 +49,7 @@ static float from_bits(int dtype, uint16_t u) { return dtype == 2 ? fct_bf16_to_
 static uint16_t nan_bits(int dtype) { return dtype == 2 ? 0x7fc0 : 0x7e00; }
 
 static flashcl_context *ctx;
+static flashcl_kernel_family last_family; /* the family run_case's call ran (kernel_family) */
 static cl_context cc;
 static cl_command_queue cq;
 
@@ -205,6 +207,10 @@ static int run_case(const tcase *tc, flashcl_kernel_family kernel, double *rel, 
       ref(q, k, v, ro, rl, lq[s], lk[s], Hq, Hkv, d, tc->causal, scale, cq_[s], ck_[s], TNq, TNk, 0);
   else
     for (int b = 0; b < B; b++) ref(q, k, v, ro, rl, Nq, Nk, Hq, Hkv, d, tc->causal, scale, 0, 0, Nq, Nk, b);
+  last_family = FLASHCL_KERNEL_AUTO;
+  if (flashcl_attention_kernel_family(ctx, &desc, &tq, &tk, &tv, &to, FLASHCL_PASS_FORWARD, &last_family) !=
+      FLASHCL_SUCCESS)
+    last_family = FLASHCL_KERNEL_AUTO;
   int st = flashcl_attention_forward(ctx, &desc, &tq, &tk, &tv, &to, &tl, 0, NULL, NULL);
   if (st == FLASHCL_SUCCESS) {
     clFinish(cq);
@@ -290,7 +296,18 @@ static void test_accuracy(void **state) {
       {"d128 scale 0.3", 1, 300, 300, 2, 2, 128, 0, 0, 0, 0, 1, 0.3f},
       {"d64 bf16 causal", 2, 200, 200, 2, 2, 64, 1, 0, 0, 0, 2, 0},
       {"d128 bf16", 1, 300, 257, 2, 1, 128, 0, 0, 0, 0, 2, 0},
-      {"d96 (portable fallback)", 1, 100, 100, 2, 2, 96, 0, 0, 0, 0, 1, 0},
+      /* Head dims besides 64 and 128: multiples of 16 up to 256, rows padded in
+       * local memory to a multiple of 64 elements where they are not one. */
+      {"d96", 1, 100, 100, 2, 2, 96, 0, 0, 0, 0, 1, 0},
+      {"d96 varlen causal gqa", 1, 150, 210, 4, 2, 96, 1, 0, 0, 1, 1, 0},
+      {"d80 bf16 causal", 2, 130, 170, 2, 2, 80, 1, 0, 0, 0, 2, 0},
+      {"d32 causal", 2, 200, 200, 4, 4, 32, 1, 0, 0, 0, 1, 0},
+      {"d16 N300/77", 1, 300, 77, 2, 1, 16, 0, 0, 0, 0, 1, 0},
+      {"d48 bhnd", 2, 90, 140, 2, 2, 48, 0, 1, 0, 0, 1, 0},
+      {"d256", 1, 300, 300, 2, 2, 256, 0, 0, 0, 0, 1, 0},
+      {"d256 causal bf16 key ramp", 1, 333, 400, 2, 1, 256, 1, 0, 0, 0, 2, 0.2f, 5.0f},
+      {"d192 varlen", 1, 150, 210, 2, 2, 192, 0, 0, 0, 1, 1, 0},
+      {"d136 (portable fallback: not a multiple of 16)", 1, 64, 64, 2, 2, 136, 0, 0, 0, 0, 1, 0},
       {"d128 N1024 causal", 1, 1024, 1024, 2, 2, 128, 1, 0, 0, 0, 1, 0},
       /* Large and growing scores: the running max moves by more than the lazy
        * rescale threshold at many tiles and by less at others. */
@@ -309,6 +326,11 @@ static void test_accuracy(void **state) {
       fails++;
       print_error("%s: status %s, relL2(O) %.3g, relL2(LSE) %.3g, bad %d %s\n", cs[i].name,
                   flashcl_status_string(st), rel, lerr, bad, st ? flashcl_context_last_error(ctx) : "");
+    }
+    const int want = strstr(cs[i].name, "fallback") ? FLASHCL_KERNEL_PORTABLE : FLASHCL_KERNEL_NVIDIA_MMA;
+    if ((int)last_family != want) {
+      fails++;
+      print_error("%s: ran kernel family %d, expected %d\n", cs[i].name, (int)last_family, want);
     }
   }
   assert_int_equal(fails, 0);
