@@ -212,14 +212,21 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
     c.block_c = 32;
     c.q_in_smem = 1;
   }
-  /* Past d = 128 the O accumulators of 32 rows per warp (d registers per lane,
-   * 256 at d = 256) do not fit: 16 rows per warp. Other head dims take the
-   * configuration of the next larger one of 64 and 128. */
-  if (p->head_dim > 128) c.m_tiles = 1;
+  /* Other head dims, measured at d = 32, 96 and 256 (N = 8K; BENCHMARKS.md):
+   * up to 64 the d = 64 configuration is best; between 64 and 128, 48-key tiles
+   * (d = 96: 6% faster than 32, 7-14% faster than 64); past 128 the O
+   * accumulators of 32 rows per warp (d registers per lane) do not fit, and 8
+   * warps of 16 rows (Br = 128) beat 4 (Br = 64) by 7-9% at d = 256. */
+  if (p->head_dim > 64 && p->head_dim < 128) c.block_c = 48;
+  if (p->head_dim > 128) {
+    c.nwarps = 8;
+    c.m_tiles = 1;
+  }
   /* Two K | V stages where the local memory allows (d = 64: 32 KiB; d = 128:
    * 64 KiB, so only past the probe): measured 3.6% (d = 64) and 2.5% (d = 128)
    * faster at N = 8K, 12% for causal d = 64. */
   if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) c.kv_stages = 1;
+  if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes && c.nwarps == 8) c.nwarps = 4;
   const char *env = getenv("FLASHCL_MMA_CONFIG");
   fcl_mma_config e = {0, 0, 0, 0, 1};
   if (env && sscanf(env, "%d,%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem, &e.kv_stages) >= 3 &&
