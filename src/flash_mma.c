@@ -216,11 +216,13 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
    * up to 64 the d = 64 configuration is best; between 64 and 128, 48-key tiles
    * (d = 96: 6% faster than 32, 7-14% faster than 64); past 128 the O
    * accumulators of 32 rows per warp (d registers per lane) do not fit, and 8
-   * warps of 16 rows (Br = 128) beat 4 (Br = 64) by 7-9% at d = 256. */
+   * warps of 16 rows (Br = 128) beat 4 (Br = 64) by 7-9% at d = 256, with Q in
+   * registers by another 4-10% (16 rows leave room for its fragments). */
   if (p->head_dim > 64 && p->head_dim < 128) c.block_c = 48;
   if (p->head_dim > 128) {
     c.nwarps = 8;
     c.m_tiles = 1;
+    c.q_in_smem = 0;
   }
   /* Two K | V stages where the local memory allows (d = 64: 32 KiB; d = 128:
    * 64 KiB, so only past the probe): measured 3.6% (d = 64) and 2.5% (d = 128)
