@@ -146,10 +146,11 @@
 
 #define NTHREADS (NWARPS * 32)
 #define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
-#define SWZ_ROW CH         /* local rows hold exactly the row (HEAD_DIM is 64 or 128) */
+/* Chunks per local row: a multiple of 8, so that the swizzle c ^ (r & 7) stays in
+ * the row (head dims that are not multiples of 64 leave the rest of the row unused). */
+#define SWZ_ROW ((CH + 7) / 8 * 8)
 #define KT (HEAD_DIM / 16) /* k-steps over head_dim */
 #define DT (HEAD_DIM / 8)  /* 8-column n-tiles over head_dim */
-#define LSTEP (NTHREADS / CH)
 #define KV_BLOCK (NWARPS * 16)
 #define QN (BLOCK_R / 8)  /* 8-query n-tiles of S^T */
 #define DS_CH (BLOCK_R / 8)
@@ -159,9 +160,8 @@
 #define RQ (NWARPS * 16 * M_TILES)     /* bwd_dq_mma: queries per work-group */
 #define NT (BLOCK_C / 8)               /* bwd_dq_mma: 8-key n-tiles of S */
 
-#if HEAD_DIM % 64 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || NTHREADS % CH || \
-    KV_BLOCK % LSTEP || BLOCK_R % LSTEP || (2 * BLOCK_C) % LSTEP || NWARPS % DQ_WQ || DQ_NT % 2 || DQ_NT < 2 || \
-    QBUF < 1 || QBUF > 2
+#if HEAD_DIM % 16 || HEAD_DIM > 128 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || QBUF < 1 || \
+    QBUF > 2 || (ATOMIC_DQ && (NWARPS % DQ_WQ || (HEAD_DIM / 8) % DQ_WD || DQ_NT % 2 || DQ_NT < 2))
 #error "unsupported flash_bwd_mma parameters"
 #endif
 
@@ -173,16 +173,26 @@
 #error "flash_bwd_mma.cl with USE_PTX=1 needs mma_ptx.cl compiled first in the same program"
 #endif
 
-/* This work-item's cp.async share of rows [row0, row0 + rows) of a strided source
- * into the swizzled tile at local address buf: chunk lc of tile rows lr,
- * lr + LSTEP, ...; p points at chunk lc of source row 0, rows are sn elements
- * apart. Rows at or past n are zero-filled (P is 0 there, but 0 * garbage could
- * be NaN); their source address is clamped to row 0. */
-inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int lr, int lc) {
-  for (int r = lr; r < rows; r += LSTEP) {
+/* Work-item tid's cp.async share of rows [row0, row0 + rows) of a strided source
+ * into the swizzled tile at local address buf: elements e = tid, tid + NTHREADS,
+ * ... are chunk e % CH of tile row e / CH (where CH divides NTHREADS, the fixed
+ * chunk tid % CH of rows tid / CH + i * NTHREADS / CH); p points at source row 0,
+ * rows are sn elements apart. Rows at or past n are zero-filled (P is 0 there,
+ * but 0 * garbage could be NaN); their source address is clamped to row 0. */
+inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int tid) {
+#if NTHREADS % CH == 0
+  const int lc = tid % CH;
+  for (int r = tid / CH; r < rows; r += NTHREADS / CH) {
     const int ok = row0 + r < n;
-    cp_async16(buf + SWZ(r, lc), p + (long)(ok ? row0 + r : 0) * sn, ok ? 16u : 0u);
+    cp_async16(buf + SWZ(r, lc), p + (long)(ok ? row0 + r : 0) * sn + lc * 8, ok ? 16u : 0u);
   }
+#else
+  for (int e = tid; e < rows * CH; e += NTHREADS) {
+    const int r = e / CH, c = e - (e / CH) * CH;
+    const int ok = row0 + r < n;
+    cp_async16(buf + SWZ(r, c), p + (long)(ok ? row0 + r : 0) * sn + c * 8, ok ? 16u : 0u);
+  }
+#endif
 }
 /* The same for the dS^T tile ([key][query], DS_CH chunks per row): with 4 chunks
  * a row is 64 bytes, so rows r and r + 2 share banks unless the chunk index is
@@ -242,9 +252,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   /* K tile | QBUF x (Q tile | dO tile) | (dS^T tile); V is staged through the
    * first Q | dO pair. */
 #define SM_K 0
-#define SM_V (KV_BLOCK * CH * 16) /* V's own tile (V_IN_SMEM) */
-#define SM_QD ((1 + V_IN_SMEM) * KV_BLOCK * CH * 16)
-#define QD_BYTES (2 * BLOCK_R * CH * 16) /* one Q | dO pair */
+#define SM_V (KV_BLOCK * SWZ_ROW * 16) /* V's own tile (V_IN_SMEM) */
+#define SM_QD ((1 + V_IN_SMEM) * KV_BLOCK * SWZ_ROW * 16)
+#define QD_BYTES (2 * BLOCK_R * SWZ_ROW * 16) /* one Q | dO pair */
 #define SM_DS (SM_QD + QBUF * QD_BYTES)
 #define SM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
   __local uint4 smem[SM_BYTES / 16];
@@ -259,14 +269,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   const uint sb = SADDR(smem);
   const uint kbuf = sb + SM_K;
   uint qbuf = sb + SM_QD, dobuf = qbuf + QD_BYTES / 2;
-  const int lc = tid % CH, lr = tid / CH;
 
   /* ---- K -> local (stays); V -> local -> registers ---- */
   {
-    __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh + lc * 8;
-    __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
-    cp_rows(kbuf, kp, k_sn, k0, KV_BLOCK, nk, lr, lc);
-    cp_rows(V_IN_SMEM ? sb + SM_V : qbuf, vp, v_sn, k0, KV_BLOCK, nk, lr, lc);
+    __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
+    __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+    cp_rows(kbuf, kp, k_sn, k0, KV_BLOCK, nk, tid);
+    cp_rows(V_IN_SMEM ? sb + SM_V : qbuf, vp, v_sn, k0, KV_BLOCK, nk, tid);
     cp_commit();
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -319,10 +328,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     const int h_ = hk * group + (s) / qsteps, q0_ = qstart + ((s) % qsteps) * BLOCK_R;                      \
     const uint qb_ = sb + SM_QD + (slot) * QD_BYTES, db_ = qb_ + QD_BYTES / 2;                              \
     __local float *l2w_ = l2s_all + (slot) * BLOCK_R, *dsw_ = dss_all + (slot) * BLOCK_R;                   \
-    __global const ushort *qp_ = q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh + lc * 8;           \
-    __global const ushort *dp_ = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh + lc * 8; \
-    cp_rows(qb_, qp_, q_sn, q0_, BLOCK_R, nq, lr, lc);                                                      \
-    cp_rows(db_, dp_, dout_sn, q0_, BLOCK_R, nq, lr, lc);                                                   \
+    __global const ushort *qp_ = q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh;           \
+    __global const ushort *dp_ = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh; \
+    cp_rows(qb_, qp_, q_sn, q0_, BLOCK_R, nq, tid);                                                      \
+    cp_rows(db_, dp_, dout_sn, q0_, BLOCK_R, nq, tid);                                                   \
     cp_commit();                                                                                            \
     for (int r = tid; r < BLOCK_R; r += NTHREADS) {                                                         \
       float l2 = INFINITY, dd = 0.0f;                                                                       \
@@ -552,7 +561,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k VARIANT_PARAMS) {
   /* Two K | V stages; Q and dO are staged through them once at the start. */
 #define DQ_ROWS (4 * BLOCK_C > 2 * RQ ? 4 * BLOCK_C : 2 * RQ)
-  __local uint4 smem[DQ_ROWS * CH];
+  __local uint4 smem[DQ_ROWS * SWZ_ROW];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * RQ; /* heaviest causal blocks first */
@@ -562,15 +571,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
   if (q0 >= nq) return;
   const int diag = nk - nq;
   const uint sb = SADDR(smem);
-  const int lc = tid % CH, lr = tid / CH;
   const int wrow0 = q0 + warp * 16 * M_TILES;
 
   /* ---- Q and dO -> local -> registers ---- */
   {
-    __global const ushort *qp = q + q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh + lc * 8;
-    __global const ushort *dp = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h * dout_sh + lc * 8;
-    cp_rows(sb, qp, q_sn, q0, RQ, nq, lr, lc);
-    cp_rows(sb + RQ * CH * 16, dp, dout_sn, q0, RQ, nq, lr, lc); /* = rows RQ.. of the same swizzle */
+    __global const ushort *qp = q + q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
+    __global const ushort *dp = dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h * dout_sh;
+    cp_rows(sb, qp, q_sn, q0, RQ, nq, tid);
+    cp_rows(sb + RQ * SWZ_ROW * 16, dp, dout_sn, q0, RQ, nq, tid); /* = rows RQ.. of the same swizzle */
     cp_commit();
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -622,14 +630,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
   __global const uint *mrow = mask;
 #define NEXT_TILE(k) (k)
 #endif
-  __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh + lc * 8;
-  __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh + lc * 8;
-#define STAGE_K(st) (sb + (uint)((st) * 2 * BLOCK_C * CH * 16))
-#define STAGE_V(st) (STAGE_K(st) + BLOCK_C * CH * 16)
+  __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
+  __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+#define STAGE_K(st) (sb + (uint)((st) * 2 * BLOCK_C * SWZ_ROW * 16))
+#define STAGE_V(st) (STAGE_K(st) + BLOCK_C * SWZ_ROW * 16)
 #define LOAD_KV(st, kk0)                                  \
   {                                                     \
-    cp_rows(STAGE_K(st), kp, k_sn, kk0, BLOCK_C, nk, lr, lc); \
-    cp_rows(STAGE_V(st), vp, v_sn, kk0, BLOCK_C, nk, lr, lc); \
+    cp_rows(STAGE_K(st), kp, k_sn, kk0, BLOCK_C, nk, tid); \
+    cp_rows(STAGE_V(st), vp, v_sn, kk0, BLOCK_C, nk, tid); \
     cp_commit();                                        \
   }
 

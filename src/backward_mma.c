@@ -32,7 +32,8 @@
 
 /* Local bytes of bwd_dkdv_mma (K tile, QBUF Q/dO pairs, LSE/D, atomic dS^T)
  * and of bwd_dq_mma (two K/V stages, or the Q/dO staging). */
-static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int d, int atomic) {
+static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int atomic) {
+  const size_t d = (size_t)(head_dim + 63) / 64 * 64; /* local rows padded for the swizzle */
   const size_t kv = (size_t)c->nwarps * 16, br = (size_t)c->block_r, rq = (size_t)c->nwarps * 16 * c->m_tiles;
   const size_t dkdv = (1 + (size_t)c->v_in_smem) * kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) + (atomic ? kv * br * 2 : 0);
   const size_t dq_rows = 4 * (size_t)c->block_c > 2 * rq ? 4 * (size_t)c->block_c : 2 * rq;
@@ -40,21 +41,40 @@ static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int d, int atomic) 
   return dkdv > dq ? dkdv : dq;
 }
 
-static fcl_mma_bwd_config fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
-  /* The first candidate that fits the local memory the device takes (see
-   * ctx->mma_local_bytes); the last always fits 48 KiB. vec_red needs sm_90. */
-  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}};
-  static const fcl_mma_bwd_config d128_atomic[] = {{8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}};
-  static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}};
-  static const fcl_mma_bwd_config d64_atomic[] = {{8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}};
+/* The kernel's #error rule for the atomic dQ tile: its warps split the queries
+ * in 32-row halves and the head dim in an even number of 8-column n-tiles each. */
+static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
+  if (!atomic) return 1;
+  const int wq = c->block_r / 32;
+  if (wq < 1 || c->nwarps % wq) return 0;
+  const int wd = c->nwarps / wq, nt = d / 8 / wd;
+  return (d / 8) % wd == 0 && nt % 2 == 0 && nt >= 2;
+}
+
+/* The first candidate that fits the local memory the device takes (see
+ * ctx->mma_local_bytes) and, in atomic mode, splits the head dim evenly; 0 when
+ * none does (the portable backward then runs). Head dims up to 64 take the
+ * d = 64 lists, the others up to 128 the d = 128 lists; the later entries are
+ * for the dims whose dQ tile the first ones do not divide (e.g. 80, 96). vec_red
+ * needs sm_90. */
+static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, fcl_mma_bwd_config *out) {
+  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}, {0}};
+  static const fcl_mma_bwd_config d128_atomic[] = {
+      {8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}, {4, 64, 1, 32, 1, 1, 0}, {2, 64, 1, 32, 1, 1, 0}, {0}};
+  static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}, {0}};
+  static const fcl_mma_bwd_config d64_atomic[] = {
+      {8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}, {2, 64, 2, 32, 1, 1, 0}, {0}};
   const fcl_mma_bwd_config *cand =
       p->head_dim > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
-  fcl_mma_bwd_config c = cand[1];
-  for (int i = 0; i < 2; i++)
-    if (fcl_mma_bwd_local(&cand[i], p->head_dim, atomic) <= ctx->mma_local_bytes) {
-      c = cand[i];
-      break;
+  int found = 0;
+  for (int i = 0; cand[i].nwarps && !found; i++)
+    if (fcl_mma_bwd_local(&cand[i], p->head_dim, atomic) <= ctx->mma_local_bytes &&
+        fcl_mma_bwd_valid(&cand[i], p->head_dim, atomic)) {
+      *out = cand[i];
+      found = 1;
     }
+  if (!found) return 0;
+  fcl_mma_bwd_config c = *out;
   if (ctx->mma_cc < 90) c.vec_red = 0;
   const char *env = getenv("FLASHCL_MMA_BWD_CONFIG");
   fcl_mma_bwd_config e = {0, 0, 0, 0, 1, 0, 0};
@@ -62,14 +82,23 @@ static fcl_mma_bwd_config fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl
       sscanf(env, "%d,%d,%d,%d,%d,%d,%d", &e.nwarps, &e.block_r, &e.m_tiles, &e.block_c, &e.qbuf, &e.vec_red,
              &e.v_in_smem) >= 4 &&
       e.nwarps > 0 && e.nwarps <= 16 && e.block_r >= 32 && e.block_r % 32 == 0 && e.m_tiles > 0 && e.m_tiles <= 4 &&
-      e.block_c >= 16 && e.block_c % 16 == 0 && (e.qbuf == 1 || e.qbuf == 2))
+      e.block_c >= 16 && e.block_c % 16 == 0 && (e.qbuf == 1 || e.qbuf == 2) &&
+      fcl_mma_bwd_valid(&e, p->head_dim, atomic))
     c = e;
-  return c;
+  *out = c;
+  return 1;
+}
+
+int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
+  fcl_mma_bwd_config c;
+  return p->head_dim % 16 == 0 && p->head_dim <= 128 && fcl_mma_bwd_pick(ctx, p, atomic, &c);
 }
 
 flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic,
                                         fcl_mma_bwd_launch *L) {
-  const fcl_mma_bwd_config c = fcl_mma_bwd_pick(ctx, p, atomic);
+  fcl_mma_bwd_config c;
+  if (!fcl_mma_bwd_pick(ctx, p, atomic, &c))
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   char opts[640], variants[64];
   fcl_variant_options(p, variants, sizeof variants);

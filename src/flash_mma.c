@@ -14,8 +14,8 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim a multiple of 16 up to 256 (the backward: 64
- * and 128), scale > 0, and every tensor's
+ * Coverage: fp16 and bf16, head_dim a multiple of 16 up to 256 (the backward: up
+ * to 128), scale > 0, and every tensor's
  * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
  * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
  * softcap, attention masks and (forward only) a paged K/V source compose. Other
@@ -262,10 +262,11 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   const char *why = NULL;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
     why = "dtype is not f16/bf16";
-  else if (pass == FLASHCL_PASS_BACKWARD && p->head_dim != 64 && p->head_dim != 128)
-    why = "head_dim is not 64 or 128";
-  else if (p->head_dim % 16 || p->head_dim > 256)
-    why = "head_dim is not a multiple of 16 up to 256";
+  else if (p->head_dim % 16 || p->head_dim > (pass == FLASHCL_PASS_BACKWARD ? 128 : 256))
+    why = pass == FLASHCL_PASS_BACKWARD ? "head_dim is not a multiple of 16 up to 128"
+                                        : "head_dim is not a multiple of 16 up to 256";
+  else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, !desc->deterministic))
+    why = "no backward tile configuration divides this head_dim in atomic-dQ mode";
   else if (!(p->scale > 0.0f))
     why = "scale is not positive";
   else if (p->paged_kv && pass == FLASHCL_PASS_BACKWARD)

@@ -138,10 +138,11 @@ static const int VL_K_EMPTY[] = {0, 9, 17, 4};
 #endif
 
 #ifdef FCT_BWD_MMA
-/* The tensor-core backward (desc.kernel = NVIDIA_MMA): fp16/bf16 at d = 64 and
- * 128 with 16-byte aligned rows (BNHD/BHND, offset 0), so that every case runs
- * bwd_dkdv_mma and, per dQ mode, bwd_dq_mma or its atomic dQ. Sizes cross the
- * tiles (64 keys / 32 or 64 queries) on both sides. */
+/* The tensor-core backward (desc.kernel = NVIDIA_MMA): fp16/bf16 at head dims
+ * 32 to 128 with 16-byte aligned rows (BNHD/BHND, offset 0), so that every case
+ * runs bwd_dkdv_mma and, per dQ mode, bwd_dq_mma or its atomic dQ (checked with
+ * flashcl_attention_kernel_family). Sizes cross the tiles (64 keys / 32 or 64
+ * queries) on both sides. */
 static const int VL_Q_MMA[] = {130, 1, 77};
 static const int VL_K_MMA[] = {200, 65, 31};
 static const bwd_case CASES[] = {
@@ -163,6 +164,12 @@ static const bwd_case CASES[] = {
     /* dropout: the tensor-core kernels regenerate the portable kernels' Philox mask */
     BWD("mma_f16_d64_dropout", F16, 1, 65, 65, 2, 2, 64, 0, 0.1f, R_DET | R_ATOMIC),
     BWD("mma_bf16_d128_dropout_causal_gqa_4_2", BF16, 1, 130, 170, 4, 2, 128, 1, 0.2f, R_DET | R_ATOMIC),
+    /* Head dims besides 64 and 128 (local rows padded to 64 or 128 elements; the
+     * atomic dQ tile picks a warp split that divides the head dim). */
+    BWD("mma_f16_d96_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 96, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d80_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 80, 0, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d32_causal_N200", F16, 1, 200, 200, 4, 4, 32, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d48_N99", F16, 1, 99, 99, 2, 1, 48, 0, 0.0f, R_DET | R_ATOMIC),
 };
 #elif !defined(FCT_BWD_LONG)
 static const bwd_case CASES[] = {
@@ -603,6 +610,18 @@ static void bwd_run(bwd_problem *bp, flashcl_algo algo, int deterministic, bwd_r
   fct_tensor_create_guarded(&r->dk, c->dtype, c->layout, bp->B, bp->Nk, bp->Hkv, bp->D, 6, FCT_OUTPUT_GUARD);
   fct_tensor_create_guarded(&r->dv, c->dtype, c->layout, bp->B, bp->Nk, bp->Hkv, bp->D, 7, FCT_OUTPUT_GUARD);
   bwd_desc(bp, algo, deterministic, &desc);
+#ifdef FCT_BWD_MMA
+  {
+    /* Every case of this table must run the tensor-core kernels, not a silent
+     * portable fallback. */
+    flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
+    st = flashcl_attention_kernel_family(fct_env_get()->ctx, &desc, &bp->fp.q.t, &bp->fp.k.t, &bp->fp.v.t, &bp->o.t,
+                                         FLASHCL_PASS_BACKWARD, &fam);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_attention_kernel_family: %s %s", bp->desc, rs);
+    FCT_CHECK(fam == FLASHCL_KERNEL_NVIDIA_MMA, "%s %s: the backward ran kernel family %d, not the tensor cores",
+              bp->desc, rs, (int)fam);
+  }
+#endif
   r->seconds = now_s();
   st = flashcl_attention_backward(fct_env_get()->ctx, &desc, &bp->fp.q.t, &bp->fp.k.t, &bp->fp.v.t, &bp->o.t,
                                   &bp->lse.t, &bp->d_o.t, &r->dq.t, &r->dk.t, &r->dv.t, 0, NULL, &ev);
