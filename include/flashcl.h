@@ -242,7 +242,11 @@ typedef struct flashcl_attention_desc {
 
   /* Training. deterministic = 1 (the default) computes dQ in its own kernel, so
    * results are bit-reproducible; 0 accumulates dQ with fp32 atomics inside the
-   * dK/dV kernel (fewer FLOPs, order-dependent rounding). */
+   * dK/dV kernel (fewer FLOPs, order-dependent rounding). 0 permits atomics
+   * rather than demanding them: on the tensor-core kernels, head dims whose dQ
+   * tile the atomic layout cannot split (48, 80, 112) run the deterministic
+   * kernels (flashcl_attention_workspace_size still reports the atomic mode's
+   * accumulator, an upper bound). */
   int deterministic;
   /* Dropout probability in [0, 1) applied to P; kept entries are scaled by
    * 1/(1 - p). The mask is regenerated from (seed, offset), never stored; see

@@ -149,7 +149,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
                                          const flashcl_tensor *dq, const flashcl_tensor *dk,
                                          const flashcl_tensor *dv, cl_uint nwait, const cl_event *wait,
                                          cl_event *out_event) {
-  const int atomic = !desc->deterministic;
+  int atomic = !desc->deterministic;
   int use_mma = 0;
   flashcl_status st = fcl_mma_select(ctx, desc, p, q, k, v, o, FLASHCL_PASS_BACKWARD, &use_mma);
   if (st != FLASHCL_SUCCESS) return st;
@@ -157,6 +157,14 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
                    fcl_mma_rows_aligned(dv))) {
     fcl_log(ctx, "tensor-core backward needs 16-byte aligned d_o/dq/dk/dv rows: running the portable kernels");
     use_mma = 0;
+  }
+  /* deterministic = 0 permits the atomic dQ; where the tensor-core atomic dQ tile
+   * does not divide the head dim, the tensor-core deterministic kernels run (faster
+   * than the portable ones, and bit-reproducible). */
+  if (use_mma && atomic && !fcl_mma_bwd_covered(ctx, p, 1)) {
+    fcl_log(ctx, "tensor-core atomic dQ has no tile for head_dim %d: running the deterministic dQ kernel",
+            p->head_dim);
+    atomic = 0;
   }
   fcl_bwd_plan bp = {0};
   if (!fcl_bwd_make_plan(ctx, p->head_dim, &bp))

@@ -53,17 +53,18 @@ static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
 
 /* The first candidate that fits the local memory the device takes (see
  * ctx->mma_local_bytes) and, in atomic mode, splits the head dim evenly; 0 when
- * none does (the portable backward then runs). Head dims up to 64 take the
- * d = 64 lists, the others up to 128 the d = 128 lists; the later entries are
- * for the dims whose dQ tile the first ones do not divide (e.g. 80, 96). vec_red
- * needs sm_90. */
+ * none does. Head dims up to 64 take the d = 64 lists, the others up to 128 the
+ * d = 128 lists; the third atomic entry at d = 128 is for d = 96. Where no atomic
+ * entry divides the head dim (d = 48, 80, 112) the deterministic kernels run
+ * instead (src/backward.c): a 2-warp atomic tile measured 1.75x slower than them
+ * at d = 80. vec_red needs sm_90. */
 static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, fcl_mma_bwd_config *out) {
   static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}, {0}};
   static const fcl_mma_bwd_config d128_atomic[] = {
-      {8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}, {4, 64, 1, 32, 1, 1, 0}, {2, 64, 1, 32, 1, 1, 0}, {0}};
+      {8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}, {4, 64, 1, 32, 1, 1, 0}, {0}};
   static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}, {0}};
   static const fcl_mma_bwd_config d64_atomic[] = {
-      {8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}, {2, 64, 2, 32, 1, 1, 0}, {0}};
+      {8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}, {0}};
   const fcl_mma_bwd_config *cand =
       p->head_dim > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   int found = 0;

@@ -265,8 +265,8 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   else if (p->head_dim % 16 || p->head_dim > (pass == FLASHCL_PASS_BACKWARD ? 128 : 256))
     why = pass == FLASHCL_PASS_BACKWARD ? "head_dim is not a multiple of 16 up to 128"
                                         : "head_dim is not a multiple of 16 up to 256";
-  else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, !desc->deterministic))
-    why = "no backward tile configuration divides this head_dim in atomic-dQ mode";
+  else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, 0))
+    why = "no backward tiles fit the local memory";
   else if (!(p->scale > 0.0f))
     why = "scale is not positive";
   else if (p->paged_kv && pass == FLASHCL_PASS_BACKWARD)

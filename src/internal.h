@@ -156,7 +156,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
  * passed the probe and the problem is covered for `pass` (the backward kernels
  * cover less than the forward); it fails only when NVIDIA_MMA was
  * requested explicitly and the device cannot run it. */
-/* 1 if the tensor-core backward has tiles for p (src/backward_mma.c). */
+/* 1 if the tensor-core backward has tiles for p in the given dQ mode (src/backward_mma.c). */
 int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic);
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
