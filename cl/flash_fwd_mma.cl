@@ -288,9 +288,6 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__glo
 #else
 #define PAGE_OF(j) ((j) / page_size)
 #endif
-/* Element offset of key j's row in the pools (bt: this sequence's block-table row). */
-#define PAGED_ROW(j, sb, sn) \
-  ((long)clamp(bt[PAGE_OF(j)], 0, num_pages - 1) * (sb) + (long)((j) - PAGE_OF(j) * page_size) * (sn))
 #else
 #define MMA_PAGED_PARAMS
 #endif
@@ -336,7 +333,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #if PAGED_KV
   __global const int *bt = block_table + (long)b * max_pages;
   nk = clamp(kv_lens[b], 0, seqlen_k);
-  const long kbase = k_off + (long)hk * k_sh; /* rows come from PAGED_ROW */
+  const long kbase = k_off + (long)hk * k_sh; /* rows come from the block table (TILE_PAGES) */
   const long vbase = v_off + (long)hk * v_sh;
 #else
   const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
@@ -406,18 +403,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 /* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN); their
  * source address is clamped to key 0, which exists whenever a tile is loaded. */
 #if PAGED_KV
-#define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                           \
-  {                                                                                         \
-    for (int i = 0; i < LPER; i++) {                                                        \
-      const int r = TILE_ROW(i), j = (k0) + r;                                              \
-      const int ok = TILE_IN(BLOCK_C, r) && j < nk;                                         \
-      if (TILE_IN(BLOCK_C, r))                                                              \
-        cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? (ptr0) + PAGED_ROW(j, sb, sn) + COLX(i) : (ptr0), \
-                   ok ? 16u : 0u);                                                          \
-    }                                                                                       \
-    cp_commit();                                                                            \
+/* pg[i] = the page of this thread's row TILE_ROW(i) of the tile at k0 (0 past nk). */
+#define TILE_PAGES(pg, k0)                                                                    \
+  for (int i = 0; i < LPER; i++) {                                                          \
+    const int j = (k0) + TILE_ROW(i);                                                       \
+    (pg)[i] = TILE_IN(BLOCK_C, TILE_ROW(i)) && j < nk ? clamp(bt[PAGE_OF(j)], 0, num_pages - 1) : 0; \
   }
-/* The same with the tile's pages already read (pg[i]: the page of row TILE_ROW(i)). */
+/* The tile's rows from the pages pg (TILE_PAGES). */
 #define LOAD_TILE_PAGES(buf, ptr0, sb, sn, k0, pg)                                            \
   {                                                                                         \
     for (int i = 0; i < LPER; i++) {                                                        \
@@ -427,6 +419,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
       if (TILE_IN(BLOCK_C, r)) cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? (ptr0) + off_ : (ptr0), ok ? 16u : 0u); \
     }                                                                                       \
     cp_commit();                                                                            \
+  }
+#define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0) \
+  {                                                 \
+    int pg_[LPER];                                  \
+    TILE_PAGES(pg_, k0)                             \
+    LOAD_TILE_PAGES(buf, ptr0, sb, sn, k0, pg_)     \
   }
 #else
 #define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                           \
@@ -468,11 +466,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     /* The next tile's pages: plain loads whose latency the S = Q K^T below hides;
      * its cp.async requests follow the scores. */
     int pgn[LPER];
-    #pragma unroll
-    for (int i = 0; i < LPER; i++) {
-      const int j = kn + TILE_ROW(i);
-      pgn[i] = kn < kend && TILE_IN(BLOCK_C, TILE_ROW(i)) && j < nk ? clamp(bt[PAGE_OF(j)], 0, num_pages - 1) : 0;
-    }
+    TILE_PAGES(pgn, kn)
 #else
     if (kn < kend) {
       LOAD_TILE(nbuf, kp, kp0, k_sb, k_sn, kstep, kn)
