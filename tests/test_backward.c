@@ -170,6 +170,8 @@ static const bwd_case CASES[] = {
     BWD("mma_bf16_d80_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 80, 0, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d32_causal_N200", F16, 1, 200, 200, 4, 4, 32, 1, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d48_N99", F16, 1, 99, 99, 2, 1, 48, 0, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d16_causal_N130", BF16, 1, 130, 130, 2, 2, 16, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d112_varlen_like_Nq40_Nk90", F16, 2, 40, 90, 2, 1, 112, 1, 0.1f, R_DET | R_ATOMIC),
 };
 #elif !defined(FCT_BWD_LONG)
 static const bwd_case CASES[] = {
