@@ -12,8 +12,10 @@
  * Rows that see no key (L_b < Nq - i) must give O = 0 and LSE = -inf exactly.
  * Also: the GPU work-item mapping forced on (FLASHCL_FWD_MAP=gpu), an end-to-end
  * flashcl_kv_cache_append + paged forward against the contiguous forward over the
- * whole sequences, dropout/window/ALiBi/softcap against the contiguous forward, and
- * the error paths (outputs untouched).
+ * whole sequences, dropout/window/ALiBi/softcap against the contiguous forward,
+ * packed varlen chunks (also with a speculative-decoding tree mask), the
+ * tensor-core forward where the device has it, and the error paths (outputs
+ * untouched).
  */
 #include "common.h"
 
@@ -484,6 +486,124 @@ static void test_variants_compose_mma(void **state) {
   variants_compose("paged_variants_compose_mma", FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA);
 }
 
+/* Batched tree verification: each sequence's draft tokens (its last Nq_s keys,
+ * packed varlen queries over the paged cache) see the whole prefix and, among the
+ * drafts, only their ancestors in a binary tree (parent of draft t: (t - 1) / 2),
+ * through a FLASHCL_MASK_BITS mask, with causal on. Compared with a double
+ * reference computed here; a sequence without drafts sits in the middle. */
+static int tree_visible(int L, int nq, int i, int j) {
+  const int prefix = L - nq;
+  if (j < prefix) return 1;
+  int a = i, t = j - prefix;
+  if (t > i) return 0;
+  while (a > t) a = (a - 1) / 2;
+  return a == t;
+}
+
+static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_family kernel) {
+  fct_env *env = fct_env_get();
+  fct_rng rng;
+  fct_rng_init(&rng, name);
+  enum { B = 3, HQ = 4, HKV = 2, D = 64, PS = 16, LK = 130 };
+  const int lens[B] = {40, 75, 130}, nqs[B] = {7, 0, 12};
+  int32_t cu[B + 1] = {0};
+  for (int b = 0; b < B; b++) cu[b + 1] = cu[b] + nqs[b];
+  const int total = cu[B], rows = 12;
+  pp_cache c;
+  cache_build(&c, dt, B, lens, HKV, D, PS, &rng);
+  fct_tensor q, o, lse;
+  contiguous_tensor(&q, dt, 1, total, HQ, D);
+  fct_tensor_fill_random(&q, &rng);
+  fct_tensor_create_guarded(&o, dt, FCT_BNHD, 1, total, HQ, D, 0, 64);
+  fct_tensor_create_lse_guarded(&lse, FCT_BNHD, 1, total, HQ, 0, 64);
+  fct_tensor_poison(&o);
+  fct_tensor_poison(&lse);
+  size_t words = 0;
+  FCT_CHECK_STATUS(flashcl_mask_words(rows, LK, &words), FLASHCL_SUCCESS, "flashcl_mask_words");
+  const size_t W = words / rows;
+  uint32_t *bits = calloc(words * B, sizeof *bits);
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < nqs[b]; i++)
+      for (int j = 0; j < lens[b]; j++)
+        if (tree_visible(lens[b], nqs[b], i, j)) bits[((size_t)b * rows + i) * W + j / 32] |= 1u << (j % 32);
+  cl_mem mask = fct_create_buffer(words * B * sizeof *bits, bits), cub = int_buffer(cu, B + 1);
+
+  flashcl_attention_desc desc;
+  paged_desc(&desc, &c, PS);
+  desc.kernel = kernel;
+  desc.cu_seqlens_q = cub;
+  desc.num_seqs = B;
+  desc.max_seqlen_q = rows;
+  desc.max_seqlen_k = LK;
+  desc.mask_kind = FLASHCL_MASK_BITS;
+  desc.mask = mask;
+  if (kernel != FLASHCL_KERNEL_NVIDIA_MMA || fct_mma_ready(name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
+    FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q.t, &c.k.t, &c.v.t, &o.t, &lse.t, 0, NULL, NULL),
+                     FLASHCL_SUCCESS, "%s: paged varlen forward with a tree mask", name);
+    fct_finish();
+    fct_tensor_download(&o);
+    fct_tensor_download(&lse);
+    const double scale = 1.0 / sqrt((double)D);
+    double num = 0, den = 0, lnum = 0, lden = 0, *s = malloc(sizeof *s * LK);
+    size_t nonfinite = 0;
+    for (int b = 0; b < B; b++) {
+      double *kd = gather(&c, &c.k, b, lens[b], HKV, D, PS), *vd = gather(&c, &c.v, b, lens[b], HKV, D, PS);
+      for (int i = 0; i < nqs[b]; i++)
+        for (int h = 0; h < HQ; h++) {
+          const int hk = h / (HQ / HKV);
+          double m = -INFINITY, l = 0;
+          for (int j = 0; j < lens[b]; j++) {
+            s[j] = -INFINITY;
+            if (!tree_visible(lens[b], nqs[b], i, j)) continue;
+            double dot = 0;
+            for (int x = 0; x < D; x++)
+              dot += fct_tensor_get(&q, 0, cu[b] + i, h, x) * kd[((size_t)j * HKV + hk) * D + x];
+            s[j] = dot * scale;
+            if (s[j] > m) m = s[j];
+          }
+          for (int j = 0; j < lens[b]; j++) l += s[j] > -INFINITY ? exp(s[j] - m) : 0.0;
+          for (int x = 0; x < D; x++) {
+            double want = 0;
+            for (int j = 0; j < lens[b]; j++)
+              if (s[j] > -INFINITY) want += exp(s[j] - m) / l * vd[((size_t)j * HKV + hk) * D + x];
+            const double got = fct_tensor_get(&o, 0, cu[b] + i, h, x);
+            if (!isfinite(got)) nonfinite++;
+            num += (got - want) * (got - want);
+            den += want * want;
+          }
+          const double wl = m + log(l), gl = fct_tensor_get(&lse, 0, cu[b] + i, h, 0);
+          if (!isfinite(gl)) nonfinite++;
+          lnum += (gl - wl) * (gl - wl);
+          lden += wl * wl;
+        }
+      free(kd);
+      free(vd);
+    }
+    free(s);
+    FCT_CHECK(nonfinite == 0, "%s: %zu non-finite outputs", name, nonfinite);
+    FCT_CHECK(sqrt(num / den) <= fct_tolerance(dt), "%s: O rel L2 %.3g > %.3g", name, sqrt(num / den),
+              fct_tolerance(dt));
+    FCT_CHECK(sqrt(lnum / lden) <= fct_lse_tolerance(dt), "%s: LSE rel L2 %.3g", name, sqrt(lnum / lden));
+  }
+  free(bits);
+  clReleaseMemObject(mask);
+  clReleaseMemObject(cub);
+  fct_tensor_release(&q);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+  cache_release(&c);
+}
+
+static void test_varlen_tree(void **state) {
+  (void)state;
+  varlen_tree("paged_varlen_tree", FLASHCL_F32, FLASHCL_KERNEL_AUTO);
+}
+
+static void test_varlen_tree_mma(void **state) {
+  (void)state;
+  varlen_tree("paged_varlen_tree_mma", FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA);
+}
+
 static void expect_untouched(fct_tensor *t, const char *what) {
   fct_tensor_download(t);
   FCT_CHECK(fct_tensor_count_unpoisoned(t) == 0, "%s: a failed call wrote to its output", what);
@@ -610,12 +730,14 @@ static void test_errors(void **state) {
 
 int main(void) {
   enum { N = sizeof CASES / sizeof CASES[0] };
-  struct CMUnitTest tests[N + 4];
+  struct CMUnitTest tests[N + 6];
   size_t n = 0;
   for (size_t i = 0; i < N; i++) tests[n++] = (struct CMUnitTest){CASES[i].name, test_case, NULL, NULL, (void *)&CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_append_then_prefill", test_append_then_prefill, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"paged_variants_compose", test_variants_compose, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"paged_variants_compose_mma", test_variants_compose_mma, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"paged_varlen_tree", test_varlen_tree, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"paged_varlen_tree_mma", test_varlen_tree_mma, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"paged_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("paged_prefill", tests, n, 1);
 }
