@@ -52,8 +52,7 @@
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
  *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
- *   Q_LOCAL (1: the pre-scaled Q rows live in local memory, Qs, instead of ROWS
- *   float8 registers per work-item, leaving room for PREFETCH = 2), PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
+ *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
  *   argument page_size must then equal; -1: any page size), MERGE_THREADS (a
  *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
  */
@@ -112,9 +111,6 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #endif
 #ifndef VEC_ALIGNED
 #define VEC_ALIGNED 0
-#endif
-#ifndef Q_LOCAL
-#define Q_LOCAL 0
 #endif
 #ifndef SPLIT
 #define SPLIT 0
@@ -231,9 +227,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global float *work, long wo_off, long wl_off) {
   __local float Sh[SH_FLOATS]; /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */
   __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
-#if Q_LOCAL
-  __local float Qs[ROWS * HEAD_DIM]; /* pre-scaled Q rows */
-#endif
 
   const int tid = get_local_id(0);
   const int x = tid % TPK, kg = tid / TPK;
@@ -255,14 +248,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   }
 #endif
 
-  float8 acc[ROWS];
+  float8 qr[ROWS], acc[ROWS];
   float m[ROWS], l[ROWS];
-#if Q_LOCAL
-#define QROW(r) vload8(0, Qs + (r) * HEAD_DIM + 8 * x)
-#else
-  float8 qr[ROWS];
-#define QROW(r) qr[r]
-#endif
   for (int r = 0; r < ROWS; r++) {
     const int rg = row0 + r;
     float8 t8 = (float8)(0.0f);
@@ -271,18 +258,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       const long qi = q_off + b * q_sb + t * q_sn + (long)(hk * group + gi) * q_sh + 8 * x;
       t8 = (float8)(LOAD4(q, qi), LOAD4(q, qi + 4)) * scale_log2;
     }
-#if Q_LOCAL
-    if (kg == 0) vstore8(t8, 0, Qs + r * HEAD_DIM + 8 * x);
-#else
     qr[r] = t8;
-#endif
     acc[r] = (float8)(0.0f);
     m[r] = -INFINITY;
     l[r] = 0.0f;
   }
-#if Q_LOCAL
-  barrier(CLK_LOCAL_MEM_FENCE);
-#endif
 
   /* Pages of the current and the next tile (0 unless a tile never crosses a page). */
   int pg = TILE_PAGE(kstart);
@@ -304,7 +284,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
     for (int u = 0; u < KPT; u++) {
       const float8 kf = RAW_CVT8(kr[u]);
-      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(QROW(r), kf);
+      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
     }
 #if PREFETCH >= 1
     LOAD_K(kr, k0 + TILE, pgn)

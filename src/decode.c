@@ -19,8 +19,7 @@
  *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,q_local]" overrides the defaults
- *   (tuning; q_local 1 keeps Q in local memory, see cl/decode.cl).
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -126,16 +125,16 @@ typedef struct fcl_decode_plan {
   int batch, q_len, heads_q, heads_kv, head_dim, group;
   float scale;
   fcl_kv_layout kv;
-  int rows, row_blocks, kpt, threads, tile, prefetch, q_local, vec_aligned, merge_threads, splits;
+  int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
 
-/* cl/decode.cl's Sh and Sc (and Qs with Q_LOCAL). */
-static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int q_local) {
+/* cl/decode.cl's Sh and Sc. */
+static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt) {
   const size_t tpk = (size_t)d / 8, kg = (size_t)threads / tpk, sr = kg * (size_t)kpt * (size_t)rows;
   const size_t part = 2 * tpk * (sr + 1), obuf = kg * (size_t)rows * (size_t)d;
-  return 4 * (part > obuf ? part : obuf) + 4 * 2 * sr + (q_local ? 4 * (size_t)rows * (size_t)d : 0);
+  return 4 * (part > obuf ? part : obuf) + 4 * 2 * sr;
 }
 
 /* 16-byte vector loads of 8 elements are aligned for every key row. */
@@ -210,16 +209,14 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
 
   /* Plan. */
-  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU, cfg_qlocal = 0;
+  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU;
   const char *env = getenv("FLASHCL_DECODE_CONFIG");
   if (env) {
-    int a = 0, b = 0, c = 0, e = 0;
-    if (sscanf(env, "%d,%d,%d,%d", &a, &b, &c, &e) >= 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 &&
-        c <= 64 && (e == 0 || e == 1)) {
+    int a = 0, b = 0, c = 0;
+    if (sscanf(env, "%d,%d,%d", &a, &b, &c) == 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64) {
       cfg_kpt = a;
       cfg_prefetch = b;
       cfg_wpc = c;
-      cfg_qlocal = e;
     }
   }
   const size_t max_wg = ctx->info.max_work_group_size;
@@ -239,11 +236,11 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   while (rows < need_rows && rows < FCL_DEC_MAX_ROWS) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   int kpt = cfg_kpt;
-  while (fcl_dec_local_bytes((int)d, rows, threads, kpt, cfg_qlocal) > cap && (kpt > 1 || rows > 1)) {
+  while (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap && (kpt > 1 || rows > 1)) {
     if (kpt > 1) kpt /= 2;
     else rows /= 2;
   }
-  if (fcl_dec_local_bytes((int)d, rows, threads, kpt, cfg_qlocal) > cap)
+  if (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %lld does not fit %zu bytes of local memory",
                     (long long)d, ctx->info.local_mem_size);
   p->rows = rows;
@@ -252,9 +249,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->threads = threads;
   p->tile = kg * kpt;
   p->prefetch = cfg_prefetch;
-  p->q_local = cfg_qlocal;
   p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
-  p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt, cfg_qlocal);
+  p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt);
 
   int splits = desc->num_splits;
   if (splits == 0) {
@@ -392,9 +388,9 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
-           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d -DQ_LOCAL=%d%s%s",
+           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
-           page_shift, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS, p.q_local,
+           page_shift, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
   if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
