@@ -112,9 +112,6 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #ifndef VEC_ALIGNED
 #define VEC_ALIGNED 0
 #endif
-#ifndef ONE_BARRIER
-#define ONE_BARRIER 0
-#endif
 #ifndef SPLIT
 #define SPLIT 0
 #endif
@@ -137,7 +134,7 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #define TILE (KG * KPT)         /* keys per tile */
 #define SR (TILE * ROWS)        /* scores per tile */
 #define PSTR (SR + 1)           /* padded row of the partial-dot buffer */
-#define PART_FLOATS (2 * TPK * PSTR) /* >= ONE_BARRIER's 2 * SR * TPK */
+#define PART_FLOATS (2 * TPK * PSTR)
 #define OBUF_FLOATS (KG * ROWS * HEAD_DIM)
 #define SH_FLOATS (PART_FLOATS > OBUF_FLOATS ? PART_FLOATS : OBUF_FLOATS)
 
@@ -284,20 +281,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     LOAD_V(vr, k0, pg)
 #endif
     /* Partial dots of this work-item's 8 elements. */
-#if ONE_BARRIER
-    /* [buf][key * ROWS + row][TPK]: each key group sums its own keys' partials. */
-    __local float *P = Sh + buf * (SR * TPK) + x;
-    for (int u = 0; u < KPT; u++) {
-      const float8 kf = RAW_CVT8(kr[u]);
-      for (int r = 0; r < ROWS; r++) P[((u * KG + kg) * ROWS + r) * TPK] = dot8(qr[r], kf);
-    }
-#else
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
     for (int u = 0; u < KPT; u++) {
       const float8 kf = RAW_CVT8(kr[u]);
       for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
     }
-#endif
 #if PREFETCH >= 1
     LOAD_K(kr, k0 + TILE, pgn)
 #endif
@@ -306,25 +294,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     LOAD_V(vn, k0 + TILE, pgn)
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
-#if ONE_BARRIER
-    float Sp[KPT][ROWS]; /* this key group's scores */
-    for (int u = 0; u < KPT; u++)
-      for (int r = 0; r < ROWS; r++) {
-        const int e = (u * KG + kg) * ROWS + r, j = k0 + u * KG + kg, rg = row0 + r;
-        __local const float *pp = Sh + buf * (SR * TPK) + e * TPK;
-#if TPK % 4 == 0
-        float4 s4 = vload4(0, pp);
-        for (int xx = 4; xx < TPK; xx += 4) s4 += vload4(0, pp + xx);
-        const float sum = (s4.x + s4.y) + (s4.z + s4.w);
-#else
-        float sum = 0.0f;
-        for (int xx = 0; xx < TPK; xx++) sum += pp[xx];
-#endif
-        const int lim = rg < nrows ? L - q_len + rg % q_len : -1;
-        Sp[u][r] = (j < kend && j <= lim) ? sum : -INFINITY;
-      }
-#define SCORE(u, r) Sp[u][r]
-#else
     /* Sum the partials of each (key, row); mask. */
     __local float *S = Sc + buf * SR;
     for (int e = tid; e < SR; e += NTHREADS) {
@@ -336,14 +305,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       S[e] = (j < kend && j <= lim) ? s : -INFINITY;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-#define SCORE(u, r) S[((u) * KG + kg) * ROWS + (r)]
-#endif
     /* Online softmax over this work-item's keys (the TPK work-items of a key group
      * keep identical m and l). */
     float pivot[ROWS];
     for (int r = 0; r < ROWS; r++) {
       float mx = m[r];
-      for (int u = 0; u < KPT; u++) mx = fmax(mx, SCORE(u, r));
+      for (int u = 0; u < KPT; u++) mx = fmax(mx, S[(u * KG + kg) * ROWS + r]);
       /* No visible key so far: pivot 0 keeps exp2(-inf - pivot) = 0, not NaN. */
       pivot[r] = mx == -INFINITY ? 0.0f : mx;
       const float alpha = exp2(m[r] - pivot[r]);
@@ -354,7 +321,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     for (int u = 0; u < KPT; u++) {
       const float8 vf = RAW_CVT8(vr[u]);
       for (int r = 0; r < ROWS; r++) {
-        const float p = exp2(SCORE(u, r) - pivot[r]);
+        const float p = exp2(S[(u * KG + kg) * ROWS + r] - pivot[r]);
         l[r] += p;
         acc[r] = mad((float8)(p), vf, acc[r]);
       }
