@@ -476,16 +476,6 @@ static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_
   cache_release(&c);
 }
 
-static void test_variants_compose(void **state) {
-  (void)state;
-  variants_compose("paged/variants", FLASHCL_F32, FLASHCL_KERNEL_AUTO);
-}
-
-static void test_variants_compose_mma(void **state) {
-  (void)state;
-  variants_compose("paged_variants_compose_mma", FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA);
-}
-
 /* Batched tree verification: each sequence's draft tokens (its last Nq_s keys,
  * packed varlen queries over the paged cache) see the whole prefix and, among the
  * drafts, only their ancestors in a binary tree (parent of draft t: (t - 1) / 2),
@@ -594,14 +584,25 @@ static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_famil
   cache_release(&c);
 }
 
-static void test_varlen_tree(void **state) {
-  (void)state;
-  varlen_tree("paged_varlen_tree", FLASHCL_F32, FLASHCL_KERNEL_AUTO);
-}
+/* A comparison run once per kernel family: fp32 on AUTO (the portable kernels on
+ * PoCL), fp16 on the tensor cores where the device has them. */
+typedef struct pp_family_case {
+  const char *name;
+  void (*run)(const char *name, flashcl_dtype dt, flashcl_kernel_family kernel);
+  flashcl_dtype dtype;
+  flashcl_kernel_family kernel;
+} pp_family_case;
 
-static void test_varlen_tree_mma(void **state) {
-  (void)state;
-  varlen_tree("paged_varlen_tree_mma", FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA);
+static const pp_family_case FAMILY_CASES[] = {
+    {"paged_variants_compose", variants_compose, FLASHCL_F32, FLASHCL_KERNEL_AUTO},
+    {"paged_variants_compose_mma", variants_compose, FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA},
+    {"paged_varlen_tree", varlen_tree, FLASHCL_F32, FLASHCL_KERNEL_AUTO},
+    {"paged_varlen_tree_mma", varlen_tree, FLASHCL_F16, FLASHCL_KERNEL_NVIDIA_MMA},
+};
+
+static void test_family_case(void **state) {
+  const pp_family_case *fc = (const pp_family_case *)*state;
+  fc->run(fc->name, fc->dtype, fc->kernel);
 }
 
 static void expect_untouched(fct_tensor *t, const char *what) {
@@ -729,15 +730,13 @@ static void test_errors(void **state) {
 }
 
 int main(void) {
-  enum { N = sizeof CASES / sizeof CASES[0] };
-  struct CMUnitTest tests[N + 6];
+  enum { N = sizeof CASES / sizeof CASES[0], NF = sizeof FAMILY_CASES / sizeof FAMILY_CASES[0] };
+  struct CMUnitTest tests[N + NF + 2];
   size_t n = 0;
   for (size_t i = 0; i < N; i++) tests[n++] = (struct CMUnitTest){CASES[i].name, test_case, NULL, NULL, (void *)&CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_append_then_prefill", test_append_then_prefill, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"paged_variants_compose", test_variants_compose, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"paged_variants_compose_mma", test_variants_compose_mma, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"paged_varlen_tree", test_varlen_tree, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"paged_varlen_tree_mma", test_varlen_tree_mma, NULL, NULL, NULL};
+  for (size_t i = 0; i < NF; i++)
+    tests[n++] = (struct CMUnitTest){FAMILY_CASES[i].name, test_family_case, NULL, NULL, (void *)&FAMILY_CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("paged_prefill", tests, n, 1);
 }
