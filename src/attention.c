@@ -32,20 +32,30 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
   return fcl_flash_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
 }
 
+/* The shared front of the query functions: a valid pass and problem (o may be
+ * NULL), and no paged K/V source in the backward. */
+static flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                        const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                        const flashcl_tensor *o, flashcl_pass pass, fcl_problem *p) {
+  if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, NULL, p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (pass == FLASHCL_PASS_BACKWARD && p->paged_kv)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                                 const flashcl_tensor *q, const flashcl_tensor *k,
                                                 const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
-  if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
   fcl_problem p;
-  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, NULL, NULL, &p);
+  flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, NULL, pass, &p);
   if (st != FLASHCL_SUCCESS) return st;
   const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
-  if (pass == FLASHCL_PASS_BACKWARD && p.paged_kv)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
   if (pass == FLASHCL_PASS_BACKWARD)
     return naive ? fcl_naive_backward_workspace(ctx, &p, bytes)
                  : fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, bytes);
@@ -62,13 +72,9 @@ flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flash
   fcl_clear_error(ctx);
   if (!family) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "family is NULL");
   if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
-  if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
   fcl_problem p;
-  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, NULL, &p);
+  flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, o, pass, &p);
   if (st != FLASHCL_SUCCESS) return st;
-  if (pass == FLASHCL_PASS_BACKWARD && p.paged_kv)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) {
     *family = FLASHCL_KERNEL_AUTO;
     return FLASHCL_SUCCESS;
