@@ -9,7 +9,11 @@
  * On NVIDIA devices that passed the tensor-core probe (src/flash_mma.c), the
  * dK/dV and dQ kernels are the mma.sync ones of cl/flash_bwd_mma.cl
  * (src/backward_mma.c) whenever the problem is covered; D, the scratch and the
- * atomic-mode dQ conversion stay the same. */
+ * atomic-mode dQ conversion stay the same.
+ *
+ * In deterministic mode the dK/dV and dQ kernels are independent (both only
+ * need D): on GPUs dQ goes to a second queue of the context so that they
+ * overlap, and a barrier on the caller's queue joins them. */
 #include "internal.h"
 #include "kernel_args.h"
 
@@ -142,6 +146,16 @@ static void fcl_bwd_shared_args(fcl_args *a, const fcl_problem *p, int group, cl
   if (p->mask_kind) fcl_arg_mask(a, p); /* only built with -DMASK */
 }
 
+/* Whether the deterministic dQ kernel runs on the side queue, beside dK/dV.
+ * On a GPU each kernel ends in a partly filled wave that the other can fill;
+ * on a CPU device both would only compete for the same cores.
+ * FLASHCL_BWD_CONCURRENT=0|1 overrides (A/B measurements, tests). */
+static int fcl_bwd_concurrent(const flashcl_context *ctx) {
+  const char *env = getenv("FLASHCL_BWD_CONCURRENT");
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return ctx->info.is_gpu;
+}
+
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
                                          const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                          const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
@@ -258,9 +272,10 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   size_t kblocks = ((size_t)p->seqlen_k + bp.bc - 1) / bp.bc;
   size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
+  cl_command_queue side = !atomic && fcl_bwd_concurrent(ctx) ? fcl_side_queue(ctx) : NULL;
   err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
                                use_mma ? mma.local : local, 1, &pre_done,
-                               atomic ? &dkdv_done : NULL);
+                               atomic || side ? &dkdv_done : NULL);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
     goto done;
@@ -292,14 +307,22 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   } else {
     size_t qblocks = ((size_t)p->seqlen_q + bp.br - 1) / bp.br;
     size_t g[3] = {qblocks * bp.threads, (size_t)p->heads_q, (size_t)p->batch};
-    cl_event parts[2] = {NULL, NULL};
-    err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g, use_mma ? mma.local : local,
-                                 1, &pre_done, &parts[0]);
-    if (err == CL_SUCCESS && out_event) {
+    cl_event parts[2] = {NULL, dkdv_done};
+    /* With a side queue, dQ runs beside dK/dV: the flushes make the events
+     * visible across the queues (OpenCL requires it), and the barrier joins dQ
+     * back into the caller's queue, so that its later commands and out_event
+     * come after all three gradients. */
+    if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
+    err = clEnqueueNDRangeKernel(side ? side : ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g,
+                                 use_mma ? mma.local : local, 1, &pre_done, &parts[0]);
+    if (err == CL_SUCCESS && side) err = clFlush(side);
+    if (err == CL_SUCCESS && (side || out_event)) {
       /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
-      err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
+      err = side ? clEnqueueBarrierWithWaitList(ctx->queue, 2, parts, out_event)
+                 : clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
     }
     if (parts[0]) clReleaseEvent(parts[0]);
+    if (dkdv_done) clReleaseEvent(dkdv_done);
   }
   if (err != CL_SUCCESS) st = fcl_cl_fail(ctx, err, "enqueue dQ");
 

@@ -230,10 +230,30 @@ void flashcl_context_destroy(flashcl_context *ctx) {
   fcl_release_programs(ctx);
   if (ctx->decode_scratch.last) clReleaseEvent(ctx->decode_scratch.last);
   if (ctx->decode_scratch.mem) clReleaseMemObject(ctx->decode_scratch.mem);
+  if (ctx->side_queue) clReleaseCommandQueue(ctx->side_queue);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);
   free(ctx->kernel_dir);
   free(ctx);
+}
+
+cl_command_queue fcl_side_queue(flashcl_context *ctx) {
+  if (ctx->side_queue_state == 0) {
+    ctx->side_queue_state = -1;
+    /* The same properties as the caller's queue, so that profiling and
+     * out-of-order behaviour do not change with the queue a kernel lands on. */
+    cl_command_queue_properties qp = 0;
+    cl_int err = clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof qp, &qp, NULL);
+    if (err == CL_SUCCESS) ctx->side_queue = clCreateCommandQueue(ctx->context, ctx->device, qp, &err);
+    if (err == CL_SUCCESS && ctx->side_queue) {
+      ctx->side_queue_state = 1;
+    } else {
+      ctx->side_queue = NULL;
+      fcl_log(ctx, "no second command queue (%s): dependent-free kernels run one after the other",
+              fcl_cl_error_name(err));
+    }
+  }
+  return ctx->side_queue;
 }
 
 cl_context flashcl_context_cl_context(const flashcl_context *ctx) { return ctx ? ctx->context : NULL; }

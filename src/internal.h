@@ -50,6 +50,12 @@ struct flashcl_context {
     cl_event last;
     int queue_ooo;
   } decode_scratch;
+  /* A second queue on the same device, created on first use, so that two
+   * independent kernels of one call (the deterministic backward's dK/dV and dQ)
+   * can run at the same time: each one's last partial wave then overlaps the
+   * other's work. side_queue_state: 0 not tried, 1 usable, -1 unavailable. */
+  cl_command_queue side_queue;
+  int side_queue_state;
   char errmsg[FLASHCL_ERRMSG_CAP];
 };
 
@@ -74,6 +80,10 @@ const char *fcl_cl_error_name(cl_int err);
 flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options,
                               const char *kernel_name, cl_kernel *out);
 void fcl_release_programs(flashcl_context *ctx);
+
+/* The context's side queue (see side_queue), or NULL where it cannot be
+ * created; never fails the caller. */
+cl_command_queue fcl_side_queue(flashcl_context *ctx);
 
 /* Kernel source text: from ctx->kernel_dir if set, else the embedded copy.
  * *owned is set when the caller must free() the returned text. */

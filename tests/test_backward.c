@@ -1233,7 +1233,10 @@ static void test_backward_workspace(void **state) {
 
 /* The backward waits for its wait list: gated on a user event it must not have
  * completed before the event is set; then its out_event completes and the
- * gradients are right. Flash (both dQ modes) and naive. */
+ * gradients are right. Flash (both dQ modes) and naive; the deterministic flash
+ * run once with dQ on the caller's queue and once on the context's second queue
+ * (FLASHCL_BWD_CONCURRENT, the GPU default), whose events must still chain the
+ * wait list to out_event. */
 static void test_backward_wait_list(void **state) {
   static const bwd_case c = BWD("wait_list", F32, 1, 40, 40, 2, 2, 64, 0, 0.0f, 0);
   fct_env *env = fct_env_get();
@@ -1241,7 +1244,7 @@ static void test_backward_wait_list(void **state) {
   int v;
   (void)state;
   bwd_problem_create(&bp, &c, 1);
-  for (v = 0; v < 3; v++) {
+  for (v = 0; v < 4; v++) {
     const flashcl_algo algo = v == 2 ? FLASHCL_ALGO_NAIVE : FLASHCL_ALGO_FLASH;
     const int deterministic = v != 1;
     flashcl_attention_desc desc;
@@ -1253,6 +1256,10 @@ static void test_backward_wait_list(void **state) {
     double fl;
     int i;
     run_str(algo, deterministic, rs, sizeof rs);
+    if (v == 0 || v == 3) {
+      setenv("FLASHCL_BWD_CONCURRENT", v == 3 ? "1" : "0", 1);
+      appendf(rs, sizeof rs, v == 3 ? ", dQ on the second queue" : ", one queue");
+    }
     fct_tensor_create(&g[0], F32, FCT_BNHD, 1, 40, 2, 64, 5);
     fct_tensor_create(&g[1], F32, FCT_BNHD, 1, 40, 2, 64, 6);
     fct_tensor_create(&g[2], F32, FCT_BNHD, 1, 40, 2, 64, 7);
@@ -1280,6 +1287,7 @@ static void test_backward_wait_list(void **state) {
       (void)check_grad(&bp, rs, i, &g[i], ref, &fl);
       fct_tensor_release(&g[i]);
     }
+    unsetenv("FLASHCL_BWD_CONCURRENT");
     print_message("    ok  %s: waited for its wait list, out_event completed, gradients correct\n", rs);
     clReleaseEvent(done);
     clReleaseEvent(gate);
