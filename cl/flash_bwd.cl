@@ -40,6 +40,9 @@
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
  *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer)
+ *   DQ_VEC     1: dq's byte offset is a multiple of 16 and its row strides of 8
+ *              elements, so bwd_dq_store writes each work-item's 8 elements
+ *              as one aligned vector
  *   DROPOUT    1: regenerate the forward's dropout mask (philox.cl must be
  *              compiled first in the same program); with dropout,
  *              dV = (P*Z/(1-p))^T dO and dS = P * (dP*Z/(1-p) - D)
@@ -108,6 +111,9 @@
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
+#endif
+#ifndef DQ_VEC
+#define DQ_VEC 0
 #endif
 #ifndef WINDOW
 #define WINDOW 0
@@ -214,7 +220,9 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
   }
 #if ATOMIC_DQ
   if (r < PRE_ROWS && i < padded_q)
-    vstore8((float8)(0.0f), 0, dq_acc + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * x);
+    /* The accumulator's rows are HEAD_DIM floats, a multiple of 8: the pointer is
+     * 32-byte aligned, so this is one vector store, not eight. */
+    *(__global float8 *)(dq_acc + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * x) = (float8)(0.0f);
 #endif
   red[tid] = acc;
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -632,20 +640,38 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   }
 }
 
-/* Global (HEAD_DIM / 4, padded_q, seqs * heads_q): four elements per work-item
- * (the conversion is memory-bound; one element each left the H100 at a third of
- * its bandwidth). */
+/* Global (HEAD_DIM / 8, padded_q, seqs * heads_q): eight elements per
+ * work-item. The conversion is memory-bound. One element per work-item left the
+ * H100 at a third of its bandwidth; with per-element 2-byte stores, four per
+ * work-item still took ~0.35 ms for an 8K x 32-head fp16 dQ, about five times
+ * the copy time. Hence one 16- or 32-byte store where DQ_VEC allows it. */
 __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_q, int heads_q,
                            __global const int *cu_q, int total_q) {
-  const int x = 4 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
+  const int x = 8 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
   const int b = bh / heads_q, h = bh - b * heads_q;
   const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
   if (i >= sq.y) return;
   const long bb = VARLEN ? 0 : b;
-  const float4 a = vload4(0, dq_acc + ((long)bh * padded_q + i) * HEAD_DIM + x);
+  const float8 a = vload8(0, dq_acc + ((long)bh * padded_q + i) * HEAD_DIM + x);
   const long di = ROWPTR(dq, bb, sq.x + i, h) + x;
-  STORE(dq, di, a.x);
-  STORE(dq, di + 1, a.y);
-  STORE(dq, di + 2, a.z);
-  STORE(dq, di + 3, a.w);
+#if DQ_VEC && DTYPE == 0
+  *(__global float8 *)(dq + di) = a;
+#elif DQ_VEC && DTYPE == 1
+  ushort8 t; /* fp16 bits without cl_khr_fp16: convert into private memory */
+  vstore_half8_rte(a, 0, (__private half *)&t);
+  *(__global ushort8 *)(dq + di) = t;
+#elif DQ_VEC
+  *(__global ushort8 *)(dq + di) =
+      (ushort8)(bf16_from_float(a.s0), bf16_from_float(a.s1), bf16_from_float(a.s2), bf16_from_float(a.s3),
+                bf16_from_float(a.s4), bf16_from_float(a.s5), bf16_from_float(a.s6), bf16_from_float(a.s7));
+#else
+  STORE(dq, di, a.s0);
+  STORE(dq, di + 1, a.s1);
+  STORE(dq, di + 2, a.s2);
+  STORE(dq, di + 3, a.s3);
+  STORE(dq, di + 4, a.s4);
+  STORE(dq, di + 5, a.s5);
+  STORE(dq, di + 6, a.s6);
+  STORE(dq, di + 7, a.s7);
+#endif
 }

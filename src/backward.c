@@ -197,9 +197,10 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDROPOUT=%d%s",
+           "-DDQ_VEC=%d -DDROPOUT=%d%s",
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
-           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic, p->dropout, variants);
+           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic,
+           atomic && fcl_mma_rows_aligned(dq), p->dropout, variants);
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
                                       "philox.cl+mask.cl+flash_bwd.cl"};
@@ -299,7 +300,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     goto done;
   }
   if (atomic) {
-    size_t g[3] = {(size_t)p->head_dim / 4, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
+    size_t g[3] = {(size_t)p->head_dim / 8, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
     /* The last command must cover dK/dV too: on an out-of-order queue waiting on
      * the dK/dV event is what orders it. */
     err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);

@@ -218,7 +218,7 @@ static const bwd_case CASES[] = {
     {"f16_d64_scale_5_large_scores_causal", K_BWD, F16, 1, 50, 70, 2, 2, 64, 1, 0.0f, R_DET | R_ATOMIC | R_NAIVE,
      SRC_REF, FCT_BNHD, 5.0f, OFS_RANDOM, 0, NULL, NULL},
     BWD("bf16_d64_causal_Nq65_Nk33_empty_rows", BF16, 1, 65, 33, 2, 2, 64, 1, 0.0f, R_DET),
-    BWD("bf16_d64_dropout_gqa_8_1", BF16, 1, 65, 65, 8, 1, 64, 0, 0.1f, R_DET | R_NAIVE),
+    BWD("bf16_d64_dropout_gqa_8_1", BF16, 1, 65, 65, 8, 1, 64, 0, 0.1f, R_DET | R_ATOMIC | R_NAIVE),
     /* ---- other head dims (small) ---- */
     BWD("f16_d32_gqa_8_1_causal", F16, 1, 40, 40, 8, 1, 32, 1, 0.0f, R_DET),
     BWD("f32_d128_Nq63_Nk65_causal", F32, 1, 63, 65, 2, 2, 128, 1, 0.0f, R_DET),
