@@ -11,8 +11,10 @@
  *   the query heads of a group share each load.
  *   Split s of num_splits covers keys [s * chunk, min((s + 1) * chunk, L)) with
  *   chunk = ceil(L / num_splits) rounded up to TILE, L the sequence's KV length.
- *   Query t sees key j iff j <= L - q_len + t (bottom-right causal). A row that
- *   sees no key in its range gets o = 0 and lse = -inf.
+ *   Query t sees key j iff j <= L - q_len + t (bottom-right causal); with
+ *   TREE_MASK = 1 it sees every key j < L - q_len and new token u = j - (L - q_len)
+ *   iff bit u of tree_mask[b * q_len + t] is set. A row that sees no key in its
+ *   range gets o = 0 and lse = -inf.
  *   SPLIT = 0: writes o (normalised) and lse (natural log) directly.
  *   SPLIT = 1: writes the partial (o normalised, fp32) and its log2-domain LSE to
  *     the workspace: row id = (b * q_len + t) * heads_q + hq,
@@ -53,7 +55,8 @@
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
  *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
  *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
- *   argument page_size must then equal; -1: any page size), MERGE_THREADS (a
+ *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
+ *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
  *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
@@ -120,6 +123,9 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #endif
 #ifndef PAGE_SHIFT
 #define PAGE_SHIFT -1
+#endif
+#ifndef TREE_MASK
+#define TREE_MASK 0
 #endif
 #ifndef MERGE_THREADS
 #define MERGE_THREADS 128
@@ -222,7 +228,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
-    __global const int *seqlens, __global const int *block_table, int max_pages, int page_size, int num_pages,
+    __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages, int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
     __global float *work, long wo_off, long wl_off) {
   __local float Sh[SH_FLOATS]; /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */
@@ -301,8 +307,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       float s = 0.0f;
       for (int xx = 0; xx < TPK; xx++) s += pp[xx * PSTR];
       const int c = e / ROWS, r = e - (e / ROWS) * ROWS, j = k0 + c, rg = row0 + r;
-      const int lim = rg < nrows ? L - q_len + rg % q_len : -1;
-      S[e] = (j < kend && j <= lim) ? s : -INFINITY;
+#if TREE_MASK
+      /* The keys before the new tokens are visible; new token u = j - (L - q_len)
+       * only where bit u of the query token's word is set. */
+      const int u = j - (L - q_len);
+      const int vis = j < kend && rg < nrows && (u < 0 || ((tree_mask[b * q_len + rg % q_len] >> u) & 1u));
+#else
+      const int vis = j < kend && rg < nrows && j <= L - q_len + rg % q_len;
+#endif
+      S[e] = vis ? s : -INFINITY;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     /* Online softmax over this work-item's keys (the TPK work-items of a key group

@@ -531,6 +531,13 @@ typedef struct flashcl_decode_desc {
    * wait). */
   cl_mem workspace;
   size_t workspace_offset;
+  /* Speculative-decoding tree over the q_len new tokens (optional): a buffer of
+   * B * q_len uint32 words. Word b * q_len + t is query t's view of its sequence's
+   * new tokens: bit u set means query t sees new token u (key L_b - q_len + u).
+   * Every query sees all keys before the new tokens. NULL keeps the causal rule
+   * (bit u set for u <= t). Set bit t for a token to see itself; a query that
+   * sees no key gets O = 0 and LSE = -inf. Bits at or above q_len are ignored. */
+  cl_mem tree_mask;
 } flashcl_decode_desc;
 
 FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);
@@ -543,7 +550,8 @@ FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);
  *   seqlens_k: int32 buffer [B], sequence b's KV length L_b, including the q_len
  *     new tokens, which must already be the cache's last q_len entries (append
  *     them first). Query t (0-based) of sequence b sees keys j <= L_b - q_len + t
- *     (causal, bottom-right aligned). L_b is clamped on the device to [0, capacity];
+ *     (causal, bottom-right aligned; desc.tree_mask replaces that rule among
+ *     the new tokens). L_b is clamped on the device to [0, capacity];
  *     a query that sees no key (L_b < q_len - t) gets O = 0 and LSE = -inf.
  *   lse (nullable): fp32 (B, q_len, Hq, 1), natural-log LSE of each row.
  * One work-group handles every query head of a kv head's GQA group for all q_len

@@ -199,6 +199,16 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, the caches or each other");
   if (desc->workspace && desc->workspace_offset % sizeof(float))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
+  if (desc->tree_mask) {
+    int ok;
+    const size_t have = fcl_mem_size(desc->tree_mask, &ok);
+    const size_t need = (size_t)batch * (size_t)q_len * sizeof(cl_uint); /* q_len <= 16: no overflow */
+    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.tree_mask is not a valid cl_mem");
+    if (have < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                      "desc.tree_mask holds %zu bytes; batch %d x q_len %lld uint32 words (%zu bytes) are needed",
+                      have, batch, (long long)q_len, need);
+  }
 
   p->batch = batch;
   p->q_len = (int)q_len;
@@ -388,9 +398,10 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
-           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DMERGE_THREADS=%d -DMERGE_MAX_SPLITS=%d%s%s",
+           "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
+           "-DMERGE_MAX_SPLITS=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
-           page_shift, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
+           page_shift, desc->tree_mask != NULL, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
            extra ? " " : "", extra ? extra : "");
   cl_kernel kern, merge = NULL;
   if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
@@ -415,6 +426,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   fcl_arg_tensor(&a, o);
   fcl_arg_lse_or_null(&a, lse);
   fcl_arg_mem(&a, seqlens_k);
+  fcl_arg_mem(&a, desc->tree_mask);
   fcl_arg_mem(&a, p.kv.paged ? desc->block_table : NULL);
   fcl_arg_int(&a, p.kv.max_pages);
   fcl_arg_int(&a, p.kv.page_size);

@@ -81,7 +81,31 @@ typedef struct dec_case {
   int padded_q;       /* q/o/lse as FCT_PADDED views */
   int append;         /* 1: the last q_len tokens go in via flashcl_kv_cache_append */
   int user_workspace; /* 1: pass a workspace buffer of exactly the queried size */
+  int tree;           /* 1: desc.tree_mask from tree_word() */
 } dec_case;
+
+/* The seed-003 tree: 9 tokens, parents - 0 1 1 2 2 3 3 4. */
+static const int TREE_PARENT[9] = {-1, 0, 1, 1, 2, 2, 3, 3, 4};
+
+/* desc.tree_mask word of query t in sequence b: the seed-003 tree's ancestors
+ * (and t itself) for even b; for odd b the tree of a shifted numbering, token t
+ * seeing t and t - 2, t - 4, ... (so a sequence's word is not its neighbour's),
+ * plus bit 31, past any q_len, which the library must ignore. */
+static uint32_t tree_word(int b, int t) {
+  uint32_t w = 0;
+  if (b % 2 == 0)
+    for (int a = t; a >= 0; a = a < 9 ? TREE_PARENT[a] : a - 1) w |= 1u << a;
+  else
+    for (int a = t; a >= 0; a -= 2) w |= 1u << a;
+  return b % 2 ? w | 0x80000000u : w;
+}
+
+/* Query t of sequence b (KV length L, T new tokens) sees key j. */
+static int dec_visible(const dec_case *c, int b, int L, int t, int j) {
+  const int u = j - (L - c->q_len);
+  if (!c->tree) return u <= t;
+  return u < 0 || (u < c->q_len && ((tree_word(b, t) >> u) & 1u));
+}
 
 /* Logical K/V of sequence b, token j, head h, dim x: kv[(off[b] + j) * Hkv * d + h * d + x]. */
 typedef struct dec_data {
@@ -101,19 +125,23 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
     for (int t = 0; t < T; t++)
       for (int h = 0; h < Hq; h++) {
         const int L = c->seqlens[b], hk = h / G;
-        const int nvis = L - T + t + 1 > 0 ? L - T + t + 1 : 0;
+        int nvis = 0;
         double *o = ref_o + (((size_t)b * T + t) * Hq + h) * d;
         double m = -INFINITY, l = 0, qr[256];
         for (int x = 0; x < d; x++) qr[x] = fct_tensor_get(q, b, t, h, x);
         for (int x = 0; x < d; x++) o[x] = 0;
-        for (int j = 0; j < nvis; j++) {
+        for (int j = 0; j < L; j++) {
+          s[j] = -INFINITY;
+          if (!dec_visible(c, b, L, t, j)) continue;
           const float *kr = dd->k + (dd->off[b] + j) * (size_t)Hkv * d + (size_t)hk * d;
           double a = 0;
           for (int x = 0; x < d; x++) a += qr[x] * kr[x];
           s[j] = a * scale;
           if (s[j] > m) m = s[j];
+          nvis++;
         }
-        for (int j = 0; j < nvis; j++) {
+        for (int j = 0; j < L; j++) {
+          if (s[j] == -INFINITY) continue;
           const float *vr = dd->v + (dd->off[b] + j) * (size_t)Hkv * d + (size_t)hk * d;
           const double p = exp(s[j] - m);
           l += p;
@@ -243,6 +271,15 @@ static void run_decode_case(const dec_case *c) {
 
   flashcl_decode_desc desc;
   decode_desc(c, &cc, &desc);
+  cl_mem tree = NULL;
+  if (c->tree) {
+    uint32_t *w = malloc(sizeof(uint32_t) * (size_t)B * T);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < T; t++) w[(size_t)b * T + t] = tree_word(b, t);
+    tree = fct_create_buffer(sizeof(uint32_t) * (size_t)B * T, w);
+    free(w);
+    desc.tree_mask = tree;
+  }
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)B);
   flashcl_status st;
   if (c->append) {
@@ -355,6 +392,7 @@ static void run_decode_case(const dec_case *c) {
 
   free(ref_o);
   free(ref_lse);
+  if (tree) clReleaseMemObject(tree);
   if (wbuf) clReleaseMemObject(wbuf);
   clReleaseMemObject(seqlens);
   free(lens);
@@ -370,6 +408,7 @@ static void run_decode_case(const dec_case *c) {
 /* The mixed batch; the f32 case adds an empty sequence. */
 static const int MIXED[6] = {1, 15, 16, 17, 1000, 4097};
 static const int MIXED0[7] = {17, 0, 4097, 1, 1000, 16, 15};
+static const int MIXED_T[6] = {1000, 9, 4, 4097, 17, 130};
 
 static const dec_case DEC_CASES[] = {
     /* name, dtype, B, q_len, Hq, Hkv, d, seqlens, page, splits, padded, append, user_ws */
@@ -384,6 +423,13 @@ static const dec_case DEC_CASES[] = {
     {"paged24_q1_f16_split3", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 24, 3, 0, 0, 0},
     {"append_paged16_q4_f16", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 16, 4, 0, 1, 0},
     {"append_contig_q1_f16", FLASHCL_F16, 6, 1, 32, 8, 64, MIXED, 0, 3, 0, 1, 0},
+    /* Speculative verification: the seed-003 tree's 9 draft tokens (odd
+     * sequences another tree), split and unsplit, paged and contiguous; MIXED_T
+     * has sequences shorter than the tree (some drafts at negative positions)
+     * and one of exactly the tree. */
+    {"tree9_paged16_f16_split4", FLASHCL_F16, 6, 9, 32, 8, 64, MIXED_T, 16, 4, 0, 0, 0, 1},
+    {"tree9_contig_f32_unsplit", FLASHCL_F32, 6, 9, 8, 2, 64, MIXED_T, 0, 1, 1, 0, 0, 1},
+    {"tree9_append_paged64_bf16_auto", FLASHCL_BF16, 6, 9, 32, 8, 128, MIXED_T, 64, 0, 0, 1, 0, 1},
 };
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
@@ -1032,6 +1078,13 @@ static void test_errors(void **state) {
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "workspace offset misaligned");
   clReleaseMemObject(wb);
+  /* A tree mask of 4 bytes where batch 2 x q_len 2 words (16 bytes) are needed. */
+  d = d0;
+  d.tree_mask = f.small;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
+         "tree mask too small");
+  st = flashcl_attention_decode_workspace_size(ctx, &d, &f.q.t, &f.kc.t, &f.vc.t, &ws, NULL);
+  FCT_CHECK_STATUS(st, FLASHCL_ERROR_BUFFER_TOO_SMALL, "workspace size with a tree mask too small");
   /* Overlapping outputs. */
   t = f.lse.t; /* an lse view inside o's buffer */
   t.buffer = f.o.t.buffer;
