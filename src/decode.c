@@ -19,7 +19,8 @@
  *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu" overrides the defaults (tuning).
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads]" overrides the defaults
+ *     (tuning; threads: work-items per work-group before the fit to the head dim).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -219,19 +220,21 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
 
   /* Plan. */
-  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU;
+  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU, cfg_threads = FCL_DEC_THREADS;
   const char *env = getenv("FLASHCL_DECODE_CONFIG");
   if (env) {
-    int a = 0, b = 0, c = 0;
-    if (sscanf(env, "%d,%d,%d", &a, &b, &c) == 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64) {
+    int a = 0, b = 0, c = 0, t = FCL_DEC_THREADS;
+    const int n = sscanf(env, "%d,%d,%d,%d", &a, &b, &c, &t);
+    if (n >= 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64 && t >= 32 && t <= 1024) {
       cfg_kpt = a;
       cfg_prefetch = b;
       cfg_wpc = c;
+      cfg_threads = t;
     }
   }
   const size_t max_wg = ctx->info.max_work_group_size;
   const int tpk = (int)d / 8;
-  int kg = FCL_DEC_THREADS / tpk > 0 ? FCL_DEC_THREADS / tpk : 1;
+  int kg = cfg_threads / tpk > 0 ? cfg_threads / tpk : 1;
   while ((size_t)(tpk * kg) > max_wg && kg > 1) kg /= 2;
   const int threads = tpk * kg;
   if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
