@@ -29,6 +29,8 @@ typedef struct bench_opts {
   flashcl_kernel_family kernel;
   int decode, have_decode_batch; /* --decode, --decode-batch */
   long page_size, calls; /* --page-size, --calls */
+  long q_len;            /* --q-len */
+  int tree;              /* --tree */
   tools_list decode_batch;
   const char *block_sparse; /* --block-sparse DENSITY_LIST */
   long window;              /* --window: window_left, -1 = none */
@@ -85,7 +87,7 @@ static void usage(FILE *f) {
           "  --gqa G              query heads per key/value head (default 1)\n"
           "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
           "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto)\n"
-          "  --decode             time flashcl_attention_decode instead (q_len 1, 32 query\n"
+          "  --decode             time flashcl_attention_decode instead (q_len from --q-len, 32 query\n"
           "                       heads, 32/gqa kv heads (default 8), d from --d (default\n"
           "                       128), dtype from --dtype (default f16), KV lengths from\n"
           "                       --n (default GPU 1k..128k, other devices 256,1k,4k));\n"
@@ -95,6 +97,10 @@ static void usage(FILE *f) {
           "                       report the time per call (default 1: one call, so the\n"
           "                       host's enqueue time is inside the timed span); host_us\n"
           "                       is the host time of one flashcl_attention_decode call\n"
+          "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
+          "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
+          "                       q_len tokens (token t sees t and its ancestors, parent\n"
+          "                       (t - 1) / 2) instead of the causal rule\n"
           "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
           "                       contiguous); without --decode, the forward reads K and V\n"
           "                       as page pools of P-token pages through an identity block\n"
@@ -152,6 +158,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   int i, r;
   memset(o, 0, sizeof *o);
   o->calls = 1;
+  o->q_len = 1;
   o->gqa = 1;
   o->budget_s = 10.0;
   o->check = 1;
@@ -222,6 +229,10 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       if (tools_parse_long(val, &o->page_size) || o->page_size < 0) goto bad;
     } else if (OPT("--calls")) {
       if (tools_parse_long(val, &o->calls) || o->calls < 1 || o->calls > 1000) goto bad;
+    } else if (OPT("--q-len")) {
+      if (tools_parse_long(val, &o->q_len) || o->q_len < 1 || o->q_len > FLASHCL_DECODE_MAX_Q_LEN) goto bad;
+    } else if (tools_opt_flag(argv, i, "--tree")) {
+      o->tree = 1;
     } else if (OPT("--block-sparse")) {
       o->block_sparse = val;
     } else if (tools_opt_flag(argv, i, "--decode")) {
@@ -501,9 +512,9 @@ static void free_row(row *r) {
 }
 
 /* ---- --decode: flashcl_attention_decode (FlashDecoding) ----
- * q_len 1, Hq = 32 query heads, Hkv = 32 / gqa (8 by default) kv heads, all
- * sequences of one row at KV length L; contiguous cache, or paged with
- * --page-size (identity block table). Effective bandwidth = K and V bytes read
+ * q_len from --q-len (default 1; --tree: a binary draft tree over them), Hq = 32
+ * query heads, Hkv = 32 / gqa (8 by default) kv heads, all sequences at KV length
+ * L; contiguous cache, or paged with --page-size (identity block table). Effective bandwidth = K and V bytes read
  * (2 * B * L * Hkv * d * dtype size) / median time. Cache contents are a constant
  * fill (timing does not depend on the values). */
 static int decode_timed(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
@@ -564,9 +575,10 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   else {
     char devdesc[512];
     tools_describe_device(ctx, devdesc, sizeof devdesc);
-    printf("flashcl-bench --decode %s on %s\nq_len 1, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld runs"
-           " of %ld back-to-back call(s) (time per call)\n\n",
-           FLASHCL_VERSION_STRING, devdesc, hq, hkv, o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
+    printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
+           " runs of %ld back-to-back call(s) (time per call)\n\n",
+           FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
+           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
     printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
            "KV_MiB", "GB/s", "host_us");
   }
@@ -575,7 +587,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
       for (bi = 0; bi < batches.count; ++bi)
         for (li = 0; li < lens_list.count; ++li) {
           const flashcl_dtype dt = (flashcl_dtype)dts.v[ti];
-          const long d = ds.v[di], b = batches.v[bi], n = lens_list.v[li];
+          const long d = ds.v[di], b = batches.v[bi], n = lens_list.v[li], T = o->q_len;
           const size_t es = flashcl_dtype_size(dt);
           const long P = o->page_size, pages_per = P ? (n + P - 1) / P : 0;
           const long rows = P ? b * pages_per * P : b * n; /* cache tokens */
@@ -594,14 +606,32 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
                         "OOM", mib(kv_read), "-");
             continue;
           }
-          scratch = malloc((size_t)b * hq * d * 4);
-          mem[0] = scratch ? tools_random_buffer(clctx, queue, dt, (size_t)b * hq * d, 7 + (uint64_t)li, scratch, &err)
+          scratch = malloc((size_t)b * T * hq * d * 4);
+          mem[0] = scratch ? tools_random_buffer(clctx, queue, dt, (size_t)b * T * hq * d, 7 + (uint64_t)li, scratch,
+                                                 &err)
                            : NULL;
           if (mem[0]) mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
           if (mem[1]) mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
-          if (mem[2]) mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * hq * d * es, NULL, &err);
-          if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * hq * 4, NULL, &err);
+          if (mem[2]) mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * d * es, NULL, &err);
+          if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * 4, NULL, &err);
           flashcl_decode_desc_init(&desc);
+          if (o->tree && mem[4]) {
+            cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
+            long i;
+            for (i = 0; w && i < b * T; ++i) {
+              long a = i % T;
+              w[i] = 0;
+              for (;;) {
+                w[i] |= 1u << a;
+                if (a == 0) break;
+                a = (a - 1) / 2;
+              }
+            }
+            desc.tree_mask = w ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                                sizeof(cl_uint) * (size_t)(b * T), w, &err)
+                               : NULL;
+            free(w);
+          }
           if (mem[4]) {
             cl_int *host = malloc(sizeof(cl_int) * (size_t)b);
             long i;
@@ -620,7 +650,8 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             desc.page_size = (int)P;
             desc.max_pages = (int)pages_per;
           }
-          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table)) st = err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table) || (o->tree && !desc.tree_mask))
+            st = err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
           if (!st) {
             /* Small constants. 16-bit data is filled with a 4-byte pattern of two
              * elements: NVIDIA's driver never finished a 2-byte-pattern fill of
@@ -634,13 +665,13 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             if (!err) err = clEnqueueFillBuffer(queue, mem[2], pat, 4, 0, kv_elems * es, 0, NULL, NULL);
             st = err;
           }
-          if (!st) st = flashcl_tensor_init_bnhd(&q, mem[0], 0, dt, b, 1, hq, d);
+          if (!st) st = flashcl_tensor_init_bnhd(&q, mem[0], 0, dt, b, T, hq, d);
           if (!st) st = P ? flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b * pages_per, P, hkv, d)
                           : flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b, n, hkv, d);
           if (!st) st = P ? flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b * pages_per, P, hkv, d)
                           : flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b, n, hkv, d);
-          if (!st) st = flashcl_tensor_init_bnhd(&out, mem[3], 0, dt, b, 1, hq, d);
-          if (!st) st = flashcl_tensor_init_lse(&lse, mem[4], 0, b, 1, hq);
+          if (!st) st = flashcl_tensor_init_bnhd(&out, mem[3], 0, dt, b, T, hq, d);
+          if (!st) st = flashcl_tensor_init_lse(&lse, mem[4], 0, b, T, hq);
           if (!st) {
             size_t ws = 0;
             desc.max_seqlen_k = (int)n;
@@ -673,6 +704,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           for (r = 0; r < 6; ++r)
             if (mem[r]) clReleaseMemObject(mem[r]);
           if (desc.block_table) clReleaseMemObject(desc.block_table);
+          if (desc.tree_mask) clReleaseMemObject(desc.tree_mask);
           free(scratch);
         }
   if (!o->csv && g_host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
