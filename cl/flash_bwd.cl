@@ -41,8 +41,9 @@
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
  *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer)
  *   DQ_VEC     1: dq's byte offset is a multiple of 16 and its row strides of 8
- *              elements, so bwd_dq_store writes each work-item's 8 elements
- *              as one aligned vector
+ *              elements, so each work-item's 8 elements start 16-byte aligned
+ *              and bwd_dq_store writes them as 16-byte vectors (one for fp16 and
+ *              bf16, two for fp32)
  *   DROPOUT    1: regenerate the forward's dropout mask (philox.cl must be
  *              compiled first in the same program); with dropout,
  *              dV = (P*Z/(1-p))^T dO and dS = P * (dP*Z/(1-p) - D)
@@ -644,7 +645,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
  * work-item. The conversion is memory-bound. One element per work-item left the
  * H100 at a third of its bandwidth; with per-element 2-byte stores, four per
  * work-item still took ~0.35 ms for an 8K x 32-head fp16 dQ, about five times
- * the copy time. Hence one 16- or 32-byte store where DQ_VEC allows it. */
+ * the copy time. Hence 16-byte stores where DQ_VEC allows them. */
 __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_q, int heads_q,
                            __global const int *cu_q, int total_q) {
   const int x = 8 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
@@ -655,7 +656,9 @@ __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_
   const float8 a = vload8(0, dq_acc + ((long)bh * padded_q + i) * HEAD_DIM + x);
   const long di = ROWPTR(dq, bb, sq.x + i, h) + x;
 #if DQ_VEC && DTYPE == 0
-  *(__global float8 *)(dq + di) = a;
+  /* Two 16-byte stores: the host guarantees 16-byte alignment, not 32. */
+  *(__global float4 *)(dq + di) = a.lo;
+  *(__global float4 *)(dq + di + 4) = a.hi;
 #elif DQ_VEC && DTYPE == 1
   ushort8 t; /* fp16 bits without cl_khr_fp16: convert into private memory */
   vstore_half8_rte(a, 0, (__private half *)&t);

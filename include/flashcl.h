@@ -397,6 +397,10 @@ FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx, const
  * dq has q's shape, dk/dv have k's shape; all share q's dtype. With GQA, dk and
  * dv are summed over the query heads that share a key/value head. Query rows
  * that see no key get dq = 0 and contribute nothing to dk/dv.
+ * dq, dk and dv must not share elements with q, k, v, o, lse, d_o or each other
+ * (interleaved views of one buffer, such as a packed dQKV, are fine): the
+ * kernels that write them run while others still read the inputs, and in
+ * deterministic mode on GPUs dQ and dK/dV are computed at the same time.
  */
 FLASHCL_API flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                                       const flashcl_tensor *q, const flashcl_tensor *k,
@@ -552,7 +556,8 @@ FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);
  *     them first). Query t (0-based) of sequence b sees keys j <= L_b - q_len + t
  *     (causal, bottom-right aligned; desc.tree_mask replaces that rule among
  *     the new tokens). L_b is clamped on the device to [0, capacity];
- *     a query that sees no key (L_b < q_len - t) gets O = 0 and LSE = -inf.
+ *     a query that sees no key (causal: L_b < q_len - t) gets O = 0 and
+ *     LSE = -inf.
  *   lse (nullable): fp32 (B, q_len, Hq, 1), natural-log LSE of each row.
  * One work-group handles every query head of a kv head's GQA group for all q_len
  * queries, so each K/V tile is read from global memory once per group.

@@ -11,8 +11,8 @@
  * (src/backward_mma.c) whenever the problem is covered; D, the scratch and the
  * atomic-mode dQ conversion stay the same.
  *
- * In deterministic mode the dK/dV and dQ kernels are independent (both only
- * need D): on GPUs dQ goes to a second queue of the context so that they
+ * In deterministic mode the dK/dV and dQ kernels are independent (neither
+ * reads the other's output; both read D): on GPUs dQ goes to a second queue of the context so that they
  * overlap, and a barrier on the caller's queue joins them. */
 #include "internal.h"
 #include "kernel_args.h"
@@ -316,12 +316,16 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
     err = clEnqueueNDRangeKernel(side ? side : ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g,
                                  use_mma ? mma.local : local, 1, &pre_done, &parts[0]);
-    if (err == CL_SUCCESS && side) err = clFlush(side);
+    const int dq_on_side = side && err == CL_SUCCESS;
+    if (dq_on_side) err = clFlush(side);
     if (err == CL_SUCCESS && (side || out_event)) {
       /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
       err = side ? clEnqueueBarrierWithWaitList(ctx->queue, 2, parts, out_event)
                  : clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
     }
+    /* dQ was enqueued but could not be joined into the caller's queue: finish it
+     * here, so that it never writes dq after the caller's next commands. */
+    if (err != CL_SUCCESS && dq_on_side) clFinish(side);
     if (parts[0]) clReleaseEvent(parts[0]);
     if (dkdv_done) clReleaseEvent(dkdv_done);
   }

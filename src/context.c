@@ -249,7 +249,7 @@ cl_command_queue fcl_side_queue(flashcl_context *ctx) {
       ctx->side_queue_state = 1;
     } else {
       ctx->side_queue = NULL;
-      fcl_log(ctx, "no second command queue (%s): dependent-free kernels run one after the other",
+      fcl_log(ctx, "no second command queue (%s): independent kernels run one after the other",
               fcl_cl_error_name(err));
     }
   }

@@ -570,7 +570,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   if (o->have_dtype) dts = o->dtype;
   else tools_parse_dtype_list("f16", &dts);
   if (o->csv)
-    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,splits,reps,median_ms,min_ms,kv_bytes,gbps,calls,host_us,"
+    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,calls,host_us,"
            "status\n");
   else {
     char devdesc[512];
@@ -600,8 +600,8 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           cl_int err = CL_SUCCESS;
           void *scratch = NULL;
           if (kv_elems * es > info->max_mem_alloc_size || 2 * kv_elems * es > info->global_mem_size) {
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,,,,,%zu,,\"OOM\"\n", info->device_name, n, b, d,
-                               flashcl_dtype_name(dt), hq, hkv, P, kv_read);
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"OOM\"\n", info->device_name, n, b, d,
+                               flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, kv_read);
             else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
                         "OOM", mib(kv_read), "-");
             continue;
@@ -686,16 +686,17 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           if (st || nrep == 0) {
             ++failures;
             tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,,,,,%zu,,\"%s\"\n", info->device_name, n, b, d,
-                               flashcl_dtype_name(dt), hq, hkv, P, kv_read, flashcl_status_string(st));
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, n, b, d,
+                               flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, kv_read, flashcl_status_string(st));
             else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
                         "error", mib(kv_read), "-");
           } else {
             const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
             const double gbps = (double)kv_read / (med * 1e-3) / 1e9;
             const double hmed = tools_median(hosts, nrep);
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n",
-                               info->device_name, n, b, d, flashcl_dtype_name(dt), hq, hkv, P, splits, nrep, med, mn,
+            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n",
+                               info->device_name, n, b, d, flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, splits, nrep,
+                               med, mn,
                                kv_read, gbps, o->calls, hmed);
             else printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", n, b, d, flashcl_dtype_name(dt),
                         splits, nrep, med, mib(kv_read), gbps, hmed);
