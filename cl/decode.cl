@@ -228,7 +228,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
-    __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages, int page_size, int num_pages,
+    __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
+    int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
     __global float *work, long wo_off, long wl_off) {
   __local float Sh[SH_FLOATS]; /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */

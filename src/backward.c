@@ -12,8 +12,9 @@
  * atomic-mode dQ conversion stay the same.
  *
  * In deterministic mode the dK/dV and dQ kernels are independent (neither
- * reads the other's output; both read D): on GPUs dQ goes to a second queue of the context so that they
- * overlap, and a barrier on the caller's queue joins them. */
+ * reads the other's output; both read D): on GPUs dQ goes to a second queue
+ * of the context so that they overlap, and a barrier on the caller's queue
+ * joins them. */
 #include "internal.h"
 #include "kernel_args.h"
 

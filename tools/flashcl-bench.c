@@ -570,8 +570,8 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   if (o->have_dtype) dts = o->dtype;
   else tools_parse_dtype_list("f16", &dts);
   if (o->csv)
-    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,calls,host_us,"
-           "status\n");
+    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,"
+           "calls,host_us,status\n");
   else {
     char devdesc[512];
     tools_describe_device(ctx, devdesc, sizeof devdesc);
