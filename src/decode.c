@@ -19,8 +19,9 @@
  *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads]" overrides the defaults
- *     (tuning; threads: work-items per work-group before the fit to the head dim).
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows]]" overrides
+ *     the defaults (tuning; threads: work-items per work-group before the fit to
+ *     the head dim; max_rows: the cap on rows per work-group, 8).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -221,15 +222,18 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
 
   /* Plan. */
   int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU, cfg_threads = FCL_DEC_THREADS;
+  int cfg_rows = FCL_DEC_MAX_ROWS;
   const char *env = getenv("FLASHCL_DECODE_CONFIG");
   if (env) {
-    int a = 0, b = 0, c = 0, t = FCL_DEC_THREADS;
-    const int n = sscanf(env, "%d,%d,%d,%d", &a, &b, &c, &t);
-    if (n >= 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64 && t >= 32 && t <= 1024) {
+    int a = 0, b = 0, c = 0, t = FCL_DEC_THREADS, r = FCL_DEC_MAX_ROWS;
+    const int n = sscanf(env, "%d,%d,%d,%d,%d", &a, &b, &c, &t, &r);
+    if (n >= 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64 && t >= 32 && t <= 1024 && r >= 1 &&
+        r <= 16) {
       cfg_kpt = a;
       cfg_prefetch = b;
       cfg_wpc = c;
       cfg_threads = t;
+      cfg_rows = r;
     }
   }
   const size_t max_wg = ctx->info.max_work_group_size;
@@ -246,7 +250,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->merge_threads = mt;
   const int need_rows = p->group * p->q_len;
   int rows = 1;
-  while (rows < need_rows && rows < FCL_DEC_MAX_ROWS) rows *= 2;
+  while (rows < need_rows && rows < cfg_rows) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   int kpt = cfg_kpt;
   while (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap && (kpt > 1 || rows > 1)) {
