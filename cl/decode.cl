@@ -40,6 +40,15 @@
  *     3. barrier; each work-item runs the online softmax (running max m, sum l,
  *        rescale of its O accumulators) over its own KPT keys.
  *   At the end the KG key groups' (m, l, O) are merged through local memory.
+ * ASYNC_STAGES = S >= 2 (NVIDIA only: inline PTX cp.async, fp16/bf16 with
+ *   VEC_ALIGNED): K and V tiles are copied global -> local memory by cp.async,
+ *   S - 1 tiles ahead of the one in use, into S stage slots after the partial-dot
+ *   buffers; steps 0 and 1 then read the work-item's keys from its slot. Every
+ *   work-item reads back only the 16-byte pieces it copied itself, so the
+ *   stages need no barrier of their own (cp.async.wait_group makes a work-item's
+ *   own copies visible to it). This keeps (S - 1) * TILE * 512 bytes (d = 128)
+ *   per work-group in flight through the whole tile, where the register path
+ *   holds at most the next tile's K; PREFETCH is ignored.
  * Local memory: Sh max(2 * TPK * (TILE * ROWS + 1), KG * ROWS * HEAD_DIM) floats,
  *   Sc 2 * TILE * ROWS floats.
  *
@@ -57,7 +66,8 @@
  *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
  *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
- *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS.
+ *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS, ASYNC_STAGES (0: the register
+ *   path; >= 2 needs USE_PTX = 1, i.e. the program "mma_ptx.cl+decode.cl").
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
  * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
@@ -133,6 +143,9 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #ifndef MERGE_MAX_SPLITS
 #define MERGE_MAX_SPLITS 256
 #endif
+#ifndef ASYNC_STAGES
+#define ASYNC_STAGES 0
+#endif
 
 #define D4 (HEAD_DIM / 4)
 #define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */
@@ -142,11 +155,23 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #define PSTR (SR + 1)           /* padded row of the partial-dot buffer */
 #define PART_FLOATS (2 * TPK * PSTR)
 #define OBUF_FLOATS (KG * ROWS * HEAD_DIM)
-#define SH_FLOATS (PART_FLOATS > OBUF_FLOATS ? PART_FLOATS : OBUF_FLOATS)
+#if ASYNC_STAGES
+/* Stage slots start 16-byte aligned after the partial dots; a slot is K then V
+ * of one tile, TILE rows of HEAD_DIM 16-bit elements each. */
+#define STG_OFF ((PART_FLOATS + 3) / 4 * 4)
+#define SLOT_BYTES (2 * TILE * HEAD_DIM * 2)
+#define STG_END (STG_OFF + ASYNC_STAGES * SLOT_BYTES / 4)
+#else
+#define STG_END PART_FLOATS
+#endif
+#define SH_FLOATS (STG_END > OBUF_FLOATS ? STG_END : OBUF_FLOATS)
 
 #if HEAD_DIM % 8 || NTHREADS % TPK || KPT < 1 || ROWS < 1 || MERGE_THREADS < D4 || \
     (MERGE_THREADS & (MERGE_THREADS - 1))
 #error "inconsistent decode_attn mapping"
+#endif
+#if ASYNC_STAGES && (ASYNC_STAGES < 2 || !USE_PTX || DTYPE == 0 || !VEC_ALIGNED)
+#error "ASYNC_STAGES needs >= 2 stages, USE_PTX = 1, a 16-bit DTYPE and VEC_ALIGNED = 1"
 #endif
 
 /* 8 consecutive cache elements, raw (loaded) and converted to fp32. */
@@ -222,6 +247,38 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 #define LOAD_K(R, KB, TPG) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
 #define LOAD_V(R, KB, TPG) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
 
+#if ASYNC_STAGES
+/* The wait takes an immediate: the number of newer copy groups that may still
+ * be pending. Its memory clobber also keeps the compiler from moving a read of a
+ * slot below the copy that refills it. */
+#define CP_WAIT_(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
+#define CP_WAIT(n) CP_WAIT_(n)
+/* Copies this work-item's KPT key rows of the tile at KB into the slot at byte
+ * address SA (K) and SA + SLOT_BYTES / 2 (V); keys at or past kend are
+ * zero-filled (a source size of 0 reads nothing; the address stays in bounds). */
+#define ISSUE_ROWS(PTR, OFF, SB, SN, SH, KB, TPG, SA)                                                        \
+  for (int u = 0; u < KPT; u++) {                                                                           \
+    const int j = (KB) + u * KG + kg;                                                                       \
+    int pg_ = 0, sl_ = 0;                                                                                   \
+    uint nb_ = 0;                                                                                           \
+    if (j < kend) {                                                                                         \
+      KEY_ROW(j, pg_, sl_, TPG);                                                                            \
+      nb_ = 16;                                                                                             \
+    }                                                                                                       \
+    cp_async16((SA) + (uint)(((u * KG + kg) * HEAD_DIM + 8 * x) * 2),                                       \
+               (__global const ushort *)(PTR) + (OFF) + pg_ * (SB) + sl_ * (SN) + hk * (SH) + 8 * x, nb_); \
+  }
+#define ISSUE_TILE(KB, TPG, SA)                                                  \
+  if ((KB) < kend) {                                                             \
+    ISSUE_ROWS(k, k_off, k_sb, k_sn, k_sh, KB, TPG, SA)                          \
+    ISSUE_ROWS(v, v_off, v_sb, v_sn, v_sh, KB, TPG, (SA) + SLOT_BYTES / 2)      \
+  }                                                                              \
+  cp_commit()
+/* Key u of this work-item from the slot at local float offset SO (K) or
+ * SO + SLOT_BYTES / 8 (V). */
+#define SLOT_ROW(SO, u) (*(__local const ushort8 *)((__local const ushort *)(Sh + (SO)) + ((u) * KG + kg) * HEAD_DIM + 8 * x))
+#endif
+
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
     __global const store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
@@ -232,7 +289,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
     __global float *work, long wo_off, long wl_off) {
-  __local float Sh[SH_FLOATS]; /* partial dots [2][TPK][PSTR]; at the end O partials [KG][ROWS][HEAD_DIM] */
+  /* partial dots [2][TPK][PSTR] (then the stage slots); at the end O partials [KG][ROWS][HEAD_DIM] */
+  __local float Sh[SH_FLOATS] __attribute__((aligned(16)));
   __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
 
   const int tid = get_local_id(0);
@@ -271,6 +329,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     l[r] = 0.0f;
   }
 
+#if ASYNC_STAGES
+  const uint stg = SADDR(Sh + STG_OFF);
+  for (int s = 0; s < ASYNC_STAGES - 1; s++) {
+    const int kb = kstart + s * TILE;
+    const int tp = TILE_PAGE(kb);
+    ISSUE_TILE(kb, tp, stg + (uint)(s * SLOT_BYTES));
+  }
+  /* Page of the next tile to copy, read a tile ahead of its use. */
+  int pga = TILE_PAGE(kstart + (ASYNC_STAGES - 1) * TILE);
+  int slot = 0;
+#else
   /* Pages of the current and the next tile (0 unless a tile never crosses a page). */
   int pg = TILE_PAGE(kstart);
   raw8_t kr[KPT];
@@ -280,12 +349,28 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   raw8_t vr[KPT];
   LOAD_V(vr, kstart, pg)
 #endif
+#endif
   int buf = 0;
   for (int k0 = kstart; k0 < kend; k0 += TILE) {
+#if ASYNC_STAGES
+    /* This tile's copies are done once at most S - 2 newer groups are pending;
+     * then the slot the previous tile used takes the tile S - 1 ahead. */
+    CP_WAIT(ASYNC_STAGES - 2);
+    {
+      const int kb = k0 + (ASYNC_STAGES - 1) * TILE, tp = pga;
+      pga = TILE_PAGE(kb + TILE);
+      const int ns = slot == 0 ? ASYNC_STAGES - 1 : slot - 1;
+      ISSUE_TILE(kb, tp, stg + (uint)(ns * SLOT_BYTES));
+    }
+    const int so = STG_OFF + slot * (SLOT_BYTES / 4);
+    raw8_t kr[KPT];
+    for (int u = 0; u < KPT; u++) kr[u] = SLOT_ROW(so, u);
+#else
     const int pgnn = TILE_PAGE(k0 + 2 * TILE);
 #if PREFETCH < 2
     raw8_t vr[KPT];
     LOAD_V(vr, k0, pg)
+#endif
 #endif
     /* Partial dots of this work-item's 8 elements. */
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
@@ -293,10 +378,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       const float8 kf = RAW_CVT8(kr[u]);
       for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
     }
-#if PREFETCH >= 1
+#if !ASYNC_STAGES && PREFETCH >= 1
     LOAD_K(kr, k0 + TILE, pgn)
 #endif
-#if PREFETCH >= 2
+#if !ASYNC_STAGES && PREFETCH >= 2
     raw8_t vn[KPT];
     LOAD_V(vn, k0 + TILE, pgn)
 #endif
@@ -332,6 +417,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       l[r] *= alpha;
       acc[r] *= alpha;
     }
+#if ASYNC_STAGES
+    raw8_t vr[KPT];
+    for (int u = 0; u < KPT; u++) vr[u] = SLOT_ROW(so + SLOT_BYTES / 8, u);
+#endif
     for (int u = 0; u < KPT; u++) {
       const float8 vf = RAW_CVT8(vr[u]);
       for (int r = 0; r < ROWS; r++) {
@@ -340,6 +429,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
         acc[r] = mad((float8)(p), vf, acc[r]);
       }
     }
+#if ASYNC_STAGES
+    slot = slot == ASYNC_STAGES - 1 ? 0 : slot + 1;
+#else
 #if PREFETCH >= 2
     for (int u = 0; u < KPT; u++) vr[u] = vn[u];
 #endif
@@ -348,9 +440,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #endif
     pg = pgn;
     pgn = pgnn;
+#endif
     buf ^= 1;
   }
 
+#if ASYNC_STAGES
+  /* The slots are reused below; copies of tiles past the range are empty groups. */
+  CP_WAIT(0);
+#endif
   /* Merge the KG key groups: rescale to the common max, sum through local memory. */
   barrier(CLK_LOCAL_MEM_FENCE);
   if (x == 0)

@@ -19,9 +19,13 @@
  *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows]]" overrides
- *     the defaults (tuning; threads: work-items per work-group before the fit to
- *     the head dim; max_rows: the cap on rows per work-group, 8).
+ *   stages (NVIDIA, fp16/bf16 caches with 16-byte aligned rows): K and V reach
+ *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
+ *     2, if the local memory does not fit; else the register path);
+ *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
+ *     overrides the defaults (tuning; threads: work-items per work-group before
+ *     the fit to the head dim; max_rows: the cap on rows per work-group, 8;
+ *     stages: 0 for the register path, >= 2 for cp.async where it applies).
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -44,6 +48,7 @@
 #define FCL_DEC_MAX_ROWS 8
 #define FCL_DEC_KPT 2
 #define FCL_DEC_WG_PER_CU 4
+#define FCL_DEC_STAGES 4
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -128,15 +133,19 @@ typedef struct fcl_decode_plan {
   float scale;
   fcl_kv_layout kv;
   int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
+  int stages; /* cp.async stages (NVIDIA), 0: the register path */
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
 
 /* cl/decode.cl's Sh and Sc. */
-static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt) {
+static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int stages) {
   const size_t tpk = (size_t)d / 8, kg = (size_t)threads / tpk, sr = kg * (size_t)kpt * (size_t)rows;
   const size_t part = 2 * tpk * (sr + 1), obuf = kg * (size_t)rows * (size_t)d;
-  return 4 * (part > obuf ? part : obuf) + 4 * 2 * sr;
+  /* Stage slots: K and V of a tile (kg * kpt rows of d 16-bit elements), after
+   * the partial dots rounded up to 16 bytes. */
+  const size_t sh = stages ? (part + 3) / 4 * 4 + (size_t)stages * kg * (size_t)kpt * (size_t)d : part;
+  return 4 * (sh > obuf ? sh : obuf) + 4 * 2 * sr;
 }
 
 /* 16-byte vector loads of 8 elements are aligned for every key row. */
@@ -222,18 +231,19 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
 
   /* Plan. */
   int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU, cfg_threads = FCL_DEC_THREADS;
-  int cfg_rows = FCL_DEC_MAX_ROWS;
+  int cfg_rows = FCL_DEC_MAX_ROWS, cfg_stages = FCL_DEC_STAGES;
   const char *env = getenv("FLASHCL_DECODE_CONFIG");
   if (env) {
-    int a = 0, b = 0, c = 0, t = FCL_DEC_THREADS, r = FCL_DEC_MAX_ROWS;
-    const int n = sscanf(env, "%d,%d,%d,%d,%d", &a, &b, &c, &t, &r);
+    int a = 0, b = 0, c = 0, t = FCL_DEC_THREADS, r = FCL_DEC_MAX_ROWS, g = FCL_DEC_STAGES;
+    const int n = sscanf(env, "%d,%d,%d,%d,%d,%d", &a, &b, &c, &t, &r, &g);
     if (n >= 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64 && t >= 32 && t <= 1024 && r >= 1 &&
-        r <= 16) {
+        r <= 16 && (g == 0 || (g >= 2 && g <= 8))) {
       cfg_kpt = a;
       cfg_prefetch = b;
       cfg_wpc = c;
       cfg_threads = t;
       cfg_rows = r;
+      cfg_stages = g;
     }
   }
   const size_t max_wg = ctx->info.max_work_group_size;
@@ -253,11 +263,34 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   while (rows < need_rows && rows < cfg_rows) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   int kpt = cfg_kpt;
-  while (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap && (kpt > 1 || rows > 1)) {
-    if (kpt > 1) kpt /= 2;
+  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
+  /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
+   * unaligned rows keep the register path. */
+  if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel (%d) is not a flashcl_kernel_family",
+                    (int)desc->kernel);
+  flashcl_kernel_family fam = desc->kernel;
+  if (fam == FLASHCL_KERNEL_AUTO) {
+    const char *kenv = getenv("FLASHCL_KERNEL");
+    if (kenv && !strcmp(kenv, "portable")) fam = FLASHCL_KERNEL_PORTABLE;
+  }
+  int stages = 0;
+  if (fam != FLASHCL_KERNEL_PORTABLE) {
+    if (!fcl_mma_available(ctx)) {
+      if (fam == FLASHCL_KERNEL_NVIDIA_MMA)
+        return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA cp.async decode path is not available: %s",
+                        ctx->mma_reason);
+    } else if (q->dtype != FLASHCL_F32 && p->vec_aligned) {
+      stages = cfg_stages;
+    }
+  }
+  while (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap && (stages || kpt > 1 || rows > 1)) {
+    if (stages > 2) stages--;
+    else if (kpt > 1) kpt /= 2;
+    else if (stages) stages = 0;
     else rows /= 2;
   }
-  if (fcl_dec_local_bytes((int)d, rows, threads, kpt) > cap)
+  if (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %lld does not fit %zu bytes of local memory",
                     (long long)d, ctx->info.local_mem_size);
   p->rows = rows;
@@ -266,8 +299,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->threads = threads;
   p->tile = kg * kpt;
   p->prefetch = cfg_prefetch;
-  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
-  p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt);
+  p->stages = stages;
+  p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt, stages);
 
   int splits = desc->num_splits;
   if (splits == 0) {
@@ -406,13 +439,15 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
-           "-DMERGE_MAX_SPLITS=%d%s%s",
+           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
-           page_shift, desc->tree_mask != NULL, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS,
-           extra ? " " : "", extra ? extra : "");
+           page_shift, desc->tree_mask != NULL, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS, p.stages,
+           p.stages > 0, extra ? " " : "", extra ? extra : "");
+  /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
+  const char *file = p.stages ? "mma_ptx.cl+decode.cl" : "decode.cl";
   cl_kernel kern, merge = NULL;
-  if ((st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_attn", &kern))) return st;
-  if (split && (st = fcl_get_kernel(ctx, "decode.cl", opts, "decode_merge", &merge))) return st;
+  if ((st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) return st;
+  if (split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &merge))) return st;
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

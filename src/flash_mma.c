@@ -145,7 +145,7 @@ static int fcl_mma_run_local_probe(flashcl_context *ctx) {
 }
 
 /* 1 if the context's device runs the tensor-core path (probing on first call). */
-static int fcl_mma_available(flashcl_context *ctx) {
+int fcl_mma_available(flashcl_context *ctx) {
   if (ctx->mma_state) return ctx->mma_state > 0;
   if (!strstr(ctx->info.platform_name, "NVIDIA"))
     return fcl_mma_disable(ctx, "the platform (%s) is not NVIDIA's", ctx->info.platform_name);

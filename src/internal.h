@@ -182,6 +182,9 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
 /* 1 if a tensor's rows are 16-byte aligned for cp.async: element offset and
  * (batch, seq, head) strides multiples of 8 elements. */
 int fcl_mma_rows_aligned(const flashcl_tensor *t);
+/* 1 if the device runs inline PTX (mma.sync, ldmatrix, cp.async): NVIDIA, compute
+ * capability >= 8.0, and the probe kernel passed. Probes on the first call. */
+int fcl_mma_available(flashcl_context *ctx);
 /* Prints a kernel's build log and resource figures to stderr (FLASHCL_MMA_BUILD_LOG). */
 void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
 

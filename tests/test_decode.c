@@ -82,6 +82,7 @@ typedef struct dec_case {
   int append;         /* 1: the last q_len tokens go in via flashcl_kv_cache_append */
   int user_workspace; /* 1: pass a workspace buffer of exactly the queried size */
   int tree;           /* 1: desc.tree_mask from tree_word() */
+  flashcl_kernel_family kernel; /* desc.kernel */
 } dec_case;
 
 /* The seed-003 tree: 9 tokens, parents - 0 1 1 2 2 3 3 4. */
@@ -216,6 +217,7 @@ static size_t cache_index(const dec_cache *cc, const dec_case *c, int b, int j, 
 static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_desc *desc) {
   flashcl_decode_desc_init(desc);
   desc->num_splits = c->num_splits;
+  desc->kernel = c->kernel;
   if (c->page_size) {
     desc->page_size = c->page_size;
     desc->block_table = cc->block_table;
@@ -337,11 +339,25 @@ static void run_decode_case(const dec_case *c) {
 
   size_t ws = 0;
   int splits = -1;
+  cl_mem wbuf = NULL;
   st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, &ws, &splits);
+  if (c->kernel == FLASHCL_KERNEL_NVIDIA_MMA && st == FLASHCL_ERROR_UNSUPPORTED) {
+    /* No cp.async path on this device: the call is refused and writes nothing. */
+    st = flashcl_attention_decode(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, seqlens, &o.t, &lse.t, 0, NULL, NULL);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_UNSUPPORTED, "%s: decode without the NVIDIA path", c->name);
+    FCT_CHECK(strlen(flashcl_context_last_error(env->ctx)) > 0, "%s: no message for the refusal", c->name);
+    fct_finish();
+    fct_tensor_download(&o);
+    fct_tensor_download(&lse);
+    FCT_CHECK(fct_tensor_count_unpoisoned(&o) == 0 && fct_tensor_count_unpoisoned(&lse) == 0,
+              "%s: a refused call wrote its outputs", c->name);
+    print_message("[ DECODE   ] %-28s refused on this device, as it should be (%s)\n", c->name,
+                  flashcl_context_last_error(env->ctx));
+    goto done;
+  }
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: workspace size", c->name);
   FCT_CHECK(splits >= 1 && (c->num_splits == 0 || splits == c->num_splits), "%s: splits %d", c->name, splits);
   FCT_CHECK((splits == 1) == (ws == 0), "%s: %d splits but workspace %zu", c->name, splits, ws);
-  cl_mem wbuf = NULL;
   if (c->user_workspace && ws) {
     wbuf = fct_create_buffer(ws + 64, NULL);
     desc.workspace = wbuf;
@@ -392,6 +408,7 @@ static void run_decode_case(const dec_case *c) {
 
   free(ref_o);
   free(ref_lse);
+done:
   if (tree) clReleaseMemObject(tree);
   if (wbuf) clReleaseMemObject(wbuf);
   clReleaseMemObject(seqlens);
@@ -430,6 +447,16 @@ static const dec_case DEC_CASES[] = {
     {"tree9_paged16_f16_split4", FLASHCL_F16, 6, 9, 32, 8, 64, MIXED_T, 16, 4, 0, 0, 0, 1},
     {"tree9_contig_f32_unsplit", FLASHCL_F32, 6, 9, 8, 2, 64, MIXED_T, 0, 1, 1, 0, 0, 1},
     {"tree9_append_paged64_bf16_auto", FLASHCL_BF16, 6, 9, 32, 8, 128, MIXED_T, 64, 0, 0, 1, 0, 1},
+    /* Kernel families: on NVIDIA devices AUTO takes the cp.async path for the
+     * 16-bit cases above, so these keep the portable kernel tested there; the
+     * NVIDIA ones are refused elsewhere (16 rows per kv head: 8 per work-group
+     * leave room for 3 of the 4 default stages at d = 128). */
+    {"contig_q1_f16_d128_portable", FLASHCL_F16, 6, 1, 32, 8, 128, MIXED, 0, 0, 0, 0, 0, 0, FLASHCL_KERNEL_PORTABLE},
+    {"paged16_q4_bf16_d128_portable", FLASHCL_BF16, 6, 4, 32, 8, 128, MIXED, 16, 4, 0, 0, 0, 0,
+     FLASHCL_KERNEL_PORTABLE},
+    {"contig_q1_f16_d128_nvidia", FLASHCL_F16, 6, 1, 32, 8, 128, MIXED, 0, 0, 0, 0, 0, 0, FLASHCL_KERNEL_NVIDIA_MMA},
+    {"paged16_q4_bf16_d128_nvidia", FLASHCL_BF16, 6, 4, 32, 8, 128, MIXED, 16, 4, 0, 0, 0, 0,
+     FLASHCL_KERNEL_NVIDIA_MMA},
 };
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
@@ -987,6 +1014,10 @@ static void test_errors(void **state) {
   fct_tensor_poison(&f.lse);
 
   EXPECT(DEC(NULL, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc NULL");
+  d = d0;
+  d.kernel = (flashcl_kernel_family)7;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
+         "desc.kernel out of range");
   EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, NULL, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "seqlens NULL");
   EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.small, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
          "seqlens too small");

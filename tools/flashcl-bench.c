@@ -86,7 +86,8 @@ static void usage(FILE *f) {
           "  --hidden H           heads * d (default 2048 on GPU, 256 otherwise)\n"
           "  --gqa G              query heads per key/value head (default 1)\n"
           "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
-          "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto)\n"
+          "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto; with\n"
+          "                       --decode, nvidia_mma is the cp.async decode path)\n"
           "  --decode             time flashcl_attention_decode instead (q_len from --q-len, 32 query\n"
           "                       heads, 32/gqa kv heads (default 8), d from --d (default\n"
           "                       128), dtype from --dtype (default f16), KV lengths from\n"
@@ -615,6 +616,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           if (mem[2]) mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * d * es, NULL, &err);
           if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * 4, NULL, &err);
           flashcl_decode_desc_init(&desc);
+          desc.kernel = o->kernel;
           if (o->tree && mem[4]) {
             cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
             long i;
