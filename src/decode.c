@@ -12,16 +12,17 @@
  *     min(device local memory, 48 KiB); tile = KG * KPT keys (16 at d = 128).
  *     With K prefetch this is 128 registers on the H100 (4 work-groups per SM);
  *     KPT 4 needs 165 (3 per SM);
- *   splits (num_splits = 0): one wave of work-groups at 4 per compute unit,
- *     floor(4 * CUs / (B * Hkv * row_blocks)) (at least 1), but at least 256 keys
- *     of max_seqlen_k (or the capacity) per split, and at most
- *     FLASHCL_DECODE_MAX_SPLITS. 132 CUs, 8 kv heads: batch 1 -> 66 splits,
- *     batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
+ *   splits (num_splits = 0): one wave of work-groups at W = 4 per compute unit
+ *     (2 on the cp.async path below), floor(W * CUs / (B * Hkv * row_blocks))
+ *     (at least 1), but at least 256 keys of max_seqlen_k (or the capacity) per
+ *     split, and at most FLASHCL_DECODE_MAX_SPLITS. 132 CUs, 8 kv heads, W = 4:
+ *     batch 1 -> 66 splits, batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
  *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
  *     over them;
  *   stages (NVIDIA, fp16/bf16 caches with 16-byte aligned rows): K and V reach
  *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
- *     2, if the local memory does not fit; else the register path);
+ *     2, then fewer keys per work-item, if the local memory does not fit; else
+ *     the register path), with splits for 2 work-groups per compute unit;
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
  *     overrides the defaults (tuning; threads: work-items per work-group before
  *     the fit to the head dim; max_rows: the cap on rows per work-group, 8;
@@ -48,7 +49,12 @@
 #define FCL_DEC_MAX_ROWS 8
 #define FCL_DEC_KPT 2
 #define FCL_DEC_WG_PER_CU 4
-#define FCL_DEC_STAGES 4
+/* The cp.async path: 3 stages, 2 work-groups per compute unit. On the H100
+ * (q_len 1, 32:8 heads, d = 128, batch 1, 32K keys, back-to-back calls) that is
+ * 71% of copy bandwidth, against 66-67% at 4 per CU (3 or 4 stages alike) and
+ * 63% for the register path; 2 stages 65%, 1 key per work-item 54-65%. */
+#define FCL_DEC_STAGES 3
+#define FCL_DEC_WG_PER_CU_ASYNC 2
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -230,7 +236,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
 
   /* Plan. */
-  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = FCL_DEC_WG_PER_CU, cfg_threads = FCL_DEC_THREADS;
+  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = 0, cfg_threads = FCL_DEC_THREADS;
   int cfg_rows = FCL_DEC_MAX_ROWS, cfg_stages = FCL_DEC_STAGES;
   const char *env = getenv("FLASHCL_DECODE_CONFIG");
   if (env) {
@@ -290,6 +296,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     else if (stages) stages = 0;
     else rows /= 2;
   }
+  if (!cfg_wpc) cfg_wpc = stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU;
   if (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %lld does not fit %zu bytes of local memory",
                     (long long)d, ctx->info.local_mem_size);
