@@ -525,9 +525,18 @@ static void test_decode_auto_splits(void **state) {
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace query");
   const int cus = (int)env->info.compute_units;
   print_message("[ DECODE   ] batch 1, 8 kv heads, 128K keys, %d CUs: %d splits, workspace %zu bytes\n", cus, splits, ws);
-  FCT_CHECK(8 * splits >= (4 * cus < 8 ? 8 : 4 * cus) || splits == FLASHCL_DECODE_MAX_SPLITS,
+  /* AUTO: at least 2 work-groups per compute unit (the NVIDIA cp.async path's
+   * choice); the portable kernel plans 4. */
+  FCT_CHECK(8 * splits >= (2 * cus < 8 ? 8 : 2 * cus) || splits == FLASHCL_DECODE_MAX_SPLITS,
             "%d splits x 8 kv heads do not fill %d compute units", splits, cus);
   FCT_CHECK(ws == (size_t)splits * 32 * (128 + 1) * 4 || (splits == 1 && ws == 0), "workspace %zu", ws);
+  desc.kernel = FLASHCL_KERNEL_PORTABLE;
+  st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &kc.t, &vc.t, &ws, &splits);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace query (portable)");
+  FCT_CHECK(8 * splits >= (4 * cus < 8 ? 8 : 4 * cus) || splits == FLASHCL_DECODE_MAX_SPLITS,
+            "portable: %d splits x 8 kv heads do not fill %d compute units at 4 work-groups each", splits, cus);
+  FCT_CHECK(ws == (size_t)splits * 32 * (128 + 1) * 4 || (splits == 1 && ws == 0), "workspace %zu", ws);
+  desc.kernel = FLASHCL_KERNEL_AUTO;
   /* A short max_seqlen_k hint caps the splits at one per 256 keys. */
   desc.max_seqlen_k = 300;
   st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &kc.t, &vc.t, &ws, &splits);
