@@ -55,6 +55,12 @@
  * 63% for the register path; 2 stages 65%, 1 key per work-item 54-65%. */
 #define FCL_DEC_STAGES 3
 #define FCL_DEC_WG_PER_CU_ASYNC 2
+/* The tensor-core kernel (many rows per KV head): from this many rows on,
+ * work-groups per compute unit for the split count, key slices per tile, stages. */
+#define FCL_DEC_MMA_MIN_ROWS 16
+#define FCL_DEC_MMA_WG_PER_CU 4
+#define FCL_DEC_MMA_WK 2
+#define FCL_DEC_MMA_STAGES 2
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -140,6 +146,8 @@ typedef struct fcl_decode_plan {
   fcl_kv_layout kv;
   int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
   int stages; /* cp.async stages (NVIDIA), 0: the register path */
+  /* 1: cl/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
+  int mma, mma_wr, mma_wk, mma_stages;
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
@@ -152,6 +160,12 @@ static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int sta
    * the partial dots rounded up to 16 bytes. */
   const size_t sh = stages ? (part + 3) / 4 * 4 + (size_t)stages * kg * (size_t)kpt * (size_t)d : part;
   return 4 * (sh > obuf ? sh : obuf) + 4 * 2 * sr;
+}
+
+/* cl/decode_mma.cl's K | V stages, or the merge buffer reusing them, and Ml. */
+static size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages) {
+  const size_t kv = (size_t)stages * 2 * 16 * (size_t)wk * (size_t)d * 2, ob = (size_t)wr * 16 * (size_t)d * 4;
+  return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
 
 /* 16-byte vector loads of 8 elements are aligned for every key row. */
@@ -309,6 +323,34 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->stages = stages;
   p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt, stages);
 
+  /* Many rows per KV head on the NVIDIA path: the tensor-core kernel. */
+  p->mma = 0;
+  if (stages) {
+    int min_rows = FCL_DEC_MMA_MIN_ROWS, wpc = FCL_DEC_MMA_WG_PER_CU, wk = FCL_DEC_MMA_WK, st2 = FCL_DEC_MMA_STAGES;
+    const char *menv = getenv("FLASHCL_DECODE_MMA");
+    if (menv) {
+      int a = min_rows, bb = wpc, c = wk, e = st2;
+      if (sscanf(menv, "%d,%d,%d,%d", &a, &bb, &c, &e) >= 1 && a >= 0 && bb >= 1 && bb <= 64 && c >= 1 && c <= 8 &&
+          e >= 2 && e <= 4) {
+        min_rows = a;
+        wpc = bb;
+        wk = c;
+        st2 = e;
+      }
+    }
+    const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
+    if (min_rows > 0 && need_rows >= min_rows && (d == 64 || d == 128) && fcl_mma_rows_aligned(q) &&
+        (!o || fcl_mma_rows_aligned(o)) && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
+        (size_t)(32 * wr * wk) <= max_wg) {
+      p->mma = 1;
+      p->mma_wr = wr;
+      p->mma_wk = wk;
+      p->mma_stages = st2;
+      p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
+      if (!env) cfg_wpc = wpc;
+    }
+  }
+
   int splits = desc->num_splits;
   if (splits == 0) {
     const int64_t base = (int64_t)batch * hkv * p->row_blocks;
@@ -453,14 +495,26 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
   const char *file = p.stages ? "mma_ptx.cl+decode.cl" : "decode.cl";
   cl_kernel kern, merge = NULL;
-  if ((st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) return st;
+  int threads = p.threads;
+  if (p.mma) {
+    char mopts[384];
+    threads = 32 * p.mma_wr * p.mma_wk;
+    snprintf(mopts, sizeof mopts,
+             "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
+             "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d%s%s",
+             (int)q->dtype, p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, split, p.kv.paged, page_shift,
+             desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
+    if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &kern))) return st;
+  } else if ((st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) {
+    return st;
+  }
   if (split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &merge))) return st;
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&
-      kwg < (size_t)p.threads)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode_attn needs %d work-items but the compiled kernel allows %zu",
-                    p.threads, kwg);
+      kwg < (size_t)threads)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs %d work-items but the compiled kernel allows %zu",
+                    p.mma ? "decode_mma" : "decode_attn", threads, kwg);
 
   if (cached && (st = fcl_decode_scratch(ctx, need, &work))) return st;
   const int64_t wo_off =
@@ -523,8 +577,8 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
     wait = w;
   }
 
-  size_t global[3] = {(size_t)p.threads * p.splits, (size_t)p.heads_kv * p.row_blocks, (size_t)p.batch};
-  size_t local[3] = {(size_t)p.threads, 1, 1};
+  size_t global[3] = {(size_t)threads * p.splits, (size_t)p.heads_kv * p.row_blocks, (size_t)p.batch};
+  size_t local[3] = {(size_t)threads, 1, 1};
   /* Events only where something waits on them: with profiling on, an event costs
    * the NVIDIA driver ~8 us of host time per enqueue (a third of a short call). */
   cl_event ev = NULL, done = NULL;

@@ -447,6 +447,11 @@ static const dec_case DEC_CASES[] = {
     {"tree9_paged16_f16_split4", FLASHCL_F16, 6, 9, 32, 8, 64, MIXED_T, 16, 4, 0, 0, 0, 1},
     {"tree9_contig_f32_unsplit", FLASHCL_F32, 6, 9, 8, 2, 64, MIXED_T, 0, 1, 1, 0, 0, 1},
     {"tree9_append_paged64_bf16_auto", FLASHCL_BF16, 6, 9, 32, 8, 128, MIXED_T, 64, 0, 0, 1, 0, 1},
+    /* 64 and 16 rows per kv head (the tensor-core kernel's cases on NVIDIA):
+     * 16 tokens with GQA 4 (4 m-tiles), sequences shorter than the tokens;
+     * 2 tokens with GQA 8. */
+    {"contig_q16_bf16_d128_auto", FLASHCL_BF16, 6, 16, 16, 4, 128, MIXED_T, 0, 0, 0, 0, 0},
+    {"contig_q2_f16_g8_split5", FLASHCL_F16, 6, 2, 32, 4, 64, MIXED, 0, 5, 0, 0, 0},
     /* Kernel families: on NVIDIA devices AUTO takes the cp.async path for the
      * 16-bit cases above, so these keep the portable kernel tested there; the
      * NVIDIA ones are refused elsewhere (16 rows per kv head: 8 per work-group
