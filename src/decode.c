@@ -23,6 +23,13 @@
  *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
  *     2, then fewer keys per work-item, if the local memory does not fit; else
  *     the register path), with splits for 2 work-groups per compute unit;
+ *   tensor cores (NVIDIA as above, head_dim 64 or 128, q and o with 16-byte
+ *     aligned rows too): cl/decode_mma.cl instead, 16 * WR rows per work-group
+ *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), WK key
+ *     slices of 16 per tile (1 up to 32 rows, else 2), 2 stages, splits for
+ *     4 (WK 1) or 2 (WK 2) work-groups per compute unit; its partials go to
+ *     the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
+ *     overrides (min_rows 0: never);
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
  *     overrides the defaults (tuning; threads: work-items per work-group before
  *     the fit to the head dim; max_rows: the cap on rows per work-group, 8;
@@ -55,11 +62,14 @@
  * 63% for the register path; 2 stages 65%, 1 key per work-item 54-65%. */
 #define FCL_DEC_STAGES 3
 #define FCL_DEC_WG_PER_CU_ASYNC 2
-/* The tensor-core kernel (many rows per KV head): from this many rows on,
- * work-groups per compute unit for the split count, key slices per tile, stages. */
-#define FCL_DEC_MMA_MIN_ROWS 16
-#define FCL_DEC_MMA_WG_PER_CU 4
-#define FCL_DEC_MMA_WK 2
+/* The tensor-core kernel (cl/decode_mma.cl). Measured on the H100 (32:8 heads,
+ * d = 128, 32K and 128K keys, batch 1 and 8, back-to-back calls): it beats the
+ * cp.async kernel at every row count, by 1-6% at 4 rows (one token) and by
+ * 1.5x, 2.6x, 5.9x and 6x at 8, 16, 36 and 64 rows (2, 4, 9 and 16 tokens).
+ * One warp per m-tile and 4 work-groups per CU up to 32 rows; past that two
+ * warps per m-tile (the tile's two 16-key halves) and 2 per CU were 4-5%
+ * faster at batch 1. Two stages: three do not fit 48 KiB at d = 128. */
+#define FCL_DEC_MMA_MIN_ROWS 1
 #define FCL_DEC_MMA_STAGES 2
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
@@ -326,7 +336,9 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   /* Many rows per KV head on the NVIDIA path: the tensor-core kernel. */
   p->mma = 0;
   if (stages) {
-    int min_rows = FCL_DEC_MMA_MIN_ROWS, wpc = FCL_DEC_MMA_WG_PER_CU, wk = FCL_DEC_MMA_WK, st2 = FCL_DEC_MMA_STAGES;
+    const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
+    int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = wr <= 2 ? 1 : 2, st2 = FCL_DEC_MMA_STAGES;
+    int wpc = wk == 1 ? 4 : 2;
     const char *menv = getenv("FLASHCL_DECODE_MMA");
     if (menv) {
       int a = min_rows, bb = wpc, c = wk, e = st2;
@@ -338,7 +350,6 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
         st2 = e;
       }
     }
-    const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
     if (min_rows > 0 && need_rows >= min_rows && (d == 64 || d == 128) && fcl_mma_rows_aligned(q) &&
         (!o || fcl_mma_rows_aligned(o)) && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
         (size_t)(32 * wr * wk) <= max_wg) {
@@ -505,9 +516,19 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
              (int)q->dtype, p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, split, p.kv.paged, page_shift,
              desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
     if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &kern))) return st;
-  } else if ((st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) {
-    return st;
+    size_t mwg = 0;
+    if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof mwg, &mwg, NULL) ==
+            CL_SUCCESS &&
+        mwg < (size_t)threads) {
+      /* Its registers do not allow that many warps (a tuning override): the
+       * cp.async kernel, planned for the same split count, takes the call. */
+      fcl_log(ctx, "decode_mma: %d work-items planned, %zu allowed; running decode_attn", threads, mwg);
+      p.mma = 0;
+      p.row_blocks = (p.group * p.q_len + p.rows - 1) / p.rows;
+      threads = p.threads;
+    }
   }
+  if (!p.mma && (st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) return st;
   if (split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &merge))) return st;
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
