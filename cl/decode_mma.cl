@@ -89,7 +89,16 @@
 #define CP_WAIT_(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
 #define CP_WAIT(n) CP_WAIT_(n)
 
-#if PAGED
+#if PAGED && PAGE_SHIFT >= 0 && (1 << PAGE_SHIFT) % BLOCK_C == 0
+/* Tiles start at multiples of BLOCK_C, so with a page size that is a multiple of
+ * it a tile never crosses a page: one block-table read per tile, made a tile
+ * ahead of the copies that need it (as in decode.cl), instead of one in front
+ * of every chunk's copy. */
+#define TILE_PAGE(KB) \
+  ((KB) < kend ? clamp(block_table[(long)b * max_pages + ((KB) >> PAGE_SHIFT)], 0, num_pages - 1) : 0)
+#define ROW_OFF(j, SB, SN) ((long)tpg * (SB) + (long)((j) & ((1 << PAGE_SHIFT) - 1)) * (SN))
+#elif PAGED
+#define TILE_PAGE(KB) 0
 #if PAGE_SHIFT >= 0
 #define PAGE_OF(j) ((j) >> PAGE_SHIFT)
 #else
@@ -100,6 +109,7 @@
   ((long)clamp(block_table[(long)b * max_pages + PAGE_OF(j)], 0, num_pages - 1) * (SB) + \
    (long)((j) - PAGE_OF(j) * page_size) * (SN))
 #else
+#define TILE_PAGE(KB) 0
 #define ROW_OFF(j, SB, SN) ((long)b * (SB) + (long)(j) * (SN))
 #endif
 #endif /* USE_PTX */
@@ -165,12 +175,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 
   const uint sbase = SADDR(smem);
   const long kb0 = k_off + (long)hk * k_sh, vb0 = v_off + (long)hk * v_sh;
-/* The tile at KB into stage ST: every work-item copies chunks tid, tid + NTHREADS,
- * ... of K and then of V; rows past kend are zero-filled from key kstart's address
- * (a source size of 0 reads nothing). Always one commit group per call. */
-#define LOAD_TILE(KB, ST)                                                                              \
+/* The tile at KB (on page tpg where tiles never cross pages) into stage ST:
+ * every work-item copies chunks tid, tid + NTHREADS, ... of K and of V; rows past
+ * kend are zero-filled (a source size of 0 reads nothing; the address stays in
+ * bounds). Always one commit group per call. */
+#define LOAD_TILE(KB, ST, TPG)                                                                         \
   {                                                                                                    \
     const uint sb_ = sbase + (uint)((ST) * STAGE_BYTES);                                               \
+    const int tpg = (TPG);                                                                             \
+    (void)tpg;                                                                                         \
     if ((KB) < kend)                                                                                   \
       for (int i = tid; i < BLOCK_C * CH; i += NTHREADS) {                                             \
         const int r = i / CH, c = i - (i / CH) * CH, j = (KB) + r;                                     \
@@ -182,7 +195,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     cp_commit();                                                                                       \
   }
 
-  for (int s = 0; s < KV_STAGES - 1; s++) LOAD_TILE(kstart + s * BLOCK_C, s)
+  for (int s = 0; s < KV_STAGES - 1; s++) LOAD_TILE(kstart + s * BLOCK_C, s, TILE_PAGE(kstart + s * BLOCK_C))
+  int pga = TILE_PAGE(kstart + (KV_STAGES - 1) * BLOCK_C); /* page of the next tile to copy */
   int stage = 0;
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
     CP_WAIT(KV_STAGES - 2);
@@ -190,8 +204,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
      * the next copy overwrites (the one read in the previous step). */
     barrier(CLK_LOCAL_MEM_FENCE);
     {
-      const int ns = stage == 0 ? KV_STAGES - 1 : stage - 1;
-      LOAD_TILE(k0 + (KV_STAGES - 1) * BLOCK_C, ns)
+      const int ns = stage == 0 ? KV_STAGES - 1 : stage - 1, kb_ = k0 + (KV_STAGES - 1) * BLOCK_C, tp = pga;
+      pga = TILE_PAGE(kb_ + BLOCK_C);
+      LOAD_TILE(kb_, ns, tp)
     }
     const uint kb = sbase + (uint)(stage * STAGE_BYTES), vb = kb + TILE_BYTES;
     stage = stage == KV_STAGES - 1 ? 0 : stage + 1;

@@ -337,9 +337,9 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->mma = 0;
   if (stages) {
     const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
+    const char *menv = getenv("FLASHCL_DECODE_MMA");
     int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = wr <= 2 ? 1 : 2, st2 = FCL_DEC_MMA_STAGES;
     int wpc = wk == 1 ? 4 : 2;
-    const char *menv = getenv("FLASHCL_DECODE_MMA");
     if (menv) {
       int a = min_rows, bb = wpc, c = wk, e = st2;
       if (sscanf(menv, "%d,%d,%d,%d", &a, &bb, &c, &e) >= 1 && a >= 0 && bb >= 1 && bb <= 64 && c >= 1 && c <= 8 &&
@@ -350,6 +350,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
         st2 = e;
       }
     }
+    while (st2 > 2 && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) > cap) st2--;
     if (min_rows > 0 && need_rows >= min_rows && (d == 64 || d == 128) && fcl_mma_rows_aligned(q) &&
         (!o || fcl_mma_rows_aligned(o)) && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
         (size_t)(32 * wr * wk) <= max_wg) {
