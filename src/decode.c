@@ -66,11 +66,10 @@
  * d = 128, 32K and 128K keys, batch 1 and 8, back-to-back calls): it beats the
  * cp.async kernel at every row count, by 1-6% at 4 rows (one token) and by
  * 1.5x, 2.6x, 5.9x and 6x at 8, 16, 36 and 64 rows (2, 4, 9 and 16 tokens).
- * One warp per m-tile and 4 work-groups per CU up to 32 rows; past that two
- * warps per m-tile (the tile's two 16-key halves) and 2 per CU were 4-5%
- * faster at batch 1. Two stages: three do not fit 48 KiB at d = 128. */
+ * Planned with one warp per m-tile (16-key tiles) and 4 work-groups per CU;
+ * 2 stages at d = 128 up to 32 rows (3 were 1-2% slower at 4 and 16 rows),
+ * 3 at d = 64 (17% faster than 2) and from 48 rows on (10% faster at 64). */
 #define FCL_DEC_MMA_MIN_ROWS 1
-#define FCL_DEC_MMA_STAGES 2
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -338,8 +337,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if (stages) {
     const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
     const char *menv = getenv("FLASHCL_DECODE_MMA");
-    int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = wr <= 2 ? 1 : 2, st2 = FCL_DEC_MMA_STAGES;
-    int wpc = wk == 1 ? 4 : 2;
+    int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = 1, wpc = 4;
+    int st2 = d == 64 || wr >= 3 ? 3 : 2;
     if (menv) {
       int a = min_rows, bb = wpc, c = wk, e = st2;
       if (sscanf(menv, "%d,%d,%d,%d", &a, &bb, &c, &e) >= 1 && a >= 0 && bb >= 1 && bb <= 64 && c >= 1 && c <= 8 &&
