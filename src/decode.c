@@ -25,10 +25,10 @@
  *     the register path), with splits for 2 work-groups per compute unit;
  *   tensor cores (NVIDIA as above, head_dim 64 or 128, q and o with 16-byte
  *     aligned rows too): cl/decode_mma.cl instead, 16 * WR rows per work-group
- *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), WK key
- *     slices of 16 per tile (1 up to 32 rows, else 2), 2 stages, splits for
- *     4 (WK 1) or 2 (WK 2) work-groups per compute unit; its partials go to
- *     the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
+ *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), one
+ *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles), 2 or 3 stages,
+ *     splits for 4 work-groups per compute unit; its partials go to the same
+ *     decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
  *     overrides (min_rows 0: never);
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
  *     overrides the defaults (tuning; threads: work-items per work-group before
