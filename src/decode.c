@@ -26,9 +26,9 @@
  *   tensor cores (NVIDIA as above, head_dim 64 or 128, q and o with 16-byte
  *     aligned rows too): cl/decode_mma.cl instead, 16 * WR rows per work-group
  *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), one
- *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles), 2 or 3 stages,
- *     splits for 4 work-groups per compute unit; its partials go to the same
- *     decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
+ *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles; 2 at WR = 3),
+ *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3);
+ *     its partials go to the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
  *     overrides (min_rows 0: never);
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
  *     overrides the defaults (tuning; threads: work-items per work-group before
@@ -68,7 +68,8 @@
  * 1.5x, 2.6x, 5.9x and 6x at 8, 16, 36 and 64 rows (2, 4, 9 and 16 tokens).
  * Planned with one warp per m-tile (16-key tiles) and 4 work-groups per CU;
  * 2 stages at d = 128 up to 32 rows (3 were 1-2% slower at 4 and 16 rows),
- * 3 at d = 64 (17% faster than 2) and from 48 rows on (10% faster at 64). */
+ * 3 at d = 64 (17% faster than 2) and at 64 rows (10% faster). At 33-48 rows
+ * (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were 4% faster. */
 #define FCL_DEC_MMA_MIN_ROWS 1
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
@@ -337,8 +338,9 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if (stages) {
     const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
     const char *menv = getenv("FLASHCL_DECODE_MMA");
-    int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = 1, wpc = 4;
-    int st2 = d == 64 || wr >= 3 ? 3 : 2;
+    /* Three m-tiles: two warps per m-tile (the 32-key tile's halves), 2 per CU. */
+    int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = wr == 3 ? 2 : 1, wpc = wr == 3 ? 2 : 4;
+    int st2 = d == 64 || wr == 4 ? 3 : 2;
     if (menv) {
       int a = min_rows, bb = wpc, c = wk, e = st2;
       if (sscanf(menv, "%d,%d,%d,%d", &a, &bb, &c, &e) >= 1 && a >= 0 && bb >= 1 && bb <= 64 && c >= 1 && c <= 8 &&
