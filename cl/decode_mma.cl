@@ -31,9 +31,9 @@
  * on zero Q and never written. A row that sees no key in its range gets o = 0
  * and LSE = -inf.
  *
- * Requirements (host, src/decode.c): fp16/bf16; HEAD_DIM 64 or 128; q, o and
- * the caches with 16-byte aligned rows (offsets and strides multiples of 8
- * elements).
+ * Requirements (host, src/decode.c): fp16/bf16; HEAD_DIM 64 or 128; q and the
+ * caches with 16-byte aligned rows (offsets and strides multiples of 8
+ * elements); o and lse any layout.
  *
  * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
  * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
@@ -329,8 +329,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       vstore2((float2)(ob[r * HEAD_DIM + c], ob[r * HEAD_DIM + c + 1]) * inv, 0, wo + c);
     if (t4 == 0) work[wl_off + id * num_splits + split] = ls > 0.0f ? mx + log2(ls) : -INFINITY;
 #else
-    __global uint *orow = (__global uint *)(o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh);
-    for (int c = 2 * t4; c < HEAD_DIM; c += 8) orow[c / 2] = pack2(ob[r * HEAD_DIM + c] * inv, ob[r * HEAD_DIM + c + 1] * inv);
+    /* Pairs of 16-bit stores: o may sit at any element offset (the host plans
+     * before it sees o, in flashcl_attention_decode_workspace_size). */
+    __global ushort *orow = o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh;
+    for (int c = 2 * t4; c < HEAD_DIM; c += 8)
+      vstore2(as_ushort2(pack2(ob[r * HEAD_DIM + c] * inv, ob[r * HEAD_DIM + c + 1] * inv)), 0, orow + c);
     if (has_lse && t4 == 0)
       lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = ls > 0.0f ? (mx + log2(ls)) * M_LN2_F : -INFINITY;
 #endif

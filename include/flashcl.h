@@ -544,10 +544,10 @@ typedef struct flashcl_decode_desc {
   cl_mem tree_mask;
   /* Kernel family. AUTO (the default), on NVIDIA devices that pass the
    * tensor-core probe, with fp16/bf16 caches whose rows are 16-byte aligned:
-   * the tensor-core decode kernel (head_dim 64 or 128, q and o rows aligned
-   * too), else a kernel that stages K and V through local memory with
-   * cp.async; the portable kernel otherwise (or when $FLASHCL_KERNEL is
-   * "portable"). PORTABLE forces the portable kernel; NVIDIA_MMA fails with
+   * the tensor-core decode kernel (head_dim 64 or 128, q rows aligned too),
+   * else a kernel that stages K and V through local memory with cp.async;
+   * the portable kernel otherwise (or when $FLASHCL_KERNEL is "portable").
+   * PORTABLE forces the portable kernel; NVIDIA_MMA fails with
    * FLASHCL_ERROR_UNSUPPORTED where the device lacks the path, and runs the
    * portable kernel on problems it does not cover (fp32, unaligned rows), like
    * the forward. */

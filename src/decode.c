@@ -23,8 +23,8 @@
  *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
  *     2, then fewer keys per work-item, if the local memory does not fit; else
  *     the register path), with splits for 2 work-groups per compute unit;
- *   tensor cores (NVIDIA as above, head_dim 64 or 128, q and o with 16-byte
- *     aligned rows too): cl/decode_mma.cl instead, 16 * WR rows per work-group
+ *   tensor cores (NVIDIA as above, head_dim 64 or 128, q with 16-byte aligned
+ *     rows too): cl/decode_mma.cl instead, 16 * WR rows per work-group
  *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), one
  *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles; 2 at WR = 3),
  *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3);
@@ -352,8 +352,10 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
       }
     }
     while (st2 > 2 && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) > cap) st2--;
+    /* Only q and the caches decide (not o, which the workspace query does not
+     * see), so that the query and the call plan the same split count. */
     if (min_rows > 0 && need_rows >= min_rows && (d == 64 || d == 128) && fcl_mma_rows_aligned(q) &&
-        (!o || fcl_mma_rows_aligned(o)) && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
+        fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
         (size_t)(32 * wr * wk) <= max_wg) {
       p->mma = 1;
       p->mma_wr = wr;
