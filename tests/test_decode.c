@@ -78,7 +78,7 @@ typedef struct dec_case {
   const int *seqlens; /* KV lengths after the append, batch entries */
   int page_size;      /* 0: contiguous */
   int num_splits;
-  int padded_q;       /* q/o/lse as FCT_PADDED views */
+  int padded_q;       /* 1: q/o/lse as FCT_PADDED views; 2: only o/lse (q aligned) */
   int append;         /* 1: the last q_len tokens go in via flashcl_kv_cache_append */
   int user_workspace; /* 1: pass a workspace buffer of exactly the queried size */
   int tree;           /* 1: desc.tree_mask from tree_word() */
@@ -235,7 +235,7 @@ static void run_decode_case(const dec_case *c) {
 
   fct_tensor q, o, lse;
   const fct_layout lay = c->padded_q ? FCT_PADDED : FCT_BNHD;
-  fct_tensor_create(&q, c->dtype, lay, B, T, Hq, d, 1);
+  fct_tensor_create(&q, c->dtype, c->padded_q == 1 ? FCT_PADDED : FCT_BNHD, B, T, Hq, d, 1);
   fct_tensor_create(&o, c->dtype, lay, B, T, Hq, d, 2);
   fct_tensor_create_lse(&lse, lay, B, T, Hq, 3);
   fct_tensor_fill_random(&q, &rng);
@@ -452,6 +452,11 @@ static const dec_case DEC_CASES[] = {
      * 2 tokens with GQA 8. */
     {"contig_q16_bf16_d128_auto", FLASHCL_BF16, 6, 16, 16, 4, 128, MIXED_T, 0, 0, 0, 0, 0},
     {"contig_q2_f16_g8_split5", FLASHCL_F16, 6, 2, 32, 4, 64, MIXED, 0, 5, 0, 0, 0},
+    /* o and lse at odd offsets and strides with an aligned q (the NVIDIA
+     * kernels' case): split with a workspace of exactly the queried size, and
+     * unsplit (the attention kernel writes o itself). */
+    {"contig_q4_f16_odd_o_user_ws", FLASHCL_F16, 6, 4, 32, 8, 128, MIXED, 0, 0, 2, 0, 1},
+    {"contig_q4_bf16_odd_o_unsplit", FLASHCL_BF16, 6, 4, 32, 8, 64, MIXED, 0, 1, 2, 0, 0},
     /* Kernel families: on NVIDIA devices AUTO takes the cp.async path for the
      * 16-bit cases above, so these keep the portable kernel tested there; the
      * NVIDIA ones are refused elsewhere (16 rows per kv head: 8 per work-group
