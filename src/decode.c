@@ -536,7 +536,9 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   if (!p.mma && (st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) return st;
   if (split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &merge))) return st;
   size_t kwg = 0;
-  if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+  /* (decode_mma was checked above.) */
+  if (!p.mma &&
+      clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&
       kwg < (size_t)threads)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs %d work-items but the compiled kernel allows %zu",
@@ -570,18 +572,6 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   fcl_arg_mem(&a, work);
   fcl_arg_long(&a, wo_off);
   fcl_arg_long(&a, wl_off);
-  if (a.err == CL_SUCCESS && split) {
-    fcl_args m = {merge, 0, CL_SUCCESS};
-    fcl_arg_mem(&m, work);
-    fcl_arg_long(&m, wo_off);
-    fcl_arg_long(&m, wl_off);
-    fcl_arg_int(&m, p.splits);
-    fcl_arg_int(&m, p.q_len);
-    fcl_arg_int(&m, p.heads_q);
-    fcl_arg_tensor(&m, o);
-    fcl_arg_lse_or_null(&m, lse);
-    a.err = m.err;
-  }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(decode)");
 
   /* On an out-of-order queue a call on the cached scratch waits for the previous
@@ -611,13 +601,29 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, nwait, wait,
                                       split ? (in_order ? NULL : &ev) : out_event ? &done : NULL);
   free(wait_heap);
+  const char *failed = "clEnqueueNDRangeKernel(decode)";
   if (err == CL_SUCCESS && split) {
-    /* Out-of-order queues (flashcl_context_create_from_cl) order the merge by event. */
-    size_t mg[3] = {(size_t)p.merge_threads, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
-    size_t ml[3] = {(size_t)p.merge_threads, 1, 1};
-    err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, ev ? 1 : 0, ev ? &ev : NULL,
-                                 (out_event || chain) ? &done : NULL);
-    /* If this enqueue fails the partials are lost, but o and lse are untouched. */
+    /* The merge's arguments are set once the attention kernel is on its way
+     * (a single call's latency includes the host time before that enqueue). */
+    fcl_args m = {merge, 0, CL_SUCCESS};
+    fcl_arg_mem(&m, work);
+    fcl_arg_long(&m, wo_off);
+    fcl_arg_long(&m, wl_off);
+    fcl_arg_int(&m, p.splits);
+    fcl_arg_int(&m, p.q_len);
+    fcl_arg_int(&m, p.heads_q);
+    fcl_arg_tensor(&m, o);
+    fcl_arg_lse_or_null(&m, lse);
+    if ((err = m.err) != CL_SUCCESS) {
+      failed = "clSetKernelArg(decode_merge)";
+    } else {
+      /* Out-of-order queues (flashcl_context_create_from_cl) order the merge by event. */
+      size_t mg[3] = {(size_t)p.merge_threads, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
+      size_t ml[3] = {(size_t)p.merge_threads, 1, 1};
+      err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, ev ? 1 : 0, ev ? &ev : NULL,
+                                   (out_event || chain) ? &done : NULL);
+    }
+    /* If the merge cannot be enqueued the partials are lost, but o and lse are untouched. */
   }
   if (chain && (done || ev)) {
     /* The scratch's last user: the merge, or the attention kernel if the merge
@@ -629,6 +635,6 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   if (out_event && err == CL_SUCCESS) *out_event = done;
   else if (done) clReleaseEvent(done);
   if (ev) clReleaseEvent(ev);
-  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(decode)");
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, failed);
   return FLASHCL_SUCCESS;
 }
