@@ -28,8 +28,10 @@
  *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), one
  *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles; 2 at WR = 3),
  *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3);
- *     its partials go to the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
- *     overrides (min_rows 0: never);
+ *     scale > 0 only (it takes the row max of raw scores); its partials go to
+ *     the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
+ *     overrides (min_rows 0: never); FLASHCL_DECODE_CONFIG's stages = 0 turns
+ *     both NVIDIA kernels off;
  *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
  *     overrides the defaults (tuning; threads: work-items per work-group before
  *     the fit to the head dim; max_rows: the cap on rows per work-group, 8;
@@ -303,6 +305,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if (fam == FLASHCL_KERNEL_AUTO) {
     const char *kenv = getenv("FLASHCL_KERNEL");
     if (kenv && !strcmp(kenv, "portable")) fam = FLASHCL_KERNEL_PORTABLE;
+    if (kenv && (!strcmp(kenv, "nvidia_mma") || !strcmp(kenv, "mma"))) fam = FLASHCL_KERNEL_NVIDIA_MMA;
   }
   int stages = 0;
   if (fam != FLASHCL_KERNEL_PORTABLE) {
@@ -314,10 +317,19 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
       stages = cfg_stages;
     }
   }
-  while (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap && (stages || kpt > 1 || rows > 1)) {
-    if (stages > 2) stages--;
-    else if (kpt > 1) kpt /= 2;
-    else if (stages) stages = 0;
+  if (stages) {
+    /* The cp.async kernel gives up stages (down to 2), then keys per work-item;
+     * if even that does not fit, the register path starts over from cfg_kpt. */
+    int k2 = kpt;
+    while (fcl_dec_local_bytes((int)d, rows, threads, k2, stages) > cap && (stages > 2 || k2 > 1)) {
+      if (stages > 2) stages--;
+      else k2 /= 2;
+    }
+    if (fcl_dec_local_bytes((int)d, rows, threads, k2, stages) <= cap) kpt = k2;
+    else stages = 0;
+  }
+  while (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap && (kpt > 1 || rows > 1)) {
+    if (kpt > 1) kpt /= 2;
     else rows /= 2;
   }
   if (!cfg_wpc) cfg_wpc = stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU;
@@ -354,7 +366,9 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     while (st2 > 2 && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) > cap) st2--;
     /* Only q and the caches decide (not o, which the workspace query does not
      * see), so that the query and the call plan the same split count. */
-    if (min_rows > 0 && need_rows >= min_rows && (d == 64 || d == 128) && fcl_mma_rows_aligned(q) &&
+    /* It keeps raw scores and their row max, which needs a positive scale. */
+    if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && (d == 64 || d == 128) &&
+        fcl_mma_rows_aligned(q) &&
         fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
         (size_t)(32 * wr * wk) <= max_wg) {
       p->mma = 1;
@@ -362,7 +376,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
       p->mma_wk = wk;
       p->mma_stages = st2;
       p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
-      if (!env) cfg_wpc = wpc;
+      cfg_wpc = wpc; /* FLASHCL_DECODE_MMA's, not FLASHCL_DECODE_CONFIG's */
     }
   }
 

@@ -83,6 +83,7 @@ typedef struct dec_case {
   int user_workspace; /* 1: pass a workspace buffer of exactly the queried size */
   int tree;           /* 1: desc.tree_mask from tree_word() */
   flashcl_kernel_family kernel; /* desc.kernel */
+  float scale;                  /* desc.scale (0: 1/sqrt(d)) */
 } dec_case;
 
 /* The seed-003 tree: 9 tokens, parents - 0 1 1 2 2 3 3 4. */
@@ -117,7 +118,7 @@ typedef struct dec_data {
 
 static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *dd, double *ref_o, double *ref_lse) {
   const int B = c->batch, T = c->q_len, Hq = c->heads_q, Hkv = c->heads_kv, d = c->head_dim, G = Hq / Hkv;
-  const double scale = 1.0 / sqrt((double)d);
+  const double scale = c->scale != 0.0f ? (double)c->scale : 1.0 / sqrt((double)d);
   int max_len = 0;
   for (int b = 0; b < B; b++)
     if (c->seqlens[b] > max_len) max_len = c->seqlens[b];
@@ -218,6 +219,7 @@ static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_d
   flashcl_decode_desc_init(desc);
   desc->num_splits = c->num_splits;
   desc->kernel = c->kernel;
+  desc->scale = c->scale;
   if (c->page_size) {
     desc->page_size = c->page_size;
     desc->block_table = cc->block_table;
@@ -457,10 +459,13 @@ static const dec_case DEC_CASES[] = {
      * unsplit (the attention kernel writes o itself). */
     {"contig_q4_f16_odd_o_user_ws", FLASHCL_F16, 6, 4, 32, 8, 128, MIXED, 0, 0, 2, 0, 1},
     {"contig_q4_bf16_odd_o_unsplit", FLASHCL_BF16, 6, 4, 32, 8, 64, MIXED, 0, 1, 2, 0, 0},
+    /* A negative scale (the softmax then favours the smallest dot products):
+     * kernels that take the row max of raw scores must not run it. */
+    {"paged16_q4_f16_negative_scale", FLASHCL_F16, 6, 4, 32, 8, 128, MIXED, 16, 0, 0, 0, 0, 0, FLASHCL_KERNEL_AUTO,
+     -0.2f},
     /* Kernel families: on NVIDIA devices AUTO takes the cp.async path for the
      * 16-bit cases above, so these keep the portable kernel tested there; the
-     * NVIDIA ones are refused elsewhere (16 rows per kv head: 8 per work-group
-     * leave room for 3 of the 4 default stages at d = 128). */
+     * NVIDIA ones are refused elsewhere (16 rows per kv head). */
     {"contig_q1_f16_d128_portable", FLASHCL_F16, 6, 1, 32, 8, 128, MIXED, 0, 0, 0, 0, 0, 0, FLASHCL_KERNEL_PORTABLE},
     {"paged16_q4_bf16_d128_portable", FLASHCL_BF16, 6, 4, 32, 8, 128, MIXED, 16, 4, 0, 0, 0, 0,
      FLASHCL_KERNEL_PORTABLE},
