@@ -421,3 +421,36 @@ void tools_describe_device(flashcl_context *ctx, char *buf, size_t size) {
   snprintf(buf, size, "%s (%s), %s, %u CUs, %zu KiB local memory", info.device_name, info.platform_name,
            info.is_gpu ? "GPU" : "non-GPU", (unsigned)info.compute_units, info.local_mem_size / 1024);
 }
+
+int tools_timed_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                       const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
+                       const flashcl_tensor *lse, long calls, double *ms, double *host_us, int *used_host_timer) {
+  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  cl_event before = NULL, after = NULL;
+  cl_ulong t0 = 0, t1 = 0;
+  double h0, he;
+  int st = FLASHCL_SUCCESS;
+  long c;
+  cl_int err = clFinish(queue);
+  if (err != CL_SUCCESS) return err;
+  h0 = tools_now_ms();
+  err = clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
+  if (err != CL_SUCCESS) return err;
+  he = tools_now_ms();
+  for (c = 0; c < calls && st == FLASHCL_SUCCESS; ++c)
+    st = flashcl_attention_decode(ctx, desc, q, kc, vc, lens, out, lse, 0, NULL, NULL);
+  *host_us = (tools_now_ms() - he) * 1e3 / (double)calls;
+  if (st == FLASHCL_SUCCESS) st = clEnqueueMarkerWithWaitList(queue, 0, NULL, &after);
+  if (st == FLASHCL_SUCCESS) st = clWaitForEvents(1, &after);
+  *ms = (tools_now_ms() - h0) / (double)calls;
+  if (st == FLASHCL_SUCCESS &&
+      clGetEventProfilingInfo(before, CL_PROFILING_COMMAND_END, sizeof t0, &t0, NULL) == CL_SUCCESS &&
+      clGetEventProfilingInfo(after, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) == CL_SUCCESS && t1 > t0)
+    *ms = (double)(t1 - t0) * 1e-6 / (double)calls;
+  else if (st == FLASHCL_SUCCESS)
+    *used_host_timer = 1;
+  clReleaseEvent(before);
+  if (after) clReleaseEvent(after);
+  if (st != FLASHCL_SUCCESS) clFinish(queue);
+  return st;
+}

@@ -96,6 +96,14 @@ int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc
                         const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o, double *ms,
                         int *used_host_timer);
 
+/* Runs `calls` decode calls back-to-back between two markers and waits; *ms is
+ * the time per call (OpenCL profiling when the queue has it, else host time,
+ * and then *used_host_timer = 1), *host_us the host time of one call. With
+ * calls = 1 the host's enqueue time lies inside the span. */
+int tools_timed_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                       const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
+                       const flashcl_tensor *lse, long calls, double *ms, double *host_us, int *used_host_timer);
+
 /* Prints "<status text> (<code>): <last error>" to f. */
 void tools_print_error(FILE *f, flashcl_context *ctx, const char *what, int status);
 

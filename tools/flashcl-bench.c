@@ -518,38 +518,6 @@ static void free_row(row *r) {
  * L; contiguous cache, or paged with --page-size (identity block table). Effective bandwidth = K and V bytes read
  * (2 * B * L * Hkv * d * dtype size) / median time. Cache contents are a constant
  * fill (timing does not depend on the values). */
-static int decode_timed(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
-                        const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
-                        const flashcl_tensor *lse, long calls, double *ms, double *host_us) {
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
-  cl_event before = NULL, after = NULL;
-  cl_ulong t0 = 0, t1 = 0;
-  double h0, he;
-  int st = FLASHCL_SUCCESS;
-  long c;
-  cl_int err = clFinish(queue);
-  if (err != CL_SUCCESS) return err;
-  h0 = tools_now_ms();
-  err = clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
-  if (err != CL_SUCCESS) return err;
-  he = tools_now_ms();
-  for (c = 0; c < calls && st == FLASHCL_SUCCESS; ++c)
-    st = flashcl_attention_decode(ctx, desc, q, kc, vc, lens, out, lse, 0, NULL, NULL);
-  *host_us = (tools_now_ms() - he) * 1e3 / (double)calls;
-  if (st == FLASHCL_SUCCESS) st = clEnqueueMarkerWithWaitList(queue, 0, NULL, &after);
-  if (st == FLASHCL_SUCCESS) st = clWaitForEvents(1, &after);
-  *ms = (tools_now_ms() - h0) / (double)calls;
-  if (st == FLASHCL_SUCCESS &&
-      clGetEventProfilingInfo(before, CL_PROFILING_COMMAND_END, sizeof t0, &t0, NULL) == CL_SUCCESS &&
-      clGetEventProfilingInfo(after, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) == CL_SUCCESS && t1 > t0)
-    *ms = (double)(t1 - t0) * 1e-6 / (double)calls;
-  else if (st == FLASHCL_SUCCESS)
-    g_host_timer = 1;
-  clReleaseEvent(before);
-  if (after) clReleaseEvent(after);
-  if (st != FLASHCL_SUCCESS) clFinish(queue);
-  return st;
-}
 
 static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
   cl_context clctx = flashcl_context_cl_context(ctx);
@@ -680,9 +648,11 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
           }
           for (r = 0; !st && r < warmup; ++r)
-            st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus);
+            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
+                                    &g_host_timer);
           for (r = 0; !st && r < reps && r < 1000; ++r) {
-            st = decode_timed(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus);
+            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
+                                    &g_host_timer);
             if (!st) hosts[nrep] = hus, times[nrep++] = ms;
           }
           if (st || nrep == 0) {

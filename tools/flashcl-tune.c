@@ -1,6 +1,7 @@
 /*
  * flashcl-tune: times the flash forward pass for every feasible (block_r,
  * block_c) tile pair and compares the best with the default rule's choice.
+ * With --decode it sweeps the decode's split count instead (tune_decode.c).
  *
  * Feasibility is whatever flashcl_attention_block_plan accepts on the device.
  * Every candidate's output is compared with the default plan's output, and a
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "tune_decode.h"
 
 typedef struct tune_opts {
   const char *device;
@@ -34,6 +36,7 @@ typedef struct cand {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: flashcl-tune [options]\n"
+          "       flashcl-tune --decode [options]   (split counts of the decode; --decode --help)\n"
           "\n"
           "Tries every (block_r, block_c) pair that flashcl_attention_block_plan accepts,\n"
           "times the flash forward pass with it and prints the best pair per config next\n"
@@ -193,6 +196,8 @@ int main(int argc, char **argv) {
   cl_context clctx;
   cl_command_queue queue;
 
+  for (int i = 1; i < argc; ++i)
+    if (!strcmp(argv[i], "--decode")) return tune_decode_main(argc, argv);
   if (parse_args(argc, argv, &o) != 0) return 1;
   flashcl_context_options_init(&options);
   options.device = o.device;
