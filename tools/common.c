@@ -454,3 +454,27 @@ int tools_timed_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, co
   if (st != FLASHCL_SUCCESS) clFinish(queue);
   return st;
 }
+
+int tools_open_context(const char *tool, const char *device, int verbose, flashcl_context_options *options,
+                       flashcl_context **ctx, flashcl_device_info *info) {
+  int st;
+  flashcl_context_options_init(options);
+  options->device = device;
+  options->profiling = 1;
+  options->verbose = verbose;
+  *ctx = NULL;
+  st = flashcl_context_create(options, ctx);
+  if (st != FLASHCL_SUCCESS) {
+    fprintf(stderr, "%s: cannot create a context on %s: %s (%d)\n", tool, device ? device : "the default device",
+            flashcl_status_string(st), st);
+    return 2;
+  }
+  st = flashcl_context_device_info(*ctx, info);
+  if (st != FLASHCL_SUCCESS) {
+    tools_print_error(stderr, *ctx, "flashcl_context_device_info", st);
+    flashcl_context_destroy(*ctx);
+    *ctx = NULL;
+    return 2;
+  }
+  return 0;
+}

@@ -104,6 +104,13 @@ int tools_timed_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, co
                        const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
                        const flashcl_tensor *lse, long calls, double *ms, double *host_us, int *used_host_timer);
 
+/* Creates a context with profiling on the device spec (NULL: the default
+ * device) and reads its info; `options` is filled for later re-creation. On
+ * failure prints "<tool>: ..." to stderr and returns 2 (the tools' exit status
+ * for "no device"), else 0. */
+int tools_open_context(const char *tool, const char *device, int verbose, flashcl_context_options *options,
+                       flashcl_context **ctx, flashcl_device_info *info);
+
 /* Prints "<status text> (<code>): <last error>" to f. */
 void tools_print_error(FILE *f, flashcl_context *ctx, const char *what, int status);
 

@@ -824,22 +824,7 @@ int main(int argc, char **argv) {
 
   if (parse_args(argc, argv, &o) != 0) return 1;
 
-  flashcl_context_options_init(&options);
-  options.device = o.device;
-  options.profiling = 1;
-  options.verbose = o.verbose;
-  st = flashcl_context_create(&options, &ctx);
-  if (st != FLASHCL_SUCCESS) {
-    fprintf(stderr, "flashcl-bench: cannot create a context on %s: %s (%d)\n",
-            o.device ? o.device : "the default device", flashcl_status_string(st), st);
-    return 2;
-  }
-  st = flashcl_context_device_info(ctx, &info);
-  if (st != FLASHCL_SUCCESS) {
-    tools_print_error(stderr, ctx, "flashcl_context_device_info", st);
-    flashcl_context_destroy(ctx);
-    return 2;
-  }
+  if (tools_open_context("flashcl-bench", o.device, o.verbose, &options, &ctx, &info)) return 2;
   if (o.block_sparse) {
     st = run_block_sparse_bench(ctx, &o, &info);
     flashcl_context_destroy(ctx);

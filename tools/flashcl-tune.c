@@ -199,22 +199,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; ++i)
     if (!strcmp(argv[i], "--decode")) return tune_decode_main(argc, argv);
   if (parse_args(argc, argv, &o) != 0) return 1;
-  flashcl_context_options_init(&options);
-  options.device = o.device;
-  options.profiling = 1;
-  options.verbose = o.verbose;
-  st = flashcl_context_create(&options, &ctx);
-  if (st != FLASHCL_SUCCESS) {
-    fprintf(stderr, "flashcl-tune: cannot create a context on %s: %s (%d)\n",
-            o.device ? o.device : "the default device", flashcl_status_string(st), st);
-    return 2;
-  }
-  st = flashcl_context_device_info(ctx, &info);
-  if (st != FLASHCL_SUCCESS) {
-    tools_print_error(stderr, ctx, "flashcl_context_device_info", st);
-    flashcl_context_destroy(ctx);
-    return 2;
-  }
+  if (tools_open_context("flashcl-tune", o.device, o.verbose, &options, &ctx, &info)) return 2;
   if (!o.have_n) tools_parse_int_list(info.is_gpu ? "4096" : "1024", &o.n);
   if (!o.have_reps) o.reps = info.is_gpu ? 5 : 3;
   if (!o.have_hidden) o.hidden = info.is_gpu ? 2048 : 256;
