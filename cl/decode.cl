@@ -248,11 +248,6 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 #define LOAD_V(R, KB, TPG) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
 
 #if ASYNC_STAGES
-/* The wait takes an immediate: the number of newer copy groups that may still
- * be pending. Its memory clobber also keeps the compiler from moving a read of a
- * slot below the copy that refills it. */
-#define CP_WAIT_(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
-#define CP_WAIT(n) CP_WAIT_(n)
 /* Copies this work-item's KPT key rows of the tile at KB into the slot at byte
  * address SA (K) and SA + SLOT_BYTES / 2 (V); keys at or past kend are
  * zero-filled (a source size of 0 reads nothing; the address stays in bounds). */

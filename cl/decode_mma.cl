@@ -86,9 +86,6 @@
 #endif
 
 #if USE_PTX
-#define CP_WAIT_(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
-#define CP_WAIT(n) CP_WAIT_(n)
-
 #if PAGED && PAGE_SHIFT >= 0 && (1 << PAGE_SHIFT) % BLOCK_C == 0
 /* Tiles start at multiples of BLOCK_C, so with a page size that is a multiple of
  * it a tile never crosses a page: one block-table read per tile, made a tile

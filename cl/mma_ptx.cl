@@ -47,6 +47,11 @@ inline void cp_async16(uint saddr, __global const ushort *src, uint bytes) {
 }
 inline void cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 inline void cp_wait_all(void) { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+/* Waits until at most n (an immediate) of this work-item's newest commit groups
+ * are pending. The memory clobber also keeps the compiler from moving a read of
+ * a buffer below the copy that refills it. */
+#define CP_WAIT_(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
+#define CP_WAIT(n) CP_WAIT_(n)
 
 #define LDSM_X4(r0, r1, r2, r3, addr)                                             \
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"    \

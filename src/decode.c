@@ -296,8 +296,6 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   int kpt = cfg_kpt;
   p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
-  /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
-   * unaligned rows keep the register path. */
   if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel (%d) is not a flashcl_kernel_family",
                     (int)desc->kernel);
@@ -314,6 +312,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
         return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA cp.async decode path is not available: %s",
                         ctx->mma_reason);
     } else if (q->dtype != FLASHCL_F32 && p->vec_aligned) {
+      /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
+       * unaligned rows keep the register path. */
       stages = cfg_stages;
     }
   }
@@ -365,8 +365,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     }
     while (st2 > 2 && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) > cap) st2--;
     /* Only q and the caches decide (not o, which the workspace query does not
-     * see), so that the query and the call plan the same split count. */
-    /* It keeps raw scores and their row max, which needs a positive scale. */
+     * see), so that the query and the call plan the same split count. The
+     * kernel keeps raw scores and their row max, which needs a positive scale. */
     if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && (d == 64 || d == 128) &&
         fcl_mma_rows_aligned(q) &&
         fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
