@@ -27,7 +27,8 @@
  *     rows too): cl/decode_mma.cl instead, 16 * WR rows per work-group
  *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), one
  *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles; 2 at WR = 3),
- *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3);
+ *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3)
+ *     with at least 64 keys each (not 256);
  *     scale > 0 only (it takes the row max of raw scores); its partials go to
  *     the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
  *     overrides (min_rows 0: never); FLASHCL_DECODE_CONFIG's stages = 0 turns
@@ -73,6 +74,11 @@
  * 3 at d = 64 (17% faster than 2) and at 64 rows (10% faster). At 33-48 rows
  * (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were 4% faster. */
 #define FCL_DEC_MMA_MIN_ROWS 1
+/* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
+ * H100 (batch 1, 2 and 4, 1K-16K keys) found the best split counts at 43-171
+ * keys per split; the portable kernel's floor of 256 made short contexts up to
+ * 1.5x slower (batch 1, 2K keys: 0.0203 ms at 8 splits, 0.0137 ms at 48). */
+#define FCL_DEC_MMA_KEYS_PER_SPLIT 64
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
@@ -391,7 +397,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
      * the first); at least 1. */
     int64_t s = cfg_wpc * cus / base;
     if (s < 1) s = 1;
-    const int64_t by_len = (lmax + FCL_DEC_KEYS_PER_SPLIT - 1) / FCL_DEC_KEYS_PER_SPLIT;
+    const int64_t kps = p->mma ? FCL_DEC_MMA_KEYS_PER_SPLIT : FCL_DEC_KEYS_PER_SPLIT;
+    const int64_t by_len = (lmax + kps - 1) / kps;
     if (s > by_len) s = by_len;
     if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
     splits = s < 1 ? 1 : (int)s;
