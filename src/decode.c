@@ -75,9 +75,10 @@
  * (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were 4% faster. */
 #define FCL_DEC_MMA_MIN_ROWS 1
 /* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
- * H100 (batch 1, 2 and 4, 1K-16K keys) found the best split counts at 43-171
- * keys per split; the portable kernel's floor of 256 made short contexts up to
- * 1.5x slower (batch 1, 2K keys: 0.0203 ms at 8 splits, 0.0137 ms at 48). */
+ * H100 found the best split counts at 43-171 keys per split for batch 1-4 and
+ * 1K-16K keys; with the portable kernel's floor of 256, batch 1 at 8K keys
+ * stopped at 32 splits, 8-9% slower than 64-66 in three runs. Below 8K keys
+ * a call takes ~20 us, near the launch cost, and the runs disagree. */
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
