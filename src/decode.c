@@ -77,8 +77,8 @@
 /* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
  * H100 found the best split counts at 43-171 keys per split for batch 1-4 and
  * 1K-16K keys; with the portable kernel's floor of 256, batch 1 at 8K keys
- * stopped at 32 splits, 8-9% slower than 64-66 in three runs. Below 8K keys
- * a call takes ~20 us, near the launch cost, and the runs disagree. */
+ * stopped at 32 splits, about 8% slower than 48-66 in three runs. Below 8K
+ * keys a call takes ~20 us, near the launch cost, and the runs disagree. */
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
 
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
