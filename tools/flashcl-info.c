@@ -26,6 +26,48 @@ static void usage(FILE *f) {
           "  --verbose      create the context with verbose diagnostics\n");
 }
 
+/* Which flash kernel family AUTO runs for the 16-bit dtypes at d = 64 and 128
+ * (on NVIDIA: whether the tensor-core kernels are in use), asked through
+ * flashcl_attention_kernel_family on small aligned views. */
+static void print_families(flashcl_context *ctx) {
+  static const flashcl_dtype dts[2] = {FLASHCL_F16, FLASHCL_BF16};
+  static const int ds[2] = {64, 128};
+  cl_mem buf[4] = {NULL, NULL, NULL, NULL};
+  cl_int err = CL_SUCCESS;
+  int i, j, t;
+  for (i = 0; i < 4 && err == CL_SUCCESS; ++i)
+    buf[i] = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE, 64 * 128 * 2, NULL, &err);
+  printf("\nKernel family that AUTO runs (flashcl_attention_kernel_family, algo FLASH)\n");
+  if (err != CL_SUCCESS) {
+    printf("  (no buffers: %s, %d)\n", flashcl_status_string(err), (int)err);
+  } else {
+    printf("  %-5s %4s  %-12s %s\n", "dtype", "d", "forward", "backward");
+    for (i = 0; i < 2; ++i)
+      for (j = 0; j < 2; ++j) {
+        flashcl_tensor tq, tk, tv, to;
+        flashcl_attention_desc desc;
+        const char *name[2];
+        flashcl_tensor_init_bnhd(&tq, buf[0], 0, dts[i], 1, 64, 1, ds[j]);
+        flashcl_tensor_init_bnhd(&tk, buf[1], 0, dts[i], 1, 64, 1, ds[j]);
+        flashcl_tensor_init_bnhd(&tv, buf[2], 0, dts[i], 1, 64, 1, ds[j]);
+        flashcl_tensor_init_bnhd(&to, buf[3], 0, dts[i], 1, 64, 1, ds[j]);
+        flashcl_attention_desc_init(&desc);
+        desc.algo = FLASHCL_ALGO_FLASH;
+        for (t = 0; t < 2; ++t) {
+          flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
+          const int st = flashcl_attention_kernel_family(ctx, &desc, &tq, &tk, &tv, &to,
+                                                         t ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, &fam);
+          name[t] = st ? flashcl_status_string(st)
+                       : fam == FLASHCL_KERNEL_NVIDIA_MMA ? "nvidia_mma" : fam == FLASHCL_KERNEL_PORTABLE ? "portable"
+                                                                                                        : "none";
+        }
+        printf("  %-5s %4d  %-12s %s\n", flashcl_dtype_name(dts[i]), ds[j], name[0], name[1]);
+      }
+  }
+  for (i = 0; i < 4; ++i)
+    if (buf[i]) clReleaseMemObject(buf[i]);
+}
+
 int main(int argc, char **argv) {
   static const int head_dims[] = {32, 64, 80, 96, 128, 256};
   static const flashcl_dtype dtypes[] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
@@ -162,6 +204,7 @@ int main(int argc, char **argv) {
                flashcl_status_string(status), status);
     }
   }
+  print_families(ctx);
   flashcl_context_destroy(ctx);
   return 0;
 }
