@@ -52,7 +52,7 @@
 #define WR 1
 #endif
 #ifndef WK
-#define WK 2
+#define WK 1
 #endif
 #ifndef KV_STAGES
 #define KV_STAGES 2
