@@ -59,6 +59,15 @@
  *   tile, a tile ahead; otherwise once per key row.
  * L = clamp(seqlens[b], 0, capacity).
  *
+ * Score variants (the forward's rules, flashcl.h; query t sits at position
+ *   i = L - q_len + t): WINDOW = 1 hides key j where j < i - window_left
+ *   (window_left >= 0) or j > i + window_right (window_right >= 0), and the
+ *   split range starts at the first key any row can see (rounded down to a
+ *   tile), so the splits share the window rather than the whole cache;
+ *   SOFTCAP = 1: s = c * tanh(s / c) (softcap_in = ln 2 / c on the log2-domain
+ *   score, softcap_log2 = c * log2(e)); ALIBI = 1: s -= alibi[hq] * |j - i|,
+ *   after the softcap.
+ *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
@@ -67,7 +76,8 @@
  *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
  *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS, ASYNC_STAGES (0: the register
- *   path; >= 2 needs USE_PTX = 1, i.e. the program "mma_ptx.cl+decode.cl").
+ *   path; >= 2 needs USE_PTX = 1, i.e. the program "mma_ptx.cl+decode.cl"),
+ *   WINDOW, SOFTCAP, ALIBI (0 or 1: the score variants above).
  */
 /* Storage-type helpers (the same in every kernel file, so each file compiles on
  * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
@@ -145,6 +155,15 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #endif
 #ifndef ASYNC_STAGES
 #define ASYNC_STAGES 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
 #endif
 
 #define D4 (HEAD_DIM / 4)
@@ -283,7 +302,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
     int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
-    __global float *work, long wo_off, long wl_off) {
+    __global float *work, long wo_off, long wl_off, int window_left, int window_right,
+    __global const float *alibi, float softcap_in, float softcap_log2) {
   /* partial dots [2][TPK][PSTR] (then the stage slots); at the end O partials [KG][ROWS][HEAD_DIM] */
   __local float Sh[SH_FLOATS] __attribute__((aligned(16)));
   __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
@@ -298,12 +318,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   const int row0 = rb * ROWS;
 
   const int L = clamp(seqlens[b], 0, capacity);
-  int kstart = 0, kend = L;
+  /* With a left window no row sees a key before kbase; a tile-aligned start
+   * keeps the paged path's one-page-per-tile rule. */
+  int kbase = 0;
+#if WINDOW
+  if (window_left >= 0) kbase = max(L - q_len - window_left, 0) / TILE * TILE;
+#endif
+  int kstart = kbase, kend = L;
 #if SPLIT
   {
-    int chunk = (L + num_splits - 1) / num_splits;
+    int chunk = (L - kbase + num_splits - 1) / num_splits;
     chunk = (chunk + TILE - 1) / TILE * TILE;
-    kstart = min(split * chunk, L);
+    kstart = min(kbase + split * chunk, L);
     kend = min(kstart + chunk, L);
   }
 #endif
@@ -392,9 +418,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       /* The keys before the new tokens are visible; new token u = j - (L - q_len)
        * only where bit u of the query token's word is set. */
       const int u = j - (L - q_len);
-      const int vis = j < kend && rg < nrows && (u < 0 || ((tree_mask[b * q_len + rg % q_len] >> u) & 1u));
+      int vis = j < kend && rg < nrows && (u < 0 || ((tree_mask[b * q_len + rg % q_len] >> u) & 1u));
 #else
-      const int vis = j < kend && rg < nrows && j <= L - q_len + rg % q_len;
+      int vis = j < kend && rg < nrows && j <= L - q_len + rg % q_len;
+#endif
+#if WINDOW || ALIBI
+      const int pos = L - q_len + rg % q_len; /* the query's position */
+#endif
+#if WINDOW
+      vis = vis && (window_left < 0 || j >= pos - window_left) && (window_right < 0 || j <= pos + window_right);
+#endif
+#if SOFTCAP
+      s = softcap_log2 * tanh(s * softcap_in);
+#endif
+#if ALIBI
+      if (vis) s -= alibi[hk * group + rg / q_len] * M_LOG2E_F * (float)abs(j - pos);
 #endif
       S[e] = vis ? s : -INFINITY;
     }

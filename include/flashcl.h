@@ -552,6 +552,21 @@ typedef struct flashcl_decode_desc {
    * portable kernel on problems it does not cover (fp32, unaligned rows), like
    * the forward. */
   flashcl_kernel_family kernel;
+  /* Score variants, with flashcl_attention_desc's meaning and checks: query t of
+   * sequence b sits at position i = L_b - q_len + t, key j is hidden iff
+   * j < i - window_left (window_left >= 0) or j > i + window_right
+   * (window_right >= 0), on top of the causal rule or the tree; s = softcap *
+   * tanh(s / softcap) when softcap > 0, then s -= alibi_slopes[h] * |j - i|.
+   * window_left / window_right -1 (the default of flashcl_decode_desc_init) is
+   * unbounded; alibi_slopes NULL (off) or an fp32 buffer of >= heads_q floats;
+   * softcap 0 (off) or finite > 0. A left window also narrows the keys the
+   * splits cover to the window. They run on the portable and the cp.async
+   * kernels (AUTO leaves such calls to those on NVIDIA; the tensor-core decode
+   * kernel does not implement them). */
+  int window_left;
+  int window_right;
+  cl_mem alibi_slopes;
+  float softcap;
 } flashcl_decode_desc;
 
 FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);

@@ -37,6 +37,10 @@
  *     overrides the defaults (tuning; threads: work-items per work-group before
  *     the fit to the head dim; max_rows: the cap on rows per work-group, 8;
  *     stages: 0 for the register path, >= 2 for cp.async where it applies).
+ * Score variants (desc.window_left/right, alibi_slopes, softcap): decode.cl
+ *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
+ *   a left window caps the keys the split count is planned for at
+ *   window_left + q_len + one tile.
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
@@ -84,6 +88,8 @@
 void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   if (!desc) return;
   memset(desc, 0, sizeof *desc);
+  desc->window_left = -1;
+  desc->window_right = -1;
 }
 
 static size_t fcl_mem_size(cl_mem m, int *ok) {
@@ -167,6 +173,7 @@ typedef struct fcl_decode_plan {
   int stages; /* cp.async stages (NVIDIA), 0: the register path */
   /* 1: cl/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
   int mma, mma_wr, mma_wk, mma_stages;
+  int window; /* 1: window_left or window_right >= 0 */
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
@@ -249,6 +256,22 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, the caches or each other");
   if (desc->workspace && desc->workspace_offset % sizeof(float))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
+  if (desc->window_left < -1 || desc->window_right < -1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "desc.window_left/window_right (%d, %d) must be -1 (unbounded) or >= 0", desc->window_left,
+                    desc->window_right);
+  if (!(desc->softcap >= 0.0f) || !isfinite(desc->softcap))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.softcap must be 0 (off) or finite and > 0, got %g",
+                    (double)desc->softcap);
+  if (desc->alibi_slopes) {
+    int ok;
+    const size_t have = fcl_mem_size(desc->alibi_slopes, &ok), need = (size_t)hq * sizeof(float);
+    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.alibi_slopes is not a valid cl_mem");
+    if (have < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                      "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
+                      have);
+  }
   if (desc->tree_mask) {
     int ok;
     const size_t have = fcl_mem_size(desc->tree_mask, &ok);
@@ -267,6 +290,8 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->head_dim = (int)d;
   p->group = (int)(hq / hkv);
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
+  p->window = desc->window_left >= 0 || desc->window_right >= 0;
+  const int variants = p->window || desc->alibi_slopes || desc->softcap > 0.0f;
 
   /* Plan. */
   int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = 0, cfg_threads = FCL_DEC_THREADS;
@@ -374,7 +399,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     /* Only q and the caches decide (not o, which the workspace query does not
      * see), so that the query and the call plan the same split count. The
      * kernel keeps raw scores and their row max, which needs a positive scale. */
-    if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && (d == 64 || d == 128) &&
+    if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
         fcl_mma_rows_aligned(q) &&
         fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
         (size_t)(32 * wr * wk) <= max_wg) {
@@ -391,8 +416,12 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if (splits == 0) {
     const int64_t base = (int64_t)batch * hkv * p->row_blocks;
     const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
-    const int64_t lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k
-                                                                                        : p->kv.capacity;
+    int64_t lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k
+                                                                                  : p->kv.capacity;
+    /* A left window: the splits share at most window_left + q_len keys (plus
+     * the tile the kernel rounds the start down to). */
+    if (desc->window_left >= 0 && (int64_t)desc->window_left + q_len + p->tile < lmax)
+      lmax = (int64_t)desc->window_left + q_len + p->tile;
     /* One wave: the largest split count whose grid fits cfg_wpc work-groups per
      * compute unit (a second, partial wave of whole chunks would cost as much as
      * the first); at least 1. */
@@ -525,10 +554,11 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
-           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d%s%s",
+           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d%s%s",
            (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
            page_shift, desc->tree_mask != NULL, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS, p.stages,
-           p.stages > 0, extra ? " " : "", extra ? extra : "");
+           p.stages > 0, p.window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, extra ? " " : "",
+           extra ? extra : "");
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
   const char *file = p.stages ? "mma_ptx.cl+decode.cl" : "decode.cl";
   cl_kernel kern, merge = NULL;
@@ -594,6 +624,13 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   fcl_arg_mem(&a, work);
   fcl_arg_long(&a, wo_off);
   fcl_arg_long(&a, wl_off);
+  if (!p.mma) { /* decode_attn's score variants (decode_mma never runs with them) */
+    fcl_arg_int(&a, desc->window_left);
+    fcl_arg_int(&a, desc->window_right);
+    fcl_arg_mem(&a, desc->alibi_slopes);
+    fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
+    fcl_arg_float(&a, desc->softcap * log2e);
+  }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(decode)");
 
   /* On an out-of-order queue a call on the cached scratch waits for the previous

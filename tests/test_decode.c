@@ -84,7 +84,13 @@ typedef struct dec_case {
   int tree;           /* 1: desc.tree_mask from tree_word() */
   flashcl_kernel_family kernel; /* desc.kernel */
   float scale;                  /* desc.scale (0: 1/sqrt(d)) */
+  int window, wl, wr;           /* window 1: desc.window_left/right = wl, wr */
+  int alibi;                    /* 1: desc.alibi_slopes from alibi_slope() */
+  float softcap;                /* desc.softcap */
 } dec_case;
+
+/* ALiBi slope of query head h of Hq (the geometric sequence of the ALiBi paper). */
+static float alibi_slope(int h, int Hq) { return (float)pow(2.0, -8.0 * (h + 1) / Hq); }
 
 /* The seed-003 tree: 9 tokens, parents - 0 1 1 2 2 3 3 4. */
 static const int TREE_PARENT[9] = {-1, 0, 1, 1, 2, 2, 3, 3, 4};
@@ -102,11 +108,16 @@ static uint32_t tree_word(int b, int t) {
   return b % 2 ? w | 0x80000000u : w;
 }
 
+/* The case's tree word: tree 2 lets every draft token see every other one (so
+ * that a right window has keys past the query to hide). */
+static uint32_t case_tree_word(const dec_case *c, int b, int t) { return c->tree == 2 ? 0xffffffffu : tree_word(b, t); }
+
 /* Query t of sequence b (KV length L, T new tokens) sees key j. */
 static int dec_visible(const dec_case *c, int b, int L, int t, int j) {
-  const int u = j - (L - c->q_len);
+  const int u = j - (L - c->q_len), i = L - c->q_len + t;
+  if (c->window && ((c->wl >= 0 && j < i - c->wl) || (c->wr >= 0 && j > i + c->wr))) return 0;
   if (!c->tree) return u <= t;
-  return u < 0 || (u < c->q_len && ((tree_word(b, t) >> u) & 1u));
+  return u < 0 || (u < c->q_len && ((case_tree_word(c, b, t) >> u) & 1u));
 }
 
 /* Logical K/V of sequence b, token j, head h, dim x: kv[(off[b] + j) * Hkv * d + h * d + x]. */
@@ -139,6 +150,8 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
           double a = 0;
           for (int x = 0; x < d; x++) a += qr[x] * kr[x];
           s[j] = a * scale;
+          if (c->softcap > 0.0f) s[j] = c->softcap * tanh(s[j] / c->softcap);
+          if (c->alibi) s[j] -= alibi_slope(h, Hq) * fabs((double)(j - (L - T + t)));
           if (s[j] > m) m = s[j];
           nvis++;
         }
@@ -220,6 +233,11 @@ static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_d
   desc->num_splits = c->num_splits;
   desc->kernel = c->kernel;
   desc->scale = c->scale;
+  desc->softcap = c->softcap;
+  if (c->window) {
+    desc->window_left = c->wl;
+    desc->window_right = c->wr;
+  }
   if (c->page_size) {
     desc->page_size = c->page_size;
     desc->block_table = cc->block_table;
@@ -279,10 +297,18 @@ static void run_decode_case(const dec_case *c) {
   if (c->tree) {
     uint32_t *w = malloc(sizeof(uint32_t) * (size_t)B * T);
     for (int b = 0; b < B; b++)
-      for (int t = 0; t < T; t++) w[(size_t)b * T + t] = tree_word(b, t);
+      for (int t = 0; t < T; t++) w[(size_t)b * T + t] = case_tree_word(c, b, t);
     tree = fct_create_buffer(sizeof(uint32_t) * (size_t)B * T, w);
     free(w);
     desc.tree_mask = tree;
+  }
+  cl_mem slopes = NULL;
+  if (c->alibi) {
+    float *sl = malloc(sizeof(float) * (size_t)Hq);
+    for (int h = 0; h < Hq; h++) sl[h] = alibi_slope(h, Hq);
+    slopes = fct_create_buffer(sizeof(float) * (size_t)Hq, sl);
+    free(sl);
+    desc.alibi_slopes = slopes;
   }
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)B);
   flashcl_status st;
@@ -412,6 +438,7 @@ static void run_decode_case(const dec_case *c) {
   free(ref_lse);
 done:
   if (tree) clReleaseMemObject(tree);
+  if (slopes) clReleaseMemObject(slopes);
   if (wbuf) clReleaseMemObject(wbuf);
   clReleaseMemObject(seqlens);
   free(lens);
@@ -472,6 +499,30 @@ static const dec_case DEC_CASES[] = {
     {"contig_q1_f16_d128_nvidia", FLASHCL_F16, 6, 1, 32, 8, 128, MIXED, 0, 0, 0, 0, 0, 0, FLASHCL_KERNEL_NVIDIA_MMA},
     {"paged16_q4_bf16_d128_nvidia", FLASHCL_BF16, 6, 4, 32, 8, 128, MIXED, 16, 4, 0, 0, 0, 0,
      FLASHCL_KERNEL_NVIDIA_MMA},
+    /* Score variants (name, ..., kernel, scale, window, wl, wr, alibi, softcap).
+     * A left window of 100 keys: the 1000- and 4097-key sequences split only
+     * the window, the short ones see everything; with pages of 16 and 24 (a
+     * window start inside a page), split and automatic. */
+    {"window100_paged16_q4_f16_split4", FLASHCL_F16, 6, 4, 32, 8, 64, MIXED, 16, 4, 0, 0, 0, 0, FLASHCL_KERNEL_AUTO,
+     0.0f, 1, 100, -1},
+    {"window37_paged24_q1_bf16_d128_auto", FLASHCL_BF16, 6, 1, 32, 8, 128, MIXED, 24, 0, 0, 0, 0, 0,
+     FLASHCL_KERNEL_AUTO, 0.0f, 1, 37, -1},
+    /* A window of 0 keys to the left: each query sees only itself. */
+    {"window0_contig_q4_f32_split3", FLASHCL_F32, 7, 4, 8, 2, 64, MIXED0, 0, 3, 0, 0, 0, 0, FLASHCL_KERNEL_AUTO, 0.0f,
+     1, 0, -1},
+    /* Drafts that see every other draft (tree 2), cut by a right window of 1
+     * and a left one of 5. */
+    {"tree_all_window5_1_contig_f16", FLASHCL_F16, 6, 9, 32, 8, 64, MIXED_T, 0, 4, 0, 0, 0, 2, FLASHCL_KERNEL_AUTO,
+     0.0f, 1, 5, 1},
+    /* ALiBi and softcap (1.5: most scores are bent by the tanh), alone and
+     * with the window, on the cp.async path where the device has one and the
+     * portable kernel forced. */
+    {"alibi_softcap_contig_q1_f16_d128_auto", FLASHCL_F16, 6, 1, 32, 8, 128, MIXED, 0, 0, 0, 0, 0, 0,
+     FLASHCL_KERNEL_AUTO, 0.0f, 0, 0, 0, 1, 1.5f},
+    {"alibi_paged16_q4_bf16_portable", FLASHCL_BF16, 6, 4, 32, 8, 64, MIXED, 16, 5, 0, 0, 0, 0,
+     FLASHCL_KERNEL_PORTABLE, 0.0f, 0, 0, 0, 1},
+    {"softcap_window64_paged64_q4_f16", FLASHCL_F16, 6, 4, 32, 8, 128, MIXED, 64, 0, 0, 0, 0, 0, FLASHCL_KERNEL_AUTO,
+     0.0f, 1, 64, -1, 1, 0.75f},
 };
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
@@ -1047,6 +1098,27 @@ static void test_errors(void **state) {
   d.kernel = (flashcl_kernel_family)7;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "desc.kernel out of range");
+  FCT_CHECK(d0.window_left == -1 && d0.window_right == -1 && d0.softcap == 0.0f && d0.alibi_slopes == NULL,
+            "flashcl_decode_desc_init: the score variants must default to off");
+  d = d0;
+  d.window_left = -2;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
+         "window_left -2");
+  d = d0;
+  d.window_right = -5;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
+         "window_right -5");
+  d = d0;
+  d.softcap = -1.0f;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "softcap -1");
+  d.softcap = NAN;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "softcap NaN");
+  d.softcap = INFINITY;
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "softcap inf");
+  d = d0;
+  d.alibi_slopes = f.small; /* fewer bytes than heads_q floats */
+  EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
+         "alibi_slopes too small");
   EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, NULL, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "seqlens NULL");
   EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.small, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
          "seqlens too small");
