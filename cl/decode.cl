@@ -156,6 +156,9 @@ inline ushort4 fcl_bf16x4_from_float4(float4 f) {
 #ifndef ASYNC_STAGES
 #define ASYNC_STAGES 0
 #endif
+#ifndef USE_PTX
+#define USE_PTX 0
+#endif
 #ifndef WINDOW
 #define WINDOW 0
 #endif

@@ -193,15 +193,16 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
                     bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
 
-  char opts[320], variants[64];
+  char opts[512], variants[64];
   fcl_variant_options(p, variants, sizeof variants);
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_VEC=%d -DDROPOUT=%d%s",
+           "-DDQ_VEC=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
            bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic,
-           atomic && fcl_mma_rows_aligned(dq), p->dropout, variants);
+           atomic && fcl_mma_rows_aligned(dq), p->dropout, variants, extra ? " " : "", extra ? extra : "");
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
                                       "philox.cl+mask.cl+flash_bwd.cl"};
