@@ -31,6 +31,7 @@ typedef struct bench_opts {
   long page_size, calls; /* --page-size, --calls */
   long q_len;            /* --q-len */
   int tree;              /* --tree */
+  int gate;              /* --gate */
   tools_list decode_batch;
   const char *block_sparse; /* --block-sparse DENSITY_LIST */
   long window;              /* --window: window_left, -1 = none */
@@ -98,6 +99,9 @@ static void usage(FILE *f) {
           "                       report the time per call (default 1: one call, so the\n"
           "                       host's enqueue time is inside the timed span); host_us\n"
           "                       is the host time of one flashcl_attention_decode call\n"
+          "  --gate               --decode: hold the timed calls behind a user event until\n"
+          "                       all of them are enqueued, so that the timed span is the\n"
+          "                       device's time alone (no host enqueue inside it)\n"
           "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
           "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
           "                       q_len tokens (token t sees t and its ancestors, parent\n"
@@ -120,7 +124,8 @@ static void usage(FILE *f) {
           "  --window L           sliding window: each query sees the L keys before its\n"
           "                       diagonal and, unless causal, every key after it\n"
           "                       (desc.window_left = L); TFLOP/s then counts the\n"
-          "                       visible (query, key) pairs exactly\n"
+          "                       visible (query, key) pairs exactly; --decode: GB/s\n"
+          "                       counts the K/V rows of the window only\n"
           "  --softcap C          logit soft-capping C * tanh(s / C) (desc.softcap)\n"
           "  --alibi              ALiBi with the geometric slopes 2^(-8 (h + 1) / heads)\n"
           "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
@@ -234,6 +239,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       if (tools_parse_long(val, &o->q_len) || o->q_len < 1 || o->q_len > FLASHCL_DECODE_MAX_Q_LEN) goto bad;
     } else if (tools_opt_flag(argv, i, "--tree")) {
       o->tree = 1;
+    } else if (tools_opt_flag(argv, i, "--gate")) {
+      o->gate = 1;
     } else if (OPT("--block-sparse")) {
       o->block_sparse = val;
     } else if (tools_opt_flag(argv, i, "--decode")) {
@@ -545,9 +552,14 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
     char devdesc[512];
     tools_describe_device(ctx, devdesc, sizeof devdesc);
     printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
-           " runs of %ld back-to-back call(s) (time per call)\n\n",
+           " runs of %ld back-to-back call(s) (time per call)%s\n",
            FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
-           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
+           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls,
+           o->gate ? ", gated: device time only" : "");
+    if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
+    if (o->softcap > 0) printf("softcap %g\n", o->softcap);
+    if (o->alibi) printf("ALiBi\n");
+    printf("\n");
     printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
            "KV_MiB", "GB/s", "host_us");
   }
@@ -560,7 +572,9 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           const size_t es = flashcl_dtype_size(dt);
           const long P = o->page_size, pages_per = P ? (n + P - 1) / P : 0;
           const long rows = P ? b * pages_per * P : b * n; /* cache tokens */
-          const size_t kv_elems = (size_t)rows * hkv * d, kv_read = 2 * (size_t)b * n * hkv * d * es;
+          /* With a left window a call reads only the window's keys (and the new tokens). */
+          const long n_read = o->window >= 0 && o->window + T < n ? o->window + T : n;
+          const size_t kv_elems = (size_t)rows * hkv * d, kv_read = 2 * (size_t)b * n_read * hkv * d * es;
           cl_mem mem[6] = {0};
           flashcl_tensor q, kc, vc, out, lse;
           flashcl_decode_desc desc;
@@ -585,6 +599,15 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
           if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * 4, NULL, &err);
           flashcl_decode_desc_init(&desc);
           desc.kernel = o->kernel;
+          if (o->window >= 0) desc.window_left = (int)o->window;
+          desc.softcap = (float)o->softcap;
+          if (o->alibi && scratch) {
+            float *slopes = (float *)scratch; /* holds b * T * hq * d >= hq floats */
+            long h;
+            for (h = 0; h < hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)hq);
+            desc.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * hq,
+                                               slopes, &err);
+          }
           if (o->tree && mem[4]) {
             cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
             long i;
@@ -620,7 +643,8 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             desc.page_size = (int)P;
             desc.max_pages = (int)pages_per;
           }
-          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table) || (o->tree && !desc.tree_mask))
+          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table) || (o->tree && !desc.tree_mask) ||
+              (o->alibi && !desc.alibi_slopes))
             st = err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
           if (!st) {
             /* Small constants. 16-bit data is filled with a 4-byte pattern of two
@@ -648,10 +672,10 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
           }
           for (r = 0; !st && r < warmup; ++r)
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
+            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, o->gate, &ms, &hus,
                                     &g_host_timer);
           for (r = 0; !st && r < reps && r < 1000; ++r) {
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
+            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, o->gate, &ms, &hus,
                                     &g_host_timer);
             if (!st) hosts[nrep] = hus, times[nrep++] = ms;
           }
@@ -678,6 +702,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             if (mem[r]) clReleaseMemObject(mem[r]);
           if (desc.block_table) clReleaseMemObject(desc.block_table);
           if (desc.tree_mask) clReleaseMemObject(desc.tree_mask);
+          if (desc.alibi_slopes) clReleaseMemObject(desc.alibi_slopes);
           free(scratch);
         }
   if (!o->csv && g_host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
