@@ -424,37 +424,23 @@ void tools_describe_device(flashcl_context *ctx, char *buf, size_t size) {
 
 int tools_timed_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                        const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
-                       const flashcl_tensor *lse, long calls, int gated, double *ms, double *host_us,
-                       int *used_host_timer) {
+                       const flashcl_tensor *lse, long calls, double *ms, double *host_us, int *used_host_timer) {
   cl_command_queue queue = flashcl_context_cl_queue(ctx);
-  cl_event before = NULL, after = NULL, gate = NULL;
+  cl_event before = NULL, after = NULL;
   cl_ulong t0 = 0, t1 = 0;
   double h0, he;
   int st = FLASHCL_SUCCESS;
   long c;
   cl_int err = clFinish(queue);
   if (err != CL_SUCCESS) return err;
-  if (gated) {
-    gate = clCreateUserEvent(flashcl_context_cl_context(ctx), &err);
-    if (err != CL_SUCCESS) return err;
-  }
   h0 = tools_now_ms();
-  err = clEnqueueMarkerWithWaitList(queue, gate ? 1 : 0, gate ? &gate : NULL, &before);
-  if (err != CL_SUCCESS) {
-    if (gate) clReleaseEvent(gate);
-    return err;
-  }
+  err = clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
+  if (err != CL_SUCCESS) return err;
   he = tools_now_ms();
   for (c = 0; c < calls && st == FLASHCL_SUCCESS; ++c)
     st = flashcl_attention_decode(ctx, desc, q, kc, vc, lens, out, lse, 0, NULL, NULL);
   *host_us = (tools_now_ms() - he) * 1e3 / (double)calls;
   if (st == FLASHCL_SUCCESS) st = clEnqueueMarkerWithWaitList(queue, 0, NULL, &after);
-  /* Gated: everything is enqueued; the device starts only now. */
-  if (gate) {
-    clSetUserEventStatus(gate, st == FLASHCL_SUCCESS ? CL_COMPLETE : -1);
-    clFlush(queue);
-    clReleaseEvent(gate);
-  }
   if (st == FLASHCL_SUCCESS) st = clWaitForEvents(1, &after);
   *ms = (tools_now_ms() - h0) / (double)calls;
   if (st == FLASHCL_SUCCESS &&

@@ -99,13 +99,10 @@ int tools_timed_forward(flashcl_context *ctx, const flashcl_attention_desc *desc
 /* Runs `calls` decode calls back-to-back between two markers and waits; *ms is
  * the time per call (OpenCL profiling when the queue has it, else host time,
  * and then *used_host_timer = 1), *host_us the host time of one call. With
- * calls = 1 the host's enqueue time lies inside the span, unless `gated`: then
- * the first marker waits on a user event that is released once every call is
- * enqueued, so the span is the device's time alone. */
+ * calls = 1 the host's enqueue time lies inside the span. */
 int tools_timed_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                        const flashcl_tensor *kc, const flashcl_tensor *vc, cl_mem lens, const flashcl_tensor *out,
-                       const flashcl_tensor *lse, long calls, int gated, double *ms, double *host_us,
-                       int *used_host_timer);
+                       const flashcl_tensor *lse, long calls, double *ms, double *host_us, int *used_host_timer);
 
 /* Creates a context with profiling on the device spec (NULL: the default
  * device) and reads its info; `options` is filled for later re-creation. On

@@ -31,7 +31,6 @@ typedef struct bench_opts {
   long page_size, calls; /* --page-size, --calls */
   long q_len;            /* --q-len */
   int tree;              /* --tree */
-  int gate;              /* --gate */
   tools_list decode_batch;
   const char *block_sparse; /* --block-sparse DENSITY_LIST */
   long window;              /* --window: window_left, -1 = none */
@@ -99,9 +98,7 @@ static void usage(FILE *f) {
           "                       report the time per call (default 1: one call, so the\n"
           "                       host's enqueue time is inside the timed span); host_us\n"
           "                       is the host time of one flashcl_attention_decode call\n"
-          "  --gate               --decode: hold the timed calls behind a user event until\n"
-          "                       all of them are enqueued, so that the timed span is the\n"
-          "                       device's time alone (no host enqueue inside it)\n"
+
           "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
           "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
           "                       q_len tokens (token t sees t and its ancestors, parent\n"
@@ -239,8 +236,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       if (tools_parse_long(val, &o->q_len) || o->q_len < 1 || o->q_len > FLASHCL_DECODE_MAX_Q_LEN) goto bad;
     } else if (tools_opt_flag(argv, i, "--tree")) {
       o->tree = 1;
-    } else if (tools_opt_flag(argv, i, "--gate")) {
-      o->gate = 1;
+
     } else if (OPT("--block-sparse")) {
       o->block_sparse = val;
     } else if (tools_opt_flag(argv, i, "--decode")) {
@@ -552,10 +548,9 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
     char devdesc[512];
     tools_describe_device(ctx, devdesc, sizeof devdesc);
     printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
-           " runs of %ld back-to-back call(s) (time per call)%s\n",
+           " runs of %ld back-to-back call(s) (time per call)\n",
            FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
-           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls,
-           o->gate ? ", gated: device time only" : "");
+           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
     if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
     if (o->softcap > 0) printf("softcap %g\n", o->softcap);
     if (o->alibi) printf("ALiBi\n");
@@ -672,10 +667,10 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
             st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
           }
           for (r = 0; !st && r < warmup; ++r)
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, o->gate, &ms, &hus,
+            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
                                     &g_host_timer);
           for (r = 0; !st && r < reps && r < 1000; ++r) {
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, o->gate, &ms, &hus,
+            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
                                     &g_host_timer);
             if (!st) hosts[nrep] = hus, times[nrep++] = ms;
           }

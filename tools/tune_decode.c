@@ -146,7 +146,7 @@ static int time_splits(flashcl_context *ctx, const dec_opts *o, const dec_prob *
     if (st) return st;
   }
   for (i = 0; i < o->warmup + o->reps; ++i) {
-    st = tools_timed_decode(ctx, &desc, &p->q, &p->kc, &p->vc, p->lens, &p->o, NULL, o->calls, 0, &ms, &hus,
+    st = tools_timed_decode(ctx, &desc, &p->q, &p->kc, &p->vc, p->lens, &p->o, NULL, o->calls, &ms, &hus,
                             &host_timer);
     if (st) return st;
     if (i >= o->warmup) times[(*ntimes)++] = ms;
