@@ -3,8 +3,11 @@
  *
  * Conventions
  *   - Every function returns a flashcl_status: 0 on success, negative on failure.
- *     flashcl's own codes live in [-4999, -4000]; negative values in (-1000, 0) are
- *     OpenCL error codes passed through unchanged; [-2999, -1000] are CLBlast codes.
+ *     flashcl's own codes live in [-4999, -4000]. A failed OpenCL or CLBlast call
+ *     inside the library becomes FLASHCL_ERROR_OPENCL / _BLAS (or one of the
+ *     out-of-memory codes), with the OpenCL or CLBlast code named in the context's
+ *     message; flashcl_status_string also names raw OpenCL codes in (-1000, 0)
+ *     and CLBlast codes in [-2999, -1024].
  *   - Handles are opaque, come in create/destroy pairs, and destroy(NULL) is a no-op.
  *   - Operations take a descriptor filled with defaults by its *_init() function.
  *   - Nothing is printed unless the context was created with verbose != 0.
@@ -382,6 +385,12 @@ FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);
  *   q, k, v and o share one dtype; head_dim is a multiple of 8 in [8, 256].
  *   lse (nullable): fp32, (B, Nq, Hq, 1) logical shape, gets the natural-log
  *   log-sum-exp of each scaled score row: lse = log(sum_j exp(scale * q.k_j)).
+ *   o and lse must not share elements with q, k, v or each other
+ *   (FLASHCL_ERROR_INVALID_ARGUMENT; interleaved views of one buffer, such as q
+ *   and o as the halves of a packed [B][N][2][H][d] buffer, are fine), and must
+ *   not name one element twice (a zero or too small stride:
+ *   FLASHCL_ERROR_INVALID_STRIDE). The same rules hold for the outputs of the
+ *   backward, decode and merge.
  * The call is asynchronous: it waits on wait_list and, if out_event is non-NULL,
  * returns an event that completes when o and lse are written.
  */

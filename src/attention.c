@@ -23,6 +23,15 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
   fcl_problem p;
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
   if (st != FLASHCL_SUCCESS) return st;
+  /* Work-groups write o and lse while others still read q, k and v. */
+  if (fcl_view_self_overlaps(o) || (lse && fcl_view_self_overlaps(lse)))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
+                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
+                    "memory");
+  if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, k, 0) || fcl_views_conflict(o, v, 0) ||
+      fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, k, 0) || fcl_views_conflict(lse, v, 0) ||
+      fcl_views_conflict(lse, o, 0))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, k, v or each other");
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
   int use_mma = 0;

@@ -221,6 +221,23 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
              (!atomic && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq", &k_dq)))) {
     return st;
   }
+  /* Every portable kernel must take its planned work-group before anything is
+   * enqueued, so that a refusal never leaves dK/dV written and dQ not. */
+  {
+    const cl_kernel ks[3] = {k_pre, use_mma ? NULL : k_dkdv, use_mma && !atomic ? NULL : k_dq};
+    static const char *kn[3] = {"bwd_preprocess", "bwd_dkdv", "bwd_dq"};
+    const size_t want[3] = {64, (size_t)bp.threads, atomic ? 0 : (size_t)bp.threads};
+    for (int i = 0; i < 3; i++) {
+      size_t kwg = 0;
+      if (ks[i] && want[i] &&
+          clGetKernelWorkGroupInfo(ks[i], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+              CL_SUCCESS &&
+          kwg < want[i])
+        return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                        "%s needs %zu work-items per work-group but the compiled kernel allows %zu", kn[i], want[i],
+                        kwg);
+    }
+  }
 
   cl_int err;
   cl_mem dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dsum * sizeof(float), NULL, &err);
@@ -376,6 +393,23 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
       (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
     return st;
+  if (fcl_view_self_overlaps(dq) || fcl_view_self_overlaps(dk) || fcl_view_self_overlaps(dv))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
+                    "dq, dk or dv names one element twice (a zero or too small stride): each gradient element needs "
+                    "its own memory");
+  {
+    const flashcl_tensor *outs[3] = {dq, dk, dv}, *ins[6] = {q, k, v, o, lse, d_o};
+    static const char *on[3] = {"dq", "dk", "dv"}, *in_names[6] = {"q", "k", "v", "o", "lse", "d_o"};
+    for (int i = 0; i < 3; i++) {
+      for (int j = 0; j < 6; j++)
+        if (fcl_views_conflict(outs[i], ins[j], 0))
+          return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s: gradients need their own memory",
+                          on[i], in_names[j]);
+      for (int j = i + 1; j < 3; j++)
+        if (fcl_views_conflict(outs[i], outs[j], 0))
+          return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s", on[i], on[j]);
+    }
+  }
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
                               event_wait_list, out_event);

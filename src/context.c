@@ -213,6 +213,7 @@ flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id d
   clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof ctx->platform, &ctx->platform, NULL);
   clRetainContext(context);
   clRetainCommandQueue(queue);
+  clRetainDevice(device); /* released on destroy; a no-op for root devices */
   ctx->context = context;
   ctx->device = device;
   ctx->queue = queue;
@@ -233,6 +234,7 @@ void flashcl_context_destroy(flashcl_context *ctx) {
   if (ctx->side_queue) clReleaseCommandQueue(ctx->side_queue);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);
+  if (ctx->device) clReleaseDevice(ctx->device); /* a no-op for root devices */
   free(ctx->kernel_dir);
   free(ctx);
 }

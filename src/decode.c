@@ -250,6 +250,10 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
+  if ((o && fcl_view_self_overlaps(o)) || (lse && fcl_view_self_overlaps(lse)))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
+                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
+                    "memory");
   if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, kc, 0) || fcl_views_conflict(o, vc, 0) ||
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, kc, 0) || fcl_views_conflict(lse, vc, 0) ||
       fcl_views_conflict(lse, o, 0))

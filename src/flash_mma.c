@@ -62,6 +62,20 @@ static unsigned short fcl_small_int_half(int x) {
   return (unsigned short)(sign | ((unsigned)(e + 15) << 10) | mant);
 }
 
+/* Runs a probe kernel on a queue of its own (in order, released after), so that
+ * neither the caller's out-of-order queue nor work the caller queued earlier
+ * (perhaps gated on a user event) delays or reorders it; then reads `bytes` of
+ * `out` back. */
+static cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host) {
+  cl_int err = CL_SUCCESS;
+  cl_command_queue q = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+  if (err != CL_SUCCESS || !q) return err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES;
+  err = clEnqueueNDRangeKernel(q, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
+  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(q, out, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+  clReleaseCommandQueue(q);
+  return err;
+}
+
 /* Runs mma_probe; returns 1 if it is exact, else 0 with ctx->mma_reason set. */
 static int fcl_mma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
@@ -87,9 +101,7 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
   if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof ba, &ba);
   if (err == CL_SUCCESS) err = clSetKernelArg(kern, 1, sizeof bb, &bb);
   if (err == CL_SUCCESS) err = clSetKernelArg(kern, 2, sizeof bd, &bd);
-  size_t gsz = 32;
-  if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(ctx->queue, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
-  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(ctx->queue, bd, CL_TRUE, 0, sizeof d, d, 0, NULL, NULL);
+  if (err == CL_SUCCESS) err = fcl_probe_run(ctx, kern, 32, bd, sizeof d, d);
   if (ba) clReleaseMemObject(ba);
   if (bb) clReleaseMemObject(bb);
   if (bd) clReleaseMemObject(bd);
@@ -127,9 +139,7 @@ static int fcl_mma_run_local_probe(flashcl_context *ctx) {
   cl_int err = CL_SUCCESS;
   cl_mem bo = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, sizeof out, NULL, &err);
   if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof bo, &bo);
-  size_t gsz = 128;
-  if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(ctx->queue, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
-  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(ctx->queue, bo, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+  if (err == CL_SUCCESS) err = fcl_probe_run(ctx, kern, 128, bo, sizeof out, out);
   if (bo) clReleaseMemObject(bo);
   if (err != CL_SUCCESS) return 0;
   const cl_uint n = FCL_MMA_LOCAL_PROBE / 4;

@@ -247,5 +247,7 @@ flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const cha
 /* 1 if validated views out and in share bytes of one cl_mem (identical views are
  * allowed when allow_same). NULL never conflicts. */
 int fcl_views_conflict(const flashcl_tensor *out, const flashcl_tensor *in, int allow_same);
+/* 1 if two indices of t can name the same element (an output written twice). */
+int fcl_view_self_overlaps(const flashcl_tensor *t);
 
 #endif

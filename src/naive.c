@@ -353,8 +353,11 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
     FCL_ORDER();
   }
   if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, (size_t)d, gq, 1.0f, buf[p->dropout ? DP : P], lk, gq * lk, buf[DO], (size_t)d,
-                     gq * d, buf[DV], (size_t)d, lk * d, groups)) ||
-      (st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, (size_t)d, 1.0f, buf[DO], (size_t)d, gq * d, buf[V],
+                     gq * d, buf[DV], (size_t)d, lk * d, groups)))
+    goto done;
+  /* With dropout dV read dP's buffer, which dP = dO V^T now overwrites. */
+  if (p->dropout) FCL_ORDER();
+  if ((st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, (size_t)d, 1.0f, buf[DO], (size_t)d, gq * d, buf[V],
                      (size_t)d, lk * d, buf[DP], lk, gq * lk, groups)))
     goto done;
   FCL_ORDER();

@@ -71,6 +71,12 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
 #ifndef FCL_CPU_ROWS
 #define FCL_CPU_ROWS 64
 #endif
+/* The CPU kernel keeps Q, O and S of its rows in private arrays (the work-item's
+ * stack): 4 * (2 * Br * d + Br * Bc) bytes. A large explicit block_r overflowed
+ * PoCL's work-item stack (Br = 4096 at d = 256: 8 MiB), so it is bounded. */
+#ifndef FCL_CPU_PRIVATE_CAP
+#define FCL_CPU_PRIVATE_CAP (1024 * 1024)
+#endif
 
 
 typedef struct fcl_fwd_shape {
@@ -198,6 +204,12 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Bc=%d at head_dim %d needs %zu bytes of local memory; the device has %zu", p.bc, d,
                     p.local_bytes, M);
+  const size_t priv = s * ((size_t)2 * p.br * d + (size_t)p.br * p.bc);
+  if (priv > FCL_CPU_PRIVATE_CAP)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "Br=%d, Bc=%d at head_dim %d need %zu bytes of private memory per work-item on this (CPU) device; "
+                    "at most %d are allowed: ask for smaller tiles",
+                    p.br, p.bc, d, priv, FCL_CPU_PRIVATE_CAP);
   *plan = p;
   return FLASHCL_SUCCESS;
 }
@@ -243,6 +255,7 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
 flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r,
                                             int block_c, flashcl_block_plan *out) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
   if (!out) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "plan is NULL");
   if (flashcl_dtype_size(dtype) == 0) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype");
   fcl_plan p;

@@ -15,7 +15,8 @@ const char *flashcl_status_string(int status) {
     break;
   }
   if (status < 0 && status > -1000) return fcl_cl_error_name(status);
-  if (status <= -1000 && status > -3000) return "CLBlast error";
+  if (status == -1001) return "CL_PLATFORM_NOT_FOUND_KHR (no OpenCL platform is installed)";
+  if (status <= -1024 && status > -3000) return "CLBlast error";
   return "unknown status";
 }
 
@@ -39,6 +40,8 @@ const char *fcl_cl_error_name(cl_int err) {
     C(CL_INVALID_WORK_ITEM_SIZE) C(CL_INVALID_GLOBAL_OFFSET) C(CL_INVALID_EVENT_WAIT_LIST)
     C(CL_INVALID_EVENT) C(CL_INVALID_OPERATION) C(CL_INVALID_GL_OBJECT) C(CL_INVALID_BUFFER_SIZE)
     C(CL_INVALID_MIP_LEVEL) C(CL_INVALID_GLOBAL_WORK_SIZE) C(CL_INVALID_PROPERTY)
+    C(CL_INVALID_IMAGE_DESCRIPTOR) C(CL_INVALID_COMPILER_OPTIONS) C(CL_INVALID_LINKER_OPTIONS)
+    C(CL_INVALID_DEVICE_PARTITION_COUNT)
 #undef C
   default:
     return "unknown OpenCL error";

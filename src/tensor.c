@@ -154,7 +154,7 @@ static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attenti
   }
   const int rows = (int)(((int64_t)p->seqlen_q + bq - 1) / bq), cols = (int)(((int64_t)p->seqlen_k + bk - 1) / bk);
   const int heads = desc->mask_per_head ? p->heads_q : 1;
-  const size_t words = (size_t)(cols + 31) / 32;
+  const size_t words = ((size_t)cols + 31) / 32;
   size_t per_seq, need, have = 0;
   if (!fcl_mul_size(words, (size_t)rows, &per_seq) || per_seq > (size_t)INT64_MAX / 8 ||
       !fcl_mul_size(per_seq, (size_t)heads * (size_t)p->batch, &need) || !fcl_mul_size(need, 4, &need))

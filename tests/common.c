@@ -321,13 +321,72 @@ int fct_run_group(const char *name, const struct CMUnitTest *tests, size_t count
   return failed;
 }
 
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#endif
+
+/* The device's string info `param`, or "" (malloc'ed; the caller frees it). */
+static char *device_string(cl_device_id device, cl_device_info param) {
+  size_t n = 0;
+  char *s = NULL;
+  if (clGetDeviceInfo(device, param, 0, NULL, &n) == CL_SUCCESS && n) s = (char *)malloc(n + 1);
+  if (s && clGetDeviceInfo(device, param, n, s, NULL) == CL_SUCCESS)
+    s[n] = '\0';
+  else if (s)
+    s[0] = '\0';
+  if (!s) s = (char *)calloc(1, 1);
+  FCT_CHECK(s != NULL, "malloc failed");
+  return s;
+}
+
+int fct_device_requires_mma(cl_device_id device, char *what, size_t what_cap) {
+  cl_platform_id platform = NULL;
+  char pname[256] = "";
+  char *ext;
+  cl_uint major = 0;
+  int has_attr, nvidia;
+  char dummy[8];
+  if (!what) what = dummy, what_cap = sizeof dummy;
+  what[0] = '\0';
+  if (clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL) != CL_SUCCESS ||
+      clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof pname - 1, pname, NULL) != CL_SUCCESS)
+    pname[0] = '\0';
+  pname[sizeof pname - 1] = '\0';
+  nvidia = strstr(pname, "NVIDIA") != NULL;
+  if (!nvidia) {
+    snprintf(what, what_cap, "platform \"%s\" is not NVIDIA's", pname);
+    return 0;
+  }
+  ext = device_string(device, CL_DEVICE_EXTENSIONS);
+  has_attr = strstr(ext, "cl_nv_device_attribute_query") != NULL;
+  free(ext);
+  if (!has_attr) {
+    snprintf(what, what_cap, "NVIDIA device without cl_nv_device_attribute_query");
+    return 0;
+  }
+  if (clGetDeviceInfo(device, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major, NULL) != CL_SUCCESS) {
+    snprintf(what, what_cap, "NVIDIA device whose compute capability query failed");
+    return 0;
+  }
+  snprintf(what, what_cap, "NVIDIA device of compute capability %u.x", (unsigned)major);
+  return major >= 8;
+}
+
+void fct_mma_unavailable(cl_device_id device, const char *name, const char *reason) {
+  char what[320];
+  if (fct_device_requires_mma(device, what, sizeof what))
+    FCT_FAIL("%s: the tensor-core path is unavailable on an %s, which must run it: %s", name, what,
+             reason ? reason : "(no reason)");
+  print_message("  %-28s no tensor-core path (%s): %s\n", name, what, reason ? reason : "(no reason)");
+}
+
 int fct_mma_ready(const char *name, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                   const flashcl_tensor *k, const flashcl_tensor *v, flashcl_pass pass) {
   flashcl_context *ctx = fct_env_get()->ctx;
   flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
   const flashcl_status st = flashcl_attention_kernel_family(ctx, desc, q, k, v, q, pass, &fam);
   if (st == FLASHCL_ERROR_UNSUPPORTED && strstr(flashcl_context_last_error(ctx), "not available")) {
-    print_message("  %-28s skipped: %s\n", name, flashcl_context_last_error(ctx));
+    fct_mma_unavailable(fct_env_get()->device, name, flashcl_context_last_error(ctx));
     return 0;
   }
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_attention_kernel_family", name);

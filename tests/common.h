@@ -133,11 +133,24 @@ int fct_group_teardown(void **state);
  * setup. Honors FLASHCL_TEST_FILTER (a cmocka test-name pattern, '*' and '?'). */
 int fct_run_group(const char *name, const struct CMUnitTest *tests, size_t count, int need_device);
 
+/* 1 when `device` must run flashcl's NVIDIA tensor-core kernels: its platform's
+ * name contains "NVIDIA", it has cl_nv_device_attribute_query and its compute
+ * capability (CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, 0x4000) is >= 8.0. Fills
+ * `what` (may be NULL) with a description of the device ("not NVIDIA", "compute
+ * capability 7.5", ...). */
+int fct_device_requires_mma(cl_device_id device, char *what, size_t what_cap);
+/* For a test that found the tensor-core path unavailable (`reason`: the
+ * library's message) on `device`: fails the test on a device that must have it
+ * (fct_device_requires_mma), else prints why the case is skipped and returns;
+ * the caller then calls skip(). */
+void fct_mma_unavailable(cl_device_id device, const char *name, const char *reason);
+
 /* For a case run with desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA: 0 when the
- * device has no tensor-core path (the caller skips the case; a message says
- * so), 1 when it has, after checking that `pass` really runs the tensor-core
- * kernels for these arguments (o taken as q's layout): a silent fallback to the
- * portable kernels fails the test. */
+ * device has no tensor-core path (the caller skips the case with skip(); a
+ * message says so; on an NVIDIA device of compute capability >= 8.0 the test
+ * fails instead, see fct_mma_unavailable), 1 when it has, after checking that
+ * `pass` really runs the tensor-core kernels for these arguments (o taken as
+ * q's layout): a silent fallback to the portable kernels fails the test. */
 int fct_mma_ready(const char *name, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                   const flashcl_tensor *k, const flashcl_tensor *v, flashcl_pass pass);
 

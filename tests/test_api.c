@@ -427,16 +427,33 @@ static void test_block_plan(void **state) {
   FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F16, 8, 8, &plan), FLASHCL_SUCCESS,
                    "block_plan(64, f16, 8, 8)");
   FCT_CHECK(plan.block_r == 8 && plan.block_c == 8, "explicit 8/8 gave Br=%d Bc=%d", plan.block_r, plan.block_c);
-  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 12, FLASHCL_F32, 0, 0, &plan),
-                   FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=12)");
-  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 264, FLASHCL_F32, 0, 0, &plan),
-                   FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=264)");
-  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 12, 0, &plan),
-                   FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(block_r=12)");
-  FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 0, 0, NULL),
-                   FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(plan=NULL)");
-  FCT_CHECK_STATUS(flashcl_attention_block_plan(NULL, 64, FLASHCL_F32, 0, 0, &plan), FLASHCL_ERROR_INVALID_ARGUMENT,
-                   "block_plan(ctx=NULL)");
+  /* Error calls: the exact status, and *plan (a 0xA5 sentinel) left unchanged. */
+  {
+    flashcl_block_plan sentinel;
+    memset(&sentinel, 0xA5, sizeof sentinel);
+#define EXPECT_PLAN_ERROR(call, status, what)                                                        \
+  do {                                                                                               \
+    memcpy(&plan, &sentinel, sizeof plan);                                                           \
+    FCT_CHECK_STATUS((call), (status), "%s", what);                                                  \
+    FCT_CHECK(memcmp(&plan, &sentinel, sizeof plan) == 0, "%s failed but wrote *plan (Br=%d Bc=%d)", \
+              what, plan.block_r, plan.block_c);                                                     \
+  } while (0)
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 12, FLASHCL_F32, 0, 0, &plan),
+                      FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=12)");
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 264, FLASHCL_F32, 0, 0, &plan),
+                      FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=264)");
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 12, 0, &plan),
+                      FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(block_r=12)");
+    /* A tile far past any device's memory for it (on CPU devices: 8 MiB of
+     * private arrays per work-item, which once crashed PoCL's work-item stack). */
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 256, FLASHCL_F32, 4096, 0, &plan),
+                      FLASHCL_ERROR_UNSUPPORTED, "block_plan(block_r=4096, d=256)");
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 0, 0, NULL),
+                      FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(plan=NULL)");
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(NULL, 64, FLASHCL_F32, 0, 0, &plan), FLASHCL_ERROR_INVALID_ARGUMENT,
+                      "block_plan(ctx=NULL)");
+#undef EXPECT_PLAN_ERROR
+  }
 }
 
 /* -------------------------------------------------------- workspace size -- */
@@ -563,6 +580,8 @@ static void test_kernel_family(void **state) {
     FCT_CHECK(fam == (flashcl_kernel_family)99, "UNSUPPORTED wrote *family = %d", (int)fam);
     FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "tensor-core") != NULL, "no reason given: \"%s\"",
               flashcl_context_last_error(env->ctx));
+    /* Refusing is right except on an NVIDIA device of compute capability >= 8.0. */
+    fct_mma_unavailable(env->device, "kernel_family(nvidia_mma)", flashcl_context_last_error(env->ctx));
   } else {
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "kernel_family(nvidia_mma)");
     FCT_CHECK(fam == FLASHCL_KERNEL_NVIDIA_MMA, "nvidia_mma on a device that has it: family %d", (int)fam);

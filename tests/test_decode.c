@@ -379,6 +379,8 @@ static void run_decode_case(const dec_case *c) {
     fct_tensor_download(&lse);
     FCT_CHECK(fct_tensor_count_unpoisoned(&o) == 0 && fct_tensor_count_unpoisoned(&lse) == 0,
               "%s: a refused call wrote its outputs", c->name);
+    /* Right everywhere except on an NVIDIA device of compute capability >= 8.0. */
+    fct_mma_unavailable(env->device, c->name, flashcl_context_last_error(env->ctx));
     print_message("[ DECODE   ] %-28s refused on this device, as it should be (%s)\n", c->name,
                   flashcl_context_last_error(env->ctx));
     goto done;
@@ -1225,13 +1227,36 @@ static void test_errors(void **state) {
   {
     fct_tensor_poison(&f.kp);
     fct_tensor_poison(&f.vp);
+    /* The contiguous caches hold random keys: snapshot them, and every failed
+     * append into them must leave them bit-for-bit as they were. */
+    fct_tensor_download(&f.kc);
+    fct_tensor_download(&f.vc);
+    unsigned char *kc0 = malloc(f.kc.bytes), *vc0 = malloc(f.vc.bytes);
+    FCT_CHECK(kc0 && vc0, "malloc failed");
+    memcpy(kc0, f.kc.host, f.kc.bytes);
+    memcpy(vc0, f.vc.host, f.vc.bytes);
+#define EXPECT_CACHE_UNCHANGED(what)                                                                      \
+  do {                                                                                                    \
+    fct_finish();                                                                                         \
+    fct_tensor_download(&f.kc);                                                                           \
+    fct_tensor_download(&f.vc);                                                                           \
+    FCT_CHECK(memcmp(f.kc.host, kc0, f.kc.bytes) == 0 && memcmp(f.vc.host, vc0, f.vc.bytes) == 0,         \
+              "%s: a failed append changed the contiguous cache (k %s, v %s)", what,                      \
+              memcmp(f.kc.host, kc0, f.kc.bytes) ? "changed" : "same",                                    \
+              memcmp(f.vc.host, vc0, f.vc.bytes) ? "changed" : "same");                                   \
+  } while (0)
     flashcl_tensor kn = f.kn.t;
     kn.shape[3] = 32;
     d = d0;
     st = flashcl_kv_cache_append(ctx, &d, &kn, &f.vn.t, &f.kc.t, &f.vc.t, f.lens, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_SHAPE, "append: k_new/v_new shapes differ");
+    EXPECT_CACHE_UNCHANGED("append: k_new/v_new shapes differ");
     st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.small, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_BUFFER_TOO_SMALL, "append: seqlens too small");
+    EXPECT_CACHE_UNCHANGED("append: seqlens too small");
+#undef EXPECT_CACHE_UNCHANGED
+    free(kc0);
+    free(vc0);
     d.block_table = f.bt;
     d.max_pages = 2;
     d.page_size = 0;
@@ -1265,11 +1290,16 @@ static void test_errors(void **state) {
     t = lb.t;
     t.dtype = FLASHCL_F16;
     EXPECT(MERGE(&oa.t, &la.t, &ob.t, &t, &f.o.t, &f.lse.t), FLASHCL_ERROR_DTYPE_MISMATCH, "merge lse dtype");
+    /* The next three cases' o is a view into o_a's buffer, which is what such a
+     * call would write: o_a (poisoned, as it was created) must stay untouched. */
+    fct_tensor_poison(&oa);
     t = oa.t;
     t.offset = 4;
     EXPECT(MERGE(&oa.t, &la.t, &ob.t, &lb.t, &t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "merge o past its buffer");
+    expect_untouched(&oa, "merge o past its buffer (o_a's buffer)");
     t.shape[0] = 1;
     EXPECT(MERGE(&oa.t, &la.t, &ob.t, &lb.t, &t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "merge o shape");
+    expect_untouched(&oa, "merge o shape (o_a's buffer)");
     {
       /* o shifted by one row inside o_a: overlapping but not identical. */
       flashcl_tensor ov = oa.t, oav = oa.t, obv = ob.t;
@@ -1280,6 +1310,7 @@ static void test_errors(void **state) {
       st = MERGE(&oav, &lav, &obv, &lbv, &ov, &lov);
       FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "merge partial overlap");
       fct_finish();
+      expect_untouched(&oa, "merge partial overlap (o_a's buffer, which holds o)");
       expect_untouched(&f.lse, "merge partial overlap");
     }
 #undef MERGE

@@ -3,7 +3,8 @@
  *
  * On a device without the path (PoCL, other vendors, NVIDIA below compute
  * capability 8.0) an explicit request must fail with FLASHCL_ERROR_UNSUPPORTED
- * and a reason, while AUTO keeps working; the accuracy tests then skip. On a
+ * and a reason, while AUTO keeps working; the accuracy tests then skip. On an
+ * NVIDIA device of compute capability >= 8.0 the path being unavailable fails. On a
  * device with it, fp16/bf16 outputs and LSE are compared with a double-precision
  * reference over head dims 16 to 256, causal, GQA, varlen, ragged N, strided and
  * offset layouts, and the problems it does not cover (d = 136, unaligned rows)
@@ -118,6 +119,7 @@ static size_t download(const flashcl_tensor *t, float *x) {
 }
 
 static int mma_available;
+static char mma_reason[512] = "test_selection did not run"; /* why it is not available */
 
 static int setup(void **state) {
   (void)state;
@@ -267,6 +269,9 @@ static void test_selection(void **state) {
     const char *msg = flashcl_context_last_error(ctx);
     if (!strstr(msg, "tensor-core")) fail_msg("last error does not give the reason: \"%s\"", msg);
     mma_available = 0;
+    snprintf(mma_reason, sizeof mma_reason, "%s", msg);
+    /* Refusing is right except on an NVIDIA device of compute capability >= 8.0. */
+    fct_mma_unavailable(flashcl_context_cl_device(ctx), "explicit NVIDIA_MMA forward", msg);
   }
   assert_int_equal(run_case(&small_case, FLASHCL_KERNEL_AUTO, &rel, &lerr, &bad), FLASHCL_SUCCESS);
   assert_true(case_ok(&small_case, rel, lerr, bad));
@@ -277,6 +282,8 @@ static void test_selection(void **state) {
 static void test_accuracy(void **state) {
   (void)state;
   if (!mma_available) {
+    /* Fails on an NVIDIA device of compute capability >= 8.0, else a skip. */
+    fct_mma_unavailable(flashcl_context_cl_device(ctx), "tensor-core accuracy", mma_reason);
     skip();
     return;
   }

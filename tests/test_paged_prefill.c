@@ -31,6 +31,19 @@ static void upload(fct_tensor *t) {
 
 static cl_mem int_buffer(const int32_t *v, size_t n) { return fct_create_buffer(n * sizeof(int32_t), v); }
 
+/* Elements of t's buffer outside its view whose bits are no longer the poison
+ * (call after fct_tensor_download): 0 unless a kernel wrote past the view, into
+ * the guard after it. */
+static size_t written_outside_view(const fct_tensor *t) {
+  size_t inside = 0;
+  for (int64_t b = 0; b < t->t.shape[0]; b++)
+    for (int64_t n = 0; n < t->t.shape[1]; n++)
+      for (int64_t h = 0; h < t->t.shape[2]; h++)
+        for (int64_t x = 0; x < t->t.shape[3]; x++)
+          inside += fct_is_poison(t->t.dtype, t->host, fct_tensor_index(t, b, n, h, x)) ? 0 : 1;
+  return fct_tensor_count_unpoisoned(t) - inside;
+}
+
 static void contiguous_tensor(fct_tensor *t, flashcl_dtype dtype, int64_t B, int64_t N, int64_t H, int64_t D) {
   int64_t shape[4] = {B, N, H, D}, stride[4] = {N * H * D, H * D, D, 1};
   fct_tensor_create_custom(t, dtype, (size_t)(B * N * H * D) * fct_dtype_size(dtype), 0, shape, stride);
@@ -169,11 +182,14 @@ static void run_case(const pp_case *pc) {
   }
   if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
       !fct_mma_ready(pc->name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
+    /* No tensor-core path here (fct_mma_ready fails the test on an NVIDIA device
+     * of compute capability >= 8.0): an explicit skip. */
     if (cub) clReleaseMemObject(cub);
     fct_tensor_release(&q);
     fct_tensor_release(&o);
     fct_tensor_release(&lse);
     cache_release(&c);
+    skip();
     return;
   }
   if (pc->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
@@ -234,6 +250,10 @@ static void run_case(const pp_case *pc) {
   FCT_CHECK(err <= fct_tolerance(pc->dtype), "%s: O rel L2 %.3g > %.3g", pc->name, err, fct_tolerance(pc->dtype));
   FCT_CHECK(lerr <= fct_lse_tolerance(pc->dtype), "%s: LSE rel L2 %.3g > %.3g", pc->name, lerr,
             fct_lse_tolerance(pc->dtype));
+  /* The 64-element guards after o and lse are still poison: nothing written past the views. */
+  const size_t o_out = written_outside_view(&o), l_out = written_outside_view(&lse);
+  FCT_CHECK(o_out == 0 && l_out == 0, "%s: %zu element(s) of o's buffer and %zu of lse's outside the views written",
+            pc->name, o_out, l_out);
   if (cub) clReleaseMemObject(cub);
   fct_tensor_release(&q);
   fct_tensor_release(&o);
@@ -419,6 +439,7 @@ static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_
   cl_mem alibi = fct_create_buffer(sizeof slopes, slopes);
   /* The tensor-core kernels run only the flash path. */
   const int last = kernel == FLASHCL_KERNEL_NVIDIA_MMA ? FLASHCL_ALGO_FLASH : FLASHCL_ALGO_NAIVE;
+  int no_mma = 0;
   for (int algo = FLASHCL_ALGO_FLASH; algo <= last; algo++) {
     fct_tensor *outs[4] = {&op, &oc, &lp, &lc};
     for (int i = 0; i < 4; i++) fct_tensor_poison(outs[i]);
@@ -434,8 +455,10 @@ static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_
     dp.seed = 0x1234567890abcdefull;
     dp.offset = 77;
     dp.kernel = kernel;
-    if (kernel == FLASHCL_KERNEL_NVIDIA_MMA && !fct_mma_ready(name, &dp, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD))
+    if (kernel == FLASHCL_KERNEL_NVIDIA_MMA && !fct_mma_ready(name, &dp, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
+      no_mma = 1; /* skipped below, after the release */
       break;
+    }
     dc = dp;
     dc.kv_block_table = NULL;
     dc.kv_seqlens = NULL;
@@ -474,6 +497,7 @@ static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_
   fct_tensor *all[] = {&kf, &vf, &q, &op, &oc, &lp, &lc};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fct_tensor_release(all[i]);
   cache_release(&c);
+  if (no_mma) skip(); /* no tensor-core path (fct_mma_ready failed the test where one is required) */
 }
 
 /* Batched tree verification: each sequence's draft tokens (its last Nq_s keys,
@@ -527,7 +551,9 @@ static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_famil
   desc.max_seqlen_k = LK;
   desc.mask_kind = FLASHCL_MASK_BITS;
   desc.mask = mask;
-  if (kernel != FLASHCL_KERNEL_NVIDIA_MMA || fct_mma_ready(name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
+  const int run = kernel != FLASHCL_KERNEL_NVIDIA_MMA ||
+                  fct_mma_ready(name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD);
+  if (run) {
     FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q.t, &c.k.t, &c.v.t, &o.t, &lse.t, 0, NULL, NULL),
                      FLASHCL_SUCCESS, "%s: paged varlen forward with a tree mask", name);
     fct_finish();
@@ -574,6 +600,10 @@ static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_famil
     FCT_CHECK(sqrt(num / den) <= fct_tolerance(dt), "%s: O rel L2 %.3g > %.3g", name, sqrt(num / den),
               fct_tolerance(dt));
     FCT_CHECK(sqrt(lnum / lden) <= fct_lse_tolerance(dt), "%s: LSE rel L2 %.3g", name, sqrt(lnum / lden));
+    /* The 64-element guards after o and lse are still poison. */
+    const size_t o_out = written_outside_view(&o), l_out = written_outside_view(&lse);
+    FCT_CHECK(o_out == 0 && l_out == 0, "%s: %zu element(s) of o's buffer and %zu of lse's outside the views written",
+              name, o_out, l_out);
   }
   free(bits);
   clReleaseMemObject(mask);
@@ -582,6 +612,7 @@ static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_famil
   fct_tensor_release(&o);
   fct_tensor_release(&lse);
   cache_release(&c);
+  if (!run) skip(); /* no tensor-core path (fct_mma_ready failed the test where one is required) */
 }
 
 /* A comparison run once per kernel family: fp32 on AUTO (the portable kernels on

@@ -737,8 +737,12 @@ static void sp_fill_helpers(void **state) {
   FCT_CHECK(n == 6, "mask_words(3, 33) = %zu", n);
   FCT_CHECK_STATUS(flashcl_mask_words(5, 32, &n), FLASHCL_SUCCESS, "mask_words(5, 32)");
   FCT_CHECK(n == 5, "mask_words(5, 32) = %zu", n);
+  /* Error calls: the exact status, and *words (a sentinel) left unchanged. */
+  n = (size_t)0xA5A5A5A5u;
   FCT_CHECK_STATUS(flashcl_mask_words(0, 1, &n), FLASHCL_ERROR_INVALID_ARGUMENT, "mask_words(0, 1)");
+  FCT_CHECK(n == (size_t)0xA5A5A5A5u, "mask_words(0, 1) failed but wrote *words = %zu", n);
   FCT_CHECK_STATUS(flashcl_mask_words(1, -3, &n), FLASHCL_ERROR_INVALID_ARGUMENT, "mask_words(1, -3)");
+  FCT_CHECK(n == (size_t)0xA5A5A5A5u, "mask_words(1, -3) failed but wrote *words = %zu", n);
   FCT_CHECK_STATUS(flashcl_mask_words(1, 1, NULL), FLASHCL_ERROR_INVALID_ARGUMENT, "mask_words NULL");
 
   /* LOCAL w = 2, 4 x 4: |i - j| < 2. */
