@@ -529,6 +529,60 @@ static const dec_case DEC_CASES[] = {
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
 
+/* K and V interleaved in one page pool, [pages][2][page][Hkv][d] (FlashInfer's
+ * layout): the two cache views share a buffer but no element, so the append
+ * takes them, and writes exactly the new tokens' slots, across a page boundary,
+ * through a shuffled block table. */
+static void test_append_interleaved_pool(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  enum { PAGES = 4, P = 16, H = 2, D = 64, T = 5, LEN = 14 };
+  const int32_t table[PAGES] = {2, 0, 3, 1};
+  const int64_t shape[4] = {PAGES, P, H, D}, stride[4] = {2 * P * H * D, H * D, D, 1};
+  fct_rng rng;
+  fct_rng_init(&rng, "decode/append_interleaved");
+  fct_tensor pool, kn, vn;
+  fct_tensor_create_custom(&pool, FLASHCL_F32, (size_t)PAGES * 2 * P * H * D * 4, 0, shape, stride);
+  fct_tensor_poison(&pool);
+  flashcl_tensor vview = pool.t;
+  vview.offset = (size_t)P * H * D * 4;
+  contiguous_tensor(&kn, FLASHCL_F32, 1, T, H, D);
+  contiguous_tensor(&vn, FLASHCL_F32, 1, T, H, D);
+  fct_tensor_fill_random(&kn, &rng);
+  fct_tensor_fill_random(&vn, &rng);
+  flashcl_decode_desc desc;
+  flashcl_decode_desc_init(&desc);
+  desc.page_size = P;
+  desc.max_pages = PAGES;
+  desc.block_table = int_buffer(table, PAGES);
+  const int32_t len = LEN;
+  cl_mem lens = int_buffer(&len, 1);
+  flashcl_status st = flashcl_kv_cache_append(env->ctx, &desc, &kn.t, &vn.t, &pool.t, &vview, lens, 0, NULL, NULL);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "append into an interleaved K|V pool");
+  fct_finish();
+  fct_tensor_download(&pool);
+  size_t bad = 0;
+  for (int t = 0; t < T; t++) {
+    const int j = LEN + t, page = table[j / P], slot = j % P;
+    for (int h = 0; h < H; h++)
+      for (int x = 0; x < D; x++) {
+        const size_t ki = (size_t)page * stride[0] + (size_t)slot * stride[1] + (size_t)h * D + x;
+        const size_t vi = ki + vview.offset / 4;
+        if (fct_load(FLASHCL_F32, pool.host, ki) != fct_tensor_get(&kn, 0, t, h, x)) bad++;
+        if (fct_load(FLASHCL_F32, pool.host, vi) != fct_tensor_get(&vn, 0, t, h, x)) bad++;
+      }
+  }
+  FCT_CHECK(bad == 0, "interleaved pool: %zu K/V elements differ from the new tokens", bad);
+  FCT_CHECK(fct_tensor_count_unpoisoned(&pool) == (size_t)2 * T * H * D,
+            "interleaved pool: %zu elements written, want exactly the %d new K and V rows",
+            fct_tensor_count_unpoisoned(&pool), T);
+  clReleaseMemObject(lens);
+  clReleaseMemObject(desc.block_table);
+  fct_tensor_release(&pool);
+  fct_tensor_release(&kn);
+  fct_tensor_release(&vn);
+}
+
 /* A corrupt block table (indices far outside the pool) reads clamped pages: the
  * call succeeds and the outputs stay finite. */
 static void test_decode_corrupt_block_table(void **state) {
@@ -1326,7 +1380,7 @@ static void test_errors(void **state) {
 
 int main(void) {
   enum { NDEC = sizeof DEC_CASES / sizeof DEC_CASES[0] };
-  struct CMUnitTest tests[NDEC + 8];
+  struct CMUnitTest tests[NDEC + 16];
   size_t n = 0;
   tests[n++] = (struct CMUnitTest){"merge_split_ranges", test_merge_split_ranges, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"merge_assoc_f32", test_merge_assoc_f32, NULL, NULL, NULL};
@@ -1335,6 +1389,7 @@ int main(void) {
   for (size_t i = 0; i < NDEC; i++)
     tests[n++] = (struct CMUnitTest){DEC_CASES[i].name, test_decode_case, NULL, NULL, (void *)&DEC_CASES[i]};
   tests[n++] = (struct CMUnitTest){"decode_corrupt_block_table", test_decode_corrupt_block_table, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"append_interleaved_pool", test_append_interleaved_pool, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_auto_splits", test_decode_auto_splits, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_cached_scratch", test_decode_cached_scratch, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"decode_errors", test_errors, NULL, NULL, NULL};
