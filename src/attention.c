@@ -24,10 +24,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
   if (st != FLASHCL_SUCCESS) return st;
   /* Work-groups write o and lse while others still read q, k and v. */
-  if (fcl_view_self_overlaps(o) || (lse && fcl_view_self_overlaps(lse)))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
-                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
-                    "memory");
+  if ((st = fcl_check_outputs_distinct(ctx, o, lse))) return st;
   if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, k, 0) || fcl_views_conflict(o, v, 0) ||
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, k, 0) || fcl_views_conflict(lse, v, 0) ||
       fcl_views_conflict(lse, o, 0))

@@ -250,32 +250,15 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
-  if ((o && fcl_view_self_overlaps(o)) || (lse && fcl_view_self_overlaps(lse)))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
-                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
-                    "memory");
+  if ((st = fcl_check_outputs_distinct(ctx, o, lse))) return st;
   if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, kc, 0) || fcl_views_conflict(o, vc, 0) ||
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, kc, 0) || fcl_views_conflict(lse, vc, 0) ||
       fcl_views_conflict(lse, o, 0))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, the caches or each other");
   if (desc->workspace && desc->workspace_offset % sizeof(float))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
-  if (desc->window_left < -1 || desc->window_right < -1)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                    "desc.window_left/window_right (%d, %d) must be -1 (unbounded) or >= 0", desc->window_left,
-                    desc->window_right);
-  if (!(desc->softcap >= 0.0f) || !isfinite(desc->softcap))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.softcap must be 0 (off) or finite and > 0, got %g",
-                    (double)desc->softcap);
-  if (desc->alibi_slopes) {
-    int ok;
-    const size_t have = fcl_mem_size(desc->alibi_slopes, &ok), need = (size_t)hq * sizeof(float);
-    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.alibi_slopes is not a valid cl_mem");
-    if (have < need)
-      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                      "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
-                      have);
-  }
+  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes, hq)))
+    return st;
   if (desc->tree_mask) {
     int ok;
     const size_t have = fcl_mem_size(desc->tree_mask, &ok);

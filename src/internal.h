@@ -249,5 +249,11 @@ flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const cha
 int fcl_views_conflict(const flashcl_tensor *out, const flashcl_tensor *in, int allow_same);
 /* 1 if two indices of t can name the same element (an output written twice). */
 int fcl_view_self_overlaps(const flashcl_tensor *t);
+/* FLASHCL_ERROR_INVALID_STRIDE if o or lse (either may be NULL) names an element twice. */
+flashcl_status fcl_check_outputs_distinct(flashcl_context *ctx, const flashcl_tensor *o, const flashcl_tensor *lse);
+/* The score variants' fields: window bounds >= -1, softcap 0 or finite > 0, ALiBi
+ * slopes (NULL or >= hq floats). */
+flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int window_right, float softcap,
+                                  cl_mem alibi_slopes, int64_t hq);
 
 #endif

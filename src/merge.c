@@ -126,10 +126,7 @@ flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *
                   ls[i]->shape[2] != o_a->shape[2] || ls[i]->shape[3] != 1))
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s must have logical shape (batch, seqlen, heads, 1)",
                       lnames[i]);
-  if (fcl_view_self_overlaps(o) || (lse && fcl_view_self_overlaps(lse)))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
-                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
-                    "memory");
+  if ((st = fcl_check_outputs_distinct(ctx, o, lse))) return st;
   if (fcl_views_conflict(o, o_a, 1) || fcl_views_conflict(o, o_b, 1) || fcl_views_conflict(o, lse_a, 0) ||
       fcl_views_conflict(o, lse_b, 0) || fcl_views_conflict(lse, lse_a, 1) || fcl_views_conflict(lse, lse_b, 1) ||
       fcl_views_conflict(lse, o_a, 0) || fcl_views_conflict(lse, o_b, 0) || fcl_views_conflict(lse, o, 0))

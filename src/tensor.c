@@ -130,6 +130,35 @@ flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, c
   return FLASHCL_SUCCESS;
 }
 
+flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int window_right, float softcap,
+                                  cl_mem alibi_slopes, int64_t hq) {
+  if (window_left < -1 || window_right < -1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "desc.window_left/window_right (%d, %d) must be -1 (unbounded) or >= 0", window_left,
+                    window_right);
+  if (!(softcap >= 0.0f) || !isfinite(softcap))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.softcap must be 0 (off) or finite and > 0, got %g",
+                    (double)softcap);
+  if (alibi_slopes) {
+    size_t have = 0, need = (size_t)hq * sizeof(float);
+    if (clGetMemObjectInfo(alibi_slopes, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.alibi_slopes is not a valid cl_mem");
+    if (have < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                      "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
+                      have);
+  }
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_check_outputs_distinct(flashcl_context *ctx, const flashcl_tensor *o, const flashcl_tensor *lse) {
+  if ((o && fcl_view_self_overlaps(o)) || (lse && fcl_view_self_overlaps(lse)))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
+                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
+                    "memory");
+  return FLASHCL_SUCCESS;
+}
+
 static int fcl_same_shape(const flashcl_tensor *a, const flashcl_tensor *b) {
   return a->shape[0] == b->shape[0] && a->shape[1] == b->shape[1] && a->shape[2] == b->shape[2] &&
          a->shape[3] == b->shape[3];
@@ -249,14 +278,6 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1), got %g",
                     (double)desc->dropout_p);
 
-  if (desc->window_left < -1 || desc->window_right < -1)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                    "desc.window_left/window_right (%d, %d) must be -1 (unbounded) or >= 0", desc->window_left,
-                    desc->window_right);
-  if (!(desc->softcap >= 0.0f) || !isfinite(desc->softcap))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.softcap must be 0 (off) or finite and > 0, got %g",
-                    (double)desc->softcap);
-
   int64_t d = q->shape[3];
   if (k->shape[3] != d || v->shape[3] != d)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
@@ -285,15 +306,8 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
               lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, seqlen_q, heads_q, 1)");
 
-  if (desc->alibi_slopes) {
-    size_t have = 0, need = (size_t)hq * sizeof(float);
-    if (clGetMemObjectInfo(desc->alibi_slopes, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.alibi_slopes is not a valid cl_mem");
-    if (have < need)
-      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                      "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
-                      have);
-  }
+  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes, hq)))
+    return st;
 
   memset(p, 0, sizeof *p);
   p->dtype = q->dtype;
