@@ -24,7 +24,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
   if (st != FLASHCL_SUCCESS) return st;
   /* Work-groups write o and lse while others still read q, k and v. */
-  if ((st = fcl_check_outputs_distinct(ctx, o, lse))) return st;
+  if ((st = fcl_check_output_distinct(ctx, o, "o")) || (st = fcl_check_output_distinct(ctx, lse, "lse"))) return st;
   if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, k, 0) || fcl_views_conflict(o, v, 0) ||
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, k, 0) || fcl_views_conflict(lse, v, 0) ||
       fcl_views_conflict(lse, o, 0))

@@ -393,10 +393,9 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
       (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
     return st;
-  if (fcl_view_self_overlaps(dq) || fcl_view_self_overlaps(dk) || fcl_view_self_overlaps(dv))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
-                    "dq, dk or dv names one element twice (a zero or too small stride): each gradient element needs "
-                    "its own memory");
+  if ((st = fcl_check_output_distinct(ctx, dq, "dq")) || (st = fcl_check_output_distinct(ctx, dk, "dk")) ||
+      (st = fcl_check_output_distinct(ctx, dv, "dv")))
+    return st;
   {
     const flashcl_tensor *outs[3] = {dq, dk, dv}, *ins[6] = {q, k, v, o, lse, d_o};
     static const char *on[3] = {"dq", "dk", "dv"}, *in_names[6] = {"q", "k", "v", "o", "lse", "d_o"};

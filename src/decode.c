@@ -250,7 +250,7 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
-  if ((st = fcl_check_outputs_distinct(ctx, o, lse))) return st;
+  if ((st = fcl_check_output_distinct(ctx, o, "o")) || (st = fcl_check_output_distinct(ctx, lse, "lse"))) return st;
   if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, kc, 0) || fcl_views_conflict(o, vc, 0) ||
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, kc, 0) || fcl_views_conflict(lse, vc, 0) ||
       fcl_views_conflict(lse, o, 0))

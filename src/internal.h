@@ -244,13 +244,13 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
                                   const flashcl_tensor *vc, int batch, fcl_kv_layout *out);
 /* An int32 buffer of at least batch entries. */
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch);
-/* 1 if validated views out and in share bytes of one cl_mem (identical views are
- * allowed when allow_same). NULL never conflicts. */
+/* 1 if validated views out and in may share bytes of one cl_mem: their byte
+ * ranges overlap and they are not provably interleaved (src/tensor.c);
+ * identical views are allowed when allow_same. NULL never conflicts. */
 int fcl_views_conflict(const flashcl_tensor *out, const flashcl_tensor *in, int allow_same);
-/* 1 if two indices of t can name the same element (an output written twice). */
-int fcl_view_self_overlaps(const flashcl_tensor *t);
-/* FLASHCL_ERROR_INVALID_STRIDE if o or lse (either may be NULL) names an element twice. */
-flashcl_status fcl_check_outputs_distinct(flashcl_context *ctx, const flashcl_tensor *o, const flashcl_tensor *lse);
+/* FLASHCL_ERROR_INVALID_STRIDE if the output view t (NULL: none) can name one
+ * element twice, so that two work-items would write it. */
+flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_tensor *t, const char *name);
 /* The score variants' fields: window bounds >= -1, softcap 0 or finite > 0, ALiBi
  * slopes (NULL or >= hq floats). */
 flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int window_right, float softcap,

@@ -5,6 +5,7 @@
 #include "internal.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -151,11 +152,94 @@ flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int win
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_check_outputs_distinct(flashcl_context *ctx, const flashcl_tensor *o, const flashcl_tensor *lse) {
-  if ((o && fcl_view_self_overlaps(o)) || (lse && fcl_view_self_overlaps(lse)))
+/* Byte range [begin, end) a validated tensor can touch. */
+static void fcl_byte_range(const flashcl_tensor *t, size_t *begin, size_t *end) {
+  size_t last = 0;
+  for (int i = 0; i < 4; i++) last += (size_t)(t->shape[i] - 1) * (size_t)t->stride[i];
+  *begin = t->offset;
+  *end = t->offset + (last + 1) * flashcl_dtype_size(t->dtype);
+}
+
+static int fcl_same_view(const flashcl_tensor *a, const flashcl_tensor *b) {
+  if (a->buffer != b->buffer || a->offset != b->offset || a->dtype != b->dtype) return 0;
+  for (int i = 0; i < 4; i++)
+    if (a->shape[i] != b->shape[i] || a->stride[i] != b->stride[i]) return 0;
+  return 1;
+}
+
+/* Bytes a view spans within one period S (bytes): its dims whose byte stride is
+ * a multiple of S only move it by whole periods; the others add their extent.
+ * Returns the span, which is > S when the view does not fit in a period. */
+static uint64_t fcl_inner_span(const flashcl_tensor *t, uint64_t S) {
+  const uint64_t es = flashcl_dtype_size(t->dtype);
+  uint64_t span = es;
+  for (int i = 0; i < 4; i++) {
+    const uint64_t st = (uint64_t)t->stride[i] * es;
+    if (t->shape[i] > 1 && st % S) span += (uint64_t)(t->shape[i] - 1) * st;
+  }
+  return span;
+}
+
+/* 1 if the two views provably touch no common byte although their byte ranges
+ * overlap: for some period S (a byte stride of either view), every element of
+ * each lies in a window [offset, offset + span) modulo S, and the two windows
+ * are disjoint on the circle of length S. This admits interleaved layouts such
+ * as a packed QKV / dQKV or a K|V page pool ([pages][2][page][H][d]). */
+static int fcl_views_interleave(const flashcl_tensor *a, const flashcl_tensor *b) {
+  const flashcl_tensor *v[2] = {a, b};
+  for (int w = 0; w < 2; w++)
+    for (int i = 0; i < 4; i++) {
+      if (v[w]->shape[i] <= 1 || v[w]->stride[i] <= 0) continue;
+      const uint64_t S = (uint64_t)v[w]->stride[i] * flashcl_dtype_size(v[w]->dtype);
+      const uint64_t ea = fcl_inner_span(a, S), eb = fcl_inner_span(b, S);
+      if (ea + eb > S) continue;
+      const uint64_t ra = a->offset % S, rb = b->offset % S;
+      /* Disjoint arcs [ra, ra + ea) and [rb, rb + eb) on a circle of length S. */
+      const uint64_t d = (rb + S - ra) % S; /* b's start, seen from a's */
+      if (d >= ea && d + eb <= S) return 1;
+    }
+  return 0;
+}
+
+/* 1 if out and in share bytes of one cl_mem without being the same view
+ * (identical views are allowed when allow_same). */
+int fcl_views_conflict(const flashcl_tensor *out, const flashcl_tensor *in, int allow_same) {
+  if (!out || !in || out->buffer != in->buffer) return 0;
+  if (allow_same && fcl_same_view(out, in)) return 0;
+  size_t ob, oe, ib, ie;
+  fcl_byte_range(out, &ob, &oe);
+  fcl_byte_range(in, &ib, &ie);
+  if (!(ob < ie && ib < oe)) return 0;
+  return !fcl_views_interleave(out, in);
+}
+
+/* 1 if two different indices of the view can name the same element: sorted by
+ * stride, each dimension of size > 1 must step past the whole extent of the
+ * smaller ones (sufficient; a zero stride on a dimension of size > 1 fails). */
+static int fcl_view_self_overlaps(const flashcl_tensor *t) {
+  int idx[4] = {0, 1, 2, 3};
+  for (int i = 1; i < 4; i++)
+    for (int j = i; j > 0 && t->stride[idx[j]] < t->stride[idx[j - 1]]; j--) {
+      const int x = idx[j];
+      idx[j] = idx[j - 1];
+      idx[j - 1] = x;
+    }
+  uint64_t extent = 0; /* last element offset of the dims so far */
+  for (int i = 0; i < 4; i++) {
+    const int k = idx[i];
+    if (t->shape[k] <= 1) continue;
+    if ((uint64_t)t->stride[k] <= extent) return 1;
+    extent += (uint64_t)(t->shape[k] - 1) * (uint64_t)t->stride[k];
+  }
+  return 0;
+}
+
+flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_tensor *t, const char *name) {
+  if (t && fcl_view_self_overlaps(t))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
-                    "o or lse names one element twice (a zero or too small stride): each output element needs its own "
-                    "memory");
+                    "%s names one element twice (a zero or too small stride): each output element needs its own "
+                    "memory",
+                    name);
   return FLASHCL_SUCCESS;
 }
 
