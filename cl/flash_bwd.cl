@@ -9,6 +9,7 @@
  *
  *   bwd_preprocess  D_i = rowsum(dO_i * O_i)                        (O(N d));
  *                   with ATOMIC_DQ it also zeroes the fp32 dQ accumulator
+ *                   (all `splits` copies of it)
  *   bwd_dkdv        a work-group owns BLOCK_C keys: K and V stay in local
  *                   memory and dK, dV in registers while Q/dO tiles of BLOCK_R
  *                   rows stream through (see the kernel's comment). With GQA it
@@ -17,7 +18,9 @@
  *                   dQ into an fp32 buffer with compare-and-swap.
  *   bwd_dq          a work-group owns BLOCK_R queries, K/V tiles stream through
  *                   (the deterministic dQ).
- *   bwd_dq_store    converts the fp32 atomic dQ accumulator to the output dtype.
+ *   bwd_dq_store    converts the fp32 atomic dQ accumulator to the output dtype,
+ *                   adding its `splits` copies first (more than one only for
+ *                   the deterministic tensor-core dQ, cl/flash_bwd_mma.cl).
  *
  * Tensors are strided views (batch, seq, head, dim) with unit dim stride;
  * offsets and strides are in elements. Math is fp32. D and the dQ accumulator
@@ -207,7 +210,7 @@ inline void atomic_add_float(volatile __global float *p, float val) {
 #define PRE_ROWS (64 / PRE_TPR)
 __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
     CTENSOR(o), CTENSOR(dout), __global float *dsum, __global float *dq_acc, int padded_q, int heads_q,
-    __global const int *cu_q, int total_q) {
+    __global const int *cu_q, int total_q, int splits) {
   __local float red[64];
   const int tid = get_local_id(0), r = tid / PRE_TPR, x = tid - r * PRE_TPR;
   const int i = get_group_id(0) * PRE_ROWS + r, h = get_global_id(1), b = get_global_id(2);
@@ -220,10 +223,14 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
     acc = (a.x + a.y) + (a.z + a.w) + (c.x + c.y) + (c.z + c.w);
   }
 #if ATOMIC_DQ
-  if (r < PRE_ROWS && i < padded_q)
+  if (r < PRE_ROWS && i < padded_q) {
     /* The accumulator's rows are HEAD_DIM floats, a multiple of 8: the pointer is
      * 32-byte aligned, so this is one vector store, not eight. */
-    *(__global float8 *)(dq_acc + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * x) = (float8)(0.0f);
+    const long split = (long)get_global_size(2) * heads_q * padded_q * HEAD_DIM;
+    for (int sp = 0; sp < splits; sp++)
+      *(__global float8 *)(dq_acc + sp * split + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * x) =
+          (float8)(0.0f);
+  }
 #endif
   red[tid] = acc;
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -647,13 +654,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
  * work-item still took ~0.35 ms for an 8K x 32-head fp16 dQ, about five times
  * the copy time. Hence 16-byte stores where DQ_VEC allows them. */
 __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_q, int heads_q,
-                           __global const int *cu_q, int total_q) {
+                           __global const int *cu_q, int total_q, int splits) {
   const int x = 8 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
   const int b = bh / heads_q, h = bh - b * heads_q;
   const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
   if (i >= sq.y) return;
   const long bb = VARLEN ? 0 : b;
-  const float8 a = vload8(0, dq_acc + ((long)bh * padded_q + i) * HEAD_DIM + x);
+  /* The splits (one unless the deterministic tensor-core dQ wrote several) are
+   * added in a fixed order, so the result does not depend on timing. */
+  const long split = (long)get_global_size(2) * padded_q * HEAD_DIM;
+  __global const float *src = dq_acc + ((long)bh * padded_q + i) * HEAD_DIM + x;
+  float8 a = vload8(0, src);
+  for (int sp = 1; sp < splits; sp++) a += vload8(0, src + sp * split);
   const long di = ROWPTR(dq, bb, sq.x + i, h) + x;
 #if DQ_VEC && DTYPE == 0
   /* Two 16-byte stores: the host guarantees 16-byte alignment, not 32. */

@@ -33,6 +33,15 @@
  *                 work-group adds scale * dS K to the fp32 dQ accumulator with
  *                 red.global.add.f32 (.v2 with VEC_RED); the accumulator is
  *                 zeroed by bwd_preprocess.
+ *                 With DQ_SPLITS = 1 as well, this is the deterministic dQ
+ *                 without a second kernel: work-group x of a grid of `splits`
+ *                 along dimension 0 walks key blocks x, x + splits, ... in
+ *                 order, adding into split x's own accumulator. Each accumulator
+ *                 element then has one writer (the warps split the dQ tile,
+ *                 and the same work-item owns the same elements in every key
+ *                 block) whose adds land in program order, so the sums are
+ *                 bit-reproducible; bwd_dq_store adds the splits in a fixed
+ *                 order. FlashAttention-2's deterministic backward does the same.
  *   bwd_dq_mma    the deterministic dQ: one work-group owns NWARPS * 16 * M_TILES
  *                 queries; Q and dO stay in registers, K/V tiles of BLOCK_C keys
  *                 are double-buffered through cp.async:
@@ -72,6 +81,9 @@
  *              cp.async runs under the current tile's math (needs the local
  *              memory of two tiles: the host uses it where its probe showed
  *              that the device takes more than 48 KiB per work-group)
+ *   DQ_SPLITS  1 (with ATOMIC_DQ): bwd_dkdv_mma loops over key blocks with the
+ *              stride get_num_groups(0), and dq_acc holds get_num_groups(0)
+ *              accumulators of [batch][heads_q][seqlen_q][HEAD_DIM] floats
  *   VEC_RED    1: the atomic dQ adds two floats per red.global.add.v2.f32
  *              (sm_90, PTX ISA 8.1)
  *   V_IN_SMEM  bwd_dkdv_mma: 1 keeps V in its own local tile and re-reads its
@@ -115,6 +127,9 @@
 #endif
 #ifndef VEC_RED
 #define VEC_RED 0
+#endif
+#ifndef DQ_SPLITS
+#define DQ_SPLITS 0
 #endif
 #ifndef V_IN_SMEM
 #define V_IN_SMEM 0
@@ -161,7 +176,8 @@
 #define NT (BLOCK_C / 8)               /* bwd_dq_mma: 8-key n-tiles of S */
 
 #if HEAD_DIM % 16 || HEAD_DIM > 128 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || QBUF < 1 || \
-    QBUF > 2 || (ATOMIC_DQ && (NWARPS % DQ_WQ || (HEAD_DIM / 8) % DQ_WD || DQ_NT % 2 || DQ_NT < 2))
+    QBUF > 2 || (ATOMIC_DQ && (NWARPS % DQ_WQ || (HEAD_DIM / 8) % DQ_WD || DQ_NT % 2 || DQ_NT < 2)) ||     \
+    (DQ_SPLITS && !ATOMIC_DQ)
 #error "unsupported flash_bwd_mma parameters"
 #endif
 
@@ -261,13 +277,25 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   __local float l2s_all[QBUF * BLOCK_R], dss_all[QBUF * BLOCK_R];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int k0 = get_group_id(0) * KV_BLOCK;
   const int hk = get_group_id(1), b = get_group_id(2);
   SEQ_BOUNDS()
-  if (k0 >= nk) return; /* whole work-group leaves together */
   const int diag = nk - nq;
   const uint sb = SADDR(smem);
   const uint kbuf = sb + SM_K;
+#if DQ_SPLITS
+  /* Key blocks split, split + splits, ... in order, each adding into this
+   * split's own accumulator (see DQ_SPLITS above). */
+  __global float *const dq_split =
+      dq_acc + (long)get_group_id(0) * get_num_groups(2) * heads_q * seqlen_q * HEAD_DIM;
+  for (int kblk = get_group_id(0);; kblk += get_num_groups(0)) {
+  const int k0 = kblk * KV_BLOCK;
+  if (k0 >= nk) break; /* whole work-group leaves together */
+  barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's K, Q/dO and dS^T reads are done */
+#else
+  __global float *const dq_split = dq_acc;
+  const int k0 = get_group_id(0) * KV_BLOCK;
+  if (k0 >= nk) return; /* whole work-group leaves together */
+#endif
   uint qbuf = sb + SM_QD, dobuf = qbuf + QD_BYTES / 2;
 
   /* ---- K -> local (stays); V -> local -> registers ---- */
@@ -511,7 +539,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
           }
         }
       }
-      __global float *qacc = dq_acc + ((long)b * heads_q + h) * seqlen_q * HEAD_DIM;
+      __global float *qacc = dq_split + ((long)b * heads_q + h) * seqlen_q * HEAD_DIM;
       #pragma unroll
       for (int mt = 0; mt < 2; mt++)
         #pragma unroll
@@ -551,6 +579,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
       vr[dt * 4] = pack2(dva[dt][2 * hh], dva[dt][2 * hh + 1]);
     }
   }
+#if DQ_SPLITS
+  }
+#endif
 #undef LOAD_STEP
 }
 

@@ -62,9 +62,15 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, NULL, pass, &p);
   if (st != FLASHCL_SUCCESS) return st;
   const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
-  if (pass == FLASHCL_PASS_BACKWARD)
-    return naive ? fcl_naive_backward_workspace(ctx, &p, bytes)
-                 : fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, bytes);
+  if (pass == FLASHCL_PASS_BACKWARD) {
+    if (naive) return fcl_naive_backward_workspace(ctx, &p, bytes);
+    /* The tensor-core choice also depends on o, dO and the gradients being
+     * 16-byte aligned, which this query does not see: it assumes they are like q,
+     * so the figure is the most the call allocates. */
+    int use_mma = 0;
+    if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, q, pass, &use_mma)) != FLASHCL_SUCCESS) return st;
+    return fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, use_mma, bytes);
+  }
   if (naive) return fcl_naive_workspace(ctx, &p, bytes);
   *bytes = 0; /* the fused kernel keeps everything on chip */
   return FLASHCL_SUCCESS;

@@ -4,7 +4,8 @@
  * atomic-mode dQ accumulator), then dK/dV with K/V
  * resident, then dQ with Q resident (deterministic mode) or, in atomic mode, dQ
  * accumulated in fp32 by the dK/dV kernel and converted at the end. Scratch is
- * O(N): D, plus the fp32 dQ accumulator in atomic mode.
+ * O(N): D, plus the fp32 dQ accumulator in atomic mode (or its splits, a
+ * device-dependent number of copies, in the tensor-core deterministic mode).
  *
  * On NVIDIA devices that passed the tensor-core probe (src/flash_mma.c), the
  * dK/dV and dQ kernels are the mma.sync ones of cl/flash_bwd_mma.cl
@@ -14,7 +15,11 @@
  * In deterministic mode the dK/dV and dQ kernels are independent (neither
  * reads the other's output; both read D): on GPUs dQ goes to a second queue
  * of the context so that they overlap, and a barrier on the caller's queue
- * joins them. */
+ * joins them. On the tensor-core path, where the device can be filled that way,
+ * deterministic mode instead has the dK/dV kernel accumulate dQ into split
+ * accumulators with one writer per element (DQ_SPLITS in cl/flash_bwd_mma.cl),
+ * converted like the atomic one: the same bits on every run, at the cost of
+ * the atomic mode rather than of a second pass over K and V. */
 #include "internal.h"
 #include "kernel_args.h"
 
@@ -23,23 +28,42 @@
 
 typedef struct fcl_bwd_sizes {
   size_t dsum;   /* floats of D */
-  size_t dq_acc; /* floats of the atomic dQ accumulator (0 in deterministic mode) */
+  size_t dq_acc; /* floats of the fp32 dQ accumulators (0 with the separate dQ kernel) */
 } fcl_bwd_sizes;
 
-static flashcl_status fcl_bwd_sizes_of(flashcl_context *ctx, const fcl_problem *p, int atomic, fcl_bwd_sizes *z,
+/* How dQ is made. atomic: desc->deterministic == 0, and on return whether the
+ * atomic dQ runs; *splits: the accumulator copies the dK/dV kernel fills (1 in
+ * atomic mode; in deterministic mode on the tensor-core path, the split count
+ * of src/backward_mma.c; 0 when the separate dQ kernel runs). */
+static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, int use_mma, int *atomic, int *splits) {
+  /* deterministic = 0 permits the atomic dQ; where the tensor-core atomic dQ tile
+   * does not divide the head dim, the tensor-core deterministic kernels run (faster
+   * than the portable ones, and bit-reproducible). */
+  if (use_mma && *atomic && !fcl_mma_bwd_covered(ctx, p, 1)) {
+    fcl_log(ctx, "tensor-core atomic dQ has no tile for head_dim %d: running the deterministic dQ kernel",
+            p->head_dim);
+    *atomic = 0;
+  }
+  *splits = *atomic ? 1 : use_mma ? fcl_mma_bwd_dq_splits(ctx, p) : 0;
+}
+
+static flashcl_status fcl_bwd_sizes_of(flashcl_context *ctx, const fcl_problem *p, int splits, fcl_bwd_sizes *z,
                                        size_t *bytes) {
   size_t t;
   int ok = fcl_mul_size((size_t)p->batch * (size_t)p->heads_q, (size_t)p->seqlen_q, &z->dsum);
   z->dq_acc = 0;
-  if (atomic) ok = ok && fcl_mul_size(z->dsum, (size_t)p->head_dim, &z->dq_acc);
+  if (splits) ok = ok && fcl_mul_size(z->dsum, (size_t)p->head_dim, &t) && fcl_mul_size(t, (size_t)splits, &z->dq_acc);
   ok = ok && fcl_add_size(z->dsum, z->dq_acc, &t) && fcl_mul_size(t, sizeof(float), bytes);
   if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "backward workspace size overflows size_t");
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, size_t *bytes) {
+flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, int use_mma,
+                                            size_t *bytes) {
   fcl_bwd_sizes z;
-  return fcl_bwd_sizes_of(ctx, p, atomic, &z, bytes);
+  int splits;
+  fcl_bwd_mode(ctx, p, use_mma, &atomic, &splits);
+  return fcl_bwd_sizes_of(ctx, p, splits, &z, bytes);
 }
 
 /* Tiles and work-item grids of the backward kernels (see cl/flash_bwd.cl). */
@@ -173,21 +197,17 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     fcl_log(ctx, "tensor-core backward needs 16-byte aligned d_o/dq/dk/dv rows: running the portable kernels");
     use_mma = 0;
   }
-  /* deterministic = 0 permits the atomic dQ; where the tensor-core atomic dQ tile
-   * does not divide the head dim, the tensor-core deterministic kernels run (faster
-   * than the portable ones, and bit-reproducible). */
-  if (use_mma && atomic && !fcl_mma_bwd_covered(ctx, p, 1)) {
-    fcl_log(ctx, "tensor-core atomic dQ has no tile for head_dim %d: running the deterministic dQ kernel",
-            p->head_dim);
-    atomic = 0;
-  }
+  int splits;
+  fcl_bwd_mode(ctx, p, use_mma, &atomic, &splits);
+  /* Whether dQ comes out of the fp32 accumulator(s) that bwd_dq_store converts. */
+  const int acc_dq = splits > 0;
   fcl_bwd_plan bp = {0};
   if (!fcl_bwd_make_plan(ctx, p->head_dim, &bp))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
                     p->head_dim, ctx->info.local_mem_size);
   fcl_bwd_sizes z;
   size_t bytes;
-  st = fcl_bwd_sizes_of(ctx, p, atomic, &z, &bytes);
+  st = fcl_bwd_sizes_of(ctx, p, splits, &z, &bytes);
   if (st != FLASHCL_SUCCESS) return st;
   if (bytes > ctx->info.max_mem_alloc_size)
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
@@ -201,8 +221,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
            "-DDQ_VEC=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
-           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, atomic,
-           atomic && fcl_mma_rows_aligned(dq), p->dropout, variants, extra ? " " : "", extra ? extra : "");
+           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, acc_dq,
+           acc_dq && fcl_mma_rows_aligned(dq), p->dropout, variants, extra ? " " : "", extra ? extra : "");
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
                                       "philox.cl+mask.cl+flash_bwd.cl"};
@@ -211,22 +231,22 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   cl_kernel k_pre, k_dkdv = NULL, k_dq = NULL;
   fcl_mma_bwd_launch mma;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
-      (atomic && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_store", &k_dq))))
+      (acc_dq && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_store", &k_dq))))
     return st;
   if (use_mma) {
-    if ((st = fcl_mma_backward_kernels(ctx, p, atomic, &mma))) return st;
+    if ((st = fcl_mma_backward_kernels(ctx, p, atomic, atomic ? 0 : splits, &mma))) return st;
     k_dkdv = mma.dkdv;
-    if (!atomic) k_dq = mma.dq;
+    if (!acc_dq) k_dq = mma.dq;
   } else if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
-             (!atomic && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq", &k_dq)))) {
+             (!acc_dq && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq", &k_dq)))) {
     return st;
   }
   /* Every portable kernel must take its planned work-group before anything is
    * enqueued, so that a refusal never leaves dK/dV written and dQ not. */
   {
-    const cl_kernel ks[3] = {k_pre, use_mma ? NULL : k_dkdv, use_mma && !atomic ? NULL : k_dq};
+    const cl_kernel ks[3] = {k_pre, use_mma ? NULL : k_dkdv, use_mma && !acc_dq ? NULL : k_dq};
     static const char *kn[3] = {"bwd_preprocess", "bwd_dkdv", "bwd_dq"};
-    const size_t want[3] = {64, (size_t)bp.threads, atomic ? 0 : (size_t)bp.threads};
+    const size_t want[3] = {64, (size_t)bp.threads, acc_dq ? 0 : (size_t)bp.threads};
     for (int i = 0; i < 3; i++) {
       size_t kwg = 0;
       if (ks[i] && want[i] &&
@@ -243,7 +263,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   cl_mem dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dsum * sizeof(float), NULL, &err);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "allocating the backward scratch (D)");
   cl_mem acc = NULL;
-  if (atomic) {
+  if (acc_dq) {
     acc = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dq_acc * sizeof(float), NULL, &err);
     if (err != CL_SUCCESS) {
       clReleaseMemObject(dsum);
@@ -252,18 +272,19 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   }
   const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
   const int tq = (int)q->shape[1], tk = (int)k->shape[1], group = p->heads_q / p->heads_kv;
-  cl_event pre_done = NULL; /* D is ready (and, in atomic mode, the accumulator zeroed) */
+  cl_event pre_done = NULL; /* D is ready (and the dQ accumulators zeroed) */
   size_t local[3] = {(size_t)bp.threads, 1, 1};
 
   fcl_args a = {k_pre, 0, CL_SUCCESS};
   fcl_arg_tensor(&a, o);
   fcl_arg_tensor(&a, d_o);
   fcl_arg_mem(&a, dsum);
-  fcl_arg_mem(&a, acc); /* zeroed by the preprocess in atomic mode */
+  fcl_arg_mem(&a, acc); /* zeroed by the preprocess (every split) */
   fcl_arg_int(&a, p->seqlen_q);
   fcl_arg_int(&a, p->heads_q);
   fcl_arg_mem(&a, cu_q);
   fcl_arg_int(&a, tq);
+  fcl_arg_int(&a, splits);
   if (a.err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_preprocess)");
     goto done;
@@ -292,23 +313,24 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   size_t kblocks = ((size_t)p->seqlen_k + bp.bc - 1) / bp.bc;
   size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
-  cl_command_queue side = !atomic && fcl_bwd_concurrent(ctx) ? fcl_side_queue(ctx) : NULL;
+  cl_command_queue side = !acc_dq && fcl_bwd_concurrent(ctx) ? fcl_side_queue(ctx) : NULL;
   err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
                                use_mma ? mma.local : local, 1, &pre_done,
-                               atomic || side ? &dkdv_done : NULL);
+                               acc_dq || side ? &dkdv_done : NULL);
   if (err != CL_SUCCESS) {
     st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
     goto done;
   }
 
   a = (fcl_args){k_dq, 0, CL_SUCCESS};
-  if (atomic) {
+  if (acc_dq) {
     fcl_arg_mem(&a, acc);
     fcl_arg_tensor(&a, dq);
     fcl_arg_int(&a, p->seqlen_q);
     fcl_arg_int(&a, p->heads_q);
     fcl_arg_mem(&a, cu_q);
     fcl_arg_int(&a, tq);
+    fcl_arg_int(&a, splits);
   } else if (!use_mma) { /* bwd_dq_mma got its arguments with bwd_dkdv_mma's */
     fcl_arg_bwd_dq_head(&a, q, k, v, d_o, dq, lse, dsum);
     fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
@@ -318,7 +340,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(dQ)");
     goto done;
   }
-  if (atomic) {
+  if (acc_dq) {
     size_t g[3] = {(size_t)p->head_dim / 8, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
     /* The last command must cover dK/dV too: on an out-of-order queue waiting on
      * the dK/dV event is what orders it. */

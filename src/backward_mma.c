@@ -95,10 +95,54 @@ int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int at
   return p->head_dim % 16 == 0 && p->head_dim <= 128 && fcl_mma_bwd_pick(ctx, p, atomic, &c);
 }
 
-flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic,
+/* The split count of the deterministic dQ that bwd_dkdv_mma accumulates itself
+ * (DQ_SPLITS, cl/flash_bwd_mma.cl), or 0 for the separate bwd_dq_mma kernel.
+ *
+ * Each of the batch * heads_kv * splits work-groups walks ceil(kblocks / splits)
+ * key blocks in turn, and the tile configurations hold one work-group per
+ * compute unit (255 registers x 256 work-items), so the time goes as
+ * waves(batch * heads_kv * splits) * ceil(kblocks / splits): the split count
+ * minimising that, the smallest on a tie, up to 16. The separate dQ kernel costs
+ * three more matrix products per tile (S and dP recomputed) but fills the
+ * device with independent work-groups, so it stays where the splits would
+ * leave more than a quarter of the compute units idle (few heads, a small
+ * batch), and where the splits' accumulators (four bytes per dQ element each)
+ * would take more than an eighth of the device memory or one allocation.
+ * FLASHCL_BWD_DQ_SPLITS=n forces n splits (0: the separate kernel). */
+int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
+  fcl_mma_bwd_config c;
+  if (!fcl_mma_bwd_covered(ctx, p, 1) || !fcl_mma_bwd_pick(ctx, p, 1, &c)) return 0;
+  const long kblocks = ((long)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
+  const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
+  /* Bytes of one accumulator (it is never larger than the scratch the atomic
+   * mode allocates, whose size arithmetic src/backward.c checks). */
+  const double one = (double)p->batch * p->heads_q * p->seqlen_q * p->head_dim * sizeof(float);
+  const double cap_all = (double)ctx->info.global_mem_size / 8, cap_one = (double)ctx->info.max_mem_alloc_size;
+  const char *env = getenv("FLASHCL_BWD_DQ_SPLITS");
+  if (env && *env) {
+    char *end;
+    const long n = strtol(env, &end, 10);
+    if (!*end && n >= 0 && n <= 256) return n * one <= cap_one ? (int)n : 0;
+  }
+  int best = 0;
+  long best_cost = 0;
+  for (long s = 1; s <= 16 && s <= kblocks; s++) {
+    if (s * one > cap_all || s * one > cap_one) break;
+    const long cost = (units * s + cus - 1) / cus * ((kblocks + s - 1) / s);
+    if (!best || cost < best_cost) {
+      best = (int)s;
+      best_cost = cost;
+    }
+  }
+  if (!best) return 0;
+  const long wgs = units * best, slots = (wgs + cus - 1) / cus * cus;
+  return 4 * wgs >= 3 * slots ? best : 0;
+}
+
+flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
                                         fcl_mma_bwd_launch *L) {
   fcl_mma_bwd_config c;
-  if (!fcl_mma_bwd_pick(ctx, p, atomic, &c))
+  if (!fcl_mma_bwd_pick(ctx, p, atomic || splits > 0, &c))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   char opts[640], variants[64];
@@ -106,24 +150,27 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DNWARPS=%d -DBLOCK_R=%d -DM_TILES=%d -DBLOCK_C=%d "
-           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DQBUF=%d -DVEC_RED=%d -DV_IN_SMEM=%d -DDROPOUT=%d%s%s%s",
-           (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen, atomic,
-           c.qbuf, c.vec_red, c.v_in_smem, p->dropout, variants,
+           "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DDQ_SPLITS=%d -DQBUF=%d -DVEC_RED=%d -DV_IN_SMEM=%d "
+           "-DDROPOUT=%d%s%s%s",
+           (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen,
+           atomic || splits > 0, splits > 0, c.qbuf, c.vec_red, c.v_in_smem, p->dropout, variants,
            extra ? " " : "", extra ? extra : "");
   char src[96];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
   flashcl_status st;
+  L->dq = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq)))
+      (!splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))))
     return st;
   if (getenv("FLASHCL_MMA_BUILD_LOG")) {
     fcl_mma_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
-    fcl_mma_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
+    if (L->dq) fcl_mma_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
   }
   const int threads = c.nwarps * 32;
   for (int i = 0; i < 2; i++) {
     size_t kwg = 0;
-    if (clGetKernelWorkGroupInfo(i ? L->dq : L->dkdv, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg,
+    if ((i ? L->dq : L->dkdv) &&
+        clGetKernelWorkGroupInfo(i ? L->dq : L->dkdv, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg,
                                  NULL) == CL_SUCCESS &&
         kwg < (size_t)threads)
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs %d work-items but the compiled kernel allows %zu",
@@ -133,7 +180,7 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   const size_t rq = (size_t)c.nwarps * 16 * c.m_tiles, qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
   L->local[0] = (size_t)threads;
   L->local[1] = L->local[2] = 1;
-  L->global_dkdv[0] = kblocks * threads;
+  L->global_dkdv[0] = (splits > 0 ? (size_t)splits : kblocks) * threads;
   L->global_dkdv[1] = (size_t)p->heads_kv;
   L->global_dkdv[2] = (size_t)p->batch;
   L->global_dq[0] = qblocks * threads;
@@ -169,6 +216,7 @@ cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *L, const fcl_problem *p, 
   fcl_arg_bwd_dkdv_head(&a, q, k, v, d_o, dk, dv, lse, dsum, dq_acc);
   fcl_mma_bwd_tail(&a, p, desc, tq, tk);
   if (a.err != CL_SUCCESS) return a.err;
+  if (!L->dq) return CL_SUCCESS; /* dQ comes from the dK/dV kernel's accumulator */
   a = (fcl_args){L->dq, 0, CL_SUCCESS};
   fcl_arg_bwd_dq_head(&a, q, k, v, d_o, dq, lse, dsum);
   fcl_mma_bwd_tail(&a, p, desc, tq, tk);

@@ -196,8 +196,9 @@ typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
   size_t global_dkdv[3], global_dq[3], local[3];
 } fcl_mma_bwd_launch;
-flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic,
+flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
                                         fcl_mma_bwd_launch *launch);
+int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p);
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
                              const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
                              const flashcl_tensor *v, const flashcl_tensor *lse, const flashcl_tensor *d_o,
@@ -214,7 +215,8 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
                                   const flashcl_tensor *dq, const flashcl_tensor *dk, const flashcl_tensor *dv,
                                   cl_uint nwait, const cl_event *wait, cl_event *out_event);
 flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_problem *p, size_t *bytes);
-flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, size_t *bytes);
+flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, int use_mma,
+                                            size_t *bytes);
 
 /* Overflow-checked size arithmetic: return 0 on overflow. */
 int fcl_mul_size(size_t a, size_t b, size_t *out);

@@ -90,7 +90,11 @@ static void wait_event(cl_event ev, const char *what, const char *desc) {
 
 /* ================================================================ cases == */
 
-enum { R_DET = 1, R_ATOMIC = 2, R_NAIVE = 4, R_REPEAT = 8, R_ALL = R_DET | R_ATOMIC | R_NAIVE };
+enum { R_DET = 1, R_ATOMIC = 2, R_NAIVE = 4, R_REPEAT = 8, R_SPLIT = 16, R_ALL = R_DET | R_ATOMIC | R_NAIVE };
+/* R_SPLIT (tensor-core table): the deterministic dQ accumulated by the dK/dV
+ * kernel in split accumulators, forced to 1 and 3 splits with
+ * FLASHCL_BWD_DQ_SPLITS (the automatic choice takes it only for shapes that fill
+ * the device), each run twice and compared bit for bit. */
 /* Where the backward's o / lse come from: the double reference rounded to the
  * dtype, the device's flash forward, or the device's naive forward. */
 enum { SRC_REF = 0, SRC_FWD = 1, SRC_FWD_NAIVE = 2 };
@@ -143,16 +147,16 @@ static const int VL_K_EMPTY[] = {0, 9, 17, 4};
 static const int VL_Q_MMA[] = {130, 1, 77};
 static const int VL_K_MMA[] = {200, 65, 31};
 static const bwd_case CASES[] = {
-    BWD("mma_f16_d128_B2_N200", F16, 2, 200, 200, 4, 4, 128, 0, 0.0f, R_DET | R_ATOMIC | R_REPEAT),
-    BWD("mma_f16_d128_causal_gqa_4_1_Nq129_Nk300", F16, 1, 129, 300, 4, 1, 128, 1, 0.0f, R_DET | R_ATOMIC),
-    BWD("mma_f16_d128_causal_empty_rows_Nq300_Nk129", F16, 1, 300, 129, 2, 2, 128, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d128_B2_N200", F16, 2, 200, 200, 4, 4, 128, 0, 0.0f, R_DET | R_ATOMIC | R_SPLIT | R_REPEAT),
+    BWD("mma_f16_d128_causal_gqa_4_1_Nq129_Nk300", F16, 1, 129, 300, 4, 1, 128, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT),
+    BWD("mma_f16_d128_causal_empty_rows_Nq300_Nk129", F16, 1, 300, 129, 2, 2, 128, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT),
     BWD("mma_bf16_d128_causal_N257", BF16, 1, 257, 257, 2, 1, 128, 1, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d64_N1_B3", F16, 3, 1, 1, 2, 2, 64, 0, 0.0f, R_DET | R_ATOMIC),
-    BWD("mma_f16_d64_causal_gqa_8_2_N321", F16, 1, 321, 321, 8, 2, 64, 1, 0.0f, R_DET | R_ATOMIC | R_REPEAT),
-    BWD("mma_bf16_d64_Nq65_Nk33", BF16, 2, 65, 33, 2, 2, 64, 0, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d64_causal_gqa_8_2_N321", F16, 1, 321, 321, 8, 2, 64, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT | R_REPEAT),
+    BWD("mma_bf16_d64_Nq65_Nk33", BF16, 2, 65, 33, 2, 2, 64, 0, 0.0f, R_DET | R_ATOMIC | R_SPLIT),
     {"mma_f16_d128_bhnd_scale_0.2", K_BWD, F16, 2, 100, 140, 2, 2, 128, 0, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BHND, 0.2f, OFS_RANDOM, 0, NULL, NULL},
-    BWD_VL("mma_f16_d128_varlen_causal_gqa_4_2", F16, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC, 3, VL_Q_MMA, VL_K_MMA),
+    BWD_VL("mma_f16_d128_varlen_causal_gqa_4_2", F16, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT, 3, VL_Q_MMA, VL_K_MMA),
     BWD_VL("mma_bf16_d64_varlen_empty_sequences", BF16, 2, 1, 64, 0, 0.0f, R_DET | R_ATOMIC, 4, VL_Q_EMPTY,
            VL_K_EMPTY),
     /* o / lse from the device forward (the tensor-core one where it runs) */
@@ -160,12 +164,12 @@ static const bwd_case CASES[] = {
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL},
     /* dropout: the tensor-core kernels regenerate the portable kernels' Philox mask */
     BWD("mma_f16_d64_dropout", F16, 1, 65, 65, 2, 2, 64, 0, 0.1f, R_DET | R_ATOMIC),
-    BWD("mma_bf16_d128_dropout_causal_gqa_4_2", BF16, 1, 130, 170, 4, 2, 128, 1, 0.2f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d128_dropout_causal_gqa_4_2", BF16, 1, 130, 170, 4, 2, 128, 1, 0.2f, R_DET | R_ATOMIC | R_SPLIT),
     /* Head dims besides 64 and 128 (local rows padded to 64 or 128 elements; the
      * atomic dQ tile picks a warp split that divides the head dim). */
-    BWD("mma_f16_d96_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 96, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d96_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 96, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT),
     BWD("mma_bf16_d80_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 80, 0, 0.0f, R_DET | R_ATOMIC),
-    BWD("mma_f16_d32_causal_N200", F16, 1, 200, 200, 4, 4, 32, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d32_causal_N200", F16, 1, 200, 200, 4, 4, 32, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT),
     BWD("mma_f16_d48_N99", F16, 1, 99, 99, 2, 1, 48, 0, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_bf16_d16_causal_N130", BF16, 1, 130, 130, 2, 2, 16, 1, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d112_varlen_like_Nq40_Nk90", F16, 2, 40, 90, 2, 1, 112, 1, 0.1f, R_DET | R_ATOMIC),
@@ -707,6 +711,39 @@ static void check_backward_case(const bwd_case *c) {
     }
     bwd_result_release(&det);
   }
+#ifdef FCT_BWD_MMA
+  if (c->runs & R_SPLIT) {
+    static const char *const counts[2] = {"1", "3"};
+    for (int i = 0; i < 2; i++) {
+      const int n = atoi(counts[i]);
+      flashcl_attention_desc desc;
+      size_t bytes = 0, dq_elems = (size_t)bp.B * bp.Nq * bp.Hq * bp.D;
+      setenv("FLASHCL_BWD_DQ_SPLITS", counts[i], 1);
+      bwd_desc(&bp, FLASHCL_ALGO_FLASH, 1, &desc);
+      /* The workspace shows that the split path is the one planned: D plus n
+       * fp32 copies of dQ (the separate dQ kernel needs D only). */
+      flashcl_status st = flashcl_attention_workspace_size(fct_env_get()->ctx, &desc, &bp.fp.q.t, &bp.fp.k.t,
+                                                           &bp.fp.v.t, FLASHCL_PASS_BACKWARD, &bytes);
+      if (st == FLASHCL_SUCCESS && bytes >= (size_t)n * dq_elems * sizeof(float)) {
+        bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &det);
+        bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &other);
+      }
+      unsetenv("FLASHCL_BWD_DQ_SPLITS");
+      FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_attention_workspace_size: %s", bp.desc);
+      FCT_CHECK(bytes >= (size_t)n * dq_elems * sizeof(float),
+                "%s: with FLASHCL_BWD_DQ_SPLITS=%d the deterministic backward plans %zu bytes of scratch, not the %d "
+                "dQ accumulators of the split path",
+                bp.desc, n, bytes, n);
+      FCT_CHECK(same_bits(&det.dq, &other.dq) && same_bits(&det.dk, &other.dk) && same_bits(&det.dv, &other.dv),
+                "%s: two deterministic backward calls with %d dQ splits differ (dq %s, dk %s, dv %s)", bp.desc, n,
+                same_bits(&det.dq, &other.dq) ? "same" : "differs", same_bits(&det.dk, &other.dk) ? "same" : "differs",
+                same_bits(&det.dv, &other.dv) ? "same" : "differs");
+      print_message("    ok  %s: deterministic dQ in %d split accumulator(s) is bit-reproducible\n", bp.desc, n);
+      bwd_result_release(&det);
+      bwd_result_release(&other);
+    }
+  }
+#endif
   if (c->runs & R_ATOMIC) {
     bwd_run(&bp, FLASHCL_ALGO_FLASH, 0, &other);
     bwd_result_release(&other);
