@@ -248,8 +248,9 @@ typedef struct flashcl_attention_desc {
    * dK/dV kernel (fewer FLOPs, order-dependent rounding). 0 permits atomics
    * rather than demanding them: on the tensor-core kernels, head dims whose dQ
    * tile the atomic layout cannot split (48, 80, 112) run the deterministic
-   * kernels (flashcl_attention_workspace_size still reports the atomic mode's
-   * accumulator, an upper bound). */
+   * kernels. In deterministic mode the tensor-core backward may instead add dQ
+   * into per-split fp32 accumulators in a fixed order (README "Backward: dQ
+   * modes"); flashcl_attention_workspace_size reports them then. */
   int deterministic;
   /* Dropout probability in [0, 1) applied to P; kept entries are scaled by
    * 1/(1 - p). The mask is regenerated from (seed, offset), never stored; see
