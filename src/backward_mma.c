@@ -113,10 +113,11 @@ int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int at
  * dQ into its split, and with every head in flight at once those adds miss L2
  * (the atomic mode's work-groups of one head run together and share its
  * accumulator in L2). On the H100 (BENCHMARKS.md, "Deterministic dQ in split
- * accumulators") that made the splits 3-16% slower than the separate kernel at
- * d = 128 and at N = 2K, and 2-10% faster at d = 64 from N = 8K (causal most).
- * So they run by default only at head dims up to 64 with at least 64 key blocks.
- * FLASHCL_BWD_DQ_SPLITS=n forces n splits (0: the separate kernel). */
+ * accumulators") the splits were 3-16% slower than the separate kernel at
+ * d = 128 and at N = 2K; at d = 64 they were 6-12% faster with a causal mask
+ * from N = 8K, and within -3..+6% without one. So they run by default only at
+ * head dims up to 64, under a causal mask or a window, with at least 64 key
+ * blocks. FLASHCL_BWD_DQ_SPLITS=n forces n splits (0: the separate kernel). */
 int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
   fcl_mma_bwd_config c;
   if (!fcl_mma_bwd_covered(ctx, p, 1) || !fcl_mma_bwd_pick(ctx, p, 1, &c)) return 0;
@@ -132,7 +133,7 @@ int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
     const long n = strtol(env, &end, 10);
     if (!*end && n >= 0 && n <= 256) return n * one <= cap_one ? (int)n : 0;
   }
-  if (p->head_dim > 64 || kblocks < 64) return 0;
+  if (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window)) return 0;
   int best = 0;
   long best_cost = 0;
   for (long s = 1; s <= 16 && s <= kblocks; s++) {
