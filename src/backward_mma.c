@@ -113,7 +113,7 @@ int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int at
  * dQ into its split, and with every head in flight at once those adds miss L2
  * (the atomic mode's work-groups of one head run together and share its
  * accumulator in L2). On the H100 (BENCHMARKS.md, "Deterministic dQ in split
- * accumulators") the splits were 3-16% slower than the separate kernel at
+ * accumulators") the splits were 2-18% slower than the separate kernel at
  * d = 128 and at N = 2K; at d = 64 they were 6-12% faster with a causal mask
  * from N = 8K, and within -3..+6% without one. So they run by default only at
  * head dims up to 64, under a causal mask or a window, with at least 64 key
