@@ -42,7 +42,9 @@
  *                  (BLOCK_R / QB_TM) * (HEAD_DIM / QB_TD) <= NTHREADS
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
- *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer)
+ *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer); the
+ *              host also sets it when the tensor-core dK/dV kernel fills split
+ *              accumulators (then only bwd_preprocess and bwd_dq_store run here)
  *   DQ_VEC     1: dq's byte offset is a multiple of 16 and its row strides of 8
  *              elements, so each work-item's 8 elements start 16-byte aligned
  *              and bwd_dq_store writes them as 16-byte vectors (one for fp16 and

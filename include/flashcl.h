@@ -243,14 +243,13 @@ typedef struct flashcl_attention_desc {
   int block_r;
   int block_c;
 
-  /* Training. deterministic = 1 (the default) computes dQ in its own kernel, so
-   * results are bit-reproducible; 0 accumulates dQ with fp32 atomics inside the
-   * dK/dV kernel (fewer FLOPs, order-dependent rounding). 0 permits atomics
-   * rather than demanding them: on the tensor-core kernels, head dims whose dQ
-   * tile the atomic layout cannot split (48, 80, 112) run the deterministic
-   * kernels. In deterministic mode the tensor-core backward may instead add dQ
-   * into per-split fp32 accumulators in a fixed order (README "Backward: dQ
-   * modes"); flashcl_attention_workspace_size reports them then. */
+  /* Training. deterministic = 1 (the default) computes dQ in its own kernel or,
+   * on the tensor-core backward, in per-split fp32 accumulators added in a fixed
+   * order (README "Backward: dQ modes"), so results are bit-reproducible.
+   * 0 accumulates dQ with fp32 atomics inside the dK/dV kernel (fewer FLOPs,
+   * order-dependent rounding). 0 permits atomics rather than demanding them: on
+   * the tensor-core kernels, head dims whose dQ tile the atomic layout cannot
+   * split (48, 80, 112) run the deterministic kernels. */
   int deterministic;
   /* Dropout probability in [0, 1) applied to P; kept entries are scaled by
    * 1/(1 - p). The mask is regenerated from (seed, offset), never stored; see
@@ -436,7 +435,9 @@ typedef enum flashcl_pass { FLASHCL_PASS_FORWARD = 0, FLASHCL_PASS_BACKWARD = 1 
 
 /* Scratch device memory (bytes) the call would allocate for the algorithm that
  * desc->algo resolves to, beyond q/k/v/o/lse. Runs the same validation as the
- * operation. */
+ * operation. For pass BACKWARD on a device with the tensor-core kernels, the
+ * kernel family also depends on the alignment of o, dO and the gradients, which
+ * this call does not see: it reports the larger of the two families' figures. */
 FLASHCL_API flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                                             const flashcl_tensor *q, const flashcl_tensor *k,
                                                             const flashcl_tensor *v, flashcl_pass pass,

@@ -65,11 +65,17 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   if (pass == FLASHCL_PASS_BACKWARD) {
     if (naive) return fcl_naive_backward_workspace(ctx, &p, bytes);
     /* The tensor-core choice also depends on o, dO and the gradients being
-     * 16-byte aligned, which this query does not see: it assumes they are like q,
-     * so the figure is the most the call allocates. */
+     * 16-byte aligned, which this query does not see; where the tensor cores may
+     * run, the figure is the larger of the two families', the most the call
+     * allocates. */
     int use_mma = 0;
-    if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, q, pass, &use_mma)) != FLASHCL_SUCCESS) return st;
-    return fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, use_mma, bytes);
+    size_t portable_bytes = 0, mma_bytes = 0;
+    if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, q, pass, &use_mma)) != FLASHCL_SUCCESS ||
+        (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, 0, &portable_bytes)) != FLASHCL_SUCCESS ||
+        (use_mma && (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, 1, &mma_bytes)) != FLASHCL_SUCCESS))
+      return st;
+    *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
+    return FLASHCL_SUCCESS;
   }
   if (naive) return fcl_naive_workspace(ctx, &p, bytes);
   *bytes = 0; /* the fused kernel keeps everything on chip */

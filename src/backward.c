@@ -18,8 +18,9 @@
  * joins them. On the tensor-core path, where the device can be filled that way,
  * deterministic mode instead has the dK/dV kernel accumulate dQ into split
  * accumulators with one writer per element (DQ_SPLITS in cl/flash_bwd_mma.cl),
- * converted like the atomic one: the same bits on every run, at the cost of
- * the atomic mode rather than of a second pass over K and V. */
+ * converted like the atomic one: the same bits on every run, at the atomic
+ * mode's arithmetic plus `splits` accumulators rather than a second pass over
+ * K and V. */
 #include "internal.h"
 #include "kernel_args.h"
 

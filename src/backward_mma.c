@@ -123,15 +123,18 @@ int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
   if (!fcl_mma_bwd_covered(ctx, p, 1) || !fcl_mma_bwd_pick(ctx, p, 1, &c)) return 0;
   const long kblocks = ((long)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
   const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
-  /* Bytes of one accumulator (it is never larger than the scratch the atomic
-   * mode allocates, whose size arithmetic src/backward.c checks). */
-  const double one = (double)p->batch * p->heads_q * p->seqlen_q * p->head_dim * sizeof(float);
-  const double cap_all = (double)ctx->info.global_mem_size / 8, cap_one = (double)ctx->info.max_mem_alloc_size;
+  /* Bytes of D and of one accumulator (never more than the scratch the atomic
+   * mode allocates, whose size arithmetic src/backward.c checks). src/backward.c
+   * refuses scratch past one allocation, so the splits stay under it. */
+  const double rows = (double)p->batch * p->heads_q * p->seqlen_q, one = rows * p->head_dim * sizeof(float);
+  const double cap_all = (double)ctx->info.global_mem_size / 8,
+               cap_one = (double)ctx->info.max_mem_alloc_size - rows * sizeof(float);
   const char *env = getenv("FLASHCL_BWD_DQ_SPLITS");
   if (env && *env) {
     char *end;
     const long n = strtol(env, &end, 10);
-    if (!*end && n >= 0 && n <= 256) return n * one <= cap_one ? (int)n : 0;
+    if (!*end && n >= 0 && n <= 256 && n * one <= cap_one) return (int)n;
+    fcl_log(ctx, "FLASHCL_BWD_DQ_SPLITS=%s ignored (an integer 0-256 whose accumulators fit one allocation)", env);
   }
   if (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window)) return 0;
   int best = 0;

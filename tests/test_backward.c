@@ -157,7 +157,7 @@ static const bwd_case CASES[] = {
     {"mma_f16_d128_bhnd_scale_0.2", K_BWD, F16, 2, 100, 140, 2, 2, 128, 0, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BHND, 0.2f, OFS_RANDOM, 0, NULL, NULL},
     BWD_VL("mma_f16_d128_varlen_causal_gqa_4_2", F16, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT, 3, VL_Q_MMA, VL_K_MMA),
-    BWD_VL("mma_bf16_d64_varlen_empty_sequences", BF16, 2, 1, 64, 0, 0.0f, R_DET | R_ATOMIC, 4, VL_Q_EMPTY,
+    BWD_VL("mma_bf16_d64_varlen_empty_sequences", BF16, 2, 1, 64, 0, 0.0f, R_DET | R_ATOMIC | R_SPLIT, 4, VL_Q_EMPTY,
            VL_K_EMPTY),
     /* o / lse from the device forward (the tensor-core one where it runs) */
     {"mma_f16_d128_pipeline_fwd_causal", K_BWD, F16, 2, 190, 190, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC, SRC_FWD,
@@ -657,38 +657,46 @@ static int same_bits(const fct_tensor *a, const fct_tensor *b) {
   return a->bytes == b->bytes && memcmp(a->host, b->host, a->bytes) == 0;
 }
 
-/* FLASHCL_BWD_PLAN for one case: set by bwd_plan_env_set, put back as it was by
- * bwd_plan_env_restore, which also runs as the table tests' cmocka teardown, so a
- * failed check (cmocka longjmps out of the case) cannot leak the plan into the
- * next case. */
-static struct {
+/* Environment variables a case sets (FLASHCL_BWD_PLAN, FLASHCL_BWD_DQ_SPLITS):
+ * env_guard_set sets one, env_guard_restore puts it back as it was. The restore
+ * also runs as the table tests' cmocka teardown, so a failed check (cmocka
+ * longjmps out of the case) cannot leak a setting into the next case. */
+typedef struct env_guard {
+  const char *name;
   int active;
   char *saved; /* the value before the case, NULL when it was unset */
-} g_bwd_plan_env;
+} env_guard;
+static env_guard g_plan_env = {"FLASHCL_BWD_PLAN", 0, NULL};
+#ifdef FCT_BWD_MMA
+static env_guard g_splits_env = {"FLASHCL_BWD_DQ_SPLITS", 0, NULL};
+#endif
 
-static void bwd_plan_env_set(const char *plan) {
-  const char *old = getenv("FLASHCL_BWD_PLAN");
-  if (!plan || g_bwd_plan_env.active) return;
-  g_bwd_plan_env.saved = old ? strdup(old) : NULL;
-  FCT_CHECK(!old || g_bwd_plan_env.saved, "strdup failed");
-  g_bwd_plan_env.active = 1;
-  setenv("FLASHCL_BWD_PLAN", plan, 1);
+static void env_guard_set(env_guard *g, const char *value) {
+  const char *old = getenv(g->name);
+  if (!value || g->active) return;
+  g->saved = old ? strdup(old) : NULL;
+  FCT_CHECK(!old || g->saved, "strdup failed");
+  g->active = 1;
+  setenv(g->name, value, 1);
 }
 
-static void bwd_plan_env_restore(void) {
-  if (!g_bwd_plan_env.active) return;
-  if (g_bwd_plan_env.saved)
-    setenv("FLASHCL_BWD_PLAN", g_bwd_plan_env.saved, 1);
+static void env_guard_restore(env_guard *g) {
+  if (!g->active) return;
+  if (g->saved)
+    setenv(g->name, g->saved, 1);
   else
-    unsetenv("FLASHCL_BWD_PLAN");
-  free(g_bwd_plan_env.saved);
-  g_bwd_plan_env.saved = NULL;
-  g_bwd_plan_env.active = 0;
+    unsetenv(g->name);
+  free(g->saved);
+  g->saved = NULL;
+  g->active = 0;
 }
 
 static int bwd_table_teardown(void **state) {
   (void)state;
-  bwd_plan_env_restore();
+  env_guard_restore(&g_plan_env);
+#ifdef FCT_BWD_MMA
+  env_guard_restore(&g_splits_env);
+#endif
   return 0;
 }
 
@@ -696,7 +704,7 @@ static void check_backward_case(const bwd_case *c) {
   bwd_problem bp;
   bwd_result det, other;
   bwd_problem_create(&bp, c, 1);
-  bwd_plan_env_set(c->bwd_plan);
+  env_guard_set(&g_plan_env, c->bwd_plan);
   if (c->runs & R_DET) {
     bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &det);
     if (c->runs & R_REPEAT) {
@@ -718,7 +726,7 @@ static void check_backward_case(const bwd_case *c) {
       const int n = atoi(counts[i]);
       flashcl_attention_desc desc;
       size_t bytes = 0, dq_elems = (size_t)bp.B * bp.Nq * bp.Hq * bp.D;
-      setenv("FLASHCL_BWD_DQ_SPLITS", counts[i], 1);
+      env_guard_set(&g_splits_env, counts[i]);
       bwd_desc(&bp, FLASHCL_ALGO_FLASH, 1, &desc);
       /* The workspace shows that the split path is the one planned: D plus n
        * fp32 copies of dQ (the separate dQ kernel needs D only). */
@@ -728,7 +736,7 @@ static void check_backward_case(const bwd_case *c) {
         bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &det);
         bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &other);
       }
-      unsetenv("FLASHCL_BWD_DQ_SPLITS");
+      env_guard_restore(&g_splits_env);
       FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_attention_workspace_size: %s", bp.desc);
       FCT_CHECK(bytes >= (size_t)n * dq_elems * sizeof(float),
                 "%s: with FLASHCL_BWD_DQ_SPLITS=%d the deterministic backward plans %zu bytes of scratch, not the %d "
@@ -752,7 +760,7 @@ static void check_backward_case(const bwd_case *c) {
     bwd_run(&bp, FLASHCL_ALGO_NAIVE, 1, &other);
     bwd_result_release(&other);
   }
-  bwd_plan_env_restore();
+  env_guard_restore(&g_plan_env);
   bwd_problem_release(&bp);
 }
 
