@@ -129,7 +129,11 @@ enum { FLASHCL_DIM_BATCH = 0, FLASHCL_DIM_SEQ = 1, FLASHCL_DIM_HEAD = 2, FLASHCL
  *   offset + (b*stride[0] + n*stride[1] + h*stride[2] + x*stride[3]) * dtype_size
  * bytes. BNHD (FlashAttention's layout) is the contiguous default; BHND is the
  * same shape with other strides. Strides must be >= 0 and the head_dim stride
- * must be 1 for q/k/v/o.
+ * must be 1 for q/k/v/o. The buffer (and every other cl_mem an operation takes)
+ * must be a buffer object of the flashcl context's cl_context, else the call
+ * fails with FLASHCL_ERROR_INVALID_ARGUMENT before enqueuing anything. The
+ * init helpers below return FLASHCL_ERROR_OVERFLOW, writing nothing, when the
+ * contiguous strides would pass INT64_MAX.
  */
 typedef struct flashcl_tensor {
   cl_mem buffer;
@@ -390,7 +394,11 @@ FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);
  *   and o as the halves of a packed [B][N][2][H][d] buffer, are fine), and must
  *   not name one element twice (a zero or too small stride:
  *   FLASHCL_ERROR_INVALID_STRIDE). The same rules hold for the outputs of the
- *   backward, decode and merge.
+ *   backward, decode, merge and flashcl_kv_cache_append (its caches). Outputs
+ *   must also share no byte with the buffers the descriptor names (cu_seqlens,
+ *   alibi_slopes, mask, block tables and lengths), and decode's workspace range
+ *   none with any tensor or buffer of the call (INVALID_ARGUMENT). Other ranges
+ *   of the same cl_mem are fine, so one arena buffer can hold them all.
  * The call is asynchronous: it waits on wait_list and, if out_event is non-NULL,
  * returns an event that completes when o and lse are written.
  */

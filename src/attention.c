@@ -9,6 +9,23 @@ flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attentio
   return desc->algo == FLASHCL_ALGO_AUTO ? FLASHCL_ALGO_FLASH : desc->algo;
 }
 
+flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const fcl_problem *p, const flashcl_tensor *q, const flashcl_tensor *k,
+                                         const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse) {
+  /* Work-groups write o and lse while others still read q, k, v and the
+   * descriptor's buffers. */
+  flashcl_status st;
+  if ((st = fcl_check_output_distinct(ctx, o, "o")) || (st = fcl_check_output_distinct(ctx, lse, "lse"))) return st;
+  if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, k, 0) || fcl_views_conflict(o, v, 0) ||
+      fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, k, 0) || fcl_views_conflict(lse, v, 0) ||
+      fcl_views_conflict(lse, o, 0))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, k, v or each other");
+  fcl_aux aux[FCL_MAX_AUX];
+  const flashcl_tensor *outs[2] = {o, lse};
+  static const char *const names[2] = {"o", "lse"};
+  return fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(p, desc, aux), outs, names, 2);
+}
+
 flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                          const flashcl_tensor *o, const flashcl_tensor *lse,
@@ -22,13 +39,8 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
                     num_events_in_wait_list);
   fcl_problem p;
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
-  if (st != FLASHCL_SUCCESS) return st;
-  /* Work-groups write o and lse while others still read q, k and v. */
-  if ((st = fcl_check_output_distinct(ctx, o, "o")) || (st = fcl_check_output_distinct(ctx, lse, "lse"))) return st;
-  if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, k, 0) || fcl_views_conflict(o, v, 0) ||
-      fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, k, 0) || fcl_views_conflict(lse, v, 0) ||
-      fcl_views_conflict(lse, o, 0))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, k, v or each other");
+  if (st != FLASHCL_SUCCESS || (st = fcl_check_forward_outputs(ctx, desc, &p, q, k, v, o, lse)) != FLASHCL_SUCCESS)
+    return st;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
   int use_mma = 0;
@@ -46,7 +58,9 @@ static flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_atte
   if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, NULL, p);
-  if (st != FLASHCL_SUCCESS) return st;
+  if (st != FLASHCL_SUCCESS || (o && pass == FLASHCL_PASS_FORWARD &&
+                                 (st = fcl_check_forward_outputs(ctx, desc, p, q, k, v, o, NULL)) != FLASHCL_SUCCESS))
+    return st;
   if (pass == FLASHCL_PASS_BACKWARD && p->paged_kv)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
   return FLASHCL_SUCCESS;

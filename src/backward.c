@@ -431,6 +431,8 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
         if (fcl_views_conflict(outs[i], outs[j], 0))
           return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s", on[i], on[j]);
     }
+    fcl_aux aux[FCL_MAX_AUX];
+    if ((st = fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(&p, desc, aux), outs, on, 3))) return st;
   }
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,

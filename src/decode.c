@@ -92,12 +92,6 @@ void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
   desc->window_right = -1;
 }
 
-static size_t fcl_mem_size(cl_mem m, int *ok) {
-  size_t n = 0;
-  *ok = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof n, &n, NULL) == CL_SUCCESS;
-  return n;
-}
-
 flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
                                   const flashcl_tensor *vc, int batch, fcl_kv_layout *out) {
   flashcl_status st;
@@ -126,9 +120,8 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
                       (long long)kc->shape[1], desc->page_size);
     if ((int64_t)desc->max_pages * desc->page_size > INT_MAX)
       return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "max_pages * page_size exceeds the int32 range");
-    int ok;
-    size_t have = fcl_mem_size(desc->block_table, &ok);
-    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.block_table is not a valid cl_mem");
+    size_t have = 0;
+    if ((st = fcl_buffer_size(ctx, desc->block_table, "desc.block_table", &have)) != FLASHCL_SUCCESS) return st;
     size_t need = (size_t)batch * (size_t)desc->max_pages * sizeof(cl_int);
     if (have < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
@@ -156,9 +149,9 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
 
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch) {
   if (!seqlens) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
-  int ok;
-  size_t have = fcl_mem_size(seqlens, &ok);
-  if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is not a valid cl_mem", name);
+  size_t have = 0;
+  flashcl_status st = fcl_buffer_size(ctx, seqlens, name, &have);
+  if (st != FLASHCL_SUCCESS) return st;
   if (have < (size_t)batch * sizeof(cl_int))
     return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "%s holds %zu bytes but batch %d int32 need %zu", name,
                     have, batch, (size_t)batch * sizeof(cl_int));
@@ -260,10 +253,9 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes, hq)))
     return st;
   if (desc->tree_mask) {
-    int ok;
-    const size_t have = fcl_mem_size(desc->tree_mask, &ok);
+    size_t have = 0;
     const size_t need = (size_t)batch * (size_t)q_len * sizeof(cl_uint); /* q_len <= 16: no overflow */
-    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.tree_mask is not a valid cl_mem");
+    if ((st = fcl_buffer_size(ctx, desc->tree_mask, "desc.tree_mask", &have)) != FLASHCL_SUCCESS) return st;
     if (have < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
                       "desc.tree_mask holds %zu bytes; batch %d x q_len %lld uint32 words (%zu bytes) are needed",
@@ -522,14 +514,39 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   const size_t need = p.work_floats * sizeof(float);
   cl_mem work = NULL;
   if (split && desc->workspace) {
-    int ok;
-    size_t have = fcl_mem_size(desc->workspace, &ok);
-    if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace is not a valid cl_mem");
+    size_t have = 0;
+    if ((st = fcl_buffer_size(ctx, desc->workspace, "desc.workspace", &have)) != FLASHCL_SUCCESS) return st;
     if (desc->workspace_offset > have || have - desc->workspace_offset < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
                       "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
                       desc->workspace_offset, need);
     work = desc->workspace;
+  }
+  {
+    /* The buffers the kernels read must not share bytes with o or lse; the split
+     * partials are written, so their range must not touch any tensor or buffer
+     * of the call. */
+    const size_t b4 = (size_t)p.batch * sizeof(cl_int);
+    fcl_aux aux[5];
+    int n = 0;
+    aux[n++] = (fcl_aux){seqlens_k, 0, b4, "seqlens_k"};
+    if (p.kv.paged) aux[n++] = (fcl_aux){desc->block_table, 0, b4 * (size_t)p.kv.max_pages, "desc.block_table"};
+    if (desc->tree_mask) aux[n++] = (fcl_aux){desc->tree_mask, 0, b4 * (size_t)p.q_len, "desc.tree_mask"};
+    if (desc->alibi_slopes)
+      aux[n++] = (fcl_aux){desc->alibi_slopes, 0, (size_t)p.heads_q * sizeof(float), "desc.alibi_slopes"};
+    const flashcl_tensor *outs[2] = {o, lse};
+    static const char *const out_names[2] = {"o", "lse"};
+    if ((st = fcl_check_aux_buffers(ctx, aux, n, outs, out_names, 2))) return st;
+    if (work) {
+      const fcl_aux w = {work, desc->workspace_offset, need, "desc.workspace"};
+      const flashcl_tensor *all[5] = {q, k_cache, v_cache, o, lse};
+      static const char *const all_names[5] = {"q", "k_cache", "v_cache", "o", "lse"};
+      if ((st = fcl_check_aux_buffers(ctx, &w, 1, all, all_names, 5))) return st;
+      for (int i = 0; i < n; i++)
+        if (aux[i].mem == work && aux[i].offset < desc->workspace_offset + need &&
+            desc->workspace_offset < aux[i].offset + aux[i].bytes)
+          return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace overlaps %s", aux[i].name);
+    }
   }
   /* 1: the partials go to the context's cached scratch. */
   const int cached = split && !work;

@@ -25,12 +25,12 @@ flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flashcl_attentio
   size_t n, have = 0;
   if (!fcl_mul_size((size_t)batch * (size_t)heads_q, (size_t)seqlen_q, &n) || !fcl_mul_size(n, (size_t)seqlen_k, &n))
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "mask size overflows size_t");
-  if (clGetMemObjectInfo(mask, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "mask is not a valid cl_mem");
+  flashcl_status st = fcl_buffer_size(ctx, mask, "mask", &have);
+  if (st != FLASHCL_SUCCESS) return st;
   if (have < n)
     return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "mask needs %zu bytes, its cl_mem holds %zu", n, have);
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, "philox.cl", "-cl-std=CL1.2", "dropout_mask", &kern);
+  st = fcl_get_kernel(ctx, "philox.cl", "-cl-std=CL1.2", "dropout_mask", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   cl_ulong seed = desc->seed, offset = desc->offset;
   cl_uint threshold = fcl_dropout_threshold(desc->dropout_p);

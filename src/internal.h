@@ -253,6 +253,27 @@ int fcl_views_conflict(const flashcl_tensor *out, const flashcl_tensor *in, int 
 /* FLASHCL_ERROR_INVALID_STRIDE if the output view t (NULL: none) can name one
  * element twice, so that two work-items would write it. */
 flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_tensor *t, const char *name);
+/* The size of a caller's cl_mem, checked to be a buffer of ctx's cl_context. */
+flashcl_status fcl_buffer_size(flashcl_context *ctx, cl_mem m, const char *name, size_t *size);
+/* A buffer range a call reads (or writes, for a workspace) besides its tensors. */
+typedef struct fcl_aux {
+  cl_mem mem;
+  size_t offset, bytes;
+  const char *name;
+} fcl_aux;
+#define FCL_MAX_AUX 8
+/* 1 if bytes [begin, begin + bytes) of m can share a byte with view out. */
+int fcl_range_conflict(const flashcl_tensor *out, cl_mem m, size_t begin, size_t bytes);
+/* INVALID_ARGUMENT when an aux range shares bytes with one of the outputs. */
+flashcl_status fcl_check_aux_buffers(flashcl_context *ctx, const fcl_aux *aux, int naux,
+                                     const flashcl_tensor *const *outs, const char *const *out_names, int nouts);
+/* The aux ranges of a validated forward/backward problem (at most FCL_MAX_AUX). */
+int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux);
+/* The forward's output rules: o and lse (lse may be NULL) name each element once
+ * and share no byte with q, k, v, each other or the descriptor's buffers. */
+flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const fcl_problem *p, const flashcl_tensor *q, const flashcl_tensor *k,
+                                         const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse);
 /* The score variants' fields: window bounds >= -1, softcap 0 or finite > 0, ALiBi
  * slopes (NULL or >= hq floats). */
 flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int window_right, float softcap,

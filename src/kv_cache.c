@@ -34,10 +34,22 @@ flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decod
   if ((int64_t)k_new->shape[1] * kv.heads_kv > 0x7fffffff)
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "tokens * heads_kv exceeds the int32 range");
   if ((st = fcl_check_seqlens(ctx, seqlens, "seqlens", batch))) return st;
+  if ((st = fcl_check_output_distinct(ctx, k_cache, "k_cache")) ||
+      (st = fcl_check_output_distinct(ctx, v_cache, "v_cache")))
+    return st;
   if (fcl_views_conflict(k_cache, k_new, 0) || fcl_views_conflict(k_cache, v_new, 0) ||
       fcl_views_conflict(v_cache, k_new, 0) || fcl_views_conflict(v_cache, v_new, 0) ||
       fcl_views_conflict(k_cache, v_cache, 0))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the caches overlap each other or k_new/v_new");
+  {
+    /* The append writes the caches while it reads seqlens and the block table. */
+    const size_t b4 = (size_t)batch * sizeof(cl_int);
+    const fcl_aux aux[2] = {{seqlens, 0, b4, "seqlens"},
+                            {kv.paged ? desc->block_table : NULL, 0, b4 * (size_t)kv.max_pages, "desc.block_table"}};
+    const flashcl_tensor *outs[2] = {k_cache, v_cache};
+    static const char *const names[2] = {"k_cache", "v_cache"};
+    if ((st = fcl_check_aux_buffers(ctx, aux, 2, outs, names, 2))) return st;
+  }
 
   char opts[128];
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DPAGED=%d", (int)k_cache->dtype, kv.head_dim,

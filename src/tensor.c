@@ -28,6 +28,33 @@ const char *flashcl_dtype_name(flashcl_dtype dtype) {
   return "invalid";
 }
 
+/* a * b * c (a * b when c is 1) for the contiguous strides. Dimensions below 1
+ * are left to the operations' validation, which names them (INVALID_SHAPE);
+ * their product is formed in unsigned arithmetic, where wrapping is defined. A
+ * product of positive dimensions past INT64_MAX is an overflow. */
+static int fcl_stride_product(int64_t a, int64_t b, int64_t c, int64_t *out) {
+  if (a < 1 || b < 1 || c < 1) {
+    *out = (int64_t)((uint64_t)a * (uint64_t)b * (uint64_t)c);
+    return 1;
+  }
+  if (a > INT64_MAX / b || a * b > INT64_MAX / c) return 0;
+  *out = a * b * c;
+  return 1;
+}
+
+/* The contiguous strides of (d0, d1, d2, d3) in memory order perm (outermost
+ * first): 0 when their products overflow int64. */
+static int fcl_contiguous_strides(const int64_t shape[4], const int order[4], int64_t stride[4]) {
+  int64_t s[4];
+  s[order[3]] = 1;
+  if (!fcl_stride_product(shape[order[3]], 1, 1, &s[order[2]]) ||
+      !fcl_stride_product(shape[order[3]], shape[order[2]], 1, &s[order[1]]) ||
+      !fcl_stride_product(shape[order[3]], shape[order[2]], shape[order[1]], &s[order[0]]))
+    return 0;
+  memcpy(stride, s, sizeof s);
+  return 1;
+}
+
 static flashcl_status fcl_tensor_fill(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
                                       int64_t b, int64_t n, int64_t h, int64_t d) {
   if (!t) return FLASHCL_ERROR_INVALID_ARGUMENT;
@@ -42,37 +69,38 @@ static flashcl_status fcl_tensor_fill(flashcl_tensor *t, cl_mem buffer, size_t o
   return FLASHCL_SUCCESS;
 }
 
+/* Fills *t as a contiguous view whose dimensions lie in memory in `order`
+ * (outermost first). Nothing is written when the strides overflow. */
+static flashcl_status fcl_tensor_init(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
+                                      const int64_t shape[4], const int order[4]) {
+  int64_t stride[4];
+  if (!t) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  if (!fcl_contiguous_strides(shape, order, stride)) return FLASHCL_ERROR_OVERFLOW;
+  fcl_tensor_fill(t, buffer, offset, dtype, shape[0], shape[1], shape[2], shape[3]);
+  memcpy(t->stride, stride, sizeof stride);
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_tensor_init_bnhd(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
                                         int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
-  flashcl_status st = fcl_tensor_fill(t, buffer, offset, dtype, batch, seqlen, heads, head_dim);
-  if (st != FLASHCL_SUCCESS) return st;
-  t->stride[3] = 1;
-  t->stride[2] = head_dim;
-  t->stride[1] = heads * head_dim;
-  t->stride[0] = seqlen * heads * head_dim;
-  return FLASHCL_SUCCESS;
+  const int64_t shape[4] = {batch, seqlen, heads, head_dim};
+  static const int order[4] = {0, 1, 2, 3};
+  return fcl_tensor_init(t, buffer, offset, dtype, shape, order);
 }
 
 flashcl_status flashcl_tensor_init_bhnd(flashcl_tensor *t, cl_mem buffer, size_t offset, flashcl_dtype dtype,
                                         int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
-  flashcl_status st = fcl_tensor_fill(t, buffer, offset, dtype, batch, seqlen, heads, head_dim);
-  if (st != FLASHCL_SUCCESS) return st;
-  t->stride[3] = 1;
-  t->stride[1] = head_dim;
-  t->stride[2] = seqlen * head_dim;
-  t->stride[0] = heads * seqlen * head_dim;
-  return FLASHCL_SUCCESS;
+  const int64_t shape[4] = {batch, seqlen, heads, head_dim};
+  static const int order[4] = {0, 2, 1, 3};
+  return fcl_tensor_init(t, buffer, offset, dtype, shape, order);
 }
 
 flashcl_status flashcl_tensor_init_lse(flashcl_tensor *t, cl_mem buffer, size_t offset, int64_t batch,
                                        int64_t seqlen, int64_t heads) {
-  flashcl_status st = fcl_tensor_fill(t, buffer, offset, FLASHCL_F32, batch, seqlen, heads, 1);
-  if (st != FLASHCL_SUCCESS) return st;
-  t->stride[3] = 1;
-  t->stride[1] = 1;
-  t->stride[2] = seqlen;
-  t->stride[0] = heads * seqlen;
-  return FLASHCL_SUCCESS;
+  /* (batch, heads, seqlen) in memory, with a unit "head_dim" of stride 1. */
+  const int64_t shape[4] = {batch, seqlen, heads, 1};
+  static const int order[4] = {0, 2, 1, 3};
+  return fcl_tensor_init(t, buffer, offset, FLASHCL_F32, shape, order);
 }
 
 void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
@@ -83,6 +111,23 @@ void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
   desc->deterministic = 1;
   desc->window_left = -1;
   desc->window_right = -1;
+}
+
+flashcl_status fcl_buffer_size(flashcl_context *ctx, cl_mem m, const char *name, size_t *size) {
+  cl_mem_object_type type = 0;
+  cl_context owner = NULL;
+  cl_int err = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof *size, size, NULL);
+  if (err == CL_SUCCESS) err = clGetMemObjectInfo(m, CL_MEM_TYPE, sizeof type, &type, NULL);
+  if (err == CL_SUCCESS) err = clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+  if (err != CL_SUCCESS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is not a valid cl_mem (%s)", name,
+                    fcl_cl_error_name(err));
+  if (type != CL_MEM_OBJECT_BUFFER)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is not a buffer object (an image or a pipe)", name);
+  if (owner != ctx->context)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "%s belongs to another cl_context than the flashcl context's", name);
+  return FLASHCL_SUCCESS;
 }
 
 flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
@@ -120,10 +165,10 @@ flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, c
   if (!fcl_add_size(last, 1, &end) || !fcl_mul_size(end, es, &end) || !fcl_add_size(end, t->offset, &end))
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "%s: byte extent overflows size_t", name);
   size_t mem_size = 0;
-  cl_int err = clGetMemObjectInfo(t->buffer, CL_MEM_SIZE, sizeof mem_size, &mem_size, NULL);
-  if (err != CL_SUCCESS)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s.buffer is not a valid cl_mem (%s)", name,
-                    fcl_cl_error_name(err));
+  char what[64];
+  snprintf(what, sizeof what, "%s.buffer", name);
+  flashcl_status st = fcl_buffer_size(ctx, t->buffer, what, &mem_size);
+  if (st != FLASHCL_SUCCESS) return st;
   if (end > mem_size)
     return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
                     "%s needs %zu bytes (offset %zu + extent) but its cl_mem holds %zu", name, end, t->offset,
@@ -142,8 +187,8 @@ flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int win
                     (double)softcap);
   if (alibi_slopes) {
     size_t have = 0, need = (size_t)hq * sizeof(float);
-    if (clGetMemObjectInfo(alibi_slopes, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.alibi_slopes is not a valid cl_mem");
+    flashcl_status st = fcl_buffer_size(ctx, alibi_slopes, "desc.alibi_slopes", &have);
+    if (st != FLASHCL_SUCCESS) return st;
     if (have < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
                       "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
@@ -234,6 +279,51 @@ static int fcl_view_self_overlaps(const flashcl_tensor *t) {
   return 0;
 }
 
+int fcl_range_conflict(const flashcl_tensor *out, cl_mem m, size_t begin, size_t bytes) {
+  if (!out || !m || !bytes || out->buffer != m) return 0;
+  /* The range as a contiguous byte view, so that the interleave proof applies. */
+  flashcl_tensor r;
+  memset(&r, 0, sizeof r);
+  r.buffer = m;
+  r.offset = begin;
+  r.dtype = FLASHCL_F16; /* 2-byte elements: any even range; odd ones round up */
+  r.shape[0] = r.shape[1] = r.shape[2] = 1;
+  r.shape[3] = (int64_t)((bytes + 1) / 2);
+  r.stride[0] = r.stride[1] = r.stride[2] = r.shape[3];
+  r.stride[3] = 1;
+  return fcl_views_conflict(out, &r, 0);
+}
+
+flashcl_status fcl_check_aux_buffers(flashcl_context *ctx, const fcl_aux *aux, int naux,
+                                     const flashcl_tensor *const *outs, const char *const *out_names, int nouts) {
+  for (int i = 0; i < naux; i++)
+    for (int j = 0; j < nouts; j++)
+      if (fcl_range_conflict(outs[j], aux[i].mem, aux[i].offset, aux[i].bytes))
+        return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                        "%s overlaps %s: a buffer the call reads (or, for a workspace, writes) must not share bytes "
+                        "with an output",
+                        aux[i].name, out_names[j]);
+  return FLASHCL_SUCCESS;
+}
+
+int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux) {
+  int n = 0;
+  if (p->varlen) {
+    const size_t cu = ((size_t)p->batch + 1) * sizeof(cl_int);
+    aux[n++] = (fcl_aux){desc->cu_seqlens_q, 0, cu, "desc.cu_seqlens_q"};
+    if (!p->paged_kv) aux[n++] = (fcl_aux){desc->cu_seqlens_k, 0, cu, "desc.cu_seqlens_k"};
+  }
+  if (p->alibi) aux[n++] = (fcl_aux){p->alibi, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
+  if (p->mask_kind)
+    aux[n++] = (fcl_aux){p->mask, 0, (size_t)p->mask_bstride * (size_t)p->batch * sizeof(cl_uint), "desc.mask"};
+  if (p->paged_kv) {
+    aux[n++] = (fcl_aux){desc->kv_block_table, 0, (size_t)p->batch * (size_t)desc->kv_max_pages * sizeof(cl_int),
+                         "desc.kv_block_table"};
+    aux[n++] = (fcl_aux){desc->kv_seqlens, 0, (size_t)p->batch * sizeof(cl_int), "desc.kv_seqlens"};
+  }
+  return n;
+}
+
 flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_tensor *t, const char *name) {
   if (t && fcl_view_self_overlaps(t))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_STRIDE,
@@ -272,8 +362,8 @@ static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attenti
   if (!fcl_mul_size(words, (size_t)rows, &per_seq) || per_seq > (size_t)INT64_MAX / 8 ||
       !fcl_mul_size(per_seq, (size_t)heads * (size_t)p->batch, &need) || !fcl_mul_size(need, 4, &need))
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "the attention mask's size overflows size_t");
-  if (clGetMemObjectInfo(desc->mask, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.mask is not a valid cl_mem");
+  flashcl_status st = fcl_buffer_size(ctx, desc->mask, "desc.mask", &have);
+  if (st != FLASHCL_SUCCESS) return st;
   if (have < need)
     return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
                     "desc.mask needs %zu bytes (%d sequences x %d heads x %d rows x %zu words) but holds %zu", need,
@@ -306,16 +396,15 @@ static flashcl_status fcl_check_paged_kv(flashcl_context *ctx, const flashcl_att
   size_t need, have = 0;
   if (!fcl_mul_size((size_t)p->batch * sizeof(cl_int), (size_t)desc->kv_max_pages, &need))
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "the block table's size overflows size_t");
-  if (clGetMemObjectInfo(desc->kv_block_table, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_block_table is not a valid cl_mem");
+  flashcl_status st = fcl_buffer_size(ctx, desc->kv_block_table, "desc.kv_block_table", &have);
+  if (st != FLASHCL_SUCCESS) return st;
   if (have < need)
     return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
                     "desc.kv_block_table holds %zu bytes but batch %d x kv_max_pages %d int32 need %zu", have,
                     p->batch, desc->kv_max_pages, need);
   if (!desc->kv_seqlens)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_block_table is set but desc.kv_seqlens is NULL");
-  if (clGetMemObjectInfo(desc->kv_seqlens, CL_MEM_SIZE, sizeof have, &have, NULL) != CL_SUCCESS)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_seqlens is not a valid cl_mem");
+  if ((st = fcl_buffer_size(ctx, desc->kv_seqlens, "desc.kv_seqlens", &have)) != FLASHCL_SUCCESS) return st;
   if (have < (size_t)p->batch * sizeof(cl_int))
     return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.kv_seqlens holds %zu bytes but batch %d int32 need %zu",
                     have, p->batch, (size_t)p->batch * sizeof(cl_int));
@@ -425,9 +514,9 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     if (desc->max_seqlen_q > q->shape[1] || (!paged && desc->max_seqlen_k > k->shape[1]))
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_q/k exceed the packed token counts");
     size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = need;
-    if (clGetMemObjectInfo(desc->cu_seqlens_q, CL_MEM_SIZE, sizeof have_q, &have_q, NULL) != CL_SUCCESS ||
-        (!paged && clGetMemObjectInfo(desc->cu_seqlens_k, CL_MEM_SIZE, sizeof have_k, &have_k, NULL) != CL_SUCCESS))
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "cu_seqlens_q/k are not valid cl_mem objects");
+    flashcl_status st = fcl_buffer_size(ctx, desc->cu_seqlens_q, "desc.cu_seqlens_q", &have_q);
+    if (st == FLASHCL_SUCCESS && !paged) st = fcl_buffer_size(ctx, desc->cu_seqlens_k, "desc.cu_seqlens_k", &have_k);
+    if (st != FLASHCL_SUCCESS) return st;
     if (have_q < need || have_k < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cu_seqlens_q/k need %zu bytes (num_seqs + 1 int32)",
                       need);

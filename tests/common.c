@@ -384,7 +384,15 @@ int fct_mma_ready(const char *name, const flashcl_attention_desc *desc, const fl
                   const flashcl_tensor *k, const flashcl_tensor *v, flashcl_pass pass) {
   flashcl_context *ctx = fct_env_get()->ctx;
   flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
-  const flashcl_status st = flashcl_attention_kernel_family(ctx, desc, q, k, v, q, pass, &fam);
+  /* The query checks o as the forward does (its own memory): q's view in a
+   * buffer of its own stands in for it. */
+  size_t qbytes = 0;
+  FCT_CHECK(clGetMemObjectInfo(q->buffer, CL_MEM_SIZE, sizeof qbytes, &qbytes, NULL) == CL_SUCCESS,
+            "%s: CL_MEM_SIZE of q", name);
+  flashcl_tensor o = *q;
+  o.buffer = fct_create_buffer(qbytes, NULL);
+  const flashcl_status st = flashcl_attention_kernel_family(ctx, desc, q, k, v, &o, pass, &fam);
+  clReleaseMemObject(o.buffer);
   if (st == FLASHCL_ERROR_UNSUPPORTED && strstr(flashcl_context_last_error(ctx), "not available")) {
     fct_mma_unavailable(fct_env_get()->device, name, flashcl_context_last_error(ctx));
     return 0;

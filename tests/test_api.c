@@ -542,16 +542,17 @@ static void test_workspace_size_errors(void **state) {
  * aligned) resolve to PORTABLE. */
 static void test_kernel_family(void **state) {
   fct_env *env = fct_env_get();
-  cl_mem buf = fct_create_buffer(64 * 2 * 64 * 2 + 64, NULL);
-  flashcl_tensor q, bad, shifted;
+  cl_mem buf = fct_create_buffer(64 * 2 * 64 * 2 + 64, NULL), obuf = fct_create_buffer(64 * 2 * 64 * 2, NULL);
+  flashcl_tensor q, o, bad, shifted;
   flashcl_attention_desc desc;
   flashcl_kernel_family fam = (flashcl_kernel_family)99;
   (void)state;
   flashcl_tensor_init_bnhd(&q, buf, 0, FLASHCL_F16, 1, 64, 2, 64);
+  flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F16, 1, 64, 2, 64); /* the query checks o like the forward */
   flashcl_attention_desc_init(&desc);
-  FCT_CHECK_STATUS(flashcl_attention_kernel_family(NULL, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(NULL, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(ctx=NULL)");
-  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, NULL),
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, NULL),
                    FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(family=NULL)");
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, NULL, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family(o=NULL)");
@@ -564,18 +565,18 @@ static void test_kernel_family(void **state) {
   FCT_CHECK(fam == (flashcl_kernel_family)99, "failed kernel_family calls wrote *family = %d", (int)fam);
 
   desc.algo = FLASHCL_ALGO_NAIVE;
-  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(naive)");
   FCT_CHECK(fam == FLASHCL_KERNEL_AUTO, "naive: family %d, expected AUTO", (int)fam);
   desc.algo = FLASHCL_ALGO_AUTO;
   desc.kernel = FLASHCL_KERNEL_PORTABLE;
-  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_BACKWARD, &fam),
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_BACKWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(portable)");
   FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "portable: family %d", (int)fam);
 
   desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   fam = (flashcl_kernel_family)99;
-  const flashcl_status st = flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam);
+  const flashcl_status st = flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam);
   if (st == FLASHCL_ERROR_UNSUPPORTED) {
     FCT_CHECK(fam == (flashcl_kernel_family)99, "UNSUPPORTED wrote *family = %d", (int)fam);
     FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "tensor-core") != NULL, "no reason given: \"%s\"",
@@ -587,18 +588,19 @@ static void test_kernel_family(void **state) {
     FCT_CHECK(fam == FLASHCL_KERNEL_NVIDIA_MMA, "nvidia_mma on a device that has it: family %d", (int)fam);
     flashcl_tensor_init_bnhd(&shifted, buf, 8, FLASHCL_F16, 1, 64, 2, 64); /* 4-element offset */
     FCT_CHECK_STATUS(
-        flashcl_attention_kernel_family(env->ctx, &desc, &shifted, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+        flashcl_attention_kernel_family(env->ctx, &desc, &shifted, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
         FLASHCL_SUCCESS, "kernel_family(nvidia_mma, unaligned q)");
     FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "unaligned rows are not covered by the tensor-core kernels: family %d",
               (int)fam);
   }
   desc.kernel = FLASHCL_KERNEL_AUTO;
-  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &q, FLASHCL_PASS_FORWARD, &fam),
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(auto)");
   if (!getenv("FLASHCL_KERNEL")) /* which overrides AUTO */
     FCT_CHECK(fam == (st == FLASHCL_SUCCESS ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE),
               "auto: family %d", (int)fam);
   clReleaseMemObject(buf);
+  clReleaseMemObject(obuf);
 }
 
 /* ----------------------------------------------------------- last error -- */

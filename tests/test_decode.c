@@ -1266,6 +1266,52 @@ static void test_errors(void **state) {
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "workspace offset misaligned");
   clReleaseMemObject(wb);
+  {
+    /* One buffer holding q and, after it, room for the partials (an arena): a
+     * workspace that starts inside q's bytes would overwrite q, so it is refused
+     * and q stays as it was; one that starts after them is fine. */
+    const int64_t shape[4] = {2, 2, 4, 64}, stride[4] = {2 * 4 * 64, 4 * 64, 64, 1};
+    const size_t qbytes = (size_t)2 * 2 * 4 * 64 * 4;
+    fct_tensor arena;
+    fct_rng rng;
+    fct_rng_init(&rng, "decode/errors/arena");
+    fct_tensor_create_custom(&arena, FLASHCL_F32, qbytes + ws, 0, shape, stride);
+    fct_tensor_fill_random(&arena, &rng);
+    fct_tensor_download(&arena);
+    unsigned char *a0 = malloc(qbytes);
+    FCT_CHECK(a0 != NULL, "malloc failed");
+    memcpy(a0, arena.host, qbytes);
+    d.workspace = arena.t.buffer;
+    d.workspace_offset = qbytes - 256;
+    EXPECT(DEC(&d, &arena.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
+           "workspace overlapping q");
+    fct_tensor_download(&arena);
+    FCT_CHECK(memcmp(arena.host, a0, qbytes) == 0, "workspace overlapping q: q changed");
+    d.workspace_offset = qbytes;
+    st = DEC(&d, &arena.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace after q in one buffer");
+    fct_finish();
+    fct_tensor_download(&arena);
+    FCT_CHECK(memcmp(arena.host, a0, qbytes) == 0, "workspace after q: q changed");
+    fct_tensor_poison(&f.o);
+    fct_tensor_poison(&f.lse);
+    free(a0);
+    fct_tensor_release(&arena);
+  }
+  /* seqlens_k inside o's buffer: o would overwrite the lengths being read. */
+  {
+    const int32_t lens[2] = {20, 30};
+    fct_tensor_poison(&f.o);
+    cl_int err = clEnqueueWriteBuffer(env->queue, f.o.t.buffer, CL_TRUE, 0, sizeof lens, lens, 0, NULL, NULL);
+    FCT_CHECK(err == CL_SUCCESS, "writing the lengths into o's buffer: %d", (int)err);
+    st = DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, f.o.t.buffer, &f.o.t, &f.lse.t);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "seqlens_k inside o");
+    fct_finish();
+    int32_t back[2] = {0, 0};
+    err = clEnqueueReadBuffer(env->queue, f.o.t.buffer, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL);
+    FCT_CHECK(err == CL_SUCCESS && back[0] == 20 && back[1] == 30, "seqlens_k inside o: o's buffer changed");
+    fct_tensor_poison(&f.o);
+  }
   /* A tree mask of 4 bytes where batch 2 x q_len 2 words (16 bytes) are needed. */
   d = d0;
   d.tree_mask = f.small;
@@ -1308,6 +1354,18 @@ static void test_errors(void **state) {
     st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.small, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_BUFFER_TOO_SMALL, "append: seqlens too small");
     EXPECT_CACHE_UNCHANGED("append: seqlens too small");
+    {
+      /* A cache view whose rows all land on one row: INVALID_STRIDE. */
+      flashcl_tensor kz = f.kc.t;
+      kz.stride[1] = 0;
+      st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &kz, &f.vc.t, f.lens, 0, NULL, NULL);
+      FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_STRIDE, "append: k_cache with a zero seqlen stride");
+      EXPECT_CACHE_UNCHANGED("append: k_cache with a zero seqlen stride");
+      /* The lengths read from inside the cache the append writes. */
+      st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.kc.t.buffer, 0, NULL, NULL);
+      FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: seqlens inside k_cache");
+      EXPECT_CACHE_UNCHANGED("append: seqlens inside k_cache");
+    }
 #undef EXPECT_CACHE_UNCHANGED
     free(kc0);
     free(vc0);

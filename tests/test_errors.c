@@ -456,6 +456,61 @@ static void test_output_overlap(void **state) {
   }
 }
 
+/* cl_mem objects that are not buffers of the context's cl_context, and buffers
+ * the descriptor names that share bytes with an output. */
+static void test_foreign_and_aux_buffers(void **state) {
+  fct_env *env = fct_env_get();
+  flashcl_tensor q;
+  flashcl_attention_desc desc;
+  cl_int err;
+  (void)state;
+  /* A buffer of another cl_context on the same device. */
+  cl_context other = clCreateContext(NULL, 1, &env->device, NULL, NULL, &err);
+  FCT_CHECK(err == CL_SUCCESS, "clCreateContext: %d", (int)err);
+  cl_mem foreign = clCreateBuffer(other, CL_MEM_READ_WRITE, FQ->shape[1] * FQ->stride[1] * 4, NULL, &err);
+  FCT_CHECK(err == CL_SUCCESS, "clCreateBuffer in the other context: %d", (int)err);
+  q = *FQ;
+  q.buffer = foreign;
+  EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, FD, &q, FK, FV, FO, FL, "q from another cl_context");
+  FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "another cl_context") != NULL,
+            "the message should name the other context: %s", flashcl_context_last_error(env->ctx));
+  clReleaseMemObject(foreign);
+  clReleaseContext(other);
+  /* An image where a buffer belongs, where the device has images. */
+  {
+    cl_bool images = CL_FALSE;
+    clGetDeviceInfo(env->device, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL);
+    if (images) {
+      const cl_image_format fmt = {CL_RGBA, CL_FLOAT};
+      cl_image_desc idesc;
+      memset(&idesc, 0, sizeof idesc);
+      idesc.image_type = CL_MEM_OBJECT_IMAGE2D;
+      idesc.image_width = 64;
+      idesc.image_height = 64;
+      cl_mem img = clCreateImage(env->cl_ctx, CL_MEM_READ_WRITE, &fmt, &idesc, NULL, &err);
+      if (err == CL_SUCCESS) {
+        q = *FQ;
+        q.buffer = img;
+        EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, FD, &q, FK, FV, FO, FL, "q as an image");
+        clReleaseMemObject(img);
+      } else {
+        print_message("    (no image: clCreateImage gave %d)\n", (int)err);
+      }
+    }
+  }
+  /* ALiBi slopes read from the start of o's buffer, which the call writes. */
+  desc = *FD;
+  desc.alibi_slopes = FO->buffer;
+  EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &desc, FQ, FK, FV, FO, FL, "alibi_slopes inside o");
+  /* The kernel-family query runs the forward's output rules too. */
+  {
+    flashcl_kernel_family fam = (flashcl_kernel_family)77;
+    flashcl_status st = flashcl_attention_kernel_family(env->ctx, FD, FQ, FK, FV, FQ, FLASHCL_PASS_FORWARD, &fam);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "kernel_family with o == q");
+    FCT_CHECK(fam == (flashcl_kernel_family)77, "kernel_family wrote its output on failure");
+  }
+}
+
 static void test_overflow(void **state) {
   flashcl_tensor q, k, v, o, l;
   flashcl_tensor *ts[4];
@@ -498,6 +553,23 @@ static void test_overflow(void **state) {
     q.shape[1] = k.shape[1] = v.shape[1] = o.shape[1] = l.shape[1] = (int64_t)1 << 40;
     q.stride[1] = k.stride[1] = v.stride[1] = o.stride[1] = l.stride[1] = 0; /* all rows alias row 0 */
     EXPECT(FLASHCL_ERROR_OVERFLOW, FD, &q, &k, &v, &o, &l, "seqlen 2^40 (stride 0)");
+  }
+
+  /* The tensor helpers: strides past INT64_MAX are OVERFLOW, and *t is left as
+   * it was (the products are checked before anything is written). */
+  {
+    flashcl_tensor t0, t1;
+    memset(&t0, 0xab, sizeof t0);
+    t1 = t0;
+    FCT_CHECK_STATUS(flashcl_tensor_init_bnhd(&t1, FQ->buffer, 0, FLASHCL_F32, 2, INT64_MAX / 2, 4, 64),
+                     FLASHCL_ERROR_OVERFLOW, "init_bnhd with seqlen INT64_MAX / 2");
+    FCT_CHECK(memcmp(&t0, &t1, sizeof t0) == 0, "init_bnhd wrote the tensor on failure");
+    FCT_CHECK_STATUS(flashcl_tensor_init_bhnd(&t1, FQ->buffer, 0, FLASHCL_F32, 2, 4, INT64_MAX / 2, 64),
+                     FLASHCL_ERROR_OVERFLOW, "init_bhnd with heads INT64_MAX / 2");
+    FCT_CHECK(memcmp(&t0, &t1, sizeof t0) == 0, "init_bhnd wrote the tensor on failure");
+    FCT_CHECK_STATUS(flashcl_tensor_init_lse(&t1, FQ->buffer, 0, 2, INT64_MAX / 2, 4), FLASHCL_ERROR_OVERFLOW,
+                     "init_lse with seqlen INT64_MAX / 2");
+    FCT_CHECK(memcmp(&t0, &t1, sizeof t0) == 0, "init_lse wrote the tensor on failure");
   }
 }
 
@@ -548,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_dtype_mismatch),
       cmocka_unit_test(test_invalid_stride),
       cmocka_unit_test(test_output_overlap),
+      cmocka_unit_test(test_foreign_and_aux_buffers),
       cmocka_unit_test(test_overflow),
       cmocka_unit_test(test_bad_desc_values),
       cmocka_unit_test(test_context_usable_after_errors),
