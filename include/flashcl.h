@@ -632,7 +632,8 @@ FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_conte
  * seqlens is an int32 buffer [B] of lengths BEFORE the append; it is not modified
  * (add T yourself, e.g. before calling flashcl_attention_decode). Positions outside
  * [0, capacity) and, for a paged cache, tokens whose page index is outside
- * [0, num_pages) are skipped.
+ * [0, num_pages) are skipped. head_dim is a multiple of 8 in [8, 256], as in
+ * decode (FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM otherwise).
  */
 FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
                                                    const flashcl_tensor *k_new, const flashcl_tensor *v_new,

@@ -29,8 +29,12 @@ flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                     "k_new heads/head_dim (%lld, %lld) must match the cache (%d, %d)", (long long)k_new->shape[2],
                     (long long)k_new->shape[3], kv.heads_kv, kv.head_dim);
-  if (kv.head_dim % 4 != 0)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "head_dim %d must be a multiple of 4", kv.head_dim);
+  /* The rule of decode and the forward, the cache's only readers: a cache they
+   * would refuse is refused here, before it is filled. */
+  if (kv.head_dim % 8 != 0 || kv.head_dim > 256)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "head_dim %d is not supported: it must be a multiple of 8 in [8, 256], as decode needs",
+                    kv.head_dim);
   if ((int64_t)k_new->shape[1] * kv.heads_kv > 0x7fffffff)
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "tokens * heads_kv exceeds the int32 range");
   if ((st = fcl_check_seqlens(ctx, seqlens, "seqlens", batch))) return st;

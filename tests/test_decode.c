@@ -1361,6 +1361,25 @@ static void test_errors(void **state) {
       st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &kz, &f.vc.t, f.lens, 0, NULL, NULL);
       FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_STRIDE, "append: k_cache with a zero seqlen stride");
       EXPECT_CACHE_UNCHANGED("append: k_cache with a zero seqlen stride");
+      /* A head dim decode could not read (12): refused before the cache is filled. */
+      {
+        fct_tensor k12, v12, kn12, vn12;
+        contiguous_tensor(&k12, FLASHCL_F32, 2, 32, 2, 12);
+        contiguous_tensor(&v12, FLASHCL_F32, 2, 32, 2, 12);
+        contiguous_tensor(&kn12, FLASHCL_F32, 2, 2, 2, 12);
+        contiguous_tensor(&vn12, FLASHCL_F32, 2, 2, 2, 12);
+        fct_tensor_poison(&k12);
+        fct_tensor_poison(&v12);
+        st = flashcl_kv_cache_append(ctx, &d, &kn12.t, &vn12.t, &k12.t, &v12.t, f.lens, 0, NULL, NULL);
+        FCT_CHECK_STATUS(st, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "append: head_dim 12");
+        fct_finish();
+        expect_untouched(&k12, "append: head_dim 12 (k_cache)");
+        expect_untouched(&v12, "append: head_dim 12 (v_cache)");
+        fct_tensor_release(&k12);
+        fct_tensor_release(&v12);
+        fct_tensor_release(&kn12);
+        fct_tensor_release(&vn12);
+      }
       /* The lengths read from inside the cache the append writes. */
       st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.kc.t.buffer, 0, NULL, NULL);
       FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: seqlens inside k_cache");
