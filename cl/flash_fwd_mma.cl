@@ -48,8 +48,7 @@
  *
  * Parameters (-D):
  *   USE_PTX      1: compile the tensor-core kernels; 0: empty bodies, never launched
- *   PROBE_ONLY   1: only the mma_probe kernel (and local_probe if LOCAL_PROBE_BYTES
- *                is defined: see there)
+ *   PROBE_ONLY   1: only the mma_probe kernel
  *   DTYPE        1 = fp16, 2 = bf16 (the mma input type; accumulation is fp32)
  *   HEAD_DIM     head dimension, multiple of 64
  *   BLOCK_C      keys per tile, multiple of 16
@@ -255,23 +254,6 @@ __kernel __attribute__((reqd_work_group_size(32, 1, 1))) void mma_probe(__global
     d[136 + g] = r1;
   }
 }
-
-#ifdef LOCAL_PROBE_BYTES
-/* Local-memory capacity probe: NVIDIA's driver reports 48 KiB of local memory
- * but builds and runs work-groups with more (the hardware has up to 227 KiB per
- * SM). One work-group of 128 work-items fills LOCAL_PROBE_BYTES of __local with
- * a hash of the index, then each work-item xors a strided sample of it; the host
- * checks out[0..127] against the same computation. */
-__kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__global uint *out) {
-  __local uint buf[LOCAL_PROBE_BYTES / 4];
-  const uint n = LOCAL_PROBE_BYTES / 4, tid = get_local_id(0);
-  for (uint i = tid; i < n; i += 128) buf[i] = i * 2654435761u ^ 0x5bd1e995u;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  uint x = 0;
-  for (uint i = tid; i < n; i += 128) x ^= buf[(i * 7919u) % n] + i;
-  out[tid] = x;
-}
-#endif
 
 #if !PROBE_ONLY
 #if MASK

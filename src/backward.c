@@ -117,28 +117,40 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
 }
 
 /* FLASHCL_BWD_PLAN="bc,br,threads" (tuning) forces the tile pair and work-item
- * count; 32x8, 24x16 and 24x8 are candidates for it only. Tiles: the first of
- * 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br) whose four d-wide fp32
- * tiles (K, V, Q, dO) and two score tiles fit in local memory: the backward keeps
- * twice the forward's tiles on chip, so it gets smaller ones from the same M.
- * 64 work-items where the score tile has at least 64 entries, else one per
- * entry: on the H100 (N = 4096, f16) 64 beat 128 by 14% at d = 128 (16x16 tiles:
- * 112.0 against 130.7 ms) and 5% at d = 64 (32x32: 81.9 against 86.1 ms), and 32
- * was slower than either; the tuning alternatives 32x8 and 24x16 were no better. */
-static int fcl_bwd_make_plan(const flashcl_context *ctx, int d, fcl_bwd_plan *p) {
+ * count; 32x8, 24x16, 24x8 and 48x32 are candidates for it only. Tiles: the first
+ * of 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br) whose four d-wide
+ * fp32 tiles (K, V, Q, dO) and two score tiles fit in the local memory M: the
+ * backward keeps twice the forward's tiles on chip, so it gets smaller ones from
+ * the same M. 64 work-items where the score tile has at least 64 entries, else
+ * one per entry: on the H100 (N = 4096, f16) 64 beat 128 by 14% at d = 128 (16x16
+ * tiles: 112.0 against 130.7 ms) and 5% at d = 64 (32x32: 81.9 against 86.1 ms),
+ * and 32 was slower than either.
+ *
+ * Where the device runs work-groups with more local memory than it reports
+ * (src/probe.c), the tiles are planned against half of that budget (so that two
+ * work-groups share a compute unit) or M, whichever is larger, and score tiles
+ * of 1024 entries or more get 128 work-items. On the H100 (160 KiB budget) this
+ * gives 32x32 at d = 128 (89.7 ms against 112-113 for 16x16; 48x32, which needs
+ * more than half, 85.6; 64x32 94.8) and 64x32 at d = 64 (75.3 against 80.8 for
+ * 32x32; 64x64 80.2), both at 128 work-items (64: 98.7 and 95.3 ms). */
+static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
   static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
-                                {32, 8}, {24, 16}, {24, 8}};
+                                {32, 8}, {24, 16}, {24, 8}, {48, 32}};
   const int n_auto = 7; /* the candidates the automatic choice takes from */
+  const size_t M = ctx->info.local_mem_size, budget = fcl_local_budget(ctx);
+  const int probed = budget > M;
   int want_bc = 0, want_br = 0, want_threads = 0;
   const char *env = getenv("FLASHCL_BWD_PLAN");
   if (env) sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads);
+  const size_t fit = want_bc || !probed ? budget : budget / 2 > M ? budget / 2 : M;
   for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
     p->bc = cand[i][0];
     p->br = cand[i][1];
     if (want_bc && (p->bc != want_bc || p->br != want_br)) continue;
     if (!want_bc && (int)i >= n_auto) break;
-    if (fcl_bwd_local_bytes(p->br, p->bc, d) > ctx->info.local_mem_size) continue;
+    if (fcl_bwd_local_bytes(p->br, p->bc, d) > fit) continue;
     p->threads = p->br * p->bc >= 64 ? 64 : p->br * p->bc;
+    if (probed && p->br * p->bc >= 1024) p->threads = 128;
     /* CPUs (PoCL runs a work-group as loops over its work-items, with every value
      * that lives across a barrier in memory): 16 work-items with larger
      * register tiles were 1.3-1.4x faster than 128 (N = 1024-2048, d = 64). */
@@ -205,7 +217,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_bwd_plan bp = {0};
   if (!fcl_bwd_make_plan(ctx, p->head_dim, &bp))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
-                    p->head_dim, ctx->info.local_mem_size);
+                    p->head_dim, fcl_local_budget(ctx));
   fcl_bwd_sizes z;
   size_t bytes;
   st = fcl_bwd_sizes_of(ctx, p, splits, &z, &bytes);

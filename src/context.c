@@ -267,3 +267,11 @@ flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_d
   *info = ctx->info;
   return FLASHCL_SUCCESS;
 }
+
+flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  *bytes = fcl_local_budget(ctx);
+  return FLASHCL_SUCCESS;
+}

@@ -62,20 +62,6 @@ static unsigned short fcl_small_int_half(int x) {
   return (unsigned short)(sign | ((unsigned)(e + 15) << 10) | mant);
 }
 
-/* Runs a probe kernel on a queue of its own (in order, released after), so that
- * neither the caller's out-of-order queue nor work the caller queued earlier
- * (perhaps gated on a user event) delays or reorders it; then reads `bytes` of
- * `out` back. */
-static cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host) {
-  cl_int err = CL_SUCCESS;
-  cl_command_queue q = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
-  if (err != CL_SUCCESS || !q) return err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES;
-  err = clEnqueueNDRangeKernel(q, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
-  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(q, out, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
-  clReleaseCommandQueue(q);
-  return err;
-}
-
 /* Runs mma_probe; returns 1 if it is exact, else 0 with ctx->mma_reason set. */
 static int fcl_mma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
@@ -119,41 +105,6 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
   return 1;
 }
 
-/* Local bytes the probe asks for: the largest tensor-core configuration needs
- * 145 KiB (backward dK/dV at d = 128: 8 warps, K and V tiles, two Q/dO
- * buffers and the atomic dS tile; at 255 registers one such work-group runs per
- * H100 SM, which has 227 KiB). */
-#define FCL_MMA_LOCAL_PROBE (160 * 1024)
-
-/* 1 if local_probe with FCL_MMA_LOCAL_PROBE bytes of __local builds, runs and
- * computes the right values. */
-static int fcl_mma_run_local_probe(flashcl_context *ctx) {
-  char opts[128];
-  snprintf(opts, sizeof opts, "%s -DLOCAL_PROBE_BYTES=%d", fcl_mma_probe_options, FCL_MMA_LOCAL_PROBE);
-  cl_kernel kern;
-  if (fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", opts, "local_probe", &kern) != FLASHCL_SUCCESS) {
-    fcl_clear_error(ctx);
-    return 0;
-  }
-  cl_uint out[128];
-  cl_int err = CL_SUCCESS;
-  cl_mem bo = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, sizeof out, NULL, &err);
-  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof bo, &bo);
-  if (err == CL_SUCCESS) err = fcl_probe_run(ctx, kern, 128, bo, sizeof out, out);
-  if (bo) clReleaseMemObject(bo);
-  if (err != CL_SUCCESS) return 0;
-  const cl_uint n = FCL_MMA_LOCAL_PROBE / 4;
-  for (cl_uint tid = 0; tid < 128; tid++) {
-    cl_uint x = 0;
-    for (cl_uint i = tid; i < n; i += 128) {
-      const cl_uint j = (cl_uint)(((unsigned long long)i * 7919u) % n);
-      x ^= (cl_uint)(j * 2654435761u ^ 0x5bd1e995u) + i;
-    }
-    if (out[tid] != x) return 0;
-  }
-  return 1;
-}
-
 /* 1 if the context's device runs the tensor-core path (probing on first call). */
 int fcl_mma_available(flashcl_context *ctx) {
   if (ctx->mma_state) return ctx->mma_state > 0;
@@ -184,9 +135,7 @@ int fcl_mma_available(flashcl_context *ctx) {
   if (!fcl_mma_run_probe(ctx)) return 0;
   ctx->mma_state = 1;
   ctx->mma_cc = (int)(major * 10 + minor);
-  ctx->mma_local_bytes = ctx->info.local_mem_size;
-  if (ctx->info.local_mem_size < FCL_MMA_LOCAL_PROBE && fcl_mma_run_local_probe(ctx))
-    ctx->mma_local_bytes = FCL_MMA_LOCAL_PROBE;
+  ctx->mma_local_bytes = fcl_local_budget(ctx);
   fcl_log(ctx, "NVIDIA tensor-core kernels available (compute capability %u.%u, %zu bytes of local memory per work-group)",
           major, minor, ctx->mma_local_bytes);
   return 1;

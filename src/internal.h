@@ -34,10 +34,12 @@ struct flashcl_context {
    * -1 = unavailable for the reason in mma_reason. Probed on first use. */
   int mma_state;
   char mma_reason[512];
-  /* Local memory per work-group the tensor-core kernels may use: the reported
-   * CL_DEVICE_LOCAL_MEM_SIZE, or more where the probe showed the device runs
-   * work-groups with more (NVIDIA reports 48 KiB but runs up to ~227 KiB). */
+  /* Local memory per work-group the tensor-core kernels may use: the local
+   * budget (fcl_local_budget), copied when the path is probed. */
   size_t mma_local_bytes;
+  /* Local memory per work-group that tiles are planned against: 0 until the
+   * first fcl_local_budget call (src/probe.c). */
+  size_t local_budget;
   int mma_cc; /* compute capability * 10 (e.g. 90), once probed */
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode.c): grow-only, released by flashcl_context_destroy. last: the
@@ -75,6 +77,11 @@ void fcl_log(const flashcl_context *ctx, const char *fmt, ...)
 #endif
     ;
 const char *fcl_cl_error_name(cl_int err);
+/* src/probe.c: runs kern (gsz work-items, one work-group) on a private in-order
+ * queue and reads `bytes` of `out` back; and the local memory a work-group may
+ * use, probed once per context (CL_DEVICE_LOCAL_MEM_SIZE or more). */
+cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host);
+size_t fcl_local_budget(flashcl_context *ctx);
 
 /* Builds (once) and returns a kernel of program `file` compiled with `options`. */
 flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options,

@@ -17,9 +17,20 @@
  * the next multiple of 16 (then 8), then Br once Bc is 8: the Q tile is reused across every K/V tile, so its rows
  * are worth more than K/V rows (measured: 64x48 beats 48x64 at d = 64).
  * With M = 48 KiB this gives 64x48 at d = 64 and 48x32 at d = 128.
- * Explicit block_r / block_c (multiples of 8) are used as given; only the
- * unspecified one shrinks, and FLASHCL_ERROR_UNSUPPORTED is returned if they
- * cannot fit or cannot be mapped to work-items.
+ *
+ * Probed budget. Where the device runs work-groups with more local memory than
+ * it reports (fcl_local_budget, src/probe.c: NVIDIA, 160 KiB) and the rule above
+ * left Br below d, M was what held Br down, so the budget restores Br = d
+ * (clamped to 128, rounded) with Bc = Br / 2, Bc stepping down to 32 until the
+ * tiles fit the budget and map; otherwise the plan above stands. Measured on the
+ * H100 (f16, N = 4096, BENCHMARKS.md): d = 128 went from 48x32 (21.7 ms) to
+ * 128x64 (18.2 ms; 128x48 and 96x64 were within 1.5% of it), while tiles wider
+ * than Br / 2 were slower (48x64 20.0, 32x64 23.7 ms) and at d = 64, where the
+ * rule already gives Br = d, every larger tile was slower than 64x48.
+ *
+ * Explicit block_r / block_c (multiples of 8) are used as given, checked against
+ * the budget; only the unspecified one shrinks, and FLASHCL_ERROR_UNSUPPORTED is
+ * returned if they cannot fit or cannot be mapped to work-items.
  *
  * Work-item mapping (see cl/flash_fwd.cl): T work-items compute S = Q K^T as an
  * S_RT x S_CT grid of S_TM x S_TN micro-tiles and O += P V as an O_RT x O_CT
@@ -214,6 +225,23 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
   return FLASHCL_SUCCESS;
 }
 
+/* The probed-budget rule (see the top of this file): where M held Br below d
+ * and the device runs work-groups with more local memory, Br = min(d, 128) and
+ * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
+ * and map. *p is replaced only by such a plan. */
+static void fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
+  const int br = fcl_round_tile((size_t)d);
+  if (p->br >= br) return;
+  fcl_plan w = {0};
+  w.br = br;
+  for (w.bc = fcl_round_tile((size_t)br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
+    if (fcl_plan_threads(d, &w, max_wg) && w.local_bytes <= budget) {
+      *p = w;
+      return;
+    }
+  }
+}
+
 flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, int block_r, int block_c,
                              fcl_plan *plan) {
   (void)dtype; /* staging is fp32 for every dtype, see above */
@@ -227,11 +255,15 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
   const size_t max_wg = ctx->info.max_work_group_size;
   const size_t s = 4;
   if (fcl_fwd_cpu_map(ctx)) return fcl_make_plan_cpu(ctx, d, block_r, block_c, plan);
+  /* Explicit tiles may use all the local memory a work-group can have; the
+   * automatic rule starts from the reported M (see the top of this file). */
+  const size_t budget = fcl_local_budget(ctx);
+  const size_t fit = block_r || block_c ? budget : M;
   fcl_plan p = {0};
   p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
   p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
   int mapped = fcl_plan_threads(d, &p, max_wg);
-  while (p.local_bytes > M || !mapped) {
+  while (p.local_bytes > fit || !mapped) {
     int *shrink = NULL;
     if (!block_r && !block_c) shrink = p.bc > 8 ? &p.bc : &p.br;
     else if (!block_r) shrink = &p.br;
@@ -240,10 +272,11 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     *shrink = fcl_round_tile((size_t)*shrink - 1);
     mapped = fcl_plan_threads(d, &p, max_wg);
   }
-  if (p.local_bytes > M)
+  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M) fcl_plan_wide(d, budget, max_wg, &p);
+  if (p.local_bytes > fit)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Br=%d, Bc=%d at head_dim %d need %zu bytes of local memory; the device has %zu", p.br, p.bc, d,
-                    p.local_bytes, M);
+                    p.local_bytes, fit);
   if (!mapped)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Br=%d, Bc=%d at head_dim %d cannot be mapped to at most %zu work-items per work-group", p.br,

@@ -406,9 +406,10 @@ static void test_block_plan(void **state) {
   fct_env *env = fct_env_get();
   const int dims[] = {8, 32, 64, 96, 128, 256};
   const flashcl_dtype dts[] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
-  size_t i, j;
+  size_t i, j, usable = 0;
   flashcl_block_plan plan;
   (void)state;
+  FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
   for (i = 0; i < sizeof dims / sizeof dims[0]; i++)
     for (j = 0; j < 3; j++) {
       memset(&plan, 0, sizeof plan);
@@ -416,10 +417,10 @@ static void test_block_plan(void **state) {
                        "block_plan(d=%d, %s, auto)", dims[i], fct_dtype_str(dts[j]));
       FCT_CHECK(plan.block_r > 0 && plan.block_r % 8 == 0 && plan.block_c > 0 && plan.block_c % 8 == 0 &&
                     plan.threads > 0 && (size_t)plan.threads <= env->info.max_work_group_size &&
-                    plan.local_bytes > 0 && plan.local_bytes <= env->info.local_mem_size,
-                "block_plan(d=%d, %s): Br=%d Bc=%d threads=%d local=%zu (device: wg %zu, local %zu)", dims[i],
+                    plan.local_bytes > 0 && plan.local_bytes <= usable,
+                "block_plan(d=%d, %s): Br=%d Bc=%d threads=%d local=%zu (device: wg %zu, usable local %zu)", dims[i],
                 fct_dtype_str(dts[j]), plan.block_r, plan.block_c, plan.threads, plan.local_bytes,
-                env->info.max_work_group_size, env->info.local_mem_size);
+                env->info.max_work_group_size, usable);
     }
   FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 16, 32, &plan), FLASHCL_SUCCESS,
                    "block_plan(64, f32, 16, 32)");
@@ -453,6 +454,62 @@ static void test_block_plan(void **state) {
     EXPECT_PLAN_ERROR(flashcl_attention_block_plan(NULL, 64, FLASHCL_F32, 0, 0, &plan), FLASHCL_ERROR_INVALID_ARGUMENT,
                       "block_plan(ctx=NULL)");
 #undef EXPECT_PLAN_ERROR
+  }
+}
+
+/* ---------------------------------------------------------- local memory -- */
+
+/* The usable local memory: at least the reported M, more only where the probe
+ * ran (NVIDIA), and exactly M with FLASHCL_LOCAL_PROBE=0. Explicit tiles between
+ * the two must then be accepted (and the automatic ones stay within it, see
+ * test_block_plan). */
+static void test_local_memory(void **state) {
+  fct_env *env = fct_env_get();
+  size_t usable = 0, plain = 0;
+  flashcl_block_plan plan;
+  flashcl_context *ctx = NULL;
+  flashcl_status st;
+  (void)state;
+  FCT_CHECK_STATUS(flashcl_context_local_memory(NULL, &usable), FLASHCL_ERROR_INVALID_ARGUMENT, "local_memory(NULL ctx)");
+  FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, NULL), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "local_memory(NULL bytes)");
+  FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
+  FCT_CHECK(usable >= env->info.local_mem_size, "usable local memory %zu < reported %zu", usable,
+            env->info.local_mem_size);
+  if (!strstr(env->info.platform_name, "NVIDIA") || !env->info.is_gpu)
+    FCT_CHECK(usable == env->info.local_mem_size, "usable local memory %zu != reported %zu off NVIDIA GPUs", usable,
+              env->info.local_mem_size);
+  /* 128 x 64 fp32 tiles at d = 128 need about 130 KiB on a GPU. */
+  memset(&plan, 0, sizeof plan);
+  st = flashcl_attention_block_plan(env->ctx, 128, FLASHCL_F32, 128, 64, &plan);
+  if (usable > env->info.local_mem_size) {
+    FCT_CHECK(st == FLASHCL_SUCCESS, "explicit 128 x 64 at d = 128 refused with %zu usable bytes: %s", usable,
+              flashcl_context_last_error(env->ctx));
+    FCT_CHECK(plan.local_bytes > env->info.local_mem_size && plan.local_bytes <= usable,
+              "explicit 128 x 64 at d = 128: %zu local bytes (reported %zu, usable %zu)", plan.local_bytes,
+              env->info.local_mem_size, usable);
+  } else if (st == FLASHCL_SUCCESS) {
+    FCT_CHECK(plan.local_bytes <= usable, "explicit 128 x 64 at d = 128: %zu local bytes, usable %zu", plan.local_bytes,
+              usable);
+  } else {
+    FCT_CHECK(st == FLASHCL_ERROR_UNSUPPORTED, "explicit 128 x 64 at d = 128: %d (%s)", (int)st,
+              flashcl_status_string(st));
+  }
+  {
+    const char *old = getenv("FLASHCL_LOCAL_PROBE");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("FLASHCL_LOCAL_PROBE", "0", 1);
+    st = flashcl_context_create(NULL, &ctx);
+    if (st == FLASHCL_SUCCESS) st = flashcl_context_local_memory(ctx, &plain);
+    if (saved)
+      setenv("FLASHCL_LOCAL_PROBE", saved, 1);
+    else
+      unsetenv("FLASHCL_LOCAL_PROBE");
+    free(saved);
+    FCT_CHECK(st == FLASHCL_SUCCESS, "context with FLASHCL_LOCAL_PROBE=0: %s", flashcl_status_string(st));
+    FCT_CHECK(plain == env->info.local_mem_size, "FLASHCL_LOCAL_PROBE=0 gave %zu usable bytes, reported %zu", plain,
+              env->info.local_mem_size);
+    flashcl_context_destroy(ctx);
   }
 }
 
@@ -632,6 +689,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_device, save_device_env, restore_device_env),
       cmocka_unit_test(test_device_info),
       cmocka_unit_test(test_block_plan),
+      cmocka_unit_test(test_local_memory),
       cmocka_unit_test(test_workspace_size),
       cmocka_unit_test(test_workspace_size_errors),
       cmocka_unit_test(test_kernel_family),

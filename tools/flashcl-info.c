@@ -176,6 +176,15 @@ int main(int argc, char **argv) {
     printf("  type                %s\n", info.is_gpu ? "GPU" : "not a GPU");
     printf("  compute units       %u\n", (unsigned)info.compute_units);
     printf("  local memory (M)    %zu bytes (%.1f KiB)\n", info.local_mem_size, info.local_mem_size / 1024.0);
+    {
+      size_t usable = 0;
+      status = flashcl_context_local_memory(ctx, &usable);
+      if (status == FLASHCL_SUCCESS)
+        printf("  local memory usable %zu bytes (%.1f KiB)%s\n", usable, usable / 1024.0,
+               usable > info.local_mem_size ? ", probed: tiles are planned against it" : "");
+      else
+        printf("  local memory usable %s (%d)\n", flashcl_status_string(status), status);
+    }
     printf("  max work-group size %zu\n", info.max_work_group_size);
     printf("  global memory       %.1f MiB\n", (double)info.global_mem_size / (1024.0 * 1024.0));
     printf("  max allocation      %.1f MiB\n", (double)info.max_mem_alloc_size / (1024.0 * 1024.0));

@@ -1,0 +1,83 @@
+/* Device probes: running one small kernel privately, and the local-memory budget.
+ *
+ * Local-memory budget. Tiles are planned against the local memory a work-group
+ * may really use. That is CL_DEVICE_LOCAL_MEM_SIZE everywhere except on NVIDIA
+ * GPUs, whose driver reports 48 KiB (CUDA's static limit) but runs work-groups
+ * with far more (an H100 SM has 227 KiB for one block). There, on the first call
+ * that plans tiles, cl/local_probe.cl is built with FCL_LOCAL_PROBE bytes of
+ * __local and run; if it builds, runs and reads back the right values, the budget
+ * is FCL_LOCAL_PROBE. A failure of any kind only keeps the reported size: the
+ * reason goes to fcl_log, never to the caller. Other platforms are not probed: a
+ * driver that honours its report would only spend a failed build on it.
+ * FLASHCL_LOCAL_PROBE=0 skips the probe (comparisons, or a driver that misbehaves). */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The largest tensor-core configuration needs 145 KiB (backward dK/dV at
+ * d = 128: 8 warps, K and V tiles, two Q/dO buffers and the atomic dS tile; at
+ * 255 registers one such work-group runs per H100 SM). */
+#define FCL_LOCAL_PROBE (160 * 1024)
+
+cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host) {
+  cl_int err = CL_SUCCESS;
+  cl_command_queue q = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+  if (err != CL_SUCCESS || !q) return err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES;
+  err = clEnqueueNDRangeKernel(q, kern, 1, NULL, &gsz, &gsz, 0, NULL, NULL);
+  if (err == CL_SUCCESS) err = clEnqueueReadBuffer(q, out, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+  clReleaseCommandQueue(q);
+  return err;
+}
+
+/* 1 if local_probe with FCL_LOCAL_PROBE bytes of __local builds, runs and
+ * computes the right values. */
+static int fcl_run_local_probe(flashcl_context *ctx) {
+  char opts[96];
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DLOCAL_PROBE_BYTES=%d", FCL_LOCAL_PROBE);
+  cl_kernel kern;
+  if (fcl_get_kernel(ctx, "local_probe.cl", opts, "local_probe", &kern) != FLASHCL_SUCCESS) {
+    fcl_log(ctx, "local-memory probe does not build: %s", ctx->errmsg);
+    fcl_clear_error(ctx);
+    return 0;
+  }
+  cl_uint out[128];
+  cl_int err = CL_SUCCESS;
+  cl_mem bo = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, sizeof out, NULL, &err);
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof bo, &bo);
+  if (err == CL_SUCCESS) err = fcl_probe_run(ctx, kern, 128, bo, sizeof out, out);
+  if (bo) clReleaseMemObject(bo);
+  if (err != CL_SUCCESS) {
+    fcl_log(ctx, "local-memory probe failed to run (%s)", fcl_cl_error_name(err));
+    return 0;
+  }
+  const cl_uint n = FCL_LOCAL_PROBE / 4;
+  for (cl_uint tid = 0; tid < 128; tid++) {
+    cl_uint x = 0;
+    for (cl_uint i = tid; i < n; i += 128) {
+      const cl_uint j = (cl_uint)(((unsigned long long)i * 7919u) % n);
+      x ^= (cl_uint)(j * 2654435761u ^ 0x5bd1e995u) + i;
+    }
+    if (out[tid] != x) {
+      fcl_log(ctx, "local-memory probe read back wrong values");
+      return 0;
+    }
+  }
+  return 1;
+}
+
+size_t fcl_local_budget(flashcl_context *ctx) {
+  if (ctx->local_budget) return ctx->local_budget;
+  size_t budget = ctx->info.local_mem_size;
+  const char *env = getenv("FLASHCL_LOCAL_PROBE");
+  const int allowed = !(env && !strcmp(env, "0"));
+  if (allowed && ctx->info.is_gpu && strstr(ctx->info.platform_name, "NVIDIA") && budget < FCL_LOCAL_PROBE &&
+      fcl_run_local_probe(ctx)) {
+    budget = FCL_LOCAL_PROBE;
+    fcl_log(ctx, "local memory: the device runs work-groups with %zu bytes (it reports %zu)", budget,
+            ctx->info.local_mem_size);
+  }
+  ctx->local_budget = budget;
+  return budget;
+}
