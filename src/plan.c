@@ -228,18 +228,19 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
 /* The probed-budget rule (see the top of this file): where M held Br below d
  * and the device runs work-groups with more local memory, Br = min(d, 128) and
  * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
- * and map. *p is replaced only by such a plan. */
-static void fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
+ * and map. *p is replaced only by such a plan (then 1 is returned). */
+static int fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
   const int br = fcl_round_tile((size_t)d);
-  if (p->br >= br) return;
+  if (p->br >= br) return 0;
   fcl_plan w = {0};
   w.br = br;
   for (w.bc = fcl_round_tile((size_t)br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
     if (fcl_plan_threads(d, &w, max_wg) && w.local_bytes <= budget) {
       *p = w;
-      return;
+      return 1;
     }
   }
+  return 0;
 }
 
 flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, int block_r, int block_c,
@@ -258,7 +259,7 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
   /* Explicit tiles may use all the local memory a work-group can have; the
    * automatic rule starts from the reported M (see the top of this file). */
   const size_t budget = fcl_local_budget(ctx);
-  const size_t fit = block_r || block_c ? budget : M;
+  size_t fit = block_r || block_c ? budget : M;
   fcl_plan p = {0};
   p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
   p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
@@ -272,7 +273,8 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     *shrink = fcl_round_tile((size_t)*shrink - 1);
     mapped = fcl_plan_threads(d, &p, max_wg);
   }
-  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M) fcl_plan_wide(d, budget, max_wg, &p);
+  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && fcl_plan_wide(d, budget, max_wg, &p))
+    fit = budget;
   if (p.local_bytes > fit)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Br=%d, Bc=%d at head_dim %d need %zu bytes of local memory; the device has %zu", p.br, p.bc, d,
