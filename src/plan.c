@@ -20,13 +20,16 @@
  *
  * Probed budget. Where the device runs work-groups with more local memory than
  * it reports (fcl_local_budget, src/probe.c: NVIDIA, 160 KiB) and the rule above
- * left Br below d, M was what held Br down, so the budget restores Br = d
- * (clamped to 128, rounded) with Bc = Br / 2, Bc stepping down to 32 until the
- * tiles fit the budget and map; otherwise the plan above stands. Measured on the
- * H100 (f16, N = 4096, BENCHMARKS.md): d = 128 went from 48x32 (21.7 ms) to
- * 128x64 (18.2 ms; 128x48 and 96x64 were within 1.5% of it), while tiles wider
- * than Br / 2 were slower (48x64 20.0, 32x64 23.7 ms) and at d = 64, where the
- * rule already gives Br = d, every larger tile was slower than 64x48.
+ * left Br below d / 2 (so every K/V tile is read from memory more than twice as
+ * often as at the paper's Br = d), M was what held Br down: the budget restores
+ * Br = d (clamped to 128, rounded) with Bc = Br / 2, Bc stepping down to 32 until
+ * the tiles fit the budget and map; otherwise the plan above stands. Measured on
+ * the H100 (f16, N = 4096, BENCHMARKS.md): d = 128 went from 48x32 (21.7 ms) to
+ * 128x64 (18.1 ms; 128x48 and 96x64 were within 1.5% of it), while tiles wider
+ * than Br / 2 were slower (48x64 20.0, 32x64 23.7 ms). Where M already gives
+ * Br >= d / 2 the larger tiles did not pay: d = 96 (64x32) was 12% slower as
+ * 96x48, d = 80 (64x32) 4% faster as 80x32, and at d = 64 every larger tile was
+ * slower than 64x48.
  *
  * Explicit block_r / block_c (multiples of 8) are used as given, checked against
  * the budget; only the unspecified one shrinks, and FLASHCL_ERROR_UNSUPPORTED is
@@ -225,7 +228,7 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
   return FLASHCL_SUCCESS;
 }
 
-/* The probed-budget rule (see the top of this file): where M held Br below d
+/* The probed-budget rule (see the top of this file): where M held Br below d / 2
  * and the device runs work-groups with more local memory, Br = min(d, 128) and
  * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
  * and map. *p is replaced only by such a plan (then 1 is returned). */
@@ -273,7 +276,8 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     *shrink = fcl_round_tile((size_t)*shrink - 1);
     mapped = fcl_plan_threads(d, &p, max_wg);
   }
-  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && fcl_plan_wide(d, budget, max_wg, &p))
+  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && 2 * p.br < d &&
+      fcl_plan_wide(d, budget, max_wg, &p))
     fit = budget;
   if (p.local_bytes > fit)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
