@@ -213,8 +213,8 @@ typedef struct flashcl_device_info {
 FLASHCL_API flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_device_info *info);
 
 /* Local memory per work-group, in bytes, that the flash kernels plan their tiles
- * against: local_mem_size (M), except where the device runs work-groups with more
- * than it reports. NVIDIA's driver reports 48 KiB but runs more, so on NVIDIA
+ * against (never less than local_mem_size, M): M, except where the device runs
+ * work-groups with more than it reports. NVIDIA's driver reports 48 KiB but runs more, so on NVIDIA
  * GPUs the first call (or the first flash call) builds and runs a small probe
  * kernel; if it passes, this is 160 KiB. FLASHCL_LOCAL_PROBE=0 skips the probe.
  * The automatic block plans and the explicit block sizes are checked against it

@@ -50,6 +50,20 @@ static flashcl_status fcl_query_info(flashcl_context *ctx) {
   if (err != CL_SUCCESS) return fcl_fail(ctx, FLASHCL_ERROR_OPENCL, "clGetDeviceInfo failed");
   in->is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
   in->local_mem_size = (size_t)local;
+  ctx->local_mem_actual = (size_t)local;
+  {
+    /* Testing aid: plan as if the device reported less (see README). */
+    const char *env = getenv("FLASHCL_LOCAL_MEM_SIZE");
+    if (env && *env) {
+      char *end = NULL;
+      const unsigned long long n = strtoull(env, &end, 10);
+      if (*end == '\0' && n >= 1024 && n < (unsigned long long)local)
+        in->local_mem_size = (size_t)n;
+      else
+        fcl_log(ctx, "FLASHCL_LOCAL_MEM_SIZE=%s ignored: it must be a byte count from 1024 to below the reported %llu",
+                env, (unsigned long long)local);
+    }
+  }
   size_t ext_size = 0;
   if (clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size) == CL_SUCCESS && ext_size) {
     char *ext = malloc(ext_size + 1);

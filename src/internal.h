@@ -38,8 +38,10 @@ struct flashcl_context {
    * budget (fcl_local_budget), copied when the path is probed. */
   size_t mma_local_bytes;
   /* Local memory per work-group that tiles are planned against: 0 until the
-   * first fcl_local_budget call (src/probe.c). */
+   * first fcl_local_budget call (src/probe.c). local_mem_actual: what the device
+   * reports (info.local_mem_size is less under FLASHCL_LOCAL_MEM_SIZE). */
   size_t local_budget;
+  size_t local_mem_actual;
   int mma_cc; /* compute capability * 10 (e.g. 90), once probed */
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode.c): grow-only, released by flashcl_context_destroy. last: the

@@ -9,7 +9,10 @@
  * is FCL_LOCAL_PROBE. A failure of any kind only keeps the reported size: the
  * reason goes to fcl_log, never to the caller. Other platforms are not probed: a
  * driver that honours its report would only spend a failed build on it.
- * FLASHCL_LOCAL_PROBE=0 skips the probe (comparisons, or a driver that misbehaves). */
+ * FLASHCL_LOCAL_PROBE=0 skips the probe (comparisons, or a driver that misbehaves).
+ * Under FLASHCL_LOCAL_MEM_SIZE (a testing aid: M as if the device reported less)
+ * the budget still starts from what the device reports, so the rules for a
+ * budget above M can be exercised on any device, PoCL included. */
 #include "internal.h"
 
 #include <stdio.h>
@@ -69,14 +72,14 @@ static int fcl_run_local_probe(flashcl_context *ctx) {
 
 size_t fcl_local_budget(flashcl_context *ctx) {
   if (ctx->local_budget) return ctx->local_budget;
-  size_t budget = ctx->info.local_mem_size;
+  size_t budget = ctx->local_mem_actual;
   const char *env = getenv("FLASHCL_LOCAL_PROBE");
   const int allowed = !(env && !strcmp(env, "0"));
   if (allowed && ctx->info.is_gpu && strstr(ctx->info.platform_name, "NVIDIA") && budget < FCL_LOCAL_PROBE &&
       fcl_run_local_probe(ctx)) {
     budget = FCL_LOCAL_PROBE;
     fcl_log(ctx, "local memory: the device runs work-groups with %zu bytes (it reports %zu)", budget,
-            ctx->info.local_mem_size);
+            ctx->local_mem_actual);
   }
   ctx->local_budget = budget;
   return budget;

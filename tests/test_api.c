@@ -513,6 +513,68 @@ static void test_local_memory(void **state) {
   }
 }
 
+/* FLASHCL_LOCAL_MEM_SIZE lowers M below what the device reports while the budget
+ * stays at the device's own figure, so the rules for a budget above M run on any
+ * device (PoCL included; on NVIDIA the probe gives the same picture). With
+ * M = 48 KiB and the GPU work-item mapping, d = 128 gets the budget's 128 x 64
+ * (M alone: 48 x 32), while d = 64 and 96, where M already gives Br >= d / 2,
+ * keep M's 64 x 48 and 64 x 32. */
+static void set_or_unset(const char *name, const char *value) {
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
+static void test_local_memory_override(void **state) {
+  static const char *const names[] = {"FLASHCL_LOCAL_MEM_SIZE", "FLASHCL_FWD_MAP"};
+  static const int dims[] = {128, 64, 96};
+  char *saved[2];
+  flashcl_context *ctx = NULL;
+  flashcl_device_info info;
+  flashcl_block_plan plans[3];
+  flashcl_status st, pst[3];
+  size_t usable = 0;
+  int i;
+  (void)state;
+  memset(&info, 0, sizeof info);
+  memset(plans, 0, sizeof plans);
+  /* Both variables are set only around the calls (M is read at creation, the
+   * mapping at each plan) and restored before any check can end the test. */
+  for (i = 0; i < 2; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+  setenv("FLASHCL_LOCAL_MEM_SIZE", "49152", 1);
+  setenv("FLASHCL_FWD_MAP", "gpu", 1);
+  st = flashcl_context_create(NULL, &ctx);
+  if (st == FLASHCL_SUCCESS) {
+    flashcl_context_device_info(ctx, &info);
+    st = flashcl_context_local_memory(ctx, &usable);
+    for (i = 0; i < 3; i++)
+      pst[i] = flashcl_attention_block_plan(ctx, dims[i], i ? FLASHCL_F16 : FLASHCL_F32, 0, 0, &plans[i]);
+  }
+  for (i = 0; i < 2; i++) {
+    set_or_unset(names[i], saved[i]);
+    free(saved[i]);
+  }
+  FCT_CHECK(st == FLASHCL_SUCCESS, "context with FLASHCL_LOCAL_MEM_SIZE=49152: %s", flashcl_status_string(st));
+  flashcl_context_destroy(ctx);
+  FCT_CHECK(info.local_mem_size <= 49152, "FLASHCL_LOCAL_MEM_SIZE=49152 left M at %zu", info.local_mem_size);
+  if (usable <= info.local_mem_size || info.max_work_group_size < 256) {
+    print_message("[ SKIPPED  ] no local memory beyond M = %zu (usable %zu) or fewer than 256 work-items\n",
+                  info.local_mem_size, usable);
+    return;
+  }
+  for (i = 0; i < 3; i++)
+    FCT_CHECK(pst[i] == FLASHCL_SUCCESS, "plan(d=%d): %s", dims[i], flashcl_status_string(pst[i]));
+  FCT_CHECK(plans[0].block_r == 128 && plans[0].block_c == 64 && plans[0].local_bytes > info.local_mem_size &&
+                plans[0].local_bytes <= usable,
+            "d = 128 with M = %zu, budget %zu: Br=%d Bc=%d, %zu bytes; want 128 x 64 past M", info.local_mem_size,
+            usable, plans[0].block_r, plans[0].block_c, plans[0].local_bytes);
+  FCT_CHECK(plans[1].block_r == 64 && plans[1].block_c == 48, "d = 64: Br=%d Bc=%d, want M's 64 x 48",
+            plans[1].block_r, plans[1].block_c);
+  FCT_CHECK(plans[2].block_r == 64 && plans[2].block_c == 32, "d = 96: Br=%d Bc=%d, want M's 64 x 32",
+            plans[2].block_r, plans[2].block_c);
+}
+
 /* -------------------------------------------------------- workspace size -- */
 
 static size_t workspace(flashcl_algo algo, int64_t n, flashcl_dtype dtype) {
@@ -690,6 +752,7 @@ int main(void) {
       cmocka_unit_test(test_device_info),
       cmocka_unit_test(test_block_plan),
       cmocka_unit_test(test_local_memory),
+      cmocka_unit_test(test_local_memory_override),
       cmocka_unit_test(test_workspace_size),
       cmocka_unit_test(test_workspace_size_errors),
       cmocka_unit_test(test_kernel_family),

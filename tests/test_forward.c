@@ -99,6 +99,9 @@ static const fct_table_entry TESTS[] = {
     {"f16_d32_N100_causal", CHECK, {F16, 2, 100, 100, 2, 2, 32, 1, 0, FCT_BNHD}, FLASH},
     {"bf16_d96_Nq50_Nk70", CHECK, {BF16, 1, 50, 70, 2, 2, 96, 0, 0, FCT_BNHD}, FLASH},
     {"f32_d128_Nq70_Nk50_causal", CHECK, {F32, 1, 70, 50, 2, 1, 128, 1, 0, FCT_BNHD}, FLASH},
+    /* More than one 128-row tile and several 64-key tiles under the probed-budget
+     * plan (test_forward_wide_tiles runs the d128 cases with it). */
+    {"f16_d128_N300_gqa_4_2", CHECK, {F16, 1, 300, 300, 4, 2, 128, 0, 0, FCT_BNHD}, FLASH},
     {"f32_d256_N40", CHECK, {F32, 1, 40, 40, 2, 2, 256, 0, 0, FCT_BNHD}, FLASH},
     {"bf16_d256_Nq33_Nk20_causal", CHECK, {BF16, 1, 33, 20, 2, 2, 256, 1, 0, FCT_BNHD}, FLASH},
 };
