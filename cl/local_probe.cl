@@ -13,10 +13,11 @@
  * repeats the computation.
  *
  * Parameters (-D):
- *   LOCAL_PROBE_BYTES   bytes of __local to allocate (a multiple of 4)
+ *   LOCAL_PROBE_BYTES   bytes of __local to allocate (a multiple of 4; the default
+ *                       fits OpenCL's 32 KiB minimum, so the file builds anywhere)
  */
 #ifndef LOCAL_PROBE_BYTES
-#define LOCAL_PROBE_BYTES 65536
+#define LOCAL_PROBE_BYTES 16384
 #endif
 
 __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void local_probe(__global uint *out) {

@@ -150,7 +150,7 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
     if (!want_bc && (int)i >= n_auto) break;
     if (fcl_bwd_local_bytes(p->br, p->bc, d) > fit) continue;
     p->threads = p->br * p->bc >= 64 ? 64 : p->br * p->bc;
-    if (probed && p->br * p->bc >= 1024) p->threads = 128;
+    if (probed && p->br * p->bc >= 1024 && ctx->info.max_work_group_size >= 128) p->threads = 128;
     /* CPUs (PoCL runs a work-group as loops over its work-items, with every value
      * that lives across a barrier in memory): 16 work-items with larger
      * register tiles were 1.3-1.4x faster than 128 (N = 1024-2048, d = 64). */

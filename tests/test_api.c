@@ -476,7 +476,9 @@ static void test_local_memory(void **state) {
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
   FCT_CHECK(usable >= env->info.local_mem_size, "usable local memory %zu < reported %zu", usable,
             env->info.local_mem_size);
-  if (!strstr(env->info.platform_name, "NVIDIA") || !env->info.is_gpu)
+  /* FLASHCL_LOCAL_MEM_SIZE (a testing aid) lowers M below the device's figure. */
+  const int lowered = getenv("FLASHCL_LOCAL_MEM_SIZE") != NULL;
+  if (!lowered && (!strstr(env->info.platform_name, "NVIDIA") || !env->info.is_gpu))
     FCT_CHECK(usable == env->info.local_mem_size, "usable local memory %zu != reported %zu off NVIDIA GPUs", usable,
               env->info.local_mem_size);
   /* 128 x 64 fp32 tiles at d = 128 need about 130 KiB on a GPU. */
@@ -507,8 +509,8 @@ static void test_local_memory(void **state) {
       unsetenv("FLASHCL_LOCAL_PROBE");
     free(saved);
     FCT_CHECK(st == FLASHCL_SUCCESS, "context with FLASHCL_LOCAL_PROBE=0: %s", flashcl_status_string(st));
-    FCT_CHECK(plain == env->info.local_mem_size, "FLASHCL_LOCAL_PROBE=0 gave %zu usable bytes, reported %zu", plain,
-              env->info.local_mem_size);
+    FCT_CHECK(lowered || plain == env->info.local_mem_size, "FLASHCL_LOCAL_PROBE=0 gave %zu usable bytes, reported %zu",
+              plain, env->info.local_mem_size);
     flashcl_context_destroy(ctx);
   }
 }

@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
       status = flashcl_context_local_memory(ctx, &usable);
       if (status == FLASHCL_SUCCESS)
         printf("  local memory usable %zu bytes (%.1f KiB)%s\n", usable, usable / 1024.0,
-               usable > info.local_mem_size ? ", probed: tiles are planned against it" : "");
+               usable > info.local_mem_size ? ", above M: tiles are planned against it" : "");
       else
         printf("  local memory usable %s (%d)\n", flashcl_status_string(status), status);
     }
