@@ -23,13 +23,16 @@
  * left Br below d / 2 (so every K/V tile is read from memory more than twice as
  * often as at the paper's Br = d), M was what held Br down: the budget restores
  * Br = d (clamped to 128, rounded) with Bc = Br / 2, Bc stepping down to 32 until
- * the tiles fit the budget and map; otherwise the plan above stands. Measured on
- * the H100 (f16, N = 4096, BENCHMARKS.md): d = 128 went from 48x32 (21.7 ms) to
+ * the tiles fit the budget and map, then Br stepping down by 16 (while above M's
+ * Br) where no such tile fits; otherwise the plan above stands. Measured on the
+ * H100 (f16, N = 4096, BENCHMARKS.md): d = 128 went from 48x32 (21.7 ms) to
  * 128x64 (18.1 ms; 128x48 and 96x64 were within 1.5% of it), while tiles wider
- * than Br / 2 were slower (48x64 20.0, 32x64 23.7 ms). Where M already gives
- * Br >= d / 2 the larger tiles did not pay: d = 96 (64x32) was 12% slower as
- * 96x48, d = 80 (64x32) 4% faster as 80x32, and at d = 64 every larger tile was
- * slower than 64x48.
+ * than Br / 2 were slower (48x64 20.0, 32x64 23.7 ms). Past d = 128 the step-down
+ * gives 112x48 to 64x32 where M gave 32x32 to 16x16: 1.13x (d = 192) to 2.08x
+ * (d = 144) faster, 1.16x at d = 256. Where M already gives Br >= d / 2 the
+ * larger tiles did not pay: d = 96 (64x32) was 12% slower as 96x48, d = 80
+ * (64x32) 4% faster as 80x32, and at d = 64 every larger tile was slower than
+ * 64x48.
  *
  * Explicit block_r / block_c (multiples of 8) are used as given, checked against
  * the budget; only the unspecified one shrinks, and FLASHCL_ERROR_UNSUPPORTED is
@@ -231,18 +234,17 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
 /* The probed-budget rule (see the top of this file): where M held Br below d / 2
  * and the device runs work-groups with more local memory, Br = min(d, 128) and
  * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
- * and map. *p is replaced only by such a plan (then 1 is returned). */
+ * and map, then Br stepping down (while above M's Br) the same way. *p is
+ * replaced only by such a plan (then 1 is returned). */
 static int fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
-  const int br = fcl_round_tile((size_t)d);
-  if (p->br >= br) return 0;
   fcl_plan w = {0};
-  w.br = br;
-  for (w.bc = fcl_round_tile((size_t)br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
-    if (fcl_plan_threads(d, &w, max_wg) && w.local_bytes <= budget) {
-      *p = w;
-      return 1;
+  for (w.br = fcl_round_tile((size_t)d); w.br > p->br && w.br >= 16; w.br = fcl_round_tile((size_t)w.br - 1))
+    for (w.bc = fcl_round_tile((size_t)w.br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
+      if (fcl_plan_threads(d, &w, max_wg) && w.local_bytes <= budget) {
+        *p = w;
+        return 1;
+      }
     }
-  }
   return 0;
 }
 

@@ -519,8 +519,8 @@ static void test_local_memory(void **state) {
  * stays at the device's own figure, so the rules for a budget above M run on any
  * device (PoCL included; on NVIDIA the probe gives the same picture). With
  * M = 48 KiB and the GPU work-item mapping, d = 128 gets the budget's 128 x 64
- * (M alone: 48 x 32), while d = 64 and 96, where M already gives Br >= d / 2,
- * keep M's 64 x 48 and 64 x 32. */
+ * (M alone: 48 x 32) and d = 256 64 x 32 (M: 16 x 16), while d = 64 and 96,
+ * where M already gives Br >= d / 2, keep M's 64 x 48 and 64 x 32. */
 static void set_or_unset(const char *name, const char *value) {
   if (value)
     setenv(name, value, 1);
@@ -530,12 +530,12 @@ static void set_or_unset(const char *name, const char *value) {
 
 static void test_local_memory_override(void **state) {
   static const char *const names[] = {"FLASHCL_LOCAL_MEM_SIZE", "FLASHCL_FWD_MAP"};
-  static const int dims[] = {128, 64, 96};
+  static const int dims[] = {128, 64, 96, 256};
   char *saved[2];
   flashcl_context *ctx = NULL;
   flashcl_device_info info;
-  flashcl_block_plan plans[3];
-  flashcl_status st, pst[3];
+  flashcl_block_plan plans[4];
+  flashcl_status st, pst[4];
   size_t usable = 0;
   int i;
   (void)state;
@@ -550,7 +550,7 @@ static void test_local_memory_override(void **state) {
   if (st == FLASHCL_SUCCESS) {
     flashcl_context_device_info(ctx, &info);
     st = flashcl_context_local_memory(ctx, &usable);
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < 4; i++)
       pst[i] = flashcl_attention_block_plan(ctx, dims[i], i ? FLASHCL_F16 : FLASHCL_F32, 0, 0, &plans[i]);
   }
   for (i = 0; i < 2; i++) {
@@ -565,7 +565,7 @@ static void test_local_memory_override(void **state) {
                   info.local_mem_size, usable);
     return;
   }
-  for (i = 0; i < 3; i++)
+  for (i = 0; i < 4; i++)
     FCT_CHECK(pst[i] == FLASHCL_SUCCESS, "plan(d=%d): %s", dims[i], flashcl_status_string(pst[i]));
   FCT_CHECK(plans[0].block_r == 128 && plans[0].block_c == 64 && plans[0].local_bytes > info.local_mem_size &&
                 plans[0].local_bytes <= usable,
@@ -575,6 +575,10 @@ static void test_local_memory_override(void **state) {
             plans[1].block_r, plans[1].block_c);
   FCT_CHECK(plans[2].block_r == 64 && plans[2].block_c == 32, "d = 96: Br=%d Bc=%d, want M's 64 x 32",
             plans[2].block_r, plans[2].block_c);
+  /* d = 256: no 128-row tile fits or maps, so Br steps down to 64 (M: 16 x 16). */
+  FCT_CHECK(plans[3].block_r == 64 && plans[3].block_c == 32 && plans[3].local_bytes > info.local_mem_size,
+            "d = 256: Br=%d Bc=%d, %zu bytes; want 64 x 32 past M", plans[3].block_r, plans[3].block_c,
+            plans[3].local_bytes);
 }
 
 /* -------------------------------------------------------- workspace size -- */

@@ -99,9 +99,12 @@ static const fct_table_entry TESTS[] = {
     {"f16_d32_N100_causal", CHECK, {F16, 2, 100, 100, 2, 2, 32, 1, 0, FCT_BNHD}, FLASH},
     {"bf16_d96_Nq50_Nk70", CHECK, {BF16, 1, 50, 70, 2, 2, 96, 0, 0, FCT_BNHD}, FLASH},
     {"f32_d128_Nq70_Nk50_causal", CHECK, {F32, 1, 70, 50, 2, 1, 128, 1, 0, FCT_BNHD}, FLASH},
-    /* More than one 128-row tile and several 64-key tiles under the probed-budget
-     * plan (test_forward_wide_tiles runs the d128 cases with it). */
-    {"f16_d128_N300_gqa_4_2", CHECK, {F16, 1, 300, 300, 4, 2, 128, 0, 0, FCT_BNHD}, FLASH},
+    /* The "wide" cases also run under the probed-budget plans (test_forward_wide_tiles):
+     * 128 x 64 at d = 128 (more than one row tile, several key tiles), 80 x 32 at
+     * d = 176 and 64 x 32 at d = 256. */
+    {"f16_d128_N300_gqa_4_2_wide", CHECK, {F16, 1, 300, 300, 4, 2, 128, 0, 0, FCT_BNHD}, FLASH},
+    {"bf16_d176_Nq90_Nk140_wide", CHECK, {BF16, 1, 90, 140, 2, 1, 176, 0, 0, FCT_BNHD}, FLASH},
+    {"f32_d256_N150_causal_wide", CHECK, {F32, 1, 150, 150, 2, 2, 256, 1, 0, FCT_BNHD}, FLASH},
     {"f32_d256_N40", CHECK, {F32, 1, 40, 40, 2, 2, 256, 0, 0, FCT_BNHD}, FLASH},
     {"bf16_d256_Nq33_Nk20_causal", CHECK, {BF16, 1, 33, 20, 2, 2, 256, 1, 0, FCT_BNHD}, FLASH},
 };
