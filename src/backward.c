@@ -128,11 +128,21 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
  *
  * Where the device runs work-groups with more local memory than it reports
  * (src/probe.c), the tiles are planned against half of that budget (so that two
- * work-groups share a compute unit) or M, whichever is larger, and score tiles
- * of 1024 entries or more get 128 work-items. On the H100 (160 KiB budget) this
- * gives 32x32 at d = 128 (89.7 ms against 112-113 for 16x16; 48x32, which needs
- * more than half, 85.6; 64x32 94.8) and 64x32 at d = 64 (75.3 against 80.8 for
- * 32x32; 64x64 80.2), both at 128 work-items (64: 98.7 and 95.3 ms). */
+ * work-groups share a compute unit) or M, whichever is larger, except that 32x32
+ * is taken whenever the whole budget holds it: smaller tiles give each work-item
+ * too little reuse. Score tiles of 1024 entries or more get 128 work-items, or
+ * 256 where 128 would each hold more than 40 of the Bc x d values of dK (and of
+ * dV; 32 at d = 128 and 40 at d = 80 ran best at 128, 48 at d = 192 and 64 at
+ * d = 256 at 256). On the H100 (160 KiB budget, f16, N = 4096) this gives:
+ *   d = 64:  64x32, 128 work-items: 75.3 ms (the 48 KiB plan, 32x32 at 64: 80.8;
+ *            64x64 80.2; 64x32 at 64 work-items 95.3); d = 80: 64x32, 128: 84.5
+ *            (the 48 KiB plan: 103.4);
+ *   d = 128: 32x32, 128: 89.7 (16x16 at 64: 112-113; 32x32 at 64 / 256: 98.7 /
+ *            93.1; 64x32 94.8; 48x32, which needs more than half, 85.6);
+ *   d = 192: 32x32, 256: 86.9 (half the budget alone gave 32x16 at 64: 171.9;
+ *            32x32 at 128: 92.1);
+ *   d = 256: 32x32, 256: 115.3 (16x16 at 64: 148.4, at 128: 142.6; 32x16 at
+ *            128: 121.8). */
 static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
   static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
                                 {32, 8}, {24, 16}, {24, 8}, {48, 32}};
@@ -148,9 +158,13 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
     p->br = cand[i][1];
     if (want_bc && (p->bc != want_bc || p->br != want_br)) continue;
     if (!want_bc && (int)i >= n_auto) break;
-    if (fcl_bwd_local_bytes(p->br, p->bc, d) > fit) continue;
+    const size_t bytes = fcl_bwd_local_bytes(p->br, p->bc, d);
+    if (bytes > fit && !(probed && p->bc == 32 && p->br == 32 && bytes <= budget)) continue;
     p->threads = p->br * p->bc >= 64 ? 64 : p->br * p->bc;
-    if (probed && p->br * p->bc >= 1024 && ctx->info.max_work_group_size >= 128) p->threads = 128;
+    if (probed && p->br * p->bc >= 1024) {
+      const int want = p->bc * d > 40 * 128 ? 256 : 128;
+      if (ctx->info.max_work_group_size >= (size_t)want) p->threads = want;
+    }
     /* CPUs (PoCL runs a work-group as loops over its work-items, with every value
      * that lives across a barrier in memory): 16 work-items with larger
      * register tiles were 1.3-1.4x faster than 128 (N = 1024-2048, d = 64). */

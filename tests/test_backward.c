@@ -230,11 +230,13 @@ static const bwd_case CASES[] = {
     {"f16_d128_plan_32x8x64_dropout", K_BWD, F16, 1, 40, 50, 2, 1, 128, 0, 0.1f, R_DET, SRC_REF, FCT_BNHD, 0.0f,
      OFS_RANDOM, 0, NULL, NULL, "32,8,64"},
     /* The plans of a probed local-memory budget (NVIDIA): 128 work-items on 32x32
-     * at d = 128 and on 64x32 at d = 64. */
+     * at d = 128 and on 64x32 at d = 64, 256 on 32x32 past d = 128. */
     {"f32_d128_plan_32x32x128_causal_gqa_4_2", K_BWD, F32, 1, 70, 65, 4, 2, 128, 1, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "32,32,128"},
     {"f16_d64_plan_64x32x128_dropout", K_BWD, F16, 1, 80, 90, 2, 2, 64, 0, 0.1f, R_DET | R_ATOMIC, SRC_REF, FCT_BNHD,
      0.0f, OFS_RANDOM, 0, NULL, NULL, "64,32,128"},
+    {"bf16_d192_plan_32x32x256_causal", K_BWD, BF16, 1, 70, 75, 2, 1, 192, 1, 0.0f, R_DET | R_ATOMIC, SRC_REF,
+     FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "32,32,256"},
     /* ---- forward with dropout: naive and flash against the reference ---- */
     FWD_DROP("fwd_dropout_f32_d64", F32, 2, 65, 65, 2, 2, 64, 0, 0.1f),
     FWD_DROP("fwd_dropout_f32_d64_causal_gqa_8_1_empty_rows", F32, 1, 65, 40, 8, 1, 64, 1, 0.1f),
