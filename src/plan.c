@@ -237,9 +237,15 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
  * and map, then Br stepping down (while above M's Br) the same way. *p is
  * replaced only by such a plan (then 1 is returned). */
 static int fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
+  /* A mapping needs br * bc <= FCL_MAX_S * T and br * d <= FCL_MAX_O * T: tiles
+   * past that are skipped before the (costly) search of fcl_plan_threads. */
+  const long tmax = (long)(max_wg < FCL_MAX_THREADS ? max_wg : FCL_MAX_THREADS);
   fcl_plan w = {0};
   for (w.br = fcl_round_tile((size_t)d); w.br > p->br && w.br >= 16; w.br = fcl_round_tile((size_t)w.br - 1))
     for (w.bc = fcl_round_tile((size_t)w.br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
+      if ((long)w.br * w.bc > FCL_MAX_S * tmax || (long)w.br * d > FCL_MAX_O * tmax ||
+          fcl_plan_local_bytes(d, w.br, w.bc, 1) > budget)
+        continue;
       if (fcl_plan_threads(d, &w, max_wg) && w.local_bytes <= budget) {
         *p = w;
         return 1;
