@@ -166,6 +166,14 @@ static void expect_device_not_found(const char *env_value, const char *option_va
   FCT_CHECK(ctx == NULL, "flashcl_context_create failed but left *out = %p (want NULL)", (void *)ctx);
 }
 
+/* Puts an environment variable back: value, or unset when value is NULL. */
+static void set_or_unset(const char *name, const char *value) {
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
 /* FLASHCL_DEVICE is saved before and restored after test_bad_device, even when it
  * fails part-way, so later tests see the caller's setting. */
 static char *g_saved_device;
@@ -181,10 +189,7 @@ static int save_device_env(void **state) {
 
 static int restore_device_env(void **state) {
   (void)state;
-  if (g_had_device && g_saved_device)
-    setenv("FLASHCL_DEVICE", g_saved_device, 1);
-  else
-    unsetenv("FLASHCL_DEVICE");
+  set_or_unset("FLASHCL_DEVICE", g_had_device ? g_saved_device : NULL);
   free(g_saved_device);
   g_saved_device = NULL;
   return 0;
@@ -503,10 +508,7 @@ static void test_local_memory(void **state) {
     setenv("FLASHCL_LOCAL_PROBE", "0", 1);
     st = flashcl_context_create(NULL, &ctx);
     if (st == FLASHCL_SUCCESS) st = flashcl_context_local_memory(ctx, &plain);
-    if (saved)
-      setenv("FLASHCL_LOCAL_PROBE", saved, 1);
-    else
-      unsetenv("FLASHCL_LOCAL_PROBE");
+    set_or_unset("FLASHCL_LOCAL_PROBE", saved);
     free(saved);
     FCT_CHECK(st == FLASHCL_SUCCESS, "context with FLASHCL_LOCAL_PROBE=0: %s", flashcl_status_string(st));
     FCT_CHECK(lowered || plain == env->info.local_mem_size, "FLASHCL_LOCAL_PROBE=0 gave %zu usable bytes, reported %zu",
@@ -521,13 +523,6 @@ static void test_local_memory(void **state) {
  * M = 48 KiB and the GPU work-item mapping, d = 128 gets the budget's 128 x 64
  * (M alone: 48 x 32) and d = 256 64 x 32 (M: 16 x 16), while d = 64 and 96,
  * where M already gives Br >= d / 2, keep M's 64 x 48 and 64 x 32. */
-static void set_or_unset(const char *name, const char *value) {
-  if (value)
-    setenv(name, value, 1);
-  else
-    unsetenv(name);
-}
-
 static void test_local_memory_override(void **state) {
   static const char *const names[] = {"FLASHCL_LOCAL_MEM_SIZE", "FLASHCL_FWD_MAP"};
   static const int dims[] = {128, 64, 96, 256};
