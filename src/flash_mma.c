@@ -275,6 +275,8 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
                                const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
                                const cl_event *wait, cl_event *out_event) {
+  if (fcl_wgmma_covered(ctx, p))
+    return fcl_wgmma_forward(ctx, p, desc, q, k, v, o, lse, nwait, wait, out_event);
   const fcl_mma_config c = fcl_mma_pick(ctx, p);
   const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");

@@ -43,6 +43,9 @@ struct flashcl_context {
   size_t local_budget;
   size_t local_mem_actual;
   int mma_cc; /* compute capability * 10 (e.g. 90), once probed */
+  /* Hopper wgmma forward (src/flash_wgmma.c): same states as mma_state. */
+  int wgmma_state;
+  char wgmma_reason[512];
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode.c): grow-only, released by flashcl_context_destroy. last: the
    * last command of the latest call that used it, kept only on an out-of-order
@@ -88,6 +91,10 @@ size_t fcl_local_budget(flashcl_context *ctx);
 /* Builds (once) and returns a kernel of program `file` compiled with `options`. */
 flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options,
                               const char *kernel_name, cl_kernel *out);
+/* The same for a program whose PTX is retargeted to sm_90a before the driver
+ * assembles it (src/program.c; cl/flash_fwd_wgmma.cl says why). */
+flashcl_status fcl_get_kernel_sm90a(flashcl_context *ctx, const char *file, const char *options,
+                                    const char *kernel_name, cl_kernel *out);
 void fcl_release_programs(flashcl_context *ctx);
 
 /* The context's side queue (see side_queue), or NULL where it cannot be
@@ -196,6 +203,15 @@ int fcl_mma_rows_aligned(const flashcl_tensor *t);
 int fcl_mma_available(flashcl_context *ctx);
 /* Prints a kernel's build log and resource figures to stderr (FLASHCL_MMA_BUILD_LOG). */
 void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
+
+/* Hopper wgmma forward (src/flash_wgmma.c), taken by fcl_mma_forward where
+ * fcl_wgmma_covered says so: compute capability 9.0, its probe passed, and p
+ * within the kernel's coverage. */
+int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p);
+flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
+                                 const cl_event *wait, cl_event *out_event);
 
 /* NVIDIA tensor-core backward kernels (src/backward_mma.c). */
 typedef struct fcl_mma_bwd_config {

@@ -1,7 +1,8 @@
 /* Kernel sources and the per-context program cache.
  *
  * Programs are built on first use and cached by (file, build options); the
- * context is bound to one device, so the key needs no device. Kernel objects are
+ * context is bound to one device, so the key needs no device. Programs built for
+ * sm_90a (fcl_get_kernel_sm90a) are cached under their own keys. Kernel objects are
  * cached with their program because clCreateKernel is not free on every driver. */
 #include "internal.h"
 
@@ -102,17 +103,109 @@ static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const c
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options, const char *kernel_name,
-                              cl_kernel *out) {
-  size_t keylen = strlen(file) + strlen(options) + 2;
+/* The PTX text of a built program (NVIDIA's "binary"), NUL-terminated; NULL if
+ * the program has no single textual binary. */
+static char *fcl_program_ptx(cl_program prog) {
+  size_t size = 0;
+  if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS || size == 0) return NULL;
+  unsigned char *bin = malloc(size + 1);
+  if (!bin) return NULL;
+  if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
+    free(bin);
+    return NULL;
+  }
+  bin[size] = '\0';
+  return (char *)bin;
+}
+
+/* Copy of ptx with every SM90A_MARKER deleted and `.target sm_90` raised to
+ * `.target sm_90a`; NULL (with *why set) if either is missing. */
+#define SM90A_MARKER "//@sm90a@ "
+static char *fcl_ptx_to_sm90a(const char *ptx, const char **why) {
+  const char *tgt = strstr(ptx, ".target sm_90");
+  if (!tgt || (tgt[13] != ',' && tgt[13] != '\n' && tgt[13] != ' ' && tgt[13] != '\r')) {
+    *why = "the compiler's PTX does not target sm_90";
+    return NULL;
+  }
+  if (!strstr(ptx, SM90A_MARKER)) {
+    *why = "the compiler's PTX lost the sm_90a instructions";
+    return NULL;
+  }
+  const size_t mlen = strlen(SM90A_MARKER);
+  char *out = malloc(strlen(ptx) + 2), *w = out;
+  if (!out) {
+    *why = "out of host memory";
+    return NULL;
+  }
+  for (const char *r = ptx; *r;) {
+    if (r == tgt) {
+      memcpy(w, ".target sm_90a", 14);
+      w += 14;
+      r += 13;
+    } else if (*r == '/' && strncmp(r, SM90A_MARKER, mlen) == 0) {
+      r += mlen;
+    } else {
+      *w++ = *r++;
+    }
+  }
+  *w = '\0';
+  return out;
+}
+
+/* fcl_build, then the source program's PTX retargeted to sm_90a (see
+ * cl/flash_fwd_wgmma.cl) and built again as a binary. */
+static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
+  cl_program src_prog = NULL;
+  flashcl_status st = fcl_build(ctx, files, options, &src_prog);
+  if (st != FLASHCL_SUCCESS) return st;
+  char *ptx = fcl_program_ptx(src_prog);
+  clReleaseProgram(src_prog);
+  if (!ptx) return fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s for sm_90a: no PTX to retarget", files);
+  const char *why = NULL;
+  char *ptx90a = fcl_ptx_to_sm90a(ptx, &why);
+  free(ptx);
+  if (!ptx90a) return fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s for sm_90a: %s", files, why);
+  size_t len = strlen(ptx90a) + 1;
+  cl_int err = CL_SUCCESS, bin_status = CL_SUCCESS;
+  cl_program prog = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len,
+                                              (const unsigned char **)&ptx90a, &bin_status, &err);
+  free(ptx90a);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateProgramWithBinary (sm_90a PTX)");
+  fcl_log(ctx, "building %s for sm_90a", files);
+  /* The binary is PTX: the driver assembles it here. FLASHCL_BUILD_OPTIONS
+   * (e.g. -cl-nv-verbose) reach this step too. */
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  err = clBuildProgram(prog, 1, &ctx->device, extra ? extra : "", NULL, NULL);
+  if (err != CL_SUCCESS) {
+    size_t log_size = 0;
+    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &log_size);
+    char *log = malloc(log_size + 1);
+    if (log) {
+      log[0] = '\0';
+      clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log, NULL);
+      log[log_size] = '\0';
+    }
+    fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "assembling %s for sm_90a failed (%s):\n%s", files,
+             fcl_cl_error_name(err), log ? log : "(no log)");
+    free(log);
+    clReleaseProgram(prog);
+    return FLASHCL_ERROR_BUILD_FAILED;
+  }
+  *out = prog;
+  return FLASHCL_SUCCESS;
+}
+
+static flashcl_status fcl_get_kernel_impl(flashcl_context *ctx, const char *file, const char *options,
+                                          const char *kernel_name, int sm90a, cl_kernel *out) {
+  size_t keylen = strlen(file) + strlen(options) + 8;
   char *key = malloc(keylen);
   if (!key) return fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
-  snprintf(key, keylen, "%s|%s", file, options);
+  snprintf(key, keylen, "%s%s|%s", sm90a ? "sm90a:" : "", file, options);
   flashcl_program_entry *pe = ctx->programs;
   while (pe && strcmp(pe->key, key) != 0) pe = pe->next;
   if (!pe) {
     cl_program prog = NULL;
-    flashcl_status st = fcl_build(ctx, file, options, &prog);
+    flashcl_status st = sm90a ? fcl_build_sm90a(ctx, file, options, &prog) : fcl_build(ctx, file, options, &prog);
     if (st != FLASHCL_SUCCESS) {
       free(key);
       return st;
@@ -152,6 +245,16 @@ flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char
   }
   *out = ke->kernel;
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options, const char *kernel_name,
+                              cl_kernel *out) {
+  return fcl_get_kernel_impl(ctx, file, options, kernel_name, 0, out);
+}
+
+flashcl_status fcl_get_kernel_sm90a(flashcl_context *ctx, const char *file, const char *options,
+                                    const char *kernel_name, cl_kernel *out) {
+  return fcl_get_kernel_impl(ctx, file, options, kernel_name, 1, out);
 }
 
 void fcl_release_programs(flashcl_context *ctx) {
