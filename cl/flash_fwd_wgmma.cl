@@ -124,6 +124,7 @@
 inline void wg_fence(void) { asm volatile(SM90A "wgmma.fence.sync.aligned;" ::: "memory"); }
 inline void wg_commit(void) { asm volatile(SM90A "wgmma.commit_group.sync.aligned;" ::: "memory"); }
 inline void wg_wait0(void) { asm volatile(SM90A "wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+inline void wg_wait1(void) { asm volatile(SM90A "wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 /* cp.async writes are generic-proxy writes; wgmma reads through the async proxy. */
 inline void proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 /* Reading a wgmma result before wgmma.wait_group is undefined; the compiler sees
@@ -131,6 +132,16 @@ inline void proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::
  * a point after the wait by an empty asm (CUTLASS's warpgroup_fence_operand). */
 #define REG_FENCE(x, n)                                                   \
   _Pragma("unroll") for (int rf_ = 0; rf_ < (n); rf_++) asm volatile("" : "+f"((x)[rf_])::"memory")
+#if SCORE_LOG2
+/* Softcap and ALiBi turn the raw score x of (row, col) into log2 units (mma_scores.cl). */
+#define SCORE_VARIANT(x, row, col)                                                                 \
+  {                                                                                               \
+    float th_;                                                                                    \
+    (x) = score_log2((x), scale_log2, softcap_in, softcap_log2, slope_log2, abs((col) - ((row) + diag)), &th_); \
+  }
+#else
+#define SCORE_VARIANT(x, row, col)
+#endif
 /* Descriptor of a 128-byte-swizzled operand at local address addr. */
 inline ulong wg_desc(uint addr, uint lead, uint stride) {
   return (ulong)((addr & 0x3FFFF) >> 4) | ((ulong)((lead & 0x3FFFF) >> 4) << 16) |
@@ -270,7 +281,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
   const int diag = nk - nq;
   const uint sq = (SADDR(smem) + 1023u) & ~1023u;
-  const uint skv = sq + Q_BYTES; /* stage s: K at skv + 2 s KV_BYTES, V after it */
+  const uint skv = sq + Q_BYTES; /* two K buffers, then two V buffers */
 
   /* ---- Q tile ---- rows past nq are zero-filled (their source clamped to row 0). */
   for (int e = tid; e < BLOCK_R * CH; e += NTHREADS) {
@@ -302,117 +313,153 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     cp_async16((buf) + TOFF(BLOCK_C, r, c), (ptr) + (long)(ok ? (k0) + r : 0) * (sn) + c * 8, ok ? 16u : 0u); \
   }
 
-  int k0 = kbeg;
-  if (k0 < kend) {
-    LOAD_KV(skv, k + kbase, k_sn, k0)
-    LOAD_KV(skv + KV_BYTES, v + vbase, v_sn, k0)
+  /* Tile t covers keys [kbeg + t BLOCK_C, + BLOCK_C). K goes through kbuf(t % 2),
+   * V through vbuf(t % 2); see the loop for why both rings are safe. */
+#define KBUF(t) (skv + ((t) & 1) * KV_BYTES)
+#define VBUF(t) (skv + (2 + ((t) & 1)) * KV_BYTES)
+#define TILE_K0(t) (kbeg + (t) * BLOCK_C)
+  const int ntiles = kend > kbeg ? (kend - kbeg + BLOCK_C - 1) / BLOCK_C : 0;
+  if (ntiles > 0) {
+    LOAD_KV(KBUF(0), k + kbase, k_sn, TILE_K0(0))
+    LOAD_KV(VBUF(0), v + vbase, v_sn, TILE_K0(0))
   }
+  if (ntiles > 1) LOAD_KV(KBUF(1), k + kbase, k_sn, TILE_K0(1))
   cp_commit();
-  int stage = 0;
 
-  /* Descriptors of this warpgroup's Q rows (k-step 0). */
-  const uint qa = sq + wg * 64 * 128;
+  /* Whether this warpgroup sees any key of tile t (uniform over the warpgroup,
+   * as wgmma needs). */
+#if WINDOW
+#define ACTIVE(t) (TILE_K0(t) < gend && TILE_K0(t) + BLOCK_C > gbeg)
+#else
+#define ACTIVE(t) (TILE_K0(t) < gend)
+#endif
+  const uint qa = sq + wg * 64 * 128; /* this warpgroup's 64 Q rows */
+/* S = Q K^T of tile t, issued and committed (not waited for). k-step ks reads
+ * region ks / 4 at byte 32 (ks % 4) of both operands. */
+#define ISSUE_S(t)                                                                              \
+  {                                                                                             \
+    wg_fence();                                                                                 \
+    _Pragma("unroll") for (int ks = 0; ks < KT; ks++)                                           \
+        WG_SS(BLOCK_C)(s, wg_desc(qa + (ks >> 2) * REGION(BLOCK_R) + (ks & 3) * 32, 16, 1024),   \
+                       wg_desc(KBUF(t) + (ks >> 2) * REGION(BLOCK_C) + (ks & 3) * 32, 16, 1024), ks); \
+    wg_commit();                                                                                \
+  }
 
-  while (k0 < kend) {
-    const int kn = k0 + BLOCK_C;
+  float s[NT * 4];
+  uint pf[NT / 2][4];
+  float alpha[2] = {1.0f, 1.0f};
+  int rescale = 0;
+
+/* The online softmax of tile t on the S registers: row max, lazy rescale factor
+ * (alpha, applied to O later, once O is not in flight), p = exp2(...) in place,
+ * row sums into l. */
+#define SOFTMAX(t)                                                                              \
+  {                                                                                             \
+    const int tk0 = TILE_K0(t);                                                                 \
+    const int need_mask = tile_partial(wrow0, 16, tk0, BLOCK_C, diag, nk, window_left, window_right); \
+    if (SCORE_LOG2 || need_mask) {                                                              \
+      _Pragma("unroll") for (int nt = 0; nt < NT; nt++)                                         \
+      _Pragma("unroll") for (int e = 0; e < 4; e++) {                                           \
+        const int col = tk0 + nt * 8 + 2 * t_ + (e & 1);                                        \
+        const int row = wrow0 + g + (e >> 1) * 8;                                               \
+        SCORE_VARIANT(s[4 * nt + e], row, col);                                                 \
+        if (need_mask && !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, 3, 0, 1, 1)) \
+          s[4 * nt + e] = -INFINITY;                                                            \
+      }                                                                                         \
+    }                                                                                           \
+    float mx[2];                                                                                \
+    int grow = 0;                                                                               \
+    _Pragma("unroll") for (int hh = 0; hh < 2; hh++) {                                          \
+      float x = m_r[hh];                                                                        \
+      _Pragma("unroll") for (int nt = 0; nt < NT; nt++) x = fmax(x, fmax(s[4 * nt + 2 * hh], s[4 * nt + 2 * hh + 1])); \
+      x = fmax(x, shfl_xor(x, 1));                                                              \
+      x = fmax(x, shfl_xor(x, 2));                                                              \
+      mx[hh] = x;                                                                               \
+      grow |= (x - m_r[hh]) * sl2 > RESCALE_THRESHOLD; /* see flash_fwd_mma.cl */               \
+    }                                                                                           \
+    rescale = warp_any(grow);                                                                   \
+    if (rescale) {                                                                              \
+      _Pragma("unroll") for (int hh = 0; hh < 2; hh++) {                                        \
+        const float mnew = (mx[hh] - m_r[hh]) * sl2 > RESCALE_THRESHOLD ? mx[hh] : m_r[hh];     \
+        alpha[hh] = mnew == m_r[hh] ? 1.0f : fast_exp2((m_r[hh] - mnew) * sl2);                 \
+        m_r[hh] = mnew;                                                                         \
+        l_r[hh] *= alpha[hh];                                                                   \
+      }                                                                                         \
+    }                                                                                           \
+    _Pragma("unroll") for (int hh = 0; hh < 2; hh++) {                                          \
+      const float ms = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * sl2;                             \
+      float ls = 0.0f;                                                                          \
+      _Pragma("unroll") for (int nt = 0; nt < NT; nt++) {                                       \
+        s[4 * nt + 2 * hh] = fast_exp2(fma(s[4 * nt + 2 * hh], sl2, -ms));                      \
+        s[4 * nt + 2 * hh + 1] = fast_exp2(fma(s[4 * nt + 2 * hh + 1], sl2, -ms));              \
+        ls += s[4 * nt + 2 * hh] + s[4 * nt + 2 * hh + 1];                                      \
+      }                                                                                         \
+      l_r[hh] += ls;                                                                            \
+    }                                                                                           \
+  }
+/* O *= alpha where the softmax moved a pivot; P packed to the A fragments of
+ * P V (n-tiles 2j, 2j+1 of S are keys 16j..16j+15). O and pf must not be in
+ * flight. */
+#define FINISH_P()                                                                              \
+  {                                                                                             \
+    if (rescale) {                                                                              \
+      _Pragma("unroll") for (int dt = 0; dt < DT; dt++) {                                       \
+        oacc[4 * dt] *= alpha[0];                                                               \
+        oacc[4 * dt + 1] *= alpha[0];                                                           \
+        oacc[4 * dt + 2] *= alpha[1];                                                           \
+        oacc[4 * dt + 3] *= alpha[1];                                                           \
+      }                                                                                         \
+    }                                                                                           \
+    _Pragma("unroll") for (int nt = 0; nt < NT; nt++) {                                         \
+      pf[nt >> 1][(nt & 1) * 2] = pack2(s[4 * nt], s[4 * nt + 1]);                              \
+      pf[nt >> 1][(nt & 1) * 2 + 1] = pack2(s[4 * nt + 2], s[4 * nt + 3]);                      \
+    }                                                                                           \
+  }
+
+  const int t_ = t; /* the lane's quad index, under a name the macros can use */
+  if (ntiles > 0) {
     cp_wait_all();
     proxy_fence();
-    barrier(CLK_LOCAL_MEM_FENCE); /* this tile's K and V are in; every warp is done with the other stage */
-    const uint kb = skv + stage * 2 * KV_BYTES, vb = kb + KV_BYTES;
-    if (kn < kend) {
-      const uint nb = skv + (stage ^ 1) * 2 * KV_BYTES;
-      LOAD_KV(nb, k + kbase, k_sn, kn)
-      LOAD_KV(nb + KV_BYTES, v + vbase, v_sn, kn)
-      cp_commit();
-    }
-    stage ^= 1;
-
-    int active = k0 < gend;
-#if WINDOW
-    active = active && k0 + BLOCK_C > gbeg;
-#endif
-    if (active) { /* uniform over the warpgroup, as wgmma needs */
-      float s[NT * 4];
-      wg_fence();
-      #pragma unroll
-      for (int ks = 0; ks < KT; ks++) {
-        /* k-step ks: region ks / 4, 32 bytes per 16 columns inside it */
-        WG_SS(BLOCK_C)(s, wg_desc(qa + (ks >> 2) * REGION(BLOCK_R) + (ks & 3) * 32, 16, 1024),
-                       wg_desc(kb + (ks >> 2) * REGION(BLOCK_C) + (ks & 3) * 32, 16, 1024), ks);
-      }
-      wg_commit();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (ACTIVE(0)) {
+      ISSUE_S(0)
       wg_wait0();
       REG_FENCE(s, NT * 4);
-
-      const int need_mask = tile_partial(wrow0, 16, k0, BLOCK_C, diag, nk, window_left, window_right);
-      if (SCORE_LOG2 || need_mask) {
-        #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-          #pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int col = k0 + nt * 8 + 2 * t + (e & 1);
-            const int row = wrow0 + g + (e >> 1) * 8;
-#if SCORE_LOG2
-            float th;
-            s[4 * nt + e] = score_log2(s[4 * nt + e], scale_log2, softcap_in, softcap_log2, slope_log2,
-                                       abs(col - (row + diag)), &th);
-#endif
-            if (need_mask && !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, 3, 0, 1, 1))
-              s[4 * nt + e] = -INFINITY;
-          }
-      }
-
-      /* Row maxima of this tile (raw scores), reduced over the quad. */
-      float mx[2];
-      int grow = 0;
-      #pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        float x = m_r[hh];
-        #pragma unroll
-        for (int nt = 0; nt < NT; nt++) x = fmax(x, fmax(s[4 * nt + 2 * hh], s[4 * nt + 2 * hh + 1]));
-        x = fmax(x, shfl_xor(x, 1));
-        x = fmax(x, shfl_xor(x, 2));
-        mx[hh] = x;
-        grow |= (x - m_r[hh]) * sl2 > RESCALE_THRESHOLD; /* see flash_fwd_mma.cl */
-      }
-      if (warp_any(grow)) {
-        #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          const float mnew = (mx[hh] - m_r[hh]) * sl2 > RESCALE_THRESHOLD ? mx[hh] : m_r[hh];
-          const float alpha = mnew == m_r[hh] ? 1.0f : fast_exp2((m_r[hh] - mnew) * sl2);
-          m_r[hh] = mnew;
-          l_r[hh] *= alpha;
-          #pragma unroll
-          for (int dt = 0; dt < DT; dt++) {
-            oacc[4 * dt + 2 * hh] *= alpha;
-            oacc[4 * dt + 2 * hh + 1] *= alpha;
-          }
-        }
-      }
-      uint pf[NT / 2][4];
-      #pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float ms = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * sl2;
-        float ls = 0.0f;
-        #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-          const float p0 = fast_exp2(fma(s[4 * nt + 2 * hh], sl2, -ms));
-          const float p1 = fast_exp2(fma(s[4 * nt + 2 * hh + 1], sl2, -ms));
-          ls += p0 + p1;
-          /* n-tiles 2j, 2j+1 of S are the A fragment of keys 16j..16j+15 */
-          pf[nt >> 1][(nt & 1) * 2 + hh] = pack2(p0, p1);
-        }
-        l_r[hh] += ls;
-      }
-
-      wg_fence();
-      #pragma unroll
-      for (int j = 0; j < NT / 2; j++) WG_RS(HEAD_DIM)(oacc, pf[j], wg_desc(vb + j * 2048, REGION(BLOCK_C), 1024));
-      wg_commit();
-      wg_wait0();
-      REG_FENCE(oacc, DT * 4);
+      SOFTMAX(0)
+      FINISH_P()
     }
-    k0 = kn;
+  }
+  /* Iteration j: the tensor cores compute S of tile j + 1 and then O += P V of
+   * tile j while this warpgroup runs the softmax of tile j + 1 on the first
+   * result. Buffer reuse: after the barrier of iteration j, every warpgroup has
+   * waited for its S of tile j (iteration j - 1) and its P V of tile j - 1, so
+   * kbuf(j) may take K of tile j + 2 and vbuf(j + 1) V of tile j + 1. */
+  for (int j = 0; j < ntiles; j++) {
+    cp_wait_all();
+    proxy_fence();
+    barrier(CLK_LOCAL_MEM_FENCE); /* K of tile j + 1 and V of tile j are in */
+    if (j + 2 < ntiles) LOAD_KV(KBUF(j + 2), k + kbase, k_sn, TILE_K0(j + 2))
+    if (j + 1 < ntiles) LOAD_KV(VBUF(j + 1), v + vbase, v_sn, TILE_K0(j + 1))
+    cp_commit();
+    const int next = j + 1 < ntiles && ACTIVE(j + 1), cur = ACTIVE(j);
+    if (next) ISSUE_S(j + 1)
+    if (cur) {
+      wg_fence();
+      _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
+          WG_RS(HEAD_DIM)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
+      wg_commit();
+    }
+    if (next) {
+      if (cur)
+        wg_wait1();
+      else
+        wg_wait0();
+      REG_FENCE(s, NT * 4);
+      SOFTMAX(j + 1)
+    }
+    wg_wait0();
+    REG_FENCE(oacc, DT * 4);
+    if (next) FINISH_P()
   }
   cp_wait_all(); /* a work-group with no visible key still has its Q copy in flight */
 
