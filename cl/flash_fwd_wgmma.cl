@@ -52,6 +52,8 @@
  *   NWG          warpgroups per work-group
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP   as in flash_fwd_mma.cl
  *   RESCALE_THRESHOLD  as in flash_fwd_mma.cl
+ *   OVERLAP      1: S of tile j + 1 and P V of tile j are in flight while the
+ *                softmax of tile j + 1 runs; 0: S, softmax, P V in turn
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -88,6 +90,9 @@
 #endif
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
+#endif
+#ifndef OVERLAP
+#define OVERLAP 1
 #endif
 #define LOG2E 1.4426950408889634f
 
@@ -323,7 +328,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     LOAD_KV(KBUF(0), k + kbase, k_sn, TILE_K0(0))
     LOAD_KV(VBUF(0), v + vbase, v_sn, TILE_K0(0))
   }
+#if OVERLAP
   if (ntiles > 1) LOAD_KV(KBUF(1), k + kbase, k_sn, TILE_K0(1))
+#endif
   cp_commit();
 
   /* Whether this warpgroup sees any key of tile t (uniform over the warpgroup,
@@ -417,6 +424,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   }
 
   const int t_ = t; /* the lane's quad index, under a name the macros can use */
+#if OVERLAP
   if (ntiles > 0) {
     cp_wait_all();
     proxy_fence();
@@ -461,6 +469,33 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     REG_FENCE(oacc, DT * 4);
     if (next) FINISH_P()
   }
+#else
+  /* Iteration j: S, softmax and P V of tile j in turn, while tile j + 1 loads
+   * into the buffers that tile j - 1 (waited for in iteration j - 1) used. */
+  for (int j = 0; j < ntiles; j++) {
+    cp_wait_all();
+    proxy_fence();
+    barrier(CLK_LOCAL_MEM_FENCE); /* K and V of tile j are in */
+    if (j + 1 < ntiles) {
+      LOAD_KV(KBUF(j + 1), k + kbase, k_sn, TILE_K0(j + 1))
+      LOAD_KV(VBUF(j + 1), v + vbase, v_sn, TILE_K0(j + 1))
+    }
+    cp_commit();
+    if (ACTIVE(j)) {
+      ISSUE_S(j)
+      wg_wait0();
+      REG_FENCE(s, NT * 4);
+      SOFTMAX(j)
+      FINISH_P()
+      wg_fence();
+      _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
+          WG_RS(HEAD_DIM)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
+      wg_commit();
+      wg_wait0();
+      REG_FENCE(oacc, DT * 4);
+    }
+  }
+#endif
   cp_wait_all(); /* a work-group with no visible key still has its Q copy in flight */
 
   const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;
