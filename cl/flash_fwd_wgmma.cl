@@ -52,8 +52,6 @@
  *   NWG          warpgroups per work-group
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP   as in flash_fwd_mma.cl
  *   RESCALE_THRESHOLD  as in flash_fwd_mma.cl
- *   OVERLAP      1: S of tile j + 1 and P V of tile j are in flight while the
- *                softmax of tile j + 1 runs; 0: S, softmax, P V in turn
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -68,10 +66,10 @@
 #define HEAD_DIM 128
 #endif
 #ifndef BLOCK_C
-#define BLOCK_C 112
+#define BLOCK_C 96
 #endif
 #ifndef NWG
-#define NWG 2
+#define NWG 3
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
@@ -90,9 +88,6 @@
 #endif
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
-#endif
-#ifndef OVERLAP
-#define OVERLAP 1
 #endif
 #define LOG2E 1.4426950408889634f
 
@@ -129,7 +124,6 @@
 inline void wg_fence(void) { asm volatile(SM90A "wgmma.fence.sync.aligned;" ::: "memory"); }
 inline void wg_commit(void) { asm volatile(SM90A "wgmma.commit_group.sync.aligned;" ::: "memory"); }
 inline void wg_wait0(void) { asm volatile(SM90A "wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-inline void wg_wait1(void) { asm volatile(SM90A "wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 /* cp.async writes are generic-proxy writes; wgmma reads through the async proxy. */
 inline void proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 /* Reading a wgmma result before wgmma.wait_group is undefined; the compiler sees
@@ -328,9 +322,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     LOAD_KV(KBUF(0), k + kbase, k_sn, TILE_K0(0))
     LOAD_KV(VBUF(0), v + vbase, v_sn, TILE_K0(0))
   }
-#if OVERLAP
-  if (ntiles > 1) LOAD_KV(KBUF(1), k + kbase, k_sn, TILE_K0(1))
-#endif
   cp_commit();
 
   /* Whether this warpgroup sees any key of tile t (uniform over the warpgroup,
@@ -358,8 +349,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   int rescale = 0;
 
 /* The online softmax of tile t on the S registers: row max, lazy rescale factor
- * (alpha, applied to O later, once O is not in flight), p = exp2(...) in place,
- * row sums into l. */
+ * alpha (FINISH_P applies it to O), p = exp2(...) in place, row sums into l. */
 #define SOFTMAX(t)                                                                              \
   {                                                                                             \
     const int tk0 = TILE_K0(t);                                                                 \
@@ -405,8 +395,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     }                                                                                           \
   }
 /* O *= alpha where the softmax moved a pivot; P packed to the A fragments of
- * P V (n-tiles 2j, 2j+1 of S are keys 16j..16j+15). O and pf must not be in
- * flight. */
+ * P V (n-tiles 2j, 2j+1 of S are keys 16j..16j+15). */
 #define FINISH_P()                                                                              \
   {                                                                                             \
     if (rescale) {                                                                              \
@@ -424,52 +413,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   }
 
   const int t_ = t; /* the lane's quad index, under a name the macros can use */
-#if OVERLAP
-  if (ntiles > 0) {
-    cp_wait_all();
-    proxy_fence();
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (ACTIVE(0)) {
-      ISSUE_S(0)
-      wg_wait0();
-      REG_FENCE(s, NT * 4);
-      SOFTMAX(0)
-      FINISH_P()
-    }
-  }
-  /* Iteration j: the tensor cores compute S of tile j + 1 and then O += P V of
-   * tile j while this warpgroup runs the softmax of tile j + 1 on the first
-   * result. Buffer reuse: after the barrier of iteration j, every warpgroup has
-   * waited for its S of tile j (iteration j - 1) and its P V of tile j - 1, so
-   * kbuf(j) may take K of tile j + 2 and vbuf(j + 1) V of tile j + 1. */
-  for (int j = 0; j < ntiles; j++) {
-    cp_wait_all();
-    proxy_fence();
-    barrier(CLK_LOCAL_MEM_FENCE); /* K of tile j + 1 and V of tile j are in */
-    if (j + 2 < ntiles) LOAD_KV(KBUF(j + 2), k + kbase, k_sn, TILE_K0(j + 2))
-    if (j + 1 < ntiles) LOAD_KV(VBUF(j + 1), v + vbase, v_sn, TILE_K0(j + 1))
-    cp_commit();
-    const int next = j + 1 < ntiles && ACTIVE(j + 1), cur = ACTIVE(j);
-    if (next) ISSUE_S(j + 1)
-    if (cur) {
-      wg_fence();
-      _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
-          WG_RS(HEAD_DIM)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
-      wg_commit();
-    }
-    if (next) {
-      if (cur)
-        wg_wait1();
-      else
-        wg_wait0();
-      REG_FENCE(s, NT * 4);
-      SOFTMAX(j + 1)
-    }
-    wg_wait0();
-    REG_FENCE(oacc, DT * 4);
-    if (next) FINISH_P()
-  }
-#else
   /* Iteration j: S, softmax and P V of tile j in turn, while tile j + 1 loads
    * into the buffers that tile j - 1 (waited for in iteration j - 1) used. */
   for (int j = 0; j < ntiles; j++) {
@@ -495,7 +438,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
       REG_FENCE(oacc, DT * 4);
     }
   }
-#endif
   cp_wait_all(); /* a work-group with no visible key still has its Q copy in flight */
 
   const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;

@@ -135,12 +135,15 @@ static size_t fcl_wgmma_local(const fcl_wgmma_config *c, int d) {
 
 static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 || bc == 128; }
 
-/* 1 and *out if some tile fits the budget. Two warpgroups (128 query rows) and
- * the widest key tile that fits: 128 at d = 64 (81 KiB), 112 at d = 128 (145 KiB
- * of the 160 KiB the H100's probe grants). */
+/* 1 and *out if some tile fits the budget. Three warpgroups (192 query rows)
+ * and the widest key tile that fits: 128 at d = 64 (89 KiB), 96 at d = 128
+ * (145 KiB of the 160 KiB the H100's probe grants). Measured on the H100 (fp16,
+ * N = 2K/8K, BENCHMARKS.md): three warpgroups beat two by 13% (d = 128, 8K) and
+ * 34% (d = 64, 8K); with one barrier per tile for all of them, more warpgroups
+ * are what keeps the tensor cores busy while some run their softmax. */
 static int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, fcl_wgmma_config *out) {
   static const int bcs[4] = {128, 112, 96, 64};
-  fcl_wgmma_config c = {2, 0};
+  fcl_wgmma_config c = {3, 0};
   const char *env = getenv("FLASHCL_WGMMA_CONFIG");
   fcl_wgmma_config e = {0, 0};
   if (env && sscanf(env, "%d,%d", &e.nwg, &e.block_c) == 2 && e.nwg >= 1 && e.nwg <= 4 && fcl_wgmma_bc_ok(e.block_c)) {
