@@ -105,7 +105,9 @@ typedef enum flashcl_algo {
 
 /* Which flash kernel family runs. AUTO takes the fastest family this device
  * supports; PORTABLE is plain OpenCL C 1.2 and works everywhere. NVIDIA_MMA is
- * the tensor-core forward and backward (inline PTX mma.sync) for NVIDIA devices
+ * the tensor-core forward and backward (inline PTX mma.sync; on compute
+ * capability 9.0 the forward at head_dim 64 and 128 uses Hopper's wgmma where
+ * its own probe passes) for NVIDIA devices
  * of compute capability >= 8.0 that pass a compile-and-run probe; it covers
  * fp16/bf16 with head_dim 64 or 128 and 16-byte aligned rows, with causal, GQA,
  * varlen, dropout, the sliding window, ALiBi, softcap and attention masks; other

@@ -5,6 +5,7 @@
  * sm_90a (fcl_get_kernel_sm90a) are cached under their own keys. Kernel objects are
  * cached with their program because clCreateKernel is not free on every driver. */
 #include "internal.h"
+#include "ptx_sm90a.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,40 +117,6 @@ static char *fcl_program_ptx(cl_program prog) {
   }
   bin[size] = '\0';
   return (char *)bin;
-}
-
-/* Copy of ptx with every SM90A_MARKER deleted and `.target sm_90` raised to
- * `.target sm_90a`; NULL (with *why set) if either is missing. */
-#define SM90A_MARKER "//@sm90a@ "
-static char *fcl_ptx_to_sm90a(const char *ptx, const char **why) {
-  const char *tgt = strstr(ptx, ".target sm_90");
-  if (!tgt || (tgt[13] != ',' && tgt[13] != '\n' && tgt[13] != ' ' && tgt[13] != '\r')) {
-    *why = "the compiler's PTX does not target sm_90";
-    return NULL;
-  }
-  if (!strstr(ptx, SM90A_MARKER)) {
-    *why = "the compiler's PTX lost the sm_90a instructions";
-    return NULL;
-  }
-  const size_t mlen = strlen(SM90A_MARKER);
-  char *out = malloc(strlen(ptx) + 2), *w = out;
-  if (!out) {
-    *why = "out of host memory";
-    return NULL;
-  }
-  for (const char *r = ptx; *r;) {
-    if (r == tgt) {
-      memcpy(w, ".target sm_90a", 14);
-      w += 14;
-      r += 13;
-    } else if (*r == '/' && strncmp(r, SM90A_MARKER, mlen) == 0) {
-      r += mlen;
-    } else {
-      *w++ = *r++;
-    }
-  }
-  *w = '\0';
-  return out;
 }
 
 /* fcl_build, then the source program's PTX retargeted to sm_90a (see
