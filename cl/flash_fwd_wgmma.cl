@@ -13,8 +13,8 @@
  * below is therefore written as a PTX comment that starts with SM90A
  * ("//@sm90a@ "); the operands are still bound and substituted by the compiler.
  * The host (src/program.c, fcl_get_kernel_sm90a) builds the source, takes the
- * PTX back from clGetProgramInfo, deletes the markers, retargets the module to
- * `sm_90a` and builds that PTX as a program binary. A device or driver that
+ * PTX back from clGetProgramInfo, deletes the markers and retargets the module to
+ * `sm_90a` (src/ptx_sm90a.c), and builds that PTX as a program binary. A device or driver that
  * refuses any step keeps the mma.sync forward (src/flash_wgmma.c).
  *
  * Work: a work-group of NWG warpgroups computes BLOCK_R = 64 * NWG query rows of
@@ -26,6 +26,10 @@
  * rescaling), P packed to 16 bits in registers, then O += P V (wgmma with A from
  * registers, V read N-major). K and V go through two stages of local memory with
  * cp.async: the next tile's loads are issued as soon as the current one is in.
+ * Within a warpgroup the three steps run in turn; the tensor cores stay busy
+ * with the other warpgroups' products meanwhile, which is why three warpgroups
+ * beat two. (Issuing S of the next tile and P V before the softmax, to overlap
+ * them inside one warpgroup, measured 8-40% slower on the H100: BENCHMARKS.md.)
  *
  * Local memory layout (the wgmma "128-byte swizzle" canonical layout): a tile of
  * R rows x HEAD_DIM columns is HEAD_DIM / 64 regions of R x 64 elements; region
@@ -39,8 +43,9 @@
  * Coverage (checked by the host): fp16/bf16, HEAD_DIM 64 or 128, head_dim stride
  * 1, rows 16-byte aligned, scale > 0; causal, varlen, GQA, the sliding window,
  * ALiBi and softcap. Dropout, attention masks and paged K/V run flash_fwd_mma.cl.
- * Same arguments as flash_fwd_mma (the unused ones are ignored), same LSE (natural
- * log) and the same rule for rows that see no key (O = 0, LSE = -inf).
+ * Arguments: flash_fwd_mma's up to softcap_log2 (its mask, dropout and paged
+ * ones are not taken); the same LSE (natural log) and the same rule for rows
+ * that see no key (O = 0, LSE = -inf).
  *
  * Parameters (-D):
  *   USE_PTX      1: compile the kernels; 0: empty bodies (the file stays valid
