@@ -275,8 +275,14 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
                                const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
                                const cl_event *wait, cl_event *out_event) {
-  if (fcl_wgmma_covered(ctx, p))
-    return fcl_wgmma_forward(ctx, p, desc, q, k, v, o, lse, nwait, wait, out_event);
+  if (fcl_wgmma_covered(ctx, p)) {
+    flashcl_status ws = fcl_wgmma_forward(ctx, p, desc, q, k, v, o, lse, nwait, wait, out_event);
+    /* The probe builds one variant; a variant that fails to build (or to
+     * assemble for sm_90a) turns the path off for the context, and this call
+     * runs mma.sync as if wgmma had never been there. */
+    if (ws != FLASHCL_ERROR_BUILD_FAILED) return ws;
+    fcl_wgmma_build_failed(ctx);
+  }
   const fcl_mma_config c = fcl_mma_pick(ctx, p);
   const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");

@@ -12,6 +12,8 @@
  *      and computes two exact products of small integers, one with both
  *      operands in local memory, one with A in registers and B read N-major.
  * A failure is logged (fcl_log) with its reason, and the mma.sync forward runs.
+ * So does a later forward variant that fails to build: fcl_mma_forward then
+ * turns the path off for the context (fcl_wgmma_build_failed) and runs mma.sync.
  *
  * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged
  * K/V, with head_dim 64 or 128 (the kernel's wgmma shapes).
@@ -146,10 +148,14 @@ static int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, fcl_
   fcl_wgmma_config c = {3, 0};
   const char *env = getenv("FLASHCL_WGMMA_CONFIG");
   fcl_wgmma_config e = {0, 0};
-  if (env && sscanf(env, "%d,%d", &e.nwg, &e.block_c) == 2 && e.nwg >= 1 && e.nwg <= 4 && fcl_wgmma_bc_ok(e.block_c)) {
-    if (fcl_wgmma_local(&e, p->head_dim) > ctx->mma_local_bytes) return 0;
-    *out = e;
-    return 1;
+  if (env && *env) {
+    /* A malformed override is ignored (the caller logs nothing for it: it is a
+     * tuning aid); one that does not fit refuses the path (logged by the caller). */
+    if (sscanf(env, "%d,%d", &e.nwg, &e.block_c) == 2 && e.nwg >= 1 && e.nwg <= 4 && fcl_wgmma_bc_ok(e.block_c)) {
+      if (fcl_wgmma_local(&e, p->head_dim) > ctx->mma_local_bytes) return 0;
+      *out = e;
+      return 1;
+    }
   }
   for (int i = 0; i < 4; i++) {
     c.block_c = bcs[i];
@@ -166,7 +172,17 @@ int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
   if (p->dropout || p->mask_kind || p->paged_kv) return 0;
   if (!fcl_wgmma_available(ctx)) return 0;
   fcl_wgmma_config c;
-  return fcl_wgmma_pick(ctx, p, &c);
+  if (fcl_wgmma_pick(ctx, p, &c)) return 1;
+  fcl_log(ctx, "wgmma forward: no tile (or the FLASHCL_WGMMA_CONFIG tile) fits %zu bytes of local memory at d = %d: "
+          "running mma.sync", ctx->mma_local_bytes, p->head_dim);
+  return 0;
+}
+
+void fcl_wgmma_build_failed(flashcl_context *ctx) {
+  char msg[sizeof ctx->wgmma_reason];
+  snprintf(msg, sizeof msg, "a forward kernel does not build: %.440s", ctx->errmsg);
+  fcl_clear_error(ctx);
+  fcl_wgmma_disable(ctx, msg);
 }
 
 flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
@@ -191,6 +207,9 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
   flashcl_status st = fcl_get_kernel_sm90a(ctx, src, opts, "flash_fwd_wgmma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);
+  /* No CL_KERNEL_WORK_GROUP_SIZE check here (flash_fwd_mma has one): for this
+   * program, built from PTX, NVIDIA's driver reports 256 while the kernel's
+   * reqd_work_group_size of 384 launches and runs correctly (H100). */
 
   fcl_args a = {kern, 0, CL_SUCCESS};
   fcl_arg_forward(&a, p, desc, q, k, v, o, lse);

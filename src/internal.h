@@ -208,6 +208,9 @@ void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *n
  * fcl_wgmma_covered says so: compute capability 9.0, its probe passed, and p
  * within the kernel's coverage. */
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p);
+/* Turns the path off after fcl_wgmma_forward returned FLASHCL_ERROR_BUILD_FAILED:
+ * keeps the build log as the reason, logs it, clears the context's error. */
+void fcl_wgmma_build_failed(flashcl_context *ctx);
 flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
