@@ -51,7 +51,7 @@ static int fcl_mma_disable(flashcl_context *ctx, const char *fmt, const char *ar
   return 0;
 }
 
-static unsigned short fcl_small_int_half(int x) {
+unsigned short fcl_small_int_half(int x) {
   /* Exact fp16 bits of a small integer |x| <= 64. */
   if (x == 0) return 0;
   unsigned short sign = x < 0 ? 0x8000 : 0;

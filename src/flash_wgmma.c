@@ -40,16 +40,6 @@ static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
   return 0;
 }
 
-/* fp16 bits of a small integer |x| <= 64 (exact). */
-static unsigned short fcl_wg_half(int x) {
-  if (x == 0) return 0;
-  unsigned short sign = x < 0 ? 0x8000 : 0;
-  unsigned a = (unsigned)(x < 0 ? -x : x);
-  int e = 0;
-  while ((a >> e) > 1) e++;
-  return (unsigned short)(sign | ((unsigned)(e + 15) << 10) | ((a << (10 - e)) & 0x3ff));
-}
-
 static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
   flashcl_status st = fcl_get_kernel_sm90a(ctx, "mma_ptx.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
@@ -73,8 +63,8 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   }
   int *bi = ai + N * N;
   for (int i = 0; i < N * N; i++) {
-    ah[i] = fcl_wg_half(ai[i] = (i * 7 + i / N) % 9 - 4);
-    ah[N * N + i] = fcl_wg_half(bi[i] = (i * 5 + i / N) % 7 - 3);
+    ah[i] = fcl_small_int_half(ai[i] = (i * 7 + i / N) % 9 - 4);
+    ah[N * N + i] = fcl_small_int_half(bi[i] = (i * 5 + i / N) % 7 - 3);
   }
   const size_t half_bytes = N * N * sizeof *ah;
   cl_int err = CL_SUCCESS, e2 = CL_SUCCESS, e3 = CL_SUCCESS;

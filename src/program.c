@@ -53,6 +53,19 @@ flashcl_status fcl_kernel_source(flashcl_context *ctx, const char *file, const c
   return fcl_fail(ctx, FLASHCL_ERROR_KERNEL_SOURCE, "kernel source %s is not embedded in this build", file);
 }
 
+/* The program's build log for the context's device (malloc'ed), or NULL. */
+static char *fcl_build_log(flashcl_context *ctx, cl_program prog) {
+  size_t log_size = 0;
+  clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &log_size);
+  char *log = malloc(log_size + 1);
+  if (log) {
+    log[0] = '\0';
+    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log, NULL);
+    log[log_size] = '\0';
+  }
+  return log;
+}
+
 /* `files` names one source, or several joined by '+' that are compiled as one
  * program in that order (e.g. "philox.cl+flash_bwd.cl"). */
 static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
@@ -86,14 +99,7 @@ static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const c
   fcl_log(ctx, "building %s with \"%s\"", file, options);
   err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
   if (err != CL_SUCCESS) {
-    size_t log_size = 0;
-    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &log_size);
-    char *log = malloc(log_size + 1);
-    if (log) {
-      log[0] = '\0';
-      clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log, NULL);
-      log[log_size] = '\0';
-    }
+    char *log = fcl_build_log(ctx, prog);
     fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with options \"%s\" failed (%s):\n%s", file, options,
              fcl_cl_error_name(err), log ? log : "(no log)");
     free(log);
@@ -144,14 +150,7 @@ static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, c
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
   err = clBuildProgram(prog, 1, &ctx->device, extra ? extra : "", NULL, NULL);
   if (err != CL_SUCCESS) {
-    size_t log_size = 0;
-    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &log_size);
-    char *log = malloc(log_size + 1);
-    if (log) {
-      log[0] = '\0';
-      clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log, NULL);
-      log[log_size] = '\0';
-    }
+    char *log = fcl_build_log(ctx, prog);
     fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "assembling %s for sm_90a failed (%s):\n%s", files,
              fcl_cl_error_name(err), log ? log : "(no log)");
     free(log);
