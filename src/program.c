@@ -143,7 +143,10 @@ static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, c
   cl_program prog = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len,
                                               (const unsigned char **)&ptx90a, &bin_status, &err);
   free(ptx90a);
-  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateProgramWithBinary (sm_90a PTX)");
+  /* Every failure here is a build failure: the caller falls back on it. */
+  if (err != CL_SUCCESS)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s for sm_90a: clCreateProgramWithBinary failed (%s)",
+                    files, fcl_cl_error_name(err));
   fcl_log(ctx, "building %s for sm_90a", files);
   /* The binary is PTX: the driver assembles it here. FLASHCL_BUILD_OPTIONS
    * (e.g. -cl-nv-verbose) reach this step too. */
