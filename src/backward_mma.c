@@ -176,8 +176,8 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
       (!splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))))
     return st;
   if (getenv("FLASHCL_MMA_BUILD_LOG")) {
-    fcl_mma_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
-    if (L->dq) fcl_mma_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
+    fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
+    if (L->dq) fcl_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
   }
   const int threads = c.nwarps * 32;
   for (int i = 0; i < 2; i++) {

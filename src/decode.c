@@ -576,7 +576,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
              (int)q->dtype, p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, split, p.kv.paged, page_shift,
              desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
     if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &kern))) return st;
-    if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "decode_mma", mopts);
+    if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_print_build_log(ctx, kern, "decode_mma", mopts);
     size_t mwg = 0;
     if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof mwg, &mwg, NULL) ==
             CL_SUCCESS &&

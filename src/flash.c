@@ -31,27 +31,6 @@ static int fcl_vec_aligned(const flashcl_tensor *t) {
   return 1;
 }
 
-static void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *opts) {
-  cl_program prog;
-  if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
-  size_t n = 0;
-  clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
-  char *log = malloc(n + 1);
-  if (log) {
-    log[0] = '\0';
-    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, log, NULL);
-    log[n] = '\0';
-  }
-  cl_ulong lmem = 0, pmem = 0;
-  size_t wg = 0;
-  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
-  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof pmem, &pmem, NULL);
-  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
-  fprintf(stderr, "flash_fwd [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", opts, (unsigned long long)lmem,
-          (unsigned long long)pmem, wg, log ? log : "");
-  free(log);
-}
-
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
@@ -87,7 +66,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                                       "philox.cl+mask.cl+flash_fwd.cl"};
   st = fcl_get_kernel(ctx, srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)], opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_FWD_BUILD_LOG")) fcl_print_build_log(ctx, kern, opts);
+  if (getenv("FLASHCL_FWD_BUILD_LOG")) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

@@ -250,27 +250,6 @@ void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, s
            p->mask_kind ? "mask.cl+mask_mma.cl+" : "", kernel_file);
 }
 
-void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts) {
-  cl_program prog;
-  if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
-  size_t n = 0;
-  clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
-  char *log = malloc(n + 1);
-  if (log) {
-    log[0] = '\0';
-    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, log, NULL);
-    log[n] = '\0';
-  }
-  cl_ulong lmem = 0, pmem = 0;
-  size_t wg = 0;
-  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
-  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof pmem, &pmem, NULL);
-  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
-  fprintf(stderr, "%s [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", name, opts,
-          (unsigned long long)lmem, (unsigned long long)pmem, wg, log ? log : "");
-  free(log);
-}
-
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
@@ -299,7 +278,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   fcl_mma_sources(p, "flash_fwd_mma.cl", src, sizeof src);
   flashcl_status st = fcl_get_kernel(ctx, src, opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_mma", opts);
+  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_print_build_log(ctx, kern, "flash_fwd_mma", opts);
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

@@ -196,7 +196,7 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_mma_sources(p, "flash_fwd_wgmma.cl", src, sizeof src);
   flashcl_status st = fcl_get_kernel_sm90a(ctx, src, opts, "flash_fwd_wgmma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_mma_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);
+  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);
   /* No CL_KERNEL_WORK_GROUP_SIZE check here (flash_fwd_mma has one): for this
    * program, built from PTX, NVIDIA's driver reports 256 while the kernel's
    * reqd_work_group_size of 384 launches and runs correctly (H100). */

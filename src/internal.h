@@ -201,8 +201,9 @@ int fcl_mma_rows_aligned(const flashcl_tensor *t);
 /* 1 if the device runs inline PTX (mma.sync, ldmatrix, cp.async): NVIDIA, compute
  * capability >= 8.0, and the probe kernel passed. Probes on the first call. */
 int fcl_mma_available(flashcl_context *ctx);
-/* Prints a kernel's build log and resource figures to stderr (FLASHCL_MMA_BUILD_LOG). */
-void fcl_mma_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
+/* Prints a kernel's build log and resource figures to stderr (FLASHCL_FWD_BUILD_LOG,
+ * FLASHCL_MMA_BUILD_LOG; src/program.c). */
+void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
 
 /* Hopper wgmma forward (src/flash_wgmma.c), taken by fcl_mma_forward where
  * fcl_wgmma_covered says so: compute capability 9.0, its probe passed, and p

@@ -66,6 +66,22 @@ static char *fcl_build_log(flashcl_context *ctx, cl_program prog) {
   return log;
 }
 
+/* Prints a kernel's build log and resource figures to stderr: the
+ * FLASHCL_*_BUILD_LOG tuning aids, never on by default. */
+void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts) {
+  cl_program prog;
+  if (clGetKernelInfo(kern, CL_KERNEL_PROGRAM, sizeof prog, &prog, NULL) != CL_SUCCESS) return;
+  char *log = fcl_build_log(ctx, prog);
+  cl_ulong lmem = 0, pmem = 0;
+  size_t wg = 0;
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof pmem, &pmem, NULL);
+  clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+  fprintf(stderr, "%s [%s]: local %llu B, private %llu B, max wg %zu\n%s\n", name, opts, (unsigned long long)lmem,
+          (unsigned long long)pmem, wg, log ? log : "");
+  free(log);
+}
+
 /* `files` names one source, or several joined by '+' that are compiled as one
  * program in that order (e.g. "philox.cl+flash_bwd.cl"). */
 static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
