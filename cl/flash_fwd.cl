@@ -52,6 +52,7 @@
  *   VEC_ALIGNED  1: every element offset and stride is a multiple of 4, so global
  *                loads and stores of four elements may be aligned vector accesses
  *   PREFETCH     1: read the next K/V tile into registers while computing
+ *   UNROLL_D     1: fully unroll the head-dimension loop of S = Q K^T (GPU mapping)
  *   DROPOUT      1: drop entries of P for P V (philox.cl must be compiled first in
  *                the same program). The row sum l, hence LSE, uses the un-dropped P;
  *                P V uses P * Z / (1 - p), Z = dropout_keep(seed, offset,
@@ -128,6 +129,9 @@
 #endif
 #ifndef PREFETCH
 #define PREFETCH 1
+#endif
+#ifndef UNROLL_D
+#define UNROLL_D 0
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
@@ -416,6 +420,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     float s[S_TM][S_TN];
     for (int i = 0; i < S_TM; i++)
       for (int j = 0; j < S_TN; j++) s[i][j] = 0.0f;
+#if UNROLL_D
+#pragma unroll
+#endif
     for (int g = 0; g < D4; g++) {
       float4 qa[S_TM], kb[S_TN];
       for (int i = 0; i < S_TM; i++) qa[i] = Qs[QKV_AT(sy + i * S_RT, g)];

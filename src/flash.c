@@ -16,11 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef struct fcl_fwd_shape {
-  int threads, s_tm, s_tn, o_tm, o_td;
-} fcl_fwd_shape;
-int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out); /* plan.c */
-int fcl_fwd_cpu_map(const flashcl_context *ctx);                                   /* plan.c */
+int fcl_fwd_cpu_map(const flashcl_context *ctx); /* plan.c */
 
 /* Element offset and (batch, seq, head) strides all multiples of 4: rows of four
  * elements can then be read and written as aligned vectors. */
@@ -51,14 +47,17 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
              extra ? " " : "", extra ? extra : "");
   } else {
     fcl_fwd_shape sh;
-    if (!fcl_fwd_shape_pick(plan.br, plan.bc, p->head_dim, ctx->info.max_work_group_size, &sh))
+    fcl_fwd_tuning tune;
+    fcl_fwd_tuning_get(ctx, p->head_dim, p->dtype, &tune);
+    if (!fcl_fwd_shape_pick(plan.br, plan.bc, p->head_dim, ctx->info.max_work_group_size, tune.tall, &sh))
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no work-item mapping for Br=%d, Bc=%d, d=%d", plan.br,
                       plan.bc, p->head_dim);
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
-             "-DO_TM=%d -DO_TD=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
+             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DPREFETCH=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
-             causal, p->varlen, aligned, p->dropout, variants, extra ? " " : "", extra ? extra : "");
+             tune.unroll_d, tune.prefetch, causal, p->varlen, aligned, p->dropout, variants, extra ? " " : "",
+             extra ? extra : "");
   }
   cl_kernel kern;
   /* Dropout and masks bring their helper files into the program. */

@@ -168,6 +168,23 @@ typedef struct fcl_plan {
   size_t local_bytes;
 } fcl_plan;
 
+/* Work-item mapping of the portable forward's GPU variant (src/plan.c). */
+typedef struct fcl_fwd_shape {
+  int threads, s_tm, s_tn, o_tm, o_td;
+} fcl_fwd_shape;
+
+/* Device-specific choices for the portable forward's GPU variant, measured per
+ * device and head dim (src/plan.c, fcl_fwd_tuning_get). */
+typedef struct fcl_fwd_tuning {
+  int tall;     /* cost ties in the mapping search go to taller S micro-tiles */
+  int unroll_d; /* -DUNROLL_D */
+  int prefetch; /* -DPREFETCH */
+} fcl_fwd_tuning;
+
+void fcl_fwd_tuning_get(const flashcl_context *ctx, int head_dim, flashcl_dtype dtype, fcl_fwd_tuning *t);
+/* The mapping for a tile; returns 0 if none. */
+int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out);
+
 flashcl_status fcl_make_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r, int block_c,
                              fcl_plan *plan);
 

@@ -96,12 +96,24 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
 #endif
 
 
-typedef struct fcl_fwd_shape {
-  int threads, s_tm, s_tn, o_tm, o_td;
-} fcl_fwd_shape;
 
-/* Also used by flash.c (declared there): the mapping for a tile. Returns 0 if none. */
-int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out);
+/* Device tuning of the GPU variant, from flashcl-bench on an H100 (f16 and fp32,
+ * N = 4096, BENCHMARKS.md "Portable forward: unrolling, prefetch and micro-tile
+ * shape (twelfth session)"); other devices keep the defaults (no tie preference,
+ * no unrolling, prefetch on), which were not measured against these.
+ *   d = 128: 8 x 4 S micro-tiles instead of 4 x 8 (the cost model ties them) and
+ *     the head-dimension loop of S unrolled: 16.6 against 18.2 ms (f16), 16.2
+ *     against 16.7 ms (fp32). Unrolling was slower at d = 32, 64, 80 and 192.
+ *   d = 256, fp16 / bf16: no register prefetch of K / V (22.5 against 28.9 ms);
+ *     with fp32 the prefetch stays (21.3 against 23.1 ms without). */
+void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
+  t->tall = 0;
+  t->unroll_d = 0;
+  t->prefetch = 1;
+  if (!strstr(ctx->info.platform_name, "NVIDIA")) return;
+  if (d == 128) t->tall = t->unroll_d = 1;
+  if (d == 256 && dtype != FLASHCL_F32) t->prefetch = 0;
+}
 
 static int fcl_shape_valid(int br, int bc, int d, const fcl_fwd_shape *s) {
   if (s->threads <= 0 || s->s_tm <= 0 || s->s_tn <= 0 || s->o_tm <= 0 || s->o_td <= 0) return 0;
@@ -120,9 +132,9 @@ static long fcl_shape_cost(int br, int bc, int d, const fcl_fwd_shape *s) {
   return s_warps * s_work + o_warps * o_work;
 }
 
-static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, fcl_fwd_shape *out);
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, int tall, fcl_fwd_shape *out);
 
-int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out) {
+int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out) {
   const char *env = getenv("FLASHCL_FWD_SHAPE");
   if (env) {
     fcl_fwd_shape s;
@@ -138,12 +150,12 @@ int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, fcl_fwd_shape *out)
                                  pi < sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0]
                                      ? FCL_PREFERRED_THREADS[pi]
                                      : 0,
-                                 out);
+                                 tall, out);
   return found;
 }
 
 /* The cheapest mapping with exactly `want` work-items (any count if want == 0). */
-static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, fcl_fwd_shape *out) {
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, int tall, fcl_fwd_shape *out) {
   int found = 0;
   long best_cost = 0;
   for (int sa = 1; sa <= 8; sa++) /* S_TM */
@@ -157,8 +169,10 @@ static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, 
           if (!fcl_shape_valid(br, bc, d, &c)) continue;
           /* Work-items idle in the O phase only when nothing else fits. */
           const long cost = fcl_shape_cost(br, bc, d, &c) * ((br / oa) * (d / ob) == t ? 1 : 4);
-          if (!found || cost < best_cost ||
-              (cost == best_cost && (t > out->threads || (t == out->threads && sa + sb < out->s_tm + out->s_tn)))) {
+          const int tie = cost == best_cost;
+          if (!found || cost < best_cost || (tie && tall && t == out->threads && sa > out->s_tm) ||
+              (tie && !(tall && t == out->threads && sa < out->s_tm) &&
+               (t > out->threads || (t == out->threads && sa + sb < out->s_tm + out->s_tn)))) {
             *out = c;
             best_cost = cost;
             found = 1;
@@ -174,9 +188,9 @@ static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct) {
 
 /* Fills the mapping fields; returns 0 when no mapping fits (local_bytes is then
  * computed with one key column per work-item, a lower bound). */
-static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg) {
+static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, int tall) {
   fcl_fwd_shape s;
-  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, &s)) {
+  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, tall, &s)) {
     p->threads = 0;
     p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, 1);
     return 0;
@@ -236,7 +250,7 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
  * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
  * and map, then Br stepping down (while above M's Br) the same way. *p is
  * replaced only by such a plan (then 1 is returned). */
-static int fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
+static int fcl_plan_wide(int d, size_t budget, size_t max_wg, int tall, fcl_plan *p) {
   /* A mapping needs br * bc <= FCL_MAX_S * T and br * d <= FCL_MAX_O * T: tiles
    * past that are skipped before the (costly) search of fcl_plan_threads. */
   const long tmax = (long)(max_wg < FCL_MAX_THREADS ? max_wg : FCL_MAX_THREADS);
@@ -246,7 +260,7 @@ static int fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
       if ((long)w.br * w.bc > FCL_MAX_S * tmax || (long)w.br * d > FCL_MAX_O * tmax ||
           fcl_plan_local_bytes(d, w.br, w.bc, 1) > budget)
         continue;
-      if (fcl_plan_threads(d, &w, max_wg) && w.local_bytes <= budget) {
+      if (fcl_plan_threads(d, &w, max_wg, tall) && w.local_bytes <= budget) {
         *p = w;
         return 1;
       }
@@ -256,7 +270,6 @@ static int fcl_plan_wide(int d, size_t budget, size_t max_wg, fcl_plan *p) {
 
 flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, int block_r, int block_c,
                              fcl_plan *plan) {
-  (void)dtype; /* staging is fp32 for every dtype, see above */
   if (d % 8 != 0 || d < 8 || d > 256)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %d is not supported: it must be a multiple of 8 in [8, 256]", d);
@@ -270,11 +283,13 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
   /* Explicit tiles may use all the local memory a work-group can have; the
    * automatic rule starts from the reported M (see the top of this file). */
   const size_t budget = fcl_local_budget(ctx);
+  fcl_fwd_tuning tune; /* staging is fp32 for every dtype (see above); dtype only picks variants */
+  fcl_fwd_tuning_get(ctx, d, dtype, &tune);
   size_t fit = block_r || block_c ? budget : M;
   fcl_plan p = {0};
   p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
   p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
-  int mapped = fcl_plan_threads(d, &p, max_wg);
+  int mapped = fcl_plan_threads(d, &p, max_wg, tune.tall);
   while (p.local_bytes > fit || !mapped) {
     int *shrink = NULL;
     if (!block_r && !block_c) shrink = p.bc > 8 ? &p.bc : &p.br;
@@ -282,10 +297,10 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     else if (!block_c) shrink = &p.bc;
     if (!shrink || *shrink <= 8) break;
     *shrink = fcl_round_tile((size_t)*shrink - 1);
-    mapped = fcl_plan_threads(d, &p, max_wg);
+    mapped = fcl_plan_threads(d, &p, max_wg, tune.tall);
   }
   if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && 2 * p.br < d &&
-      fcl_plan_wide(d, budget, max_wg, &p))
+      fcl_plan_wide(d, budget, max_wg, tune.tall, &p))
     fit = budget;
   if (p.local_bytes > fit)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
