@@ -20,7 +20,8 @@
  *   Alpha [BLOCK_R]           per-row rescale factor of the current tile
  * Rows are swizzled: float4 granule g of row r sits at g ^ (r & mask), so the
  * work-items of a warp that read the same granule of different rows hit
- * different banks without padding.
+ * different banks without padding. With PAD_ROWS = 1 rows are instead padded by
+ * one granule (Qs, KVs and Ps each grow by one float4 per row).
  *
  * Each tile is processed in two phases with their own work-item mappings:
  *   S = Q K^T: work-item (ty, tx), ty = tid / S_CT, tx = tid % S_CT, owns the
@@ -53,6 +54,7 @@
  *                loads and stores of four elements may be aligned vector accesses
  *   PREFETCH     1: read the next K/V tile into registers while computing
  *   UNROLL_D     1: fully unroll the head-dimension loop of S = Q K^T (GPU mapping)
+ *   PAD_ROWS     1: pad the local tiles' rows instead of swizzling them (GPU mapping)
  *   DROPOUT      1: drop entries of P for P V (philox.cl must be compiled first in
  *                the same program). The row sum l, hence LSE, uses the un-dropped P;
  *                P V uses P * Z / (1 - p), Z = dropout_keep(seed, offset,
@@ -132,6 +134,9 @@
 #endif
 #ifndef UNROLL_D
 #define UNROLL_D 0
+#endif
+#ifndef PAD_ROWS
+#define PAD_ROWS 0
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
@@ -251,8 +256,21 @@ inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int 
 #define LOWBIT(x) ((x) & -(x))
 #define SWM_D ((LOWBIT(D4) < 8 ? LOWBIT(D4) : 8) - 1)
 #define SWM_C ((LOWBIT(C4) < 8 ? LOWBIT(C4) : 8) - 1)
+#if PAD_ROWS
+/* Rows padded by one granule: D4 and C4 are even, so the row stride is odd in
+ * granules and any 8 consecutive rows start in 8 different bank groups, while a
+ * work-item's addresses stay linear in the granule (immediate offsets, no XOR
+ * in the inner loops). */
+#define QKV_LD (D4 + 1)
+#define P_LD (C4 + 1)
+#define QKV_AT(row, g) ((row) * QKV_LD + (g))
+#define P_AT(row, g) ((row) * P_LD + (g))
+#else
+#define QKV_LD D4
+#define P_LD C4
 #define QKV_AT(row, g) ((row) * D4 + ((g) ^ ((row) & SWM_D)))
 #define P_AT(row, g) ((row) * C4 + ((g) ^ ((row) & SWM_C)))
+#endif
 
 /* Global K/V granules (float4) each work-item stages per tile. */
 #define KV_VECS (BLOCK_C * D4)
@@ -318,9 +336,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
     long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
-  __local float4 Qs[BLOCK_R * D4];
-  __local float4 KVs[BLOCK_C * D4];
-  __local float4 Ps[BLOCK_R * C4];
+  __local float4 Qs[BLOCK_R * QKV_LD];
+  __local float4 KVs[BLOCK_C * QKV_LD];
+  __local float4 Ps[BLOCK_R * P_LD];
   __local float4 Red4[(BLOCK_R * S_CT + 3) / 4];
   __local float Alpha[BLOCK_R]; /* per-row rescale of this tile; at the end, the row max */
   __local float *Psf = (__local float *)Ps;

@@ -7,6 +7,7 @@
  *   FLASHCL_FWD_BUILD_LOG   if set, the build log and the kernel's resource figures
  *                           are printed to stderr after each launch set-up
  *   FLASHCL_FWD_SHAPE       forces the work-item mapping, see src/plan.c
+ *   FLASHCL_FWD_TUNING      forces the GPU variant's tuning choices, see src/plan.c
  *   FLASHCL_FWD_MAP         gpu|cpu: forces the GPU or the CPU variant of the kernel
  *                           (default: cpu iff the device is not a GPU), see src/plan.c
  */
@@ -54,9 +55,9 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                       plan.bc, p->head_dim);
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
-             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DPREFETCH=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
+             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DPREFETCH=%d -DPAD_ROWS=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
-             tune.unroll_d, tune.prefetch, causal, p->varlen, aligned, p->dropout, variants, extra ? " " : "",
+             tune.unroll_d, tune.prefetch, tune.pad, causal, p->varlen, aligned, p->dropout, variants, extra ? " " : "",
              extra ? extra : "");
   }
   cl_kernel kern;

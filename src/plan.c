@@ -105,13 +105,29 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
  *     the head-dimension loop of S unrolled: 16.6 against 18.2 ms (f16), 16.2
  *     against 16.7 ms (fp32). Unrolling was slower at d = 32, 64, 80 and 192.
  *   d = 256, fp16 / bf16: no register prefetch of K / V (22.5 against 28.9 ms);
- *     with fp32 the prefetch stays (21.3 against 23.1 ms without). */
+ *     with fp32 the prefetch stays (21.3 against 23.1 ms without).
+ *   every d: padded rows instead of the XOR swizzle (PAD_ROWS).
+ * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad" (each 0 or 1) replaces the
+ * table on any device (tuning aid; the tests use it to run these variants on PoCL). */
 void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
   t->tall = 0;
   t->unroll_d = 0;
   t->prefetch = 1;
+  t->pad = 0;
+  const char *env = getenv("FLASHCL_FWD_TUNING");
+  if (env) {
+    fcl_fwd_tuning e;
+    if (sscanf(env, "%d,%d,%d,%d", &e.tall, &e.unroll_d, &e.prefetch, &e.pad) == 4) {
+      t->tall = e.tall != 0;
+      t->unroll_d = e.unroll_d != 0;
+      t->prefetch = e.prefetch != 0;
+      t->pad = e.pad != 0;
+      return;
+    }
+  }
   if (!strstr(ctx->info.platform_name, "NVIDIA")) return;
   if (d == 128) t->tall = t->unroll_d = 1;
+  t->pad = 1;
   if (d == 256 && dtype != FLASHCL_F32) t->prefetch = 0;
 }
 
@@ -182,17 +198,18 @@ static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, 
   return found;
 }
 
-static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct) {
-  return 4u * ((size_t)br * d + (size_t)bc * d + (size_t)br * bc + (((size_t)br * s_ct + 3) & ~(size_t)3) + br);
+static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct, int pad) {
+  const size_t pd = (size_t)d + 4 * pad, pc = (size_t)bc + 4 * pad; /* PAD_ROWS: one float4 per row */
+  return 4u * ((size_t)br * pd + (size_t)bc * pd + (size_t)br * pc + (((size_t)br * s_ct + 3) & ~(size_t)3) + br);
 }
 
 /* Fills the mapping fields; returns 0 when no mapping fits (local_bytes is then
  * computed with one key column per work-item, a lower bound). */
-static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, int tall) {
+static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, const fcl_fwd_tuning *tune) {
   fcl_fwd_shape s;
-  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, tall, &s)) {
+  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, tune->tall, &s)) {
     p->threads = 0;
-    p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, 1);
+    p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, 1, tune->pad);
     return 0;
   }
   p->tm = s.s_tm;
@@ -200,7 +217,7 @@ static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, int tall) {
   p->rt = p->br / s.s_tm;
   p->ct = p->bc / s.s_tn;
   p->threads = s.threads;
-  p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, p->ct);
+  p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, p->ct, tune->pad);
   return 1;
 }
 
@@ -250,7 +267,7 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
  * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
  * and map, then Br stepping down (while above M's Br) the same way. *p is
  * replaced only by such a plan (then 1 is returned). */
-static int fcl_plan_wide(int d, size_t budget, size_t max_wg, int tall, fcl_plan *p) {
+static int fcl_plan_wide(int d, size_t budget, size_t max_wg, const fcl_fwd_tuning *tune, fcl_plan *p) {
   /* A mapping needs br * bc <= FCL_MAX_S * T and br * d <= FCL_MAX_O * T: tiles
    * past that are skipped before the (costly) search of fcl_plan_threads. */
   const long tmax = (long)(max_wg < FCL_MAX_THREADS ? max_wg : FCL_MAX_THREADS);
@@ -258,9 +275,9 @@ static int fcl_plan_wide(int d, size_t budget, size_t max_wg, int tall, fcl_plan
   for (w.br = fcl_round_tile((size_t)d); w.br > p->br && w.br >= 16; w.br = fcl_round_tile((size_t)w.br - 1))
     for (w.bc = fcl_round_tile((size_t)w.br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
       if ((long)w.br * w.bc > FCL_MAX_S * tmax || (long)w.br * d > FCL_MAX_O * tmax ||
-          fcl_plan_local_bytes(d, w.br, w.bc, 1) > budget)
+          fcl_plan_local_bytes(d, w.br, w.bc, 1, tune->pad) > budget)
         continue;
-      if (fcl_plan_threads(d, &w, max_wg, tall) && w.local_bytes <= budget) {
+      if (fcl_plan_threads(d, &w, max_wg, tune) && w.local_bytes <= budget) {
         *p = w;
         return 1;
       }
@@ -289,7 +306,7 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
   fcl_plan p = {0};
   p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
   p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
-  int mapped = fcl_plan_threads(d, &p, max_wg, tune.tall);
+  int mapped = fcl_plan_threads(d, &p, max_wg, &tune);
   while (p.local_bytes > fit || !mapped) {
     int *shrink = NULL;
     if (!block_r && !block_c) shrink = p.bc > 8 ? &p.bc : &p.br;
@@ -297,10 +314,10 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     else if (!block_c) shrink = &p.bc;
     if (!shrink || *shrink <= 8) break;
     *shrink = fcl_round_tile((size_t)*shrink - 1);
-    mapped = fcl_plan_threads(d, &p, max_wg, tune.tall);
+    mapped = fcl_plan_threads(d, &p, max_wg, &tune);
   }
   if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && 2 * p.br < d &&
-      fcl_plan_wide(d, budget, max_wg, tune.tall, &p))
+      fcl_plan_wide(d, budget, max_wg, &tune, &p))
     fit = budget;
   if (p.local_bytes > fit)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
