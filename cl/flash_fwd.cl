@@ -55,6 +55,8 @@
  *   PREFETCH     1: read the next K/V tile into registers while computing
  *   UNROLL_D     1: fully unroll the head-dimension loop of S = Q K^T (GPU mapping)
  *   PAD_ROWS     1: pad the local tiles' rows instead of swizzling them (GPU mapping)
+ *   UNROLL_O     n > 0: unroll the key loop of O += P V n times (GPU mapping; 0: the
+ *                compiler's choice)
  *   DROPOUT      1: drop entries of P for P V (philox.cl must be compiled first in
  *                the same program). The row sum l, hence LSE, uses the un-dropped P;
  *                P V uses P * Z / (1 - p), Z = dropout_keep(seed, offset,
@@ -137,6 +139,9 @@
 #endif
 #ifndef PAD_ROWS
 #define PAD_ROWS 0
+#endif
+#ifndef UNROLL_O
+#define UNROLL_O 0
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
@@ -238,6 +243,9 @@ inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int 
 #endif
 
 #if !CPU_MAP
+/* _Pragma needs a string: this expands a -D parameter into the pragma first. */
+#define FCL_PRAGMA_STR(x) _Pragma(#x)
+#define FCL_PRAGMA(x) FCL_PRAGMA_STR(x)
 #define S_RT (BLOCK_R / S_TM)
 #define S_CT (BLOCK_C / S_TN)
 #define O_RT (BLOCK_R / O_TM)
@@ -544,6 +552,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
       for (int g = 0; g < O_TG; g++) acc[i][g] *= alpha;
     }
 
+#if UNROLL_O
+    FCL_PRAGMA(unroll UNROLL_O)
+#endif
     for (int j4 = 0; j4 < C4 && o_active; j4++) {
       float4 pa[O_TM];
       for (int i = 0; i < O_TM; i++) pa[i] = Ps[P_AT(oy + i * O_RT, j4)];

@@ -180,6 +180,7 @@ typedef struct fcl_fwd_tuning {
   int unroll_d; /* -DUNROLL_D */
   int prefetch; /* -DPREFETCH */
   int pad;      /* -DPAD_ROWS (local_bytes counts the padding) */
+  int unroll_o; /* -DUNROLL_O */
 } fcl_fwd_tuning;
 
 void fcl_fwd_tuning_get(const flashcl_context *ctx, int head_dim, flashcl_dtype dtype, fcl_fwd_tuning *t);

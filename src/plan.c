@@ -97,37 +97,46 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
 
 
 
-/* Device tuning of the GPU variant, from flashcl-bench on an H100 (f16 and fp32,
- * N = 4096, BENCHMARKS.md "Portable forward: unrolling, prefetch and micro-tile
- * shape (twelfth session)"); other devices keep the defaults (no tie preference,
- * no unrolling, prefetch on), which were not measured against these.
- *   d = 128: 8 x 4 S micro-tiles instead of 4 x 8 (the cost model ties them) and
- *     the head-dimension loop of S unrolled: 16.6 against 18.2 ms (f16), 16.2
- *     against 16.7 ms (fp32). Unrolling was slower at d = 32, 64, 80 and 192.
+/* Device tuning of the GPU variant, from flashcl-bench on an H100 (N = 4096,
+ * non-causal; BENCHMARKS.md "Portable forward on NVIDIA: a tuning table
+ * (twelfth session)"). Other devices keep the defaults (no tie preference, no
+ * unrolling, prefetch on, swizzled rows), which were not measured against these.
+ *   d = 128: 8 x 4 S micro-tiles instead of 4 x 8 (the cost model ties them),
+ *     the head-dimension loop of S unrolled and the key loop of P V unrolled 4
+ *     times: 16.6 against 18.2 ms (f16) before padding, and 15.1 against 15.5 ms
+ *     for the P V unrolling after it. Unrolling S was slower at d = 32, 64, 80
+ *     and 192, and unrolling P V 16 times took twice as long.
+ *   d = 80 and d >= 128: rows padded instead of swizzled (PAD_ROWS): 12% faster
+ *     at d = 80, 7% at 128, 3% at 160, 2% at 256 (fp32), 1% slower at 192; 18%
+ *     slower at d = 64, and at d = 96 the padding pushes the tile out of 48 KiB.
  *   d = 256, fp16 / bf16: no register prefetch of K / V (22.5 against 28.9 ms);
  *     with fp32 the prefetch stays (21.3 against 23.1 ms without).
- *   every d: padded rows instead of the XOR swizzle (PAD_ROWS).
- * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad" (each 0 or 1) replaces the
- * table on any device (tuning aid; the tests use it to run these variants on PoCL). */
+ * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad,unroll_o" replaces the table on
+ * any device (a tuning aid; the tests use it to run these variants on PoCL). */
 void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
   t->tall = 0;
   t->unroll_d = 0;
   t->prefetch = 1;
   t->pad = 0;
+  t->unroll_o = 0;
   const char *env = getenv("FLASHCL_FWD_TUNING");
   if (env) {
     fcl_fwd_tuning e;
-    if (sscanf(env, "%d,%d,%d,%d", &e.tall, &e.unroll_d, &e.prefetch, &e.pad) == 4) {
+    if (sscanf(env, "%d,%d,%d,%d,%d", &e.tall, &e.unroll_d, &e.prefetch, &e.pad, &e.unroll_o) == 5) {
       t->tall = e.tall != 0;
       t->unroll_d = e.unroll_d != 0;
       t->prefetch = e.prefetch != 0;
       t->pad = e.pad != 0;
+      t->unroll_o = e.unroll_o > 0 && e.unroll_o <= 64 ? e.unroll_o : 0;
       return;
     }
   }
   if (!strstr(ctx->info.platform_name, "NVIDIA")) return;
-  if (d == 128) t->tall = t->unroll_d = 1;
-  t->pad = 1;
+  if (d == 128) {
+    t->tall = t->unroll_d = 1;
+    t->unroll_o = 4;
+  }
+  t->pad = d == 80 || d >= 128;
   if (d == 256 && dtype != FLASHCL_F32) t->prefetch = 0;
 }
 
