@@ -12,7 +12,8 @@
  * whose micro-tiles come out as powers of two for multiples of 16) and clamped
  * to [8, FCL_MAX_TILE]. The footprint also holds the probability tile, the
  * reduction scratch and one rescale factor per row,
- *   local_bytes = 4 * (Br*d + Bc*d + Br*Bc + Br*S_CT + Br)   (Br*S_CT rounded up to 4),
+ *   local_bytes = 4 * (Br*d + Bc*d + Br*Bc + Br*S_CT + Br)   (Br*S_CT rounded up to 4;
+ *   with padded rows, fcl_fwd_tuning_get below, d and Bc are each 4 more),
  * and while it exceeds M (or no work-item mapping fits the tile) Bc steps down to
  * the next multiple of 16 (then 8), then Br once Bc is 8: the Q tile is reused across every K/V tile, so its rows
  * are worth more than K/V rows (measured: 64x48 beats 48x64 at d = 64).
@@ -95,8 +96,6 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
 #define FCL_CPU_PRIVATE_CAP (1024 * 1024)
 #endif
 
-
-
 /* Device tuning of the GPU variant, from flashcl-bench on an H100 (N = 4096,
  * non-causal; BENCHMARKS.md "Portable forward on NVIDIA: a tuning table
  * (twelfth session)"). Other devices keep the defaults (no tie preference, no
@@ -159,6 +158,15 @@ static long fcl_shape_cost(int br, int bc, int d, const fcl_fwd_shape *s) {
 
 static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, int tall, fcl_fwd_shape *out);
 
+/* Lower cost wins; on a tie more work-items, then (with `tall`) the taller S
+ * micro-tile, then the S micro-tile with the smaller perimeter. */
+static int fcl_shape_better(const fcl_fwd_shape *c, long cost, const fcl_fwd_shape *best, long best_cost, int tall) {
+  if (cost != best_cost) return cost < best_cost;
+  if (c->threads != best->threads) return c->threads > best->threads;
+  if (tall && c->s_tm != best->s_tm) return c->s_tm > best->s_tm;
+  return c->s_tm + c->s_tn < best->s_tm + best->s_tn;
+}
+
 int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out) {
   const char *env = getenv("FLASHCL_FWD_SHAPE");
   if (env) {
@@ -194,10 +202,7 @@ static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, 
           if (!fcl_shape_valid(br, bc, d, &c)) continue;
           /* Work-items idle in the O phase only when nothing else fits. */
           const long cost = fcl_shape_cost(br, bc, d, &c) * ((br / oa) * (d / ob) == t ? 1 : 4);
-          const int tie = cost == best_cost;
-          if (!found || cost < best_cost || (tie && tall && t == out->threads && sa > out->s_tm) ||
-              (tie && !(tall && t == out->threads && sa < out->s_tm) &&
-               (t > out->threads || (t == out->threads && sa + sb < out->s_tm + out->s_tn)))) {
+          if (!found || fcl_shape_better(&c, cost, out, best_cost, tall)) {
             *out = c;
             best_cost = cost;
             found = 1;
