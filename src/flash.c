@@ -47,12 +47,9 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
              (int)p->dtype, p->head_dim, plan.br, plan.bc, causal, p->varlen, aligned, p->dropout, variants,
              extra ? " " : "", extra ? extra : "");
   } else {
-    fcl_fwd_shape sh;
-    fcl_fwd_tuning tune;
-    fcl_fwd_tuning_get(ctx, p->head_dim, p->dtype, &tune);
-    if (!fcl_fwd_shape_pick(plan.br, plan.bc, p->head_dim, ctx->info.max_work_group_size, tune.tall, &sh))
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no work-item mapping for Br=%d, Bc=%d, d=%d", plan.br,
-                      plan.bc, p->head_dim);
+    /* fcl_make_plan refuses tiles it cannot map, so the shape is set. */
+    const fcl_fwd_shape sh = plan.shape;
+    const fcl_fwd_tuning tune = plan.tune;
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
              "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",

@@ -159,15 +159,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
 flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
                                 int need_unit_last_stride);
 
-/* Block plan for the portable flash kernels. */
-typedef struct fcl_plan {
-  int br, bc;     /* tile rows of Q and of K/V */
-  int rt, ct;     /* thread grid: rows x columns */
-  int tm, tn;     /* per-thread micro-tile of S */
-  int threads;
-  size_t local_bytes;
-} fcl_plan;
-
+/* Block plan for the portable flash kernels (src/plan.c). */
 /* Work-item mapping of the portable forward's GPU variant (src/plan.c). */
 typedef struct fcl_fwd_shape {
   int threads, s_tm, s_tn, o_tm, o_td;
@@ -183,9 +175,15 @@ typedef struct fcl_fwd_tuning {
   int unroll_o; /* -DUNROLL_O */
 } fcl_fwd_tuning;
 
-void fcl_fwd_tuning_get(const flashcl_context *ctx, int head_dim, flashcl_dtype dtype, fcl_fwd_tuning *t);
-/* The mapping for a tile; returns 0 if none. */
-int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out);
+typedef struct fcl_plan {
+  int br, bc;     /* tile rows of Q and of K/V */
+  int rt, ct;     /* thread grid: rows x columns */
+  int tm, tn;     /* per-thread micro-tile of S */
+  int threads;
+  size_t local_bytes;
+  fcl_fwd_shape shape;  /* GPU variant: the work-item mapping */
+  fcl_fwd_tuning tune;  /* GPU variant: the device's tuning choices */
+} fcl_plan;
 
 flashcl_status fcl_make_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r, int block_c,
                              fcl_plan *plan);

@@ -112,7 +112,7 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
  *     with fp32 the prefetch stays (21.3 against 23.1 ms without).
  * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad,unroll_o" replaces the table on
  * any device (a tuning aid; the tests use it to run these variants on PoCL). */
-void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
+static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
   t->tall = 0;
   t->unroll_d = 0;
   t->prefetch = 1;
@@ -167,7 +167,8 @@ static int fcl_shape_better(const fcl_fwd_shape *c, long cost, const fcl_fwd_sha
   return c->s_tm + c->s_tn < best->s_tm + best->s_tn;
 }
 
-int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out) {
+/* The mapping for a tile; returns 0 if none. */
+static int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out) {
   const char *env = getenv("FLASHCL_FWD_SHAPE");
   if (env) {
     fcl_fwd_shape s;
@@ -231,6 +232,8 @@ static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, const fcl_fwd_tun
   p->rt = p->br / s.s_tm;
   p->ct = p->bc / s.s_tn;
   p->threads = s.threads;
+  p->shape = s;
+  p->tune = *tune;
   p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, p->ct, tune->pad);
   return 1;
 }
