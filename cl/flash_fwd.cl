@@ -6,6 +6,9 @@
  * keeping a running row max m, row sum l and output accumulator per row (the
  * online softmax of FlashAttention-2). Scores live in the log2 domain, with
  * log2(e) folded into the scale, so every exponential is exp2. Math is fp32.
+ * The GPU variant multiplies the Q tile by that scale as it stages it (once per
+ * work-group, not once per score), except with SOFTCAP, whose tanh needs the
+ * unscaled product.
  *
  * Tensors are strided views (batch, seq, head, dim) with unit dim stride; the
  * *_off arguments and strides are in elements. LSE is written in natural log.
@@ -13,7 +16,7 @@
  * exp; tiles past the causal diagonal are never loaded.
  *
  * Local memory (all fp32, float4 granules, no padding):
- *   Qs  [BLOCK_R][HEAD_DIM]   the Q tile, row-major
+ *   Qs  [BLOCK_R][HEAD_DIM]   the Q tile, row-major (GPU variant: times scale_log2)
  *   KVs [BLOCK_C][HEAD_DIM]   the K tile, then the V tile of the same keys
  *   Ps  [BLOCK_R][BLOCK_C]    probabilities of the current tile
  *   Red [BLOCK_R][S_CT]       per-work-item partial row maxima / sums
@@ -297,40 +300,60 @@ typedef float4 stage_t;
 #define STAGE_CVT(x) (x)
 #define STAGE_ZERO ((float4)(0.0f))
 #else
-typedef ushort4 stage_t;
+/* Four 16-bit values as one 64-bit word: a predicated load then fills whole
+ * registers, where ushort4 lanes had to be merged with byte permutes. */
+typedef uint2 stage_t;
 #if VEC_ALIGNED
-#define STAGE_GLOAD(p, i) (*(__global const ushort4 *)((__global const ushort *)(p) + (i)))
+#define STAGE_GLOAD(p, i) (*(__global const uint2 *)((__global const ushort *)(p) + (i)))
 #else
-#define STAGE_GLOAD(p, i) vload4(0, (__global const ushort *)(p) + (i))
+#define STAGE_GLOAD(p, i) as_uint2(vload4(0, (__global const ushort *)(p) + (i)))
 #endif
-#define STAGE_ZERO ((ushort4)(0))
+#define STAGE_ZERO ((uint2)(0u))
 #if DTYPE == 1
-inline float4 stage_cvt(ushort4 x) {
-  ushort4 t = x;
+inline float4 stage_cvt(uint2 x) {
+  uint2 t = x;
   return vload_half4(0, (const __private half *)&t);
 }
 #define STAGE_CVT(x) stage_cvt(x)
 #else
-#define STAGE_CVT(x) bf16x4_to_float4(x)
+#define STAGE_CVT(x) bf16x4_to_float4(as_ushort4(x))
 #endif
 #endif
 
 /* Read this work-item's granules of a K or V tile (rows past nk read as 0: P is
  * 0 there, but 0 * garbage could be NaN). */
+#if !PAGED_KV && NTHREADS % D4 == 0
+/* Every pass of the loop moves the work-item down by the same number of rows:
+ * one 64-bit row address per tile, stepped by a constant stride, instead of a
+ * 64-bit multiply per granule. */
+#define STAGE_LOAD(src, base, sb, sn, kstart)                                       \
+  {                                                                                 \
+    const int c0 = tid / D4;                                                        \
+    __global const store_t *sp = (src) + (base) + (long)((kstart) + c0) * (sn) + 4 * (tid - c0 * D4); \
+    for (int u = 0; u < KV_PER; u++) {                                              \
+      stage_t val = STAGE_ZERO;                                                     \
+      if (KV_IN(tid + u * NTHREADS) && (kstart) + c0 + u * (NTHREADS / D4) < nk)    \
+        val = STAGE_GLOAD(sp, 0);                                                   \
+      stage[u] = val;                                                               \
+      sp += (long)(NTHREADS / D4) * (sn);                                           \
+    }                                                                               \
+  }
+#else
 #define STAGE_LOAD(src, base, sb, sn, kstart)                                       \
   for (int u = 0; u < KV_PER; u++) {                                                \
     const int e = tid + u * NTHREADS;                                               \
     const int c = e / D4, g = e - (e / D4) * D4;                                    \
     stage_t val = STAGE_ZERO;                                                       \
-    if (KV_IN(e) && (kstart) + c < nk)              \
+    if (KV_IN(e) && (kstart) + c < nk)                                              \
       val = STAGE_GLOAD(src, (base) + KV_OFF((kstart) + c, sb, sn) + 4 * g);        \
     stage[u] = val;                                                                 \
   }
-#define STAGE_STORE()                                                               \
+#endif
+#define STAGE_STORE(dst)                                                            \
   for (int u = 0; u < KV_PER; u++) {                                                \
     const int e = tid + u * NTHREADS;                                               \
     const int c = e / D4, g = e - (e / D4) * D4;                                    \
-    if (KV_IN(e)) KVs[QKV_AT(c, g)] = STAGE_CVT(stage[u]); \
+    if (KV_IN(e)) (dst)[QKV_AT(c, g)] = STAGE_CVT(stage[u]);                        \
   }
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
@@ -391,9 +414,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #endif
   const int diag = nk - nq;
 
+#if SOFTCAP
+  const float qscale = 1.0f; /* the cap needs the unscaled product */
+#else
+  const float qscale = scale_log2; /* folded into Q once instead of into every score */
+#endif
   for (int e = tid; e < BLOCK_R * D4; e += NTHREADS) {
     const int r = e / D4, g = e - (e / D4) * D4;
-    Qs[QKV_AT(r, g)] = (q0 + r < nq) ? GLOAD4(q, qbase + (long)(q0 + r) * q_sn + 4 * g) : (float4)(0.0f);
+    Qs[QKV_AT(r, g)] = (q0 + r < nq) ? GLOAD4(q, qbase + (long)(q0 + r) * q_sn + 4 * g) * qscale : (float4)(0.0f);
   }
 
   float4 acc[O_TM][O_TG];
@@ -437,7 +465,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #if !PREFETCH
     STAGE_LOAD(k, kbase, k_sb, k_sn, k0)
 #endif
-    STAGE_STORE() /* K */
+    STAGE_STORE(KVs) /* K */
     barrier(CLK_LOCAL_MEM_FENCE);
 #if PREFETCH
     STAGE_LOAD(v, vbase, v_sb, v_sn, k0) /* V arrives while S is computed */
@@ -477,7 +505,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #if SOFTCAP
         float sv = softcap_log2 * tanh(s[i][j] * softcap_in);
 #else
-        float sv = s[i][j] * scale_log2;
+        float sv = s[i][j];
 #endif
 #if ALIBI
         sv -= slope_log2 * (float)abs(k0 + sx + j * S_CT - (q0 + r + diag));
@@ -505,11 +533,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
 #if PREFETCH
-    STAGE_STORE() /* V */
+    STAGE_STORE(KVs) /* V */
     if (KNEXT < kend) STAGE_LOAD(k, kbase, k_sb, k_sn, KNEXT) /* next K arrives during P V */
 #else
     STAGE_LOAD(v, vbase, v_sb, v_sn, k0)
-    STAGE_STORE() /* V */
+    STAGE_STORE(KVs) /* V */
 #endif
 
     for (int i = 0; i < S_TM; i++) {
@@ -533,13 +561,20 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
         const int c = sx + j * S_CT;
         const float p = exp2(s[i][j] - pivot);
         psum += p;
+#if PAD_ROWS
+        /* Same element as below, in a form the compiler folds into an immediate
+         * offset (it does not see that 4 * (c >> 2) + (c & 3) == c). */
+        __local float *pdst = Psf + 4 * P_LD * r + c;
+#else
+        __local float *pdst = Psf + 4 * P_AT(r, c >> 2) + (c & 3);
+#endif
 #if DROPOUT
-        Psf[4 * P_AT(r, c >> 2) + (c & 3)] =
+        *pdst =
             dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)(q0 + r), (uint)(k0 + c), threshold)
                 ? p * keep_scale
                 : 0.0f;
 #else
-        Psf[4 * P_AT(r, c >> 2) + (c & 3)] = p;
+        *pdst = p;
 #endif
       }
       l_s[i] = l_s[i] * alpha + psum;
@@ -558,10 +593,19 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     for (int j4 = 0; j4 < C4 && o_active; j4++) {
       float4 pa[O_TM];
       for (int i = 0; i < O_TM; i++) pa[i] = Ps[P_AT(oy + i * O_RT, j4)];
+#if PAD_ROWS
+      /* One pointer per four keys: every V read below is then the pointer plus
+       * an immediate offset (indices rebuilt per read cost two integer
+       * instructions per load on NVIDIA). */
+      __local const float4 *vrow = KVs + 4 * j4 * QKV_LD + ox;
+#endif
       for (int jj = 0; jj < 4; jj++) {
-        const int j = 4 * j4 + jj;
         float4 vb[O_TG];
-        for (int g = 0; g < O_TG; g++) vb[g] = KVs[QKV_AT(j, ox + g * O_CT)];
+#if PAD_ROWS
+        for (int g = 0; g < O_TG; g++) vb[g] = vrow[jj * QKV_LD + g * O_CT];
+#else
+        for (int g = 0; g < O_TG; g++) vb[g] = KVs[QKV_AT(4 * j4 + jj, ox + g * O_CT)];
+#endif
         for (int i = 0; i < O_TM; i++) {
           const float pv = jj == 0 ? pa[i].x : jj == 1 ? pa[i].y : jj == 2 ? pa[i].z : pa[i].w;
           for (int g = 0; g < O_TG; g++) acc[i][g] = mad((float4)(pv), vb[g], acc[i][g]);
