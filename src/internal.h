@@ -173,6 +173,7 @@ typedef struct fcl_fwd_tuning {
   int prefetch; /* -DPREFETCH */
   int pad;      /* -DPAD_ROWS (local_bytes counts the padding) */
   int unroll_o; /* -DUNROLL_O */
+  int ftz;      /* -cl-denorms-are-zero */
 } fcl_fwd_tuning;
 
 typedef struct fcl_plan {
