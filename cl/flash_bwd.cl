@@ -253,7 +253,12 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
 #define LDA (HEAD_DIM + 4)
 #define LDA4 (LDA / 4)
 #define D4 (HEAD_DIM / 4)
-#define BCP (BLOCK_C + 1) /* [query][key] score tiles, padded against bank conflicts */
+/* Score tiles are read four entries at a time along their rows, so rows are
+ * padded by one float4: bwd_dkdv keeps P and dS transposed, [key][query], and
+ * its dK/dV loop reads four queries of a key at once; bwd_dq keeps dS as
+ * [query][key] and reads four keys of a query at once. */
+#define BRP (BLOCK_R + 4)
+#define BCP (BLOCK_C + 4)
 
 /* Copies rows [row0, row0 + BLOCK) of a strided tensor into a padded local tile,
  * zero-filling rows at or past `rows` (never garbage: 0 * NaN is NaN). */
@@ -263,7 +268,7 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
     float4 v_ = (float4)(0.0f);                                                              \
     if ((row0) + r_ < (rows)) {                                                              \
       const long p_ = ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_;                  \
-      v_ = (float4)(LOAD(src, p_), LOAD(src, p_ + 1), LOAD(src, p_ + 2), LOAD(src, p_ + 3)); \
+      v_ = LOAD4V(src, p_);                                                                  \
     }                                                                                        \
     ((__local float4 *)(dst))[r_ * LDA4 + g_] = v_;                                          \
   }
@@ -292,8 +297,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
   __local float dOs[BLOCK_R * LDA] __attribute__((aligned(16)));
-  __local float Ps[BLOCK_R * BCP];  /* dropped P, [query][key] */
-  __local float dSs[BLOCK_R * BCP]; /* dS, [query][key] */
+  __local float Ps[BLOCK_C * BRP] __attribute__((aligned(16)));  /* dropped P, [key][query] */
+  __local float dSs[BLOCK_C * BRP] __attribute__((aligned(16))); /* dS, [key][query] */
   __local float Ls[BLOCK_R];        /* LSE in log2 units */
   __local float Ds[BLOCK_R];
 
@@ -415,30 +420,40 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
               dpv = 0.0f;
             }
 #endif
-            Ps[r * BCP + c] = pd;
+            Ps[c * BRP + r] = pd;
 #if SOFTCAP
-            dSs[r * BCP + c] = p * (dpv - Ds[r]) * (1.0f - t * t);
+            dSs[c * BRP + r] = p * (dpv - Ds[r]) * (1.0f - t * t);
 #else
-            dSs[r * BCP + c] = p * (dpv - Ds[r]);
+            dSs[c * BRP + r] = p * (dpv - Ds[r]);
 #endif
           }
         }
       }
       barrier(CLK_LOCAL_MEM_FENCE);
 
-      const int rows = min(BLOCK_R, nq - i0);
+      /* Rows past nq hold P = dS = 0 and zero Q / dO rows: they add nothing, and
+       * a fixed trip count lets the compiler unroll. */
       if (b_active) {
-        for (int r = 0; r < rows; r++) {
-          float4 oq[B_TD / 4], qq[B_TD / 4];
-          for (int u = 0; u < B_TD / 4; u++) {
-            oq[u] = ((__local float4 *)dOs)[r * LDA4 + bx + B_CT * u];
-            qq[u] = ((__local float4 *)Qs)[r * LDA4 + bx + B_CT * u];
-          }
+        for (int r4 = 0; r4 < BLOCK_R / 4; r4++) {
+          float4 pv[B_TM], dsv[B_TM];
           for (int i = 0; i < B_TM; i++) {
-            const float pv = Ps[r * BCP + bc + B_RT * i], dsv = dSs[r * BCP + bc + B_RT * i];
+            pv[i] = ((__local float4 *)Ps)[(bc + B_RT * i) * (BRP / 4) + r4];
+            dsv[i] = ((__local float4 *)dSs)[(bc + B_RT * i) * (BRP / 4) + r4];
+          }
+          for (int rr = 0; rr < 4; rr++) {
+            const int r = 4 * r4 + rr;
+            float4 oq[B_TD / 4], qq[B_TD / 4];
             for (int u = 0; u < B_TD / 4; u++) {
-              dv_acc[i][u] = mad((float4)(pv), oq[u], dv_acc[i][u]);
-              dk_acc[i][u] = mad((float4)(dsv), qq[u], dk_acc[i][u]);
+              oq[u] = ((__local float4 *)dOs)[r * LDA4 + bx + B_CT * u];
+              qq[u] = ((__local float4 *)Qs)[r * LDA4 + bx + B_CT * u];
+            }
+            for (int i = 0; i < B_TM; i++) {
+              const float pe = rr == 0 ? pv[i].x : rr == 1 ? pv[i].y : rr == 2 ? pv[i].z : pv[i].w;
+              const float de = rr == 0 ? dsv[i].x : rr == 1 ? dsv[i].y : rr == 2 ? dsv[i].z : dsv[i].w;
+              for (int u = 0; u < B_TD / 4; u++) {
+                dv_acc[i][u] = mad((float4)(pe), oq[u], dv_acc[i][u]);
+                dk_acc[i][u] = mad((float4)(de), qq[u], dk_acc[i][u]);
+              }
             }
           }
         }
@@ -447,12 +462,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       /* dQ_tile += scale * dS K, reduced over this work-group's keys first so each
        * element takes one atomic per work-group. */
       {
-        const int kcount = min(BLOCK_C, nk - k0);
+        const int rows = min(BLOCK_R, nq - i0), kcount = min(BLOCK_C, nk - k0);
         for (int e = tid; e < rows * D4; e += NTHREADS) {
           const int r = e / D4, x = e - r * D4;
           float4 acc = (float4)(0.0f);
           for (int c = 0; c < kcount; c++)
-            acc = mad((float4)(dSs[r * BCP + c]), ((__local float4 *)Ks)[c * LDA4 + x], acc);
+            acc = mad((float4)(dSs[c * BRP + r]), ((__local float4 *)Ks)[c * LDA4 + x], acc);
           __global float *dst = dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + 4 * x;
           if (acc.x != 0.0f) atomic_add_float(dst, acc.x * scale);
           if (acc.y != 0.0f) atomic_add_float(dst + 1, acc.y * scale);
@@ -503,7 +518,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
   __local float dOs[BLOCK_R * LDA] __attribute__((aligned(16)));
-  __local float dSs[BLOCK_R * BCP];
+  __local float dSs[BLOCK_R * BCP] __attribute__((aligned(16))); /* dS, [query][key] */
   __local float Ls[BLOCK_R];
   __local float Ds[BLOCK_R];
 
@@ -621,14 +636,19 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+    /* Keys past kend hold dS = 0 and zero K rows: a fixed trip count is safe. */
     if (b_active) {
-      const int cols = min(BLOCK_C, kend - k0);
-      for (int c = 0; c < cols; c++) {
-        float4 kq[QB_TD / 4];
-        for (int u = 0; u < QB_TD / 4; u++) kq[u] = ((__local float4 *)Ks)[c * LDA4 + bx + QB_CT * u];
-        for (int i = 0; i < QB_TM; i++) {
-          const float dsv = dSs[(br + QB_RT * i) * BCP + c];
-          for (int u = 0; u < QB_TD / 4; u++) dq_acc[i][u] = mad((float4)(dsv), kq[u], dq_acc[i][u]);
+      for (int c4 = 0; c4 < BLOCK_C / 4; c4++) {
+        float4 dsv[QB_TM];
+        for (int i = 0; i < QB_TM; i++) dsv[i] = ((__local float4 *)dSs)[(br + QB_RT * i) * (BCP / 4) + c4];
+        for (int cc = 0; cc < 4; cc++) {
+          const int c = 4 * c4 + cc;
+          float4 kq[QB_TD / 4];
+          for (int u = 0; u < QB_TD / 4; u++) kq[u] = ((__local float4 *)Ks)[c * LDA4 + bx + QB_CT * u];
+          for (int i = 0; i < QB_TM; i++) {
+            const float de = cc == 0 ? dsv[i].x : cc == 1 ? dsv[i].y : cc == 2 ? dsv[i].z : dsv[i].w;
+            for (int u = 0; u < QB_TD / 4; u++) dq_acc[i][u] = mad((float4)(de), kq[u], dq_acc[i][u]);
+          }
         }
       }
     }

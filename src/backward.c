@@ -26,6 +26,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct fcl_bwd_sizes {
   size_t dsum;   /* floats of D */
@@ -74,8 +75,11 @@ typedef struct fcl_bwd_plan {
   int qa_tm, qa_tn, qb_tm, qb_td; /* bwd_dq */
 } fcl_bwd_plan;
 
+/* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two transposed
+ * score tiles (Bc x (Br + 4); bwd_dq's one Br x (Bc + 4) tile is never larger),
+ * and LSE and D per query row. */
 static size_t fcl_bwd_local_bytes(int br, int bc, int d) {
-  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + 2u * (size_t)br * (bc + 1) + 2u * (size_t)br);
+  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + 2u * (size_t)bc * (br + 4) + 2u * (size_t)br);
 }
 
 /* Splits an m x n grid of values over `threads` work-items exactly: tm * tn values
@@ -97,7 +101,9 @@ static int fcl_split_exact(int m, int n, int threads, int *tm, int *tn) {
 }
 
 /* Splits rows x head_dim outputs (columns in float4 granules) over at most
- * `threads` work-items, using as many as possible, then the squarest. */
+ * `threads` work-items, using as many as possible, then the fewest local loads:
+ * per four rows of the sum, td values of Q / dO (or K) and tm four-wide reads
+ * of the score tile, so the smallest tm + td. */
 static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
   int best_used = 0;
   for (int a = 1; a <= rows; a++) {
@@ -106,7 +112,7 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
       if (d % c) continue;
       int used = (rows / a) * (d / c);
       if (used > threads) continue;
-      if (used > best_used || (used == best_used && a + c / 4 < *tm + *td / 4)) {
+      if (used > best_used || (used == best_used && a + c < *tm + *td)) {
         best_used = used;
         *tm = a;
         *td = c;
@@ -142,16 +148,21 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
  *   d = 192: 32x32, 256: 86.9 (half the budget alone gave 32x16 at 64: 171.9;
  *            32x32 at 128: 92.1);
  *   d = 256: 32x32, 256: 115.3 (16x16 at 64: 148.4, at 128: 142.6; 32x16 at
- *            128: 121.8). */
-static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
+ *            128: 121.8).
+ * These figures predate the thirteenth session's kernel changes (P and dS
+ * transposed, read four at a time). With them, on NVIDIA platforms d = 128
+ * takes 48x32 at 256 work-items (the measurements are at the exception in the
+ * code); d = 64 keeps 64x32 at 128 (65.8 ms; 64x32 at 256 77.4, 32x32 at 128
+ * 75.5). */
+/* The rule above, or only the (want_bc, want_br) pair when want_bc != 0 (with
+ * want_threads work-items when > 0). */
+static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_br, int want_threads,
+                             fcl_bwd_plan *p) {
   static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
                                 {32, 8}, {24, 16}, {24, 8}, {48, 32}};
   const int n_auto = 7; /* the candidates the automatic choice takes from */
   const size_t M = ctx->info.local_mem_size, budget = fcl_local_budget(ctx);
   const int probed = budget > M;
-  int want_bc = 0, want_br = 0, want_threads = 0;
-  const char *env = getenv("FLASHCL_BWD_PLAN");
-  if (env) sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads);
   const size_t fit = want_bc || !probed ? budget : budget / 2 > M ? budget / 2 : M;
   for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
     p->bc = cand[i][0];
@@ -178,6 +189,22 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
       return 1;
   }
   return 0;
+}
+
+static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
+  const char *env = getenv("FLASHCL_BWD_PLAN");
+  int want_bc = 0, want_br = 0, want_threads = 0;
+  if (env && sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads) >= 2)
+    return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, p);
+  /* Measured on the H100 (thirteenth session, f16, N = 4096): 48x32 with 256
+   * work-items 76.9 ms, against 91.1 for the rule's 32x32 at 128, 82.3 for
+   * 32x32 at 256 and 83.5 for 64x32 at 256. It needs more than half the probed
+   * budget, so one work-group runs per SM. Where it does not fit or map, the
+   * rule applies. */
+  if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
+      strstr(ctx->info.platform_name, "NVIDIA") && fcl_bwd_plan_pick(ctx, d, 48, 32, 256, p))
+    return 1;
+  return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, p);
 }
 
 
