@@ -253,12 +253,14 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
 #define LDA (HEAD_DIM + 4)
 #define LDA4 (LDA / 4)
 #define D4 (HEAD_DIM / 4)
-/* Score tiles are read four entries at a time along their rows, so rows are
- * padded by one float4: bwd_dkdv keeps P and dS transposed, [key][query], and
- * its dK/dV loop reads four queries of a key at once; bwd_dq keeps dS as
- * [query][key] and reads four keys of a query at once. */
-#define BRP (BLOCK_R + 4)
-#define BCP (BLOCK_C + 4)
+/* Score tiles are read four entries at a time along their rows: bwd_dkdv keeps
+ * P and dS transposed, [key][query], and its dK/dV loop reads four queries of
+ * a key at once; bwd_dq keeps dS as [query][key] and reads four keys of a
+ * query at once. Those reads are broadcasts (a warp's work-items share a few
+ * rows), and rows are not padded: the padding grew the tiles past half the
+ * budget at d = 80 (64x32), which then planned smaller tiles. */
+#define BRP BLOCK_R
+#define BCP BLOCK_C
 
 /* Copies rows [row0, row0 + BLOCK) of a strided tensor into a padded local tile,
  * zero-filling rows at or past `rows` (never garbage: 0 * NaN is NaN). */

@@ -75,11 +75,10 @@ typedef struct fcl_bwd_plan {
   int qa_tm, qa_tn, qb_tm, qb_td; /* bwd_dq */
 } fcl_bwd_plan;
 
-/* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two transposed
- * score tiles (Bc x (Br + 4); bwd_dq's one Br x (Bc + 4) tile is never larger),
- * and LSE and D per query row. */
+/* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
+ * tiles (bwd_dq has one), and LSE and D per query row. */
 static size_t fcl_bwd_local_bytes(int br, int bc, int d) {
-  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + 2u * (size_t)bc * (br + 4) + 2u * (size_t)br);
+  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + 2u * (size_t)bc * br + 2u * (size_t)br);
 }
 
 /* Splits an m x n grid of values over `threads` work-items exactly: tm * tn values
