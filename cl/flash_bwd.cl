@@ -66,6 +66,8 @@
  *              mask, mask_bs, mask_hs, mask_words, mask_bq, mask_bk (only when
  *              MASK != 0); (query tile x key tile) pairs whose bits are all 0 are
  *              skipped, pairs whose bits are all 1 skip the per-score test.
+ *   BWD_AHEAD  1: read the next Q/dO (bwd_dkdv) or K/V (bwd_dq) tile into
+ *              registers while the current one is computed (ignored with MASK)
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -132,6 +134,9 @@
 #endif
 #ifndef MASK
 #define MASK 0
+#endif
+#ifndef BWD_AHEAD
+#define BWD_AHEAD 0
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -275,6 +280,32 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
     ((__local float4 *)(dst))[r_ * LDA4 + g_] = v_;                                          \
   }
 
+/* The same copy in two halves, so that the global reads of the next tile can be
+ * issued into registers (TILE_FETCH) while the current one is being used, and
+ * written to local memory (TILE_PUT) after the next barrier. With BWD_AHEAD the
+ * kernels fetch one tile ahead; otherwise (and always with a mask) they fetch
+ * the tile they are about to use. */
+#define TILE_REGS(nrows) (((nrows) * D4 + NTHREADS - 1) / NTHREADS)
+#define TILE_FETCH(regs, src, bb, seq0, row0, rows, head, nrows)                   \
+  for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                  \
+    const int e_ = tid + u_ * NTHREADS;                                            \
+    const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
+    float4 v_ = (float4)(0.0f);                                                    \
+    if (e_ < (nrows) * D4 && (row0) + r_ < (rows))                                 \
+      v_ = LOAD4V(src, ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_);      \
+    regs[u_] = v_;                                                                 \
+  }
+#define TILE_PUT(dst, regs, nrows)                                                 \
+  for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                  \
+    const int e_ = tid + u_ * NTHREADS;                                            \
+    const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
+    if (e_ < (nrows) * D4) ((__local float4 *)(dst))[r_ * LDA4 + g_] = regs[u_];   \
+  }
+#if MASK /* the next visible tile is only known after its mask bits are read */
+#undef BWD_AHEAD
+#define BWD_AHEAD 0
+#endif
+
 inline float dot4(float4 a, float4 b, float acc) {
   return mad(a.x, b.x, mad(a.y, b.y, mad(a.z, b.z, mad(a.w, b.w, acc))));
 }
@@ -343,24 +374,50 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   istart -= istart % BLOCK_R;
   iend = min(nq, min(k0 + BLOCK_C, nk) - 1 - diag + window_left + 1);
 #endif
-  for (int g = 0; g < group; g++) {
+  /* One flat loop over (query head of the group, query tile), so that the next
+   * pair's Q and dO can be fetched ahead across the head boundary. */
+  float4 qreg[TILE_REGS(BLOCK_R)], oreg[TILE_REGS(BLOCK_R)];
+#if BWD_AHEAD
+  if (istart < iend) {
+    TILE_FETCH(qreg, q, bb, sq.x, istart, nq, hk * group, BLOCK_R)
+    TILE_FETCH(oreg, dout, bb, sq.x, istart, nq, hk * group, BLOCK_R)
+  }
+#endif
+  for (int g = 0, i0 = istart; g < group && istart < iend;) {
     const int h = hk * group + g;
+    int i0n = i0 + BLOCK_R, gn = g; /* the pair after this one */
+    if (i0n >= iend) {
+      i0n = istart;
+      gn++;
+    }
+    {
 #if ALIBI
-    const float slope_log2 = alibi[h] * LOG2E;
+      const float slope_log2 = alibi[h] * LOG2E;
 #endif
 #if MASK
-    __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
-#endif
-    for (int i0 = istart; i0 < iend; i0 += BLOCK_R) {
-#if MASK
+      __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
       /* 1: some bits set, 3: all set; a tile with none is skipped (uniform). */
       const int mcls = mask_tile(mrow, mask_words, mask_bq, mask_bk, i0, min(i0 + BLOCK_R, nq) - 1, k0,
                                  min(k0 + BLOCK_C, nk) - 1);
-      if (!(mcls & 1)) continue;
+      if (!(mcls & 1)) {
+        g = gn;
+        i0 = i0n;
+        continue;
+      }
 #endif
       barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
-      LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
-      LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+#if !BWD_AHEAD
+      TILE_FETCH(qreg, q, bb, sq.x, i0, nq, h, BLOCK_R)
+      TILE_FETCH(oreg, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+#endif
+      TILE_PUT(Qs, qreg, BLOCK_R)
+      TILE_PUT(dOs, oreg, BLOCK_R)
+#if BWD_AHEAD
+      if (gn < group) { /* arrives while this pair is computed */
+        TILE_FETCH(qreg, q, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
+        TILE_FETCH(oreg, dout, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
+      }
+#endif
       for (int r = tid; r < BLOCK_R; r += NTHREADS) {
         const int in = i0 + r < nq;
         const float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
@@ -479,6 +536,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       }
 #endif
     }
+    g = gn;
+    i0 = i0n;
   }
   if (b_active) {
     for (int i = 0; i < B_TM; i++) {
@@ -570,6 +629,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
 #endif
+  float4 kreg[TILE_REGS(BLOCK_C)], vreg[TILE_REGS(BLOCK_C)];
+#if BWD_AHEAD
+  if (kstart < kend) {
+    TILE_FETCH(kreg, k, bb, sk.x, kstart, nk, hk, BLOCK_C)
+    TILE_FETCH(vreg, v, bb, sk.x, kstart, nk, hk, BLOCK_C)
+  }
+#endif
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
 #if MASK
     /* 1: some bits set, 3: all set; a tile with none is skipped (uniform). */
@@ -578,8 +644,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     if (!(mcls & 1)) continue;
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
-    LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
-    LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+#if !BWD_AHEAD
+    TILE_FETCH(kreg, k, bb, sk.x, k0, nk, hk, BLOCK_C)
+    TILE_FETCH(vreg, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+#endif
+    TILE_PUT(Ks, kreg, BLOCK_C)
+    TILE_PUT(Vs, vreg, BLOCK_C)
+#if BWD_AHEAD
+    if (k0 + BLOCK_C < kend) { /* arrives while this tile is computed */
+      TILE_FETCH(kreg, k, bb, sk.x, k0 + BLOCK_C, nk, hk, BLOCK_C)
+      TILE_FETCH(vreg, v, bb, sk.x, k0 + BLOCK_C, nk, hk, BLOCK_C)
+    }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
     {
       float s[QA_TM][QA_TN], dp[QA_TM][QA_TN];

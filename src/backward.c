@@ -207,6 +207,18 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
 }
 
 
+/* Whether the portable kernels read the next tile into registers ahead of use
+ * (-DBWD_AHEAD). Measured on the H100 (thirteenth session, f16, N = 4096): at
+ * d = 256 105.4 -> 90.3 ms; slower at d = 128 (76.9 -> 87.2) and 32 (67.6 ->
+ * 81.0), where the registers it takes were worth more; even at 64, 80 and 96.
+ * Other devices were not measured and keep it off. FLASHCL_BWD_AHEAD=0|1
+ * overrides (tests, tuning). */
+static int fcl_bwd_ahead(const flashcl_context *ctx, int d) {
+  const char *env = getenv("FLASHCL_BWD_AHEAD");
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return ctx->info.is_gpu && d == 256 && strstr(ctx->info.platform_name, "NVIDIA") != NULL;
+}
+
 /* The arguments bwd_dkdv and bwd_dq share after their tensors and scratch. */
 static void fcl_bwd_shared_args(fcl_args *a, const fcl_problem *p, int group, cl_mem cu_q, cl_mem cu_k, int tq,
                                 int tk) {
@@ -272,10 +284,11 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_VEC=%d -DDROPOUT=%d%s%s%s",
+           "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d%s%s%s",
            (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
            bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, acc_dq,
-           acc_dq && fcl_mma_rows_aligned(dq), p->dropout, variants, extra ? " " : "", extra ? extra : "");
+           acc_dq && fcl_mma_rows_aligned(dq), p->dropout, fcl_bwd_ahead(ctx, p->head_dim), variants,
+           extra ? " " : "", extra ? extra : "");
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
                                       "philox.cl+mask.cl+flash_bwd.cl"};

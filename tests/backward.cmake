@@ -2,6 +2,7 @@
 #   test_backward       default suite (label default): gradients against the double
 #                       reference, dropout mask, error paths, workspace, FD check
 #   test_backward_long  the same source with FCT_BWD_LONG: the sweep (label long)
+#   test_backward_ahead test_backward with FLASHCL_BWD_AHEAD=1 on the forced-plan cases
 #   test_backward_mma   with FCT_BWD_MMA: the NVIDIA tensor-core backward (label default;
 #                       skips where the device has no tensor-core path)
 add_library(flashcl_test_bwd STATIC ${CMAKE_CURRENT_LIST_DIR}/reference_bwd.c ${CMAKE_CURRENT_LIST_DIR}/philox_ref.c)
@@ -23,3 +24,8 @@ target_compile_definitions(test_backward_mma PRIVATE FCT_BWD_LONG=1 FCT_BWD_MMA=
 set_tests_properties(test_backward PROPERTIES TIMEOUT 900 LABELS default)
 set_tests_properties(test_backward_long PROPERTIES TIMEOUT 7200 LABELS long)
 set_tests_properties(test_backward_mma PROPERTIES TIMEOUT 600 LABELS default)
+# The portable kernels' read-ahead of the next tile (-DBWD_AHEAD; on by default
+# only for d = 256 on NVIDIA), forced on over the forced-plan cases: GQA,
+# causal, dropout and both dQ modes at d = 64, 128 and 192.
+flashcl_add_test_variant(test_backward_ahead test_backward
+  "FLASHCL_BWD_AHEAD=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
