@@ -267,24 +267,14 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
 #define BRP BLOCK_R
 #define BCP BLOCK_C
 
-/* Copies rows [row0, row0 + BLOCK) of a strided tensor into a padded local tile,
- * zero-filling rows at or past `rows` (never garbage: 0 * NaN is NaN). */
-#define LOAD_TILE(dst, src, bb, seq0, row0, rows, head, nrows)                              \
-  for (int e_ = tid; e_ < (nrows) * D4; e_ += NTHREADS) {                                    \
-    const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                               \
-    float4 v_ = (float4)(0.0f);                                                              \
-    if ((row0) + r_ < (rows)) {                                                              \
-      const long p_ = ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_;                  \
-      v_ = LOAD4V(src, p_);                                                                  \
-    }                                                                                        \
-    ((__local float4 *)(dst))[r_ * LDA4 + g_] = v_;                                          \
-  }
-
-/* The same copy in two halves, so that the global reads of the next tile can be
- * issued into registers (TILE_FETCH) while the current one is being used, and
- * written to local memory (TILE_PUT) after the next barrier. With BWD_AHEAD the
- * kernels fetch one tile ahead; otherwise (and always with a mask) they fetch
- * the tile they are about to use. */
+/* Copies rows [row0, row0 + nrows) of a strided tensor into a padded local
+ * tile, zero-filling rows at or past `rows` (never garbage: 0 * NaN is NaN), in
+ * two halves: TILE_FETCH reads the work-item's granules into registers, all
+ * reads first, and TILE_PUT writes them to local memory. The streamed tiles are
+ * fetched before the barrier that frees their local copy (or, with BWD_AHEAD,
+ * a whole tile earlier, so that the reads arrive while the current tile is
+ * computed); otherwise (and always with a mask) the kernels fetch the tile they
+ * are about to use. */
 #define TILE_REGS(nrows) (((nrows) * D4 + NTHREADS - 1) / NTHREADS)
 #define TILE_FETCH(regs, src, bb, seq0, row0, rows, head, nrows)                   \
   for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                  \
@@ -300,6 +290,13 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
     const int e_ = tid + u_ * NTHREADS;                                            \
     const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
     if (e_ < (nrows) * D4) ((__local float4 *)(dst))[r_ * LDA4 + g_] = regs[u_];   \
+  }
+/* Both halves at once, for the tiles that stay resident. */
+#define LOAD_TILE(dst, src, bb, seq0, row0, rows, head, nrows)                     \
+  {                                                                                \
+    float4 t_[TILE_REGS(nrows)];                                                   \
+    TILE_FETCH(t_, src, bb, seq0, row0, rows, head, nrows)                         \
+    TILE_PUT(dst, t_, nrows)                                                       \
   }
 #if MASK /* the next visible tile is only known after its mask bits are read */
 #undef BWD_AHEAD
