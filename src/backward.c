@@ -206,7 +206,6 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
   return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, p);
 }
 
-
 /* Whether the portable kernels read the next tile into registers ahead of use
  * (-DBWD_AHEAD). Measured on the H100 (thirteenth session, f16, N = 4096): at
  * d = 256 105.4 -> 90.3 ms; slower at d = 128 (76.9 -> 87.2) and 32 (67.6 ->
