@@ -201,7 +201,7 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
    * budget, so one work-group runs per SM. Where it does not fit or map, the
    * rule applies. */
   if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
-      strstr(ctx->info.platform_name, "NVIDIA") && fcl_bwd_plan_pick(ctx, d, 48, 32, 256, p))
+      fcl_platform_is_nvidia(ctx) && fcl_bwd_plan_pick(ctx, d, 48, 32, 256, p))
     return 1;
   return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, p);
 }
@@ -215,7 +215,7 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
 static int fcl_bwd_ahead(const flashcl_context *ctx, int d) {
   const char *env = getenv("FLASHCL_BWD_AHEAD");
   if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu && d == 256 && strstr(ctx->info.platform_name, "NVIDIA") != NULL;
+  return ctx->info.is_gpu && d == 256 && fcl_platform_is_nvidia(ctx);
 }
 
 /* The arguments bwd_dkdv and bwd_dq share after their tensors and scratch. */

@@ -108,7 +108,7 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
 /* 1 if the context's device runs the tensor-core path (probing on first call). */
 int fcl_mma_available(flashcl_context *ctx) {
   if (ctx->mma_state) return ctx->mma_state > 0;
-  if (!strstr(ctx->info.platform_name, "NVIDIA"))
+  if (!fcl_platform_is_nvidia(ctx))
     return fcl_mma_disable(ctx, "the platform (%s) is not NVIDIA's", ctx->info.platform_name);
   size_t n = 0;
   int has_attr = 0;

@@ -5,6 +5,7 @@
 #include "flashcl.h"
 
 #include <stdarg.h>
+#include <string.h>
 
 #define FLASHCL_ERRMSG_CAP 65536
 
@@ -87,6 +88,12 @@ const char *fcl_cl_error_name(cl_int err);
  * use, probed once per context (CL_DEVICE_LOCAL_MEM_SIZE or more). */
 cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host);
 size_t fcl_local_budget(flashcl_context *ctx);
+
+/* The device belongs to NVIDIA's OpenCL platform: the measured tuning tables,
+ * the local-memory probe and the PTX paths apply only there. */
+static inline int fcl_platform_is_nvidia(const flashcl_context *ctx) {
+  return strstr(ctx->info.platform_name, "NVIDIA") != NULL;
+}
 
 /* Builds (once) and returns a kernel of program `file` compiled with `options`. */
 flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char *options,

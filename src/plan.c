@@ -140,7 +140,7 @@ static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype 
       return;
     }
   }
-  if (!strstr(ctx->info.platform_name, "NVIDIA")) return;
+  if (!fcl_platform_is_nvidia(ctx)) return;
   if (d == 128) {
     t->tall = t->unroll_d = 1;
     t->unroll_o = 4;

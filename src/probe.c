@@ -75,7 +75,7 @@ size_t fcl_local_budget(flashcl_context *ctx) {
   size_t budget = ctx->local_mem_actual;
   const char *env = getenv("FLASHCL_LOCAL_PROBE");
   const int allowed = !(env && !strcmp(env, "0"));
-  if (allowed && ctx->info.is_gpu && strstr(ctx->info.platform_name, "NVIDIA") && budget < FCL_LOCAL_PROBE &&
+  if (allowed && ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && budget < FCL_LOCAL_PROBE &&
       fcl_run_local_probe(ctx)) {
     budget = FCL_LOCAL_PROBE;
     fcl_log(ctx, "local memory: the device runs work-groups with %zu bytes (it reports %zu)", budget,
