@@ -68,6 +68,21 @@
  *              skipped, pairs whose bits are all 1 skip the per-score test.
  *   BWD_AHEAD  1: read the next Q/dO (bwd_dkdv) or K/V (bwd_dq) tile into
  *              registers while the current one is computed (ignored with MASK)
+ *   VEC_ALIGNED 1: every element offset and stride of q, k, v and dout is a
+ *              multiple of 4, so four elements are read as one aligned vector
+ *   SCORE_PAD  floats (0 or a multiple of 4) added to each row of the score
+ *              tiles, so that the rows a warp reads at once fall in different
+ *              banks (needed by the warp-tiled mappings below)
+ *   A_WQ, B_WX, QA_WK, QB_WX   0: work-item t of a phase grid of CT columns
+ *              takes cell (t / CT, t % CT). n > 0: each 32 consecutive work-items
+ *              cover a (32 / n) x n block of the grid instead (n queries of
+ *              phase A, n column granules of phase B, n keys in bwd_dq's phase
+ *              A, n column granules of its phase B), and these blocks tile the
+ *              grid row by row; the host sets them only where n divides the
+ *              grid's columns, 32 / n its rows, and every work-item is used.
+ *              On a GPU a warp's loads then touch n rows of one operand and
+ *              32 / n of the other instead of 1-2 and 16-32, which cuts the
+ *              local-memory transactions per multiply-add.
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -137,6 +152,24 @@
 #endif
 #ifndef BWD_AHEAD
 #define BWD_AHEAD 0
+#endif
+#ifndef VEC_ALIGNED
+#define VEC_ALIGNED 0
+#endif
+#ifndef SCORE_PAD
+#define SCORE_PAD 0
+#endif
+#ifndef A_WQ
+#define A_WQ 0
+#endif
+#ifndef B_WX
+#define B_WX 0
+#endif
+#ifndef QA_WK
+#define QA_WK 0
+#endif
+#ifndef QB_WX
+#define QB_WX 0
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -261,11 +294,49 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
 /* Score tiles are read four entries at a time along their rows: bwd_dkdv keeps
  * P and dS transposed, [key][query], and its dK/dV loop reads four queries of
  * a key at once; bwd_dq keeps dS as [query][key] and reads four keys of a
- * query at once. Those reads are broadcasts (a warp's work-items share a few
- * rows), and rows are not padded: the padding grew the tiles past half the
- * budget at d = 80 (64x32), which then planned smaller tiles. */
-#define BRP BLOCK_R
-#define BCP BLOCK_C
+ * query at once. With the default mappings those reads are broadcasts (a
+ * warp's work-items share one or two rows) and rows are not padded: padding
+ * grew the tiles past half the budget at d = 80 (64x32), which then planned
+ * smaller tiles. The warp-tiled mappings read several rows at once and pad
+ * them (SCORE_PAD). */
+#define BRP (BLOCK_R + SCORE_PAD)
+#define BCP (BLOCK_C + SCORE_PAD)
+
+/* Work-item -> (row, column) of a phase grid with CT columns: row-major, or in
+ * blocks of 32 work-items spanning W columns (A_WQ and the others, above). */
+#define GRID_ROW(W, CT) ((W) ? (tid / 32) / ((CT) / ((W) ? (W) : 1)) * (32 / ((W) ? (W) : 1)) + (tid % 32) / ((W) ? (W) : 1) : tid / (CT))
+#define GRID_COL(W, CT) ((W) ? (tid / 32) % ((CT) / ((W) ? (W) : 1)) * (W) + (tid % 32) % ((W) ? (W) : 1) : tid % (CT))
+
+/* Staged tile registers: fp16 and bf16 stay packed, four values in one 64-bit
+ * word, until they are written to local memory, which halves the registers a
+ * fetched tile holds and reads four elements with one load. */
+#if DTYPE == 0
+typedef float4 stage_t;
+#if VEC_ALIGNED
+#define STAGE_GLOAD(p) (*(__global const float4 *)(p))
+#else
+#define STAGE_GLOAD(p) vload4(0, (p))
+#endif
+#define STAGE_CVT(x) (x)
+#define STAGE_ZERO ((float4)(0.0f))
+#else
+typedef uint2 stage_t;
+#if VEC_ALIGNED
+#define STAGE_GLOAD(p) (*(__global const uint2 *)(p))
+#else
+#define STAGE_GLOAD(p) as_uint2(vload4(0, (__global const ushort *)(p)))
+#endif
+#define STAGE_ZERO ((uint2)(0u))
+#if DTYPE == 1
+inline float4 stage_cvt(uint2 x) {
+  uint2 t = x; /* fp16 bits without cl_khr_fp16: convert through private memory */
+  return vload_half4(0, (const __private half *)&t);
+}
+#define STAGE_CVT(x) stage_cvt(x)
+#else
+#define STAGE_CVT(x) as_float4(convert_uint4(as_ushort4(x)) << 16)
+#endif
+#endif
 
 /* Copies rows [row0, row0 + nrows) of a strided tensor into a padded local
  * tile, zero-filling rows at or past `rows` (never garbage: 0 * NaN is NaN), in
@@ -276,25 +347,42 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
  * computed); otherwise (and always with a mask) the kernels fetch the tile they
  * are about to use. */
 #define TILE_REGS(nrows) (((nrows) * D4 + NTHREADS - 1) / NTHREADS)
+#if NTHREADS % D4 == 0
+/* Each pass moves the work-item down by NTHREADS / D4 rows: one row address,
+ * stepped by a constant stride, instead of a 64-bit multiply per granule. */
+#define TILE_FETCH(regs, src, bb, seq0, row0, rows, head, nrows)                   \
+  {                                                                                \
+    const int r0_ = tid / D4;                                                      \
+    __global const store_t *p_ = src + ROWPTR(src, bb, (seq0) + (row0) + r0_, head) + 4 * (tid - r0_ * D4); \
+    for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                \
+      const int r_ = r0_ + u_ * (NTHREADS / D4);                                   \
+      stage_t v_ = STAGE_ZERO;                                                     \
+      if (r_ < (nrows) && (row0) + r_ < (rows)) v_ = STAGE_GLOAD(p_);              \
+      regs[u_] = v_;                                                               \
+      p_ += (long)(NTHREADS / D4) * src##_sn;                                      \
+    }                                                                              \
+  }
+#else
 #define TILE_FETCH(regs, src, bb, seq0, row0, rows, head, nrows)                   \
   for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                  \
     const int e_ = tid + u_ * NTHREADS;                                            \
     const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
-    float4 v_ = (float4)(0.0f);                                                    \
+    stage_t v_ = STAGE_ZERO;                                                       \
     if (e_ < (nrows) * D4 && (row0) + r_ < (rows))                                 \
-      v_ = LOAD4V(src, ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_);      \
+      v_ = STAGE_GLOAD(src + ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_); \
     regs[u_] = v_;                                                                 \
   }
+#endif
 #define TILE_PUT(dst, regs, nrows)                                                 \
   for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                  \
     const int e_ = tid + u_ * NTHREADS;                                            \
     const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
-    if (e_ < (nrows) * D4) ((__local float4 *)(dst))[r_ * LDA4 + g_] = regs[u_];   \
+    if (e_ < (nrows) * D4) ((__local float4 *)(dst))[r_ * LDA4 + g_] = STAGE_CVT(regs[u_]); \
   }
 /* Both halves at once, for the tiles that stay resident. */
 #define LOAD_TILE(dst, src, bb, seq0, row0, rows, head, nrows)                     \
   {                                                                                \
-    float4 t_[TILE_REGS(nrows)];                                                   \
+    stage_t t_[TILE_REGS(nrows)];                                                  \
     TILE_FETCH(t_, src, bb, seq0, row0, rows, head, nrows)                         \
     TILE_PUT(dst, t_, nrows)                                                       \
   }
@@ -348,11 +436,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   /* Phase A mapping: keys c = ac + A_RT*i, queries r = ar + A_CT*j. */
 #define A_CT (BLOCK_R / A_TN)
 #define A_RT (BLOCK_C / A_TM)
-  const int ac = tid / A_CT, ar = tid - (tid / A_CT) * A_CT;
+#if A_WQ && (32 % A_WQ || A_CT % A_WQ || A_RT % (32 / A_WQ) || NTHREADS % 32)
+#error "A_WQ must divide 32 and A_CT, and 32 / A_WQ must divide A_RT"
+#endif
+  const int ac = GRID_ROW(A_WQ, A_CT), ar = GRID_COL(A_WQ, A_CT);
   /* Phase B mapping: keys c = bc + B_RT*i, column granules g = bx + B_CT*u. */
 #define B_CT (HEAD_DIM / B_TD)
 #define B_RT (BLOCK_C / B_TM)
-  const int bc = tid / B_CT, bx = tid - (tid / B_CT) * B_CT;
+#if B_WX && (32 % B_WX || B_CT % B_WX || B_RT % (32 / B_WX) || B_RT * B_CT != NTHREADS)
+#error "B_WX must divide 32 and B_CT, 32 / B_WX must divide B_RT, and the grid must use every work-item"
+#endif
+  const int bc = GRID_ROW(B_WX, B_CT), bx = GRID_COL(B_WX, B_CT);
   const int b_active = tid < B_RT * B_CT;
 
   float4 dk_acc[B_TM][B_TD / 4], dv_acc[B_TM][B_TD / 4];
@@ -373,7 +467,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 #endif
   /* One flat loop over (query head of the group, query tile), so that the next
    * pair's Q and dO can be fetched ahead across the head boundary. */
-  float4 qreg[TILE_REGS(BLOCK_R)], oreg[TILE_REGS(BLOCK_R)];
+  stage_t qreg[TILE_REGS(BLOCK_R)], oreg[TILE_REGS(BLOCK_R)];
 #if BWD_AHEAD
   if (istart < iend) {
     TILE_FETCH(qreg, q, bb, sq.x, istart, nq, hk * group, BLOCK_R)
@@ -602,10 +696,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 
 #define QA_CT (BLOCK_C / QA_TN)
 #define QA_RT (BLOCK_R / QA_TM)
-  const int ar = tid / QA_CT, ac = tid - (tid / QA_CT) * QA_CT;
+#if QA_WK && (32 % QA_WK || QA_CT % QA_WK || QA_RT % (32 / QA_WK) || NTHREADS % 32)
+#error "QA_WK must divide 32 and QA_CT, and 32 / QA_WK must divide QA_RT"
+#endif
+  const int ar = GRID_ROW(QA_WK, QA_CT), ac = GRID_COL(QA_WK, QA_CT);
 #define QB_CT (HEAD_DIM / QB_TD)
 #define QB_RT (BLOCK_R / QB_TM)
-  const int br = tid / QB_CT, bx = tid - (tid / QB_CT) * QB_CT;
+#if QB_WX && (32 % QB_WX || QB_CT % QB_WX || QB_RT % (32 / QB_WX) || QB_RT * QB_CT != NTHREADS)
+#error "QB_WX must divide 32 and QB_CT, 32 / QB_WX must divide QB_RT, and the grid must use every work-item"
+#endif
+  const int br = GRID_ROW(QB_WX, QB_CT), bx = GRID_COL(QB_WX, QB_CT);
   const int b_active = tid < QB_RT * QB_CT;
 
   float4 dq_acc[QB_TM][QB_TD / 4];
@@ -626,7 +726,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
 #endif
-  float4 kreg[TILE_REGS(BLOCK_C)], vreg[TILE_REGS(BLOCK_C)];
+  stage_t kreg[TILE_REGS(BLOCK_C)], vreg[TILE_REGS(BLOCK_C)];
 #if BWD_AHEAD
   if (kstart < kend) {
     TILE_FETCH(kreg, k, bb, sk.x, kstart, nk, hk, BLOCK_C)

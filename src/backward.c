@@ -20,7 +20,13 @@
  * accumulators with one writer per element (DQ_SPLITS in cl/flash_bwd_mma.cl),
  * converted like the atomic one: the same bits on every run, at the atomic
  * mode's arithmetic plus `splits` accumulators rather than a second pass over
- * K and V. */
+ * K and V.
+ *
+ * Environment (tuning and diagnostics only; README lists them all):
+ *   FLASHCL_BWD_PLAN, FLASHCL_BWD_AHEAD, FLASHCL_BWD_WARP   see the functions below
+ *   FLASHCL_BWD_BUILD_LOG   if set, the portable kernels' build log and resource
+ *                           figures go to stderr at each launch set-up (with
+ *                           FLASHCL_BUILD_OPTIONS=-cl-nv-verbose on NVIDIA: registers) */
 #include "internal.h"
 #include "kernel_args.h"
 
@@ -73,12 +79,29 @@ typedef struct fcl_bwd_plan {
   int br, bc, threads;
   int a_tm, a_tn, b_tm, b_td;     /* bwd_dkdv */
   int qa_tm, qa_tn, qb_tm, qb_td; /* bwd_dq */
+  int pad;                        /* SCORE_PAD */
+  int a_wq, b_wx, qa_wk, qb_wx;   /* warp-tiled mappings, 0 = row-major */
 } fcl_bwd_plan;
 
 /* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
- * tiles (bwd_dq has one), and LSE and D per query row. */
-static size_t fcl_bwd_local_bytes(int br, int bc, int d) {
-  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + 2u * (size_t)bc * br + 2u * (size_t)br);
+ * tiles (bwd_dq has one), each row `pad` floats longer, and LSE and D per query
+ * row. */
+static size_t fcl_bwd_local_bytes(int br, int bc, int d, int pad) {
+  const size_t dkdv = 2u * (size_t)bc * (size_t)(br + pad), dq = (size_t)br * (size_t)(bc + pad);
+  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + (dkdv > dq ? dkdv : dq) + 2u * (size_t)br);
+}
+
+/* The block width W of a warp-tiled mapping (cl/flash_bwd.cl, A_WQ and the
+ * others) for a rows x cols grid: 32 consecutive work-items cover (32 / W) rows
+ * by W columns. 8 columns by 4 rows first: of the shapes that divide these
+ * grids it leaves the fewest distinct rows of both operands per warp load. 0
+ * when no shape divides the grid or the grid leaves work-items idle. */
+static int fcl_bwd_warp_width(int rows, int cols, int threads) {
+  static const int widths[] = {8, 4, 16, 2};
+  if (threads % 32 || rows * cols != threads) return 0;
+  for (int i = 0; i < 4; i++)
+    if (cols % widths[i] == 0 && rows % (32 / widths[i]) == 0) return widths[i];
+  return 0;
 }
 
 /* Splits an m x n grid of values over `threads` work-items exactly: tm * tn values
@@ -122,7 +145,8 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
 }
 
 /* FLASHCL_BWD_PLAN="bc,br,threads" (tuning) forces the tile pair and work-item
- * count; 32x8, 24x16, 24x8 and 48x32 are candidates for it only. Tiles: the first
+ * count; 32x8, 24x16, 24x8, 48x32, 48x48, 64x48, 32x64 and 64x16 are candidates
+ * for it only. Tiles: the first
  * of 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br) whose four d-wide
  * fp32 tiles (K, V, Q, dO) and two score tiles fit in the local memory M: the
  * backward keeps twice the forward's tiles on chip, so it gets smaller ones from
@@ -155,10 +179,10 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
  * 75.5; 59.6 once the tiles were read in two halves, c29e15b). */
 /* The rule above, or only the (want_bc, want_br) pair when want_bc != 0 (with
  * want_threads work-items when > 0). */
-static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_br, int want_threads,
+static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_br, int want_threads, int warp,
                              fcl_bwd_plan *p) {
   static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
-                                {32, 8}, {24, 16}, {24, 8}, {48, 32}};
+                                {32, 8}, {24, 16}, {24, 8}, {48, 32}, {48, 48}, {64, 48}, {32, 64}, {64, 16}};
   const int n_auto = 7; /* the candidates the automatic choice takes from */
   const size_t M = ctx->info.local_mem_size, budget = fcl_local_budget(ctx);
   const int probed = budget > M;
@@ -168,7 +192,14 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
     p->br = cand[i][1];
     if (want_bc && (p->bc != want_bc || p->br != want_br)) continue;
     if (!want_bc && (int)i >= n_auto) break;
-    const size_t bytes = fcl_bwd_local_bytes(p->br, p->bc, d);
+    /* The warp-tiled mappings pad the score rows; where that does not fit, this
+     * tile pair runs the row-major ones. */
+    p->pad = warp ? 4 : 0;
+    size_t bytes = fcl_bwd_local_bytes(p->br, p->bc, d, p->pad);
+    if (p->pad && bytes > fit && !(probed && p->bc == 32 && p->br == 32 && bytes <= budget)) {
+      p->pad = 0;
+      bytes = fcl_bwd_local_bytes(p->br, p->bc, d, 0);
+    }
     if (bytes > fit && !(probed && p->bc == 32 && p->br == 32 && bytes <= budget)) continue;
     p->threads = p->br * p->bc >= 64 ? 64 : p->br * p->bc;
     if (probed && p->br * p->bc >= 1024) {
@@ -184,26 +215,54 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
     if (fcl_split_exact(p->bc, p->br, p->threads, &p->a_tm, &p->a_tn) &&
         fcl_split_cols(p->bc, d, p->threads, &p->b_tm, &p->b_td) &&
         fcl_split_exact(p->br, p->bc, p->threads, &p->qa_tm, &p->qa_tn) &&
-        fcl_split_cols(p->br, d, p->threads, &p->qb_tm, &p->qb_td))
+        fcl_split_cols(p->br, d, p->threads, &p->qb_tm, &p->qb_td)) {
+      p->a_wq = p->b_wx = p->qa_wk = p->qb_wx = 0;
+      if (p->pad) {
+        p->a_wq = fcl_bwd_warp_width(p->bc / p->a_tm, p->br / p->a_tn, p->threads);
+        p->b_wx = fcl_bwd_warp_width(p->bc / p->b_tm, d / p->b_td, p->threads);
+        p->qa_wk = fcl_bwd_warp_width(p->br / p->qa_tm, p->bc / p->qa_tn, p->threads);
+        p->qb_wx = fcl_bwd_warp_width(p->br / p->qb_tm, d / p->qb_td, p->threads);
+      }
       return 1;
+    }
   }
   return 0;
 }
 
-static int fcl_bwd_make_plan(flashcl_context *ctx, int d, fcl_bwd_plan *p) {
+/* Whether the plan uses the warp-tiled mappings with padded score rows (see
+ * fcl_bwd_warp_width): on NVIDIA GPUs, where they were measured (fourteenth
+ * session, H100, f16, N = 4096, 48x32 at 256 work-items): d = 128 77.1 ->
+ * 69.2 ms, the dK/dV kernel alone 44.5 -> 36.7; d = 64 59.8 -> 58.3.
+ * FLASHCL_BWD_WARP=0|1 overrides (tests, tuning). */
+static int fcl_bwd_warp(const flashcl_context *ctx) {
+  const char *env = getenv("FLASHCL_BWD_WARP");
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
+}
+
+/* The plan of bwd_dkdv (for_dq = 0) or of bwd_dq (for_dq = 1): the two kernels
+ * are built separately when their plans differ. FLASHCL_BWD_PLAN="bc,br,threads"
+ * forces both; "bc,br,threads/bc,br,threads" gives bwd_dq the second. */
+static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, fcl_bwd_plan *p) {
   const char *env = getenv("FLASHCL_BWD_PLAN");
   int want_bc = 0, want_br = 0, want_threads = 0;
+  const int warp = fcl_bwd_warp(ctx);
+  if (env && for_dq && strchr(env, '/')) env = strchr(env, '/') + 1;
   if (env && sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads) >= 2)
-    return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, p);
+    return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, p);
+  /* Measured on the H100 (fourteenth session, f16, N = 4096, warp-tiled
+   * mappings): dK/dV alone 34.9 ms on 48x32 at 128 work-items (36.8 at 256,
+   * 36.5 on 64x48 at 256, 41.0 on 64x32 at 128); dQ alone 25.1 ms on 32x64 at
+   * 128 (26.7 on 64x32 at 128, 28.1 on 48x32 at 128, 33.2 on 48x32 at 256). */
+  if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
+      fcl_platform_is_nvidia(ctx) && fcl_bwd_plan_pick(ctx, d, for_dq ? 32 : 48, for_dq ? 64 : 32, 128, warp, p))
+    return 1;
   /* Measured on the H100 (thirteenth session, f16, N = 4096): 48x32 with 256
    * work-items 76.9 ms, against 91.1 for the rule's 32x32 at 128, 82.3 for
    * 32x32 at 256 and 83.5 for 64x32 at 256. It needs more than half the probed
    * budget, so one work-group runs per SM. Where it does not fit or map, the
    * rule applies. */
-  if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
-      fcl_platform_is_nvidia(ctx) && fcl_bwd_plan_pick(ctx, d, 48, 32, 256, p))
-    return 1;
-  return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, p);
+  return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, warp, p);
 }
 
 /* Whether the portable kernels read the next tile into registers ahead of use
@@ -245,6 +304,23 @@ static int fcl_bwd_concurrent(const flashcl_context *ctx) {
   return ctx->info.is_gpu;
 }
 
+/* The build options of the portable backward kernels for one plan. */
+static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fcl_bwd_plan *bp, int acc_dq,
+                            int dq_vec, int vec_aligned, char *opts, size_t size) {
+  char variants[64];
+  fcl_variant_options(p, variants, sizeof variants);
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  snprintf(opts, size,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
+           "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
+           "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d -DVEC_ALIGNED=%d -DSCORE_PAD=%d -DA_WQ=%d -DB_WX=%d -DQA_WK=%d "
+           "-DQB_WX=%d%s%s%s",
+           (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
+           bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
+           p->dropout, fcl_bwd_ahead(ctx, p->head_dim), vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk,
+           bp->qb_wx, variants, extra ? " " : "", extra ? extra : "");
+}
+
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
                                          const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                          const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
@@ -265,8 +341,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_bwd_mode(ctx, p, use_mma, &atomic, &splits);
   /* Whether dQ comes out of the fp32 accumulator(s) that bwd_dq_store converts. */
   const int acc_dq = splits > 0;
-  fcl_bwd_plan bp = {0};
-  if (!fcl_bwd_make_plan(ctx, p->head_dim, &bp))
+  fcl_bwd_plan bp = {0}, bq = {0}; /* bwd_dkdv's and bwd_dq's */
+  if (!fcl_bwd_make_plan(ctx, p->head_dim, 0, &bp) || !fcl_bwd_make_plan(ctx, p->head_dim, 1, &bq))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
                     p->head_dim, fcl_local_budget(ctx));
   fcl_bwd_sizes z;
@@ -277,17 +353,10 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
                     bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
 
-  char opts[512], variants[64];
-  fcl_variant_options(p, variants, sizeof variants);
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-  snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
-           "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d%s%s%s",
-           (int)p->dtype, p->head_dim, bp.br, bp.bc, bp.threads, bp.a_tm, bp.a_tn, bp.b_tm, bp.b_td, bp.qa_tm,
-           bp.qa_tn, bp.qb_tm, bp.qb_td, p->causal && !p->window, p->varlen, acc_dq,
-           acc_dq && fcl_mma_rows_aligned(dq), p->dropout, fcl_bwd_ahead(ctx, p->head_dim), variants,
-           extra ? " " : "", extra ? extra : "");
+  char opts[640], opts_dq[640];
+  const int vec = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(d_o);
+  fcl_bwd_options(ctx, p, &bp, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts, sizeof opts);
+  fcl_bwd_options(ctx, p, &bq, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts_dq, sizeof opts_dq);
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
                                       "philox.cl+mask.cl+flash_bwd.cl"};
@@ -303,15 +372,19 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     k_dkdv = mma.dkdv;
     if (!acc_dq) k_dq = mma.dq;
   } else if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
-             (!acc_dq && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq", &k_dq)))) {
+             (!acc_dq && (st = fcl_get_kernel(ctx, src, opts_dq, "bwd_dq", &k_dq)))) {
     return st;
+  }
+  if (!use_mma && getenv("FLASHCL_BWD_BUILD_LOG")) {
+    fcl_print_build_log(ctx, k_dkdv, "bwd_dkdv", opts);
+    if (!acc_dq) fcl_print_build_log(ctx, k_dq, "bwd_dq", opts_dq);
   }
   /* Every portable kernel must take its planned work-group before anything is
    * enqueued, so that a refusal never leaves dK/dV written and dQ not. */
   {
     const cl_kernel ks[3] = {k_pre, use_mma ? NULL : k_dkdv, use_mma && !acc_dq ? NULL : k_dq};
     static const char *kn[3] = {"bwd_preprocess", "bwd_dkdv", "bwd_dq"};
-    const size_t want[3] = {64, (size_t)bp.threads, acc_dq ? 0 : (size_t)bp.threads};
+    const size_t want[3] = {64, (size_t)bp.threads, acc_dq ? 0 : (size_t)bq.threads};
     for (int i = 0; i < 3; i++) {
       size_t kwg = 0;
       if (ks[i] && want[i] &&
@@ -412,8 +485,9 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
     clReleaseEvent(dkdv_done);
   } else {
-    size_t qblocks = ((size_t)p->seqlen_q + bp.br - 1) / bp.br;
-    size_t g[3] = {qblocks * bp.threads, (size_t)p->heads_q, (size_t)p->batch};
+    size_t qblocks = ((size_t)p->seqlen_q + bq.br - 1) / bq.br;
+    size_t g[3] = {qblocks * bq.threads, (size_t)p->heads_q, (size_t)p->batch};
+    size_t local_dq[3] = {(size_t)bq.threads, 1, 1};
     cl_event parts[2] = {NULL, dkdv_done};
     /* With a side queue, dQ runs beside dK/dV: the flushes make the events
      * visible across the queues (OpenCL requires it), and the barrier joins dQ
@@ -421,7 +495,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
      * come after all three gradients. */
     if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
     err = clEnqueueNDRangeKernel(side ? side : ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g,
-                                 use_mma ? mma.local : local, 1, &pre_done, &parts[0]);
+                                 use_mma ? mma.local : local_dq, 1, &pre_done, &parts[0]);
     const int dq_on_side = side && err == CL_SUCCESS;
     if (dq_on_side) err = clFlush(side);
     if (err == CL_SUCCESS && (side || out_event)) {

@@ -19,15 +19,6 @@
 
 int fcl_fwd_cpu_map(const flashcl_context *ctx); /* plan.c */
 
-/* Element offset and (batch, seq, head) strides all multiples of 4: rows of four
- * elements can then be read and written as aligned vectors. */
-static int fcl_vec_aligned(const flashcl_tensor *t) {
-  if (!t || t->offset % (4 * flashcl_dtype_size(t->dtype))) return 0;
-  for (int i = 0; i < 3; i++)
-    if (t->stride[i] % 4) return 0;
-  return 1;
-}
-
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,

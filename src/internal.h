@@ -220,6 +220,9 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
                                const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
                                const cl_event *wait, cl_event *out_event);
+/* 1 if the element offset and (batch, seq, head) strides are all multiples of
+ * 4: rows of four elements can then be read and written as aligned vectors. */
+int fcl_vec_aligned(const flashcl_tensor *t);
 /* 1 if a tensor's rows are 16-byte aligned for cp.async: element offset and
  * (batch, seq, head) strides multiples of 8 elements. */
 int fcl_mma_rows_aligned(const flashcl_tensor *t);

@@ -113,6 +113,13 @@ void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
   desc->window_right = -1;
 }
 
+int fcl_vec_aligned(const flashcl_tensor *t) {
+  if (!t || t->offset % (4 * flashcl_dtype_size(t->dtype))) return 0;
+  for (int i = 0; i < 3; i++)
+    if (t->stride[i] % 4) return 0;
+  return 1;
+}
+
 flashcl_status fcl_buffer_size(flashcl_context *ctx, cl_mem m, const char *name, size_t *size) {
   cl_mem_object_type type = 0;
   cl_context owner = NULL;

@@ -3,6 +3,7 @@
 #                       reference, dropout mask, error paths, workspace, FD check
 #   test_backward_long  the same source with FCT_BWD_LONG: the sweep (label long)
 #   test_backward_ahead test_backward with FLASHCL_BWD_AHEAD=1 on the forced-plan cases
+#   test_backward_warp  test_backward with FLASHCL_BWD_WARP=1 on the forced-plan cases
 #   test_backward_mma   with FCT_BWD_MMA: the NVIDIA tensor-core backward (label default;
 #                       skips where the device has no tensor-core path)
 add_library(flashcl_test_bwd STATIC ${CMAKE_CURRENT_LIST_DIR}/reference_bwd.c ${CMAKE_CURRENT_LIST_DIR}/philox_ref.c)
@@ -29,3 +30,7 @@ set_tests_properties(test_backward_mma PROPERTIES TIMEOUT 600 LABELS default)
 # causal, dropout and both dQ modes at d = 64, 128 and 192.
 flashcl_add_test_variant(test_backward_ahead test_backward
   "FLASHCL_BWD_AHEAD=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
+# The warp-tiled mappings with padded score rows (FLASHCL_BWD_WARP=1) on the
+# same cases, whatever the device's default.
+flashcl_add_test_variant(test_backward_warp test_backward
+  "FLASHCL_BWD_WARP=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)

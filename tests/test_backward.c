@@ -240,6 +240,14 @@ static const bwd_case CASES[] = {
     /* NVIDIA's plan at d = 128 (src/backward.c): 48 keys, 256 work-items. */
     {"f16_d128_plan_48x32x256_gqa_4_2", K_BWD, F16, 1, 100, 70, 4, 2, 128, 0, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,256"},
+    /* NVIDIA's plans at d = 128 (src/backward.c): dK/dV on 48x32 at 128
+     * work-items, dQ on its own 32x64 at 128 (a second build). */
+    {"bf16_d128_plan_48x32x128_dq_32x64x128_causal_gqa_4_2", K_BWD, BF16, 1, 100, 90, 4, 2, 128, 1, 0.0f, R_DET,
+     SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,128/32,64,128"},
+    /* The same plan on views at odd offsets and strides: the 16-bit tiles are
+     * then read element by element, not as aligned 64-bit words. */
+    {"f16_d128_plan_48x32x256_padded_causal", K_BWD, F16, 1, 70, 75, 2, 1, 128, 1, 0.0f, R_DET | R_ATOMIC, SRC_REF,
+     FCT_PADDED, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,256"},
     /* ---- forward with dropout: naive and flash against the reference ---- */
     FWD_DROP("fwd_dropout_f32_d64", F32, 2, 65, 65, 2, 2, 64, 0, 0.1f),
     FWD_DROP("fwd_dropout_f32_d64_causal_gqa_8_1_empty_rows", F32, 1, 65, 40, 8, 1, 64, 1, 0.1f),
