@@ -83,6 +83,8 @@
  *              On a GPU a warp's loads then touch n rows of one operand and
  *              32 / n of the other instead of 1-2 and 16-32, which cuts the
  *              local-memory transactions per multiply-add.
+ *   NV_RED     1: the atomic dQ adds go through inline PTX red.global.add.v4.f32
+ *              (NVIDIA, sm_90 and later; the host sets it from device queries)
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -171,6 +173,9 @@
 #ifndef QB_WX
 #define QB_WX 0
 #endif
+#ifndef NV_RED
+#define NV_RED 0
+#endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
@@ -229,6 +234,31 @@ inline void atomic_add_float(volatile __global float *p, float val) {
     seen.u = prev;
   } while (1);
 }
+
+/* Adds four floats to a 16-byte aligned fp32 accumulator; zeros are skipped
+ * (causally masked parts of a tile contribute nothing). NV_RED: one
+ * red.global.add.v4.f32 (sm_90; like every global float atomic add on NVIDIA
+ * it flushes denormal results to zero); otherwise a compare-and-swap loop per
+ * float, as OpenCL 1.2 has no float atomic add. */
+#if NV_RED
+#define ATOMIC_ADD4(ptr_, val_)                                                                      \
+  {                                                                                            \
+    const float4 a_ = (val_);                                                                     \
+    if (any(a_ != (float4)(0.0f)))                                                             \
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr_), "f"(a_.x), "f"(a_.y), \
+                   "f"(a_.z), "f"(a_.w) : "memory");                                            \
+  }
+#else
+#define ATOMIC_ADD4(ptr_, val_)                                    \
+  {                                                          \
+    const float4 a_ = (val_);                                   \
+    __global float *p_ = (ptr_);                                \
+    if (a_.x != 0.0f) atomic_add_float(p_, a_.x);            \
+    if (a_.y != 0.0f) atomic_add_float(p_ + 1, a_.y);        \
+    if (a_.z != 0.0f) atomic_add_float(p_ + 2, a_.z);        \
+    if (a_.w != 0.0f) atomic_add_float(p_ + 3, a_.w);        \
+  }
+#endif
 
 #if MASK
 #ifndef MASK_CL
@@ -449,6 +479,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   const int bc = GRID_ROW(B_WX, B_CT), bx = GRID_COL(B_WX, B_CT);
   const int b_active = tid < B_RT * B_CT;
 
+#if ATOMIC_DQ
+  /* The atomic dQ grid: bwd_dq's dQ mapping (QB_*) over this tile's rows. */
+#define DQA_CT (HEAD_DIM / QB_TD)
+#define DQA_RT (BLOCK_R / QB_TM)
+  const int dqr = GRID_ROW(QB_WX, DQA_CT), dqx = GRID_COL(QB_WX, DQA_CT);
+#endif
+
   float4 dk_acc[B_TM][B_TD / 4], dv_acc[B_TM][B_TD / 4];
   for (int i = 0; i < B_TM; i++)
     for (int u = 0; u < B_TD / 4; u++) dk_acc[i][u] = dv_acc[i][u] = (float4)(0.0f);
@@ -609,20 +646,27 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
         }
       }
 #if ATOMIC_DQ
-      /* dQ_tile += scale * dS K, reduced over this work-group's keys first so each
-       * element takes one atomic per work-group. */
-      {
-        const int rows = min(BLOCK_R, nq - i0), kcount = min(BLOCK_C, nk - k0);
-        for (int e = tid; e < rows * D4; e += NTHREADS) {
-          const int r = e / D4, x = e - r * D4;
-          float4 acc = (float4)(0.0f);
-          for (int c = 0; c < kcount; c++)
-            acc = mad((float4)(dSs[c * BRP + r]), ((__local float4 *)Ks)[c * LDA4 + x], acc);
-          __global float *dst = dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + 4 * x;
-          if (acc.x != 0.0f) atomic_add_float(dst, acc.x * scale);
-          if (acc.y != 0.0f) atomic_add_float(dst + 1, acc.y * scale);
-          if (acc.z != 0.0f) atomic_add_float(dst + 2, acc.z * scale);
-          if (acc.w != 0.0f) atomic_add_float(dst + 3, acc.w * scale);
+      /* dQ_tile += scale * dS K over this work-group's keys, then one atomic add
+       * per element and work-group. The work-items take bwd_dq's dQ grid (QB_*):
+       * QB_TM rows by QB_TD columns each. Keys past nk have dS = 0 and zero K
+       * rows, so the trip count is fixed. */
+      if (tid < DQA_RT * DQA_CT) {
+        float4 acc[QB_TM][QB_TD / 4];
+        for (int i = 0; i < QB_TM; i++)
+          for (int u = 0; u < QB_TD / 4; u++) acc[i][u] = (float4)(0.0f);
+        for (int c = 0; c < BLOCK_C; c++) {
+          float4 kq[QB_TD / 4];
+          for (int u = 0; u < QB_TD / 4; u++) kq[u] = ((__local float4 *)Ks)[c * LDA4 + dqx + DQA_CT * u];
+          for (int i = 0; i < QB_TM; i++) {
+            const float de = dSs[c * BRP + dqr + DQA_RT * i];
+            for (int u = 0; u < QB_TD / 4; u++) acc[i][u] = mad((float4)(de), kq[u], acc[i][u]);
+          }
+        }
+        for (int i = 0; i < QB_TM; i++) {
+          const int r = dqr + DQA_RT * i;
+          if (i0 + r >= nq) continue;
+          __global float *dst = dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + 4 * dqx;
+          for (int u = 0; u < QB_TD / 4; u++) ATOMIC_ADD4(dst + 4 * DQA_CT * u, acc[i][u] * scale);
         }
       }
 #endif

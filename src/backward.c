@@ -174,7 +174,8 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
  *            128: 121.8).
  * These figures predate the thirteenth session's kernel changes (P and dS
  * transposed, read four at a time). With them, on NVIDIA platforms d = 128
- * takes 48x32 at 256 work-items (the measurements are at the exception in the
+ * took 48x32 at 256 work-items; since the fourteenth session dK/dV and dQ get
+ * separate plans there (48x32 and 32x64 at 128; the measurements are at the exception in the
  * code); d = 64 keeps 64x32 at 128 (65.8 ms; 64x32 at 256 77.4, 32x32 at 128
  * 75.5; 59.6 once the tiles were read in two halves, c29e15b). */
 /* The rule above, or only the (want_bc, want_br) pair when want_bc != 0 (with
@@ -304,6 +305,15 @@ static int fcl_bwd_concurrent(const flashcl_context *ctx) {
   return ctx->info.is_gpu;
 }
 
+/* Whether the portable atomic dQ adds four floats per red.global.add.v4.f32
+ * (inline PTX, sm_90) instead of a compare-and-swap loop per float.
+ * FLASHCL_BWD_RED=0 keeps the loop (comparisons). */
+static int fcl_bwd_nv_red(flashcl_context *ctx) {
+  const char *env = getenv("FLASHCL_BWD_RED");
+  if (env && env[0] == '0' && !env[1]) return 0;
+  return fcl_mma_available(ctx) && ctx->mma_cc >= 90;
+}
+
 /* The build options of the portable backward kernels for one plan. */
 static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fcl_bwd_plan *bp, int acc_dq,
                             int dq_vec, int vec_aligned, char *opts, size_t size) {
@@ -314,11 +324,11 @@ static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fc
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
            "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d -DVEC_ALIGNED=%d -DSCORE_PAD=%d -DA_WQ=%d -DB_WX=%d -DQA_WK=%d "
-           "-DQB_WX=%d%s%s%s",
+           "-DQB_WX=%d -DNV_RED=%d%s%s%s",
            (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
            bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
            p->dropout, fcl_bwd_ahead(ctx, p->head_dim), vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk,
-           bp->qb_wx, variants, extra ? " " : "", extra ? extra : "");
+           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), variants, extra ? " " : "", extra ? extra : "");
 }
 
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
