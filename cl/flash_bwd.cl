@@ -15,7 +15,8 @@
  *                   rows stream through (see the kernel's comment). With GQA it
  *                   loops over every query head of its group, so dK and dV come
  *                   out summed without atomics. ATOMIC_DQ = 1 also accumulates
- *                   dQ into an fp32 buffer with compare-and-swap.
+ *                   dQ into an fp32 buffer, with compare-and-swap or (NV_RED)
+ *                   red.global.add.v4.f32.
  *   bwd_dq          a work-group owns BLOCK_R queries, K/V tiles stream through
  *                   (the deterministic dQ).
  *   bwd_dq_store    converts the fp32 atomic dQ accumulator to the output dtype,

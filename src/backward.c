@@ -351,8 +351,9 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   fcl_bwd_mode(ctx, p, use_mma, &atomic, &splits);
   /* Whether dQ comes out of the fp32 accumulator(s) that bwd_dq_store converts. */
   const int acc_dq = splits > 0;
-  fcl_bwd_plan bp = {0}, bq = {0}; /* bwd_dkdv's and bwd_dq's */
-  if (!fcl_bwd_make_plan(ctx, p->head_dim, 0, &bp) || !fcl_bwd_make_plan(ctx, p->head_dim, 1, &bq))
+  fcl_bwd_plan bp = {0}, bq = {0}; /* bwd_dkdv's and bwd_dq's (only planned where bwd_dq runs) */
+  if (!fcl_bwd_make_plan(ctx, p->head_dim, 0, &bp) ||
+      !(acc_dq || use_mma ? (bq = bp, 1) : fcl_bwd_make_plan(ctx, p->head_dim, 1, &bq)))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
                     p->head_dim, fcl_local_budget(ctx));
   fcl_bwd_sizes z;

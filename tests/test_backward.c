@@ -241,8 +241,10 @@ static const bwd_case CASES[] = {
     {"f16_d128_plan_48x32x256_gqa_4_2", K_BWD, F16, 1, 100, 70, 4, 2, 128, 0, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,256"},
     /* NVIDIA's plans at d = 128 (src/backward.c): dK/dV on 48x32 at 128
-     * work-items, dQ on its own 32x64 at 128 (a second build). */
-    {"bf16_d128_plan_48x32x128_dq_32x64x128_causal_gqa_4_2", K_BWD, BF16, 1, 100, 90, 4, 2, 128, 1, 0.0f, R_DET,
+     * work-items, dQ on its own 32x64 at 128 (a second build); the atomic dQ
+     * runs inside the dK/dV kernel's plan. */
+    {"bf16_d128_plan_48x32x128_dq_32x64x128_causal_gqa_4_2", K_BWD, BF16, 1, 100, 90, 4, 2, 128, 1, 0.0f,
+     R_DET | R_ATOMIC,
      SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,128/32,64,128"},
     /* The same plan on views at odd offsets and strides: the 16-bit tiles are
      * then read element by element, not as aligned 64-bit words. */
