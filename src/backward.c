@@ -251,18 +251,17 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, fcl_bwd_pl
   if (env && for_dq && strchr(env, '/')) env = strchr(env, '/') + 1;
   if (env && sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads) >= 2)
     return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, p);
-  /* Measured on the H100 (fourteenth session, f16, N = 4096, warp-tiled
-   * mappings): dK/dV alone 34.9 ms on 48x32 at 128 work-items (36.8 at 256,
-   * 36.5 on 64x48 at 256, 41.0 on 64x32 at 128); dQ alone 25.1 ms on 32x64 at
-   * 128 (26.7 on 64x32 at 128, 28.1 on 48x32 at 128, 33.2 on 48x32 at 256). */
+  /* NVIDIA, d = 128: tiles that need more than half the probed budget (one
+   * work-group per SM), one plan per kernel. Measured on the H100 (fourteenth
+   * session, f16, N = 4096, warp-tiled mappings): dK/dV alone 34.9 ms on 48x32
+   * at 128 work-items (36.8 at 256, 36.5 on 64x48 at 256, 41.0 on 64x32 at
+   * 128); dQ alone 25.1 ms on 32x64 at 128 (26.7 on 64x32 at 128, 28.1 on 48x32
+   * at 128, 33.2 on 48x32 at 256). The thirteenth session's 48x32 at 256 for
+   * both had beaten the rule's 32x32 at 128 (76.9 against 91.1 ms). Where these
+   * do not fit or map, the rule applies. */
   if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
       fcl_platform_is_nvidia(ctx) && fcl_bwd_plan_pick(ctx, d, for_dq ? 32 : 48, for_dq ? 64 : 32, 128, warp, p))
     return 1;
-  /* Measured on the H100 (thirteenth session, f16, N = 4096): 48x32 with 256
-   * work-items 76.9 ms, against 91.1 for the rule's 32x32 at 128, 82.3 for
-   * 32x32 at 256 and 83.5 for 64x32 at 256. It needs more than half the probed
-   * budget, so one work-group runs per SM. Where it does not fit or map, the
-   * rule applies. */
   return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, warp, p);
 }
 
