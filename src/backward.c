@@ -251,8 +251,8 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, fcl_bwd_pl
   if (env && for_dq && strchr(env, '/')) env = strchr(env, '/') + 1;
   if (env && sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads) >= 2)
     return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, p);
-  /* NVIDIA, d = 128: tiles that need more than half the probed budget (one
-   * work-group per SM), one plan per kernel. Measured on the H100 (fourteenth
+  /* NVIDIA, d = 128: tiles that need more than half the probed budget, one
+   * plan per kernel. Measured on the H100 (fourteenth
    * session, f16, N = 4096, warp-tiled mappings): dK/dV alone 34.9 ms on 48x32
    * at 128 work-items (36.8 at 256, 36.5 on 64x48 at 256, 41.0 on 64x32 at
    * 128); dQ alone 25.1 ms on 32x64 at 128 (26.7 on 64x32 at 128, 28.1 on 48x32
