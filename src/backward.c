@@ -195,13 +195,10 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
     if (!want_bc && (int)i >= n_auto) break;
     /* The warp-tiled mappings pad the score rows; where that does not fit, this
      * tile pair runs the row-major ones. */
-    p->pad = warp ? 4 : 0;
-    size_t bytes = fcl_bwd_local_bytes(p->br, p->bc, d, p->pad);
-    if (p->pad && bytes > fit && !(probed && p->bc == 32 && p->br == 32 && bytes <= budget)) {
-      p->pad = 0;
-      bytes = fcl_bwd_local_bytes(p->br, p->bc, d, 0);
-    }
-    if (bytes > fit && !(probed && p->bc == 32 && p->br == 32 && bytes <= budget)) continue;
+#define FCL_BWD_FITS(bytes) ((bytes) <= fit || (probed && p->bc == 32 && p->br == 32 && (bytes) <= budget))
+    p->pad = warp && FCL_BWD_FITS(fcl_bwd_local_bytes(p->br, p->bc, d, 4)) ? 4 : 0;
+    if (!FCL_BWD_FITS(fcl_bwd_local_bytes(p->br, p->bc, d, p->pad))) continue;
+#undef FCL_BWD_FITS
     p->threads = p->br * p->bc >= 64 ? 64 : p->br * p->bc;
     if (probed && p->br * p->bc >= 1024) {
       const int want = p->bc * d > 40 * 128 ? 256 : 128;
