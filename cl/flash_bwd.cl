@@ -86,6 +86,18 @@
  *              local-memory transactions per multiply-add.
  *   NV_RED     1: the atomic dQ adds go through inline PTX red.global.add.v4.f32
  *              (NVIDIA, sm_90 and later; the host sets it from device queries)
+ *   BWD_SPLIT  1: bwd_dkdv's work-items work in two halves of NTHREADS / 2. In
+ *              phase A the first half computes S^T and the second dP^T (A_TM x
+ *              A_TN of one product each), in phase B the first half adds to dV
+ *              and the second to dK (B_TM x B_TD of one each); the grids above
+ *              then cover NTHREADS / 2 work-items, and NTHREADS must be even.
+ *              Each work-item then reads one operand pair per product instead
+ *              of two, over a tile twice as large: fewer local-memory reads per
+ *              multiply-add, for one more barrier per tile.
+ *   BWD_UNROLL 1: fully unroll the head-dim loop of the score products and the
+ *              key loop of the atomic dQ, so that the local-memory reads of
+ *              later steps are issued while earlier ones compute (left rolled,
+ *              each step waits for its own reads)
  */
 #ifndef DTYPE
 #define DTYPE 0
@@ -176,6 +188,20 @@
 #endif
 #ifndef NV_RED
 #define NV_RED 0
+#endif
+#ifndef BWD_SPLIT
+#define BWD_SPLIT 0
+#endif
+#ifndef BWD_UNROLL
+#define BWD_UNROLL 0
+#endif
+#if BWD_UNROLL
+#define UNROLL_FULL _Pragma("unroll")
+#else
+#define UNROLL_FULL
+#endif
+#if BWD_SPLIT && NTHREADS % 2
+#error "BWD_SPLIT needs an even NTHREADS"
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -333,10 +359,10 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
 #define BRP (BLOCK_R + SCORE_PAD)
 #define BCP (BLOCK_C + SCORE_PAD)
 
-/* Work-item -> (row, column) of a phase grid with CT columns: row-major, or in
- * blocks of 32 work-items spanning W columns (A_WQ and the others, above). */
-#define GRID_ROW(W, CT) ((W) ? (tid / 32) / ((CT) / ((W) ? (W) : 1)) * (32 / ((W) ? (W) : 1)) + (tid % 32) / ((W) ? (W) : 1) : tid / (CT))
-#define GRID_COL(W, CT) ((W) ? (tid / 32) % ((CT) / ((W) ? (W) : 1)) * (W) + (tid % 32) % ((W) ? (W) : 1) : tid % (CT))
+/* Work-item t -> (row, column) of a phase grid with CT columns: row-major, or
+ * in blocks of 32 work-items spanning W columns (A_WQ and the others, above). */
+#define GRID_ROW(t, W, CT) ((W) ? ((t) / 32) / ((CT) / ((W) ? (W) : 1)) * (32 / ((W) ? (W) : 1)) + ((t) % 32) / ((W) ? (W) : 1) : (t) / (CT))
+#define GRID_COL(t, W, CT) ((W) ? ((t) / 32) % ((CT) / ((W) ? (W) : 1)) * (W) + ((t) % 32) % ((W) ? (W) : 1) : (t) % (CT))
 
 /* Staged tile registers: fp16 and bf16 stay packed, four values in one 64-bit
  * word, until they are written to local memory, which halves the registers a
@@ -410,6 +436,9 @@ inline float4 stage_cvt(uint2 x) {
     const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
     if (e_ < (nrows) * D4) ((__local float4 *)(dst))[r_ * LDA4 + g_] = STAGE_CVT(regs[u_]); \
   }
+/* Per-row values (LSE, D) per work-item when BLOCK_R rows are spread over
+ * the work-group. */
+#define ROW_REGS ((BLOCK_R + NTHREADS - 1) / NTHREADS)
 /* Both halves at once, for the tiles that stay resident. */
 #define LOAD_TILE(dst, src, bb, seq0, row0, rows, head, nrows)                     \
   {                                                                                \
@@ -464,32 +493,48 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
   LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
 
+#if BWD_SPLIT
+  /* role 0: S^T in phase A, dV in phase B; role 1: dP^T, then dK. */
+#define GRID_N (NTHREADS / 2)
+  const int role = tid >= GRID_N, rt = tid - role * GRID_N;
+#else
+#define GRID_N NTHREADS
+  const int rt = tid;
+#endif
   /* Phase A mapping: keys c = ac + A_RT*i, queries r = ar + A_CT*j. */
 #define A_CT (BLOCK_R / A_TN)
 #define A_RT (BLOCK_C / A_TM)
-#if A_WQ && (32 % A_WQ || A_CT % A_WQ || A_RT % (32 / A_WQ) || NTHREADS % 32)
+#if A_WQ && (32 % A_WQ || A_CT % A_WQ || A_RT % (32 / A_WQ) || GRID_N % 32)
 #error "A_WQ must divide 32 and A_CT, and 32 / A_WQ must divide A_RT"
 #endif
-  const int ac = GRID_ROW(A_WQ, A_CT), ar = GRID_COL(A_WQ, A_CT);
+  const int ac = GRID_ROW(rt, A_WQ, A_CT), ar = GRID_COL(rt, A_WQ, A_CT);
   /* Phase B mapping: keys c = bc + B_RT*i, column granules g = bx + B_CT*u. */
 #define B_CT (HEAD_DIM / B_TD)
 #define B_RT (BLOCK_C / B_TM)
-#if B_WX && (32 % B_WX || B_CT % B_WX || B_RT % (32 / B_WX) || B_RT * B_CT != NTHREADS)
+#if B_WX && (32 % B_WX || B_CT % B_WX || B_RT % (32 / B_WX) || B_RT * B_CT != GRID_N)
 #error "B_WX must divide 32 and B_CT, 32 / B_WX must divide B_RT, and the grid must use every work-item"
 #endif
-  const int bc = GRID_ROW(B_WX, B_CT), bx = GRID_COL(B_WX, B_CT);
-  const int b_active = tid < B_RT * B_CT;
+  const int bc = GRID_ROW(rt, B_WX, B_CT), bx = GRID_COL(rt, B_WX, B_CT);
+  const int b_active = rt < B_RT * B_CT;
 
 #if ATOMIC_DQ
-  /* The atomic dQ grid: bwd_dq's dQ mapping (QB_*) over this tile's rows. */
+  /* The atomic dQ grid: bwd_dq's dQ grid (QB_*) over this tile's rows, but
+   * each work-item takes QB_TM consecutive rows (QB_TM * dqr + i), so that it
+   * reads a key's dS for them four at a time. */
 #define DQA_CT (HEAD_DIM / QB_TD)
 #define DQA_RT (BLOCK_R / QB_TM)
-  const int dqr = GRID_ROW(QB_WX, DQA_CT), dqx = GRID_COL(QB_WX, DQA_CT);
+  const int dqr = GRID_ROW(tid, QB_WX, DQA_CT), dqx = GRID_COL(tid, QB_WX, DQA_CT);
 #endif
 
+#if BWD_SPLIT
+  float4 acc[B_TM][B_TD / 4]; /* dV (role 0) or dK (role 1) */
+  for (int i = 0; i < B_TM; i++)
+    for (int u = 0; u < B_TD / 4; u++) acc[i][u] = (float4)(0.0f);
+#else
   float4 dk_acc[B_TM][B_TD / 4], dv_acc[B_TM][B_TD / 4];
   for (int i = 0; i < B_TM; i++)
     for (int u = 0; u < B_TD / 4; u++) dk_acc[i][u] = dv_acc[i][u] = (float4)(0.0f);
+#endif
 
   /* Query i sees key j iff i >= j - diag: earlier query tiles are skipped. */
   int istart = 0, iend = nq;
@@ -534,11 +579,19 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
         continue;
       }
 #endif
-      barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
+      /* The tile's global reads are issued before the barrier (they only fill
+       * registers), so that they are in flight while the work-group drains. */
 #if !BWD_AHEAD
       TILE_FETCH(qreg, q, bb, sq.x, i0, nq, h, BLOCK_R)
       TILE_FETCH(oreg, dout, bb, sq.x, i0, nq, h, BLOCK_R)
 #endif
+      float lreg[ROW_REGS], dreg[ROW_REGS];
+      for (int u = 0; u < ROW_REGS; u++) {
+        const int r = tid + u * NTHREADS, in = r < BLOCK_R && i0 + r < nq;
+        lreg[u] = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+        dreg[u] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
+      }
+      barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
       TILE_PUT(Qs, qreg, BLOCK_R)
       TILE_PUT(dOs, oreg, BLOCK_R)
 #if BWD_AHEAD
@@ -547,18 +600,43 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
         TILE_FETCH(oreg, dout, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
       }
 #endif
-      for (int r = tid; r < BLOCK_R; r += NTHREADS) {
-        const int in = i0 + r < nq;
-        const float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
-        Ls[r] = l * LOG2E;
-        Ds[r] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
+      for (int u = 0; u < ROW_REGS; u++) {
+        const int r = tid + u * NTHREADS;
+        if (r < BLOCK_R) {
+          Ls[r] = lreg[u] * LOG2E;
+          Ds[r] = dreg[u];
+        }
       }
       barrier(CLK_LOCAL_MEM_FENCE);
 
       {
+#if BWD_SPLIT
+        /* One product per half: K Q^T or V dO^T. The second half leaves dP^T
+         * in dSs for the first, which holds P, to turn into dS. */
+        float s[A_TM][A_TN];
+        for (int i = 0; i < A_TM; i++)
+          for (int j = 0; j < A_TN; j++) s[i][j] = 0.0f;
+        __local const float4 *xa = (__local const float4 *)(role ? Vs : Ks);
+        __local const float4 *xb = (__local const float4 *)(role ? dOs : Qs);
+        UNROLL_FULL
+        for (int x = 0; x < D4; x++) {
+          float4 kq[A_TM];
+          for (int i = 0; i < A_TM; i++) kq[i] = xa[(ac + A_RT * i) * LDA4 + x];
+          for (int j = 0; j < A_TN; j++) {
+            const float4 qq = xb[(ar + A_CT * j) * LDA4 + x];
+            for (int i = 0; i < A_TM; i++) s[i][j] = dot4(kq[i], qq, s[i][j]);
+          }
+        }
+        if (role)
+          for (int i = 0; i < A_TM; i++)
+            for (int j = 0; j < A_TN; j++) dSs[(ac + A_RT * i) * BRP + ar + A_CT * j] = s[i][j];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!role)
+#else
         float s[A_TM][A_TN], dp[A_TM][A_TN];
         for (int i = 0; i < A_TM; i++)
           for (int j = 0; j < A_TN; j++) s[i][j] = dp[i][j] = 0.0f;
+        UNROLL_FULL
         for (int x = 0; x < D4; x++) {
           float4 kq[A_TM], vq[A_TM];
           for (int i = 0; i < A_TM; i++) {
@@ -574,6 +652,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             }
           }
         }
+#endif
         for (int i = 0; i < A_TM; i++) {
           const int c = ac + A_RT * i, jk = k0 + c;
           for (int jj = 0; jj < A_TN; jj++) {
@@ -598,7 +677,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             sc -= slope_log2 * (float)abs(jk - (iq + diag));
 #endif
             const float p = visible ? exp2(sc - lrow) : 0.0f;
+#if BWD_SPLIT
+            float pd = p, dpv = dSs[c * BRP + r]; /* read and rewritten by this work-item only */
+#else
             float pd = p, dpv = dp[i][jj];
+#endif
 #if DROPOUT
             if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold)) {
               pd *= keep_scale;
@@ -621,6 +704,25 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 
       /* Rows past nq hold P = dS = 0 and zero Q / dO rows: they add nothing, and
        * a fixed trip count lets the compiler unroll. */
+#if BWD_SPLIT
+      if (b_active) {
+        __local const float4 *sv = (__local const float4 *)(role ? dSs : Ps);
+        __local const float4 *xv = (__local const float4 *)(role ? Qs : dOs);
+        for (int r4 = 0; r4 < BLOCK_R / 4; r4++) {
+          float4 pv[B_TM];
+          for (int i = 0; i < B_TM; i++) pv[i] = sv[(bc + B_RT * i) * (BRP / 4) + r4];
+          for (int rr = 0; rr < 4; rr++) {
+            const int r = 4 * r4 + rr;
+            float4 oq[B_TD / 4];
+            for (int u = 0; u < B_TD / 4; u++) oq[u] = xv[r * LDA4 + bx + B_CT * u];
+            for (int i = 0; i < B_TM; i++) {
+              const float pe = rr == 0 ? pv[i].x : rr == 1 ? pv[i].y : rr == 2 ? pv[i].z : pv[i].w;
+              for (int u = 0; u < B_TD / 4; u++) acc[i][u] = mad((float4)(pe), oq[u], acc[i][u]);
+            }
+          }
+        }
+      }
+#else
       if (b_active) {
         for (int r4 = 0; r4 < BLOCK_R / 4; r4++) {
           float4 pv[B_TM], dsv[B_TM];
@@ -646,6 +748,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
           }
         }
       }
+#endif
 #if ATOMIC_DQ
       /* dQ_tile += scale * dS K over this work-group's keys, then one atomic add
        * per element and work-group. The work-items take bwd_dq's dQ grid (QB_*):
@@ -655,16 +758,29 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
         float4 acc[QB_TM][QB_TD / 4];
         for (int i = 0; i < QB_TM; i++)
           for (int u = 0; u < QB_TD / 4; u++) acc[i][u] = (float4)(0.0f);
+        UNROLL_FULL
         for (int c = 0; c < BLOCK_C; c++) {
           float4 kq[QB_TD / 4];
           for (int u = 0; u < QB_TD / 4; u++) kq[u] = ((__local float4 *)Ks)[c * LDA4 + dqx + DQA_CT * u];
+#if QB_TM % 4 == 0
+          for (int i4 = 0; i4 < QB_TM / 4; i4++) {
+            const float4 d4 = ((__local float4 *)dSs)[c * (BRP / 4) + (QB_TM / 4) * dqr + i4];
+            for (int u = 0; u < QB_TD / 4; u++) {
+              acc[4 * i4][u] = mad((float4)(d4.x), kq[u], acc[4 * i4][u]);
+              acc[4 * i4 + 1][u] = mad((float4)(d4.y), kq[u], acc[4 * i4 + 1][u]);
+              acc[4 * i4 + 2][u] = mad((float4)(d4.z), kq[u], acc[4 * i4 + 2][u]);
+              acc[4 * i4 + 3][u] = mad((float4)(d4.w), kq[u], acc[4 * i4 + 3][u]);
+            }
+          }
+#else
           for (int i = 0; i < QB_TM; i++) {
-            const float de = dSs[c * BRP + dqr + DQA_RT * i];
+            const float de = dSs[c * BRP + QB_TM * dqr + i];
             for (int u = 0; u < QB_TD / 4; u++) acc[i][u] = mad((float4)(de), kq[u], acc[i][u]);
           }
+#endif
         }
         for (int i = 0; i < QB_TM; i++) {
-          const int r = dqr + DQA_RT * i;
+          const int r = QB_TM * dqr + i;
           if (i0 + r >= nq) continue;
           __global float *dst = dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + 4 * dqx;
           for (int u = 0; u < QB_TD / 4; u++) ATOMIC_ADD4(dst + 4 * DQA_CT * u, acc[i][u] * scale);
@@ -675,6 +791,25 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     g = gn;
     i0 = i0n;
   }
+#if BWD_SPLIT
+  if (b_active) {
+    __global store_t *dst = role ? dk : dv;
+    const float mul = role ? scale : 1.0f;
+    for (int i = 0; i < B_TM; i++) {
+      const int c = bc + B_RT * i;
+      if (k0 + c >= nk) continue;
+      const long pr = role ? ROWPTR(dk, bb, sk.x + k0 + c, hk) : ROWPTR(dv, bb, sk.x + k0 + c, hk);
+      for (int u = 0; u < B_TD / 4; u++) {
+        const int x = 4 * (bx + B_CT * u);
+        const float4 a = acc[i][u] * mul;
+        STORE(dst, pr + x, a.x);
+        STORE(dst, pr + x + 1, a.y);
+        STORE(dst, pr + x + 2, a.z);
+        STORE(dst, pr + x + 3, a.w);
+      }
+    }
+  }
+#else
   if (b_active) {
     for (int i = 0; i < B_TM; i++) {
       const int c = bc + B_RT * i;
@@ -694,6 +829,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       }
     }
   }
+#endif
 }
 
 /*
@@ -744,13 +880,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 #if QA_WK && (32 % QA_WK || QA_CT % QA_WK || QA_RT % (32 / QA_WK) || NTHREADS % 32)
 #error "QA_WK must divide 32 and QA_CT, and 32 / QA_WK must divide QA_RT"
 #endif
-  const int ar = GRID_ROW(QA_WK, QA_CT), ac = GRID_COL(QA_WK, QA_CT);
+  const int ar = GRID_ROW(tid, QA_WK, QA_CT), ac = GRID_COL(tid, QA_WK, QA_CT);
 #define QB_CT (HEAD_DIM / QB_TD)
 #define QB_RT (BLOCK_R / QB_TM)
 #if QB_WX && (32 % QB_WX || QB_CT % QB_WX || QB_RT % (32 / QB_WX) || QB_RT * QB_CT != NTHREADS)
 #error "QB_WX must divide 32 and QB_CT, 32 / QB_WX must divide QB_RT, and the grid must use every work-item"
 #endif
-  const int br = GRID_ROW(QB_WX, QB_CT), bx = GRID_COL(QB_WX, QB_CT);
+  const int br = GRID_ROW(tid, QB_WX, QB_CT), bx = GRID_COL(tid, QB_WX, QB_CT);
   const int b_active = tid < QB_RT * QB_CT;
 
   float4 dq_acc[QB_TM][QB_TD / 4];
@@ -785,11 +921,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
                                min(k0 + BLOCK_C, nk) - 1);
     if (!(mcls & 1)) continue;
 #endif
-    barrier(CLK_LOCAL_MEM_FENCE);
-#if !BWD_AHEAD
+#if !BWD_AHEAD /* before the barrier: registers only (see bwd_dkdv) */
     TILE_FETCH(kreg, k, bb, sk.x, k0, nk, hk, BLOCK_C)
     TILE_FETCH(vreg, v, bb, sk.x, k0, nk, hk, BLOCK_C)
 #endif
+    barrier(CLK_LOCAL_MEM_FENCE);
     TILE_PUT(Ks, kreg, BLOCK_C)
     TILE_PUT(Vs, vreg, BLOCK_C)
 #if BWD_AHEAD
@@ -803,6 +939,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
       float s[QA_TM][QA_TN], dp[QA_TM][QA_TN];
       for (int i = 0; i < QA_TM; i++)
         for (int j = 0; j < QA_TN; j++) s[i][j] = dp[i][j] = 0.0f;
+      UNROLL_FULL
       for (int x = 0; x < D4; x++) {
         float4 qq[QA_TM], oq[QA_TM];
         for (int i = 0; i < QA_TM; i++) {

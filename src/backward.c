@@ -81,6 +81,7 @@ typedef struct fcl_bwd_plan {
   int qa_tm, qa_tn, qb_tm, qb_td; /* bwd_dq */
   int pad;                        /* SCORE_PAD */
   int a_wq, b_wx, qa_wk, qb_wx;   /* warp-tiled mappings, 0 = row-major */
+  int split;                      /* bwd_dkdv's halves (BWD_SPLIT): A_* and B_* cover threads / 2 */
 } fcl_bwd_plan;
 
 /* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
@@ -181,9 +182,10 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
 /* The rule above, or only the (want_bc, want_br) pair when want_bc != 0 (with
  * want_threads work-items when > 0). */
 static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_br, int want_threads, int warp,
-                             fcl_bwd_plan *p) {
+                             int split, fcl_bwd_plan *p) {
   static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
-                                {32, 8}, {24, 16}, {24, 8}, {48, 32}, {48, 48}, {64, 48}, {32, 64}, {64, 16}};
+                                {32, 8}, {24, 16}, {24, 8}, {48, 32}, {48, 48}, {64, 48}, {32, 64}, {64, 16},
+                                {48, 40}, {40, 32}, {32, 48}, {40, 40}, {56, 32}, {48, 24}};
   const int n_auto = 7; /* the candidates the automatic choice takes from */
   const size_t M = ctx->info.local_mem_size, budget = fcl_local_budget(ctx);
   const int probed = budget > M;
@@ -210,14 +212,20 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
     if (!ctx->info.is_gpu && p->threads > 16) p->threads = 16;
     if (want_threads > 0 && want_threads <= p->br * p->bc) p->threads = want_threads;
     if ((size_t)p->threads > ctx->info.max_work_group_size) continue;
-    if (fcl_split_exact(p->bc, p->br, p->threads, &p->a_tm, &p->a_tn) &&
-        fcl_split_cols(p->bc, d, p->threads, &p->b_tm, &p->b_td) &&
+    /* With the halves, bwd_dkdv's grids cover threads / 2 work-items, and must
+     * use all of them (phase B's would otherwise leave a half's tail idle). */
+    p->split = split && p->threads % 2 == 0 && fcl_split_exact(p->bc, p->br, p->threads / 2, &p->a_tm, &p->a_tn) &&
+               fcl_split_cols(p->bc, d, p->threads / 2, &p->b_tm, &p->b_td) &&
+               (p->bc / p->b_tm) * (d / p->b_td) == p->threads / 2;
+    const int grid_n = p->split ? p->threads / 2 : p->threads;
+    if ((p->split || (fcl_split_exact(p->bc, p->br, p->threads, &p->a_tm, &p->a_tn) &&
+                      fcl_split_cols(p->bc, d, p->threads, &p->b_tm, &p->b_td))) &&
         fcl_split_exact(p->br, p->bc, p->threads, &p->qa_tm, &p->qa_tn) &&
         fcl_split_cols(p->br, d, p->threads, &p->qb_tm, &p->qb_td)) {
       p->a_wq = p->b_wx = p->qa_wk = p->qb_wx = 0;
       if (p->pad) {
-        p->a_wq = fcl_bwd_warp_width(p->bc / p->a_tm, p->br / p->a_tn, p->threads);
-        p->b_wx = fcl_bwd_warp_width(p->bc / p->b_tm, d / p->b_td, p->threads);
+        p->a_wq = fcl_bwd_warp_width(p->bc / p->a_tm, p->br / p->a_tn, grid_n);
+        p->b_wx = fcl_bwd_warp_width(p->bc / p->b_tm, d / p->b_td, grid_n);
         p->qa_wk = fcl_bwd_warp_width(p->br / p->qa_tm, p->bc / p->qa_tn, p->threads);
         p->qb_wx = fcl_bwd_warp_width(p->br / p->qb_tm, d / p->qb_td, p->threads);
       }
@@ -238,16 +246,28 @@ static int fcl_bwd_warp(const flashcl_context *ctx) {
   return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
 }
 
+/* Whether bwd_dkdv splits its work-items into halves, one product each
+ * (BWD_SPLIT in cl/flash_bwd.cl). Measured on the H100 (fifteenth session,
+ * f16, N = 4096, loops rolled), backward ms without -> with: d = 128 atomic
+ * 44.7 -> 42.7, deterministic 59.5 -> 57.6; d = 96 atomic 55.0 -> 43.9; d = 256
+ * 58.6 -> 51.0; d = 64 46.6 -> 46.2; d = 32 49.1 -> 50.9, hence d >= 64.
+ * FLASHCL_BWD_SPLIT=0|1 overrides (tests, tuning). */
+static int fcl_bwd_split(const flashcl_context *ctx, int d) {
+  const char *env = getenv("FLASHCL_BWD_SPLIT");
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64;
+}
+
 /* The plan of bwd_dkdv (for_dq = 0) or of bwd_dq (for_dq = 1): the two kernels
  * are built separately when their plans differ. FLASHCL_BWD_PLAN="bc,br,threads"
  * forces both; "bc,br,threads/bc,br,threads" gives bwd_dq the second. */
-static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, fcl_bwd_plan *p) {
+static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, int atomic, fcl_bwd_plan *p) {
   const char *env = getenv("FLASHCL_BWD_PLAN");
   int want_bc = 0, want_br = 0, want_threads = 0;
-  const int warp = fcl_bwd_warp(ctx);
+  const int warp = fcl_bwd_warp(ctx), split = fcl_bwd_split(ctx, d);
   if (env && for_dq && strchr(env, '/')) env = strchr(env, '/') + 1;
   if (env && sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads) >= 2)
-    return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, p);
+    return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, split, p);
   /* NVIDIA, d = 128: tiles that need more than half the probed budget, one
    * plan per kernel. Measured on the H100 (fourteenth
    * session, f16, N = 4096, warp-tiled mappings): dK/dV alone 34.9 ms on 48x32
@@ -255,11 +275,16 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, fcl_bwd_pl
    * 128); dQ alone 25.1 ms on 32x64 at 128 (26.7 on 64x32 at 128, 28.1 on 48x32
    * at 128, 33.2 on 48x32 at 256). The thirteenth session's 48x32 at 256 for
    * both had beaten the rule's 32x32 at 128 (76.9 against 91.1 ms). Where these
-   * do not fit or map, the rule applies. */
+   * do not fit or map, the rule applies.
+   * Fifteenth session (halves and unrolled loops on): with atomic dQ, dK/dV
+   * takes 56 keys, backward 35.8 against 37.0 ms on 48x32 (36.6 against 37.0
+   * in a second call); deterministic, 48x32 stays (51.4 against 52.1 ms). */
+  const int dkdv_bc = atomic ? 56 : 48;
   if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
-      fcl_platform_is_nvidia(ctx) && fcl_bwd_plan_pick(ctx, d, for_dq ? 32 : 48, for_dq ? 64 : 32, 128, warp, p))
+      fcl_platform_is_nvidia(ctx) &&
+      fcl_bwd_plan_pick(ctx, d, for_dq ? 32 : dkdv_bc, for_dq ? 64 : 32, 128, warp, split, p))
     return 1;
-  return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, warp, p);
+  return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, warp, split, p);
 }
 
 /* Whether the portable kernels read the next tile into registers ahead of use
@@ -310,6 +335,30 @@ static int fcl_bwd_nv_red(flashcl_context *ctx) {
   return fcl_mma_available(ctx) && ctx->mma_cc >= 90;
 }
 
+/* Whether the portable kernels' inner loops are unrolled fully (-DBWD_UNROLL).
+ * Rolled, each step of the score products waits for its own local-memory
+ * reads. H100 (fifteenth session, f16, N = 4096, halves on), backward ms rolled
+ * -> unrolled: d = 128 atomic 42.5 -> 37.4, deterministic 57.0 -> 55.0; with
+ * the tile reads issued before the barrier (cl/flash_bwd.cl), deterministic d = 64 59.1 -> 53.7,
+ * d = 96 66.6 -> 64.3, d = 256 76.3 -> 74.7, but d = 32 60.5 -> 62.4, hence
+ * d >= 64. On a CPU (PoCL) unrolling only makes the build slower.
+ * FLASHCL_BWD_UNROLL=0|1 overrides (tests, tuning). */
+static int fcl_bwd_unroll(const flashcl_context *ctx, int d) {
+  const char *env = getenv("FLASHCL_BWD_UNROLL");
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64;
+}
+
+/* Whether the portable kernels build with -cl-denorms-are-zero: on NVIDIA it
+ * lets exp2 compile to the bare MUFU.EX2, as in the forward (src/plan.c); P and
+ * dS lose only values below 2^-126, and the vector atomic dQ adds flush
+ * denormals anyway. FLASHCL_BWD_FTZ=0|1 overrides (tuning). */
+static int fcl_bwd_ftz(const flashcl_context *ctx) {
+  const char *env = getenv("FLASHCL_BWD_FTZ");
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
+}
+
 /* The build options of the portable backward kernels for one plan. */
 static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fcl_bwd_plan *bp, int acc_dq,
                             int dq_vec, int vec_aligned, char *opts, size_t size) {
@@ -320,11 +369,11 @@ static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fc
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
            "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d -DVEC_ALIGNED=%d -DSCORE_PAD=%d -DA_WQ=%d -DB_WX=%d -DQA_WK=%d "
-           "-DQB_WX=%d -DNV_RED=%d%s%s%s",
+           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_UNROLL=%d%s%s%s%s",
            (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
            bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
            p->dropout, fcl_bwd_ahead(ctx, p->head_dim), vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk,
-           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), variants, extra ? " " : "", extra ? extra : "");
+           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), bp->split, fcl_bwd_unroll(ctx, p->head_dim), fcl_bwd_ftz(ctx) ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "", extra ? extra : "");
 }
 
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
@@ -348,8 +397,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   /* Whether dQ comes out of the fp32 accumulator(s) that bwd_dq_store converts. */
   const int acc_dq = splits > 0;
   fcl_bwd_plan bp = {0}, bq = {0}; /* bwd_dkdv's and bwd_dq's (only planned where bwd_dq runs) */
-  if (!fcl_bwd_make_plan(ctx, p->head_dim, 0, &bp) ||
-      !(acc_dq || use_mma ? (bq = bp, 1) : fcl_bwd_make_plan(ctx, p->head_dim, 1, &bq)))
+  if (!fcl_bwd_make_plan(ctx, p->head_dim, 0, acc_dq, &bp) ||
+      !(acc_dq || use_mma ? (bq = bp, 1) : fcl_bwd_make_plan(ctx, p->head_dim, 1, 0, &bq)))
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
                     p->head_dim, fcl_local_budget(ctx));
   fcl_bwd_sizes z;

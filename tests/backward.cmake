@@ -4,6 +4,8 @@
 #   test_backward_long  the same source with FCT_BWD_LONG: the sweep (label long)
 #   test_backward_ahead test_backward with FLASHCL_BWD_AHEAD=1 on the forced-plan cases
 #   test_backward_warp  test_backward with FLASHCL_BWD_WARP=1 on the forced-plan cases
+#   test_backward_split test_backward with NVIDIA's build choices forced on (halves,
+#                       unrolled loops, denormals flushed) on the forced-plan cases
 #   test_backward_mma   with FCT_BWD_MMA: the NVIDIA tensor-core backward (label default;
 #                       skips where the device has no tensor-core path)
 add_library(flashcl_test_bwd STATIC ${CMAKE_CURRENT_LIST_DIR}/reference_bwd.c ${CMAKE_CURRENT_LIST_DIR}/philox_ref.c)
@@ -34,3 +36,9 @@ flashcl_add_test_variant(test_backward_ahead test_backward
 # same cases, whatever the device's default.
 flashcl_add_test_variant(test_backward_warp test_backward
   "FLASHCL_BWD_WARP=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
+# NVIDIA's build choices for the portable kernels (src/backward.c): bwd_dkdv in
+# two halves of one product each, unrolled loops and -cl-denorms-are-zero, with
+# the warp-tiled mappings, forced on over the same cases (PoCL takes none of
+# them by default).
+flashcl_add_test_variant(test_backward_split test_backward
+  "FLASHCL_BWD_SPLIT=1;FLASHCL_BWD_UNROLL=1;FLASHCL_BWD_FTZ=1;FLASHCL_BWD_WARP=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)

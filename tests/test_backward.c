@@ -246,6 +246,11 @@ static const bwd_case CASES[] = {
     {"bf16_d128_plan_48x32x128_dq_32x64x128_causal_gqa_4_2", K_BWD, BF16, 1, 100, 90, 4, 2, 128, 1, 0.0f,
      R_DET | R_ATOMIC,
      SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,128/32,64,128"},
+    /* NVIDIA's atomic-mode dK/dV plan at d = 128: 56 keys (not a divisor of
+     * the lengths), with dropout; with FLASHCL_BWD_SPLIT=1 (test_backward_split)
+     * the halves take 7 x 4 scores and 14 x 8 of dK or dV each. */
+    {"f16_d128_plan_56x32x128_dq_32x64x128_causal_dropout", K_BWD, F16, 1, 90, 100, 2, 1, 128, 1, 0.1f,
+     R_DET | R_ATOMIC, SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "56,32,128/32,64,128"},
     /* The same plan on views at odd offsets and strides: the 16-bit tiles are
      * then read element by element, not as aligned 64-bit words. */
     {"f16_d128_plan_48x32x256_padded_causal", K_BWD, F16, 1, 70, 75, 2, 1, 128, 1, 0.0f, R_DET | R_ATOMIC, SRC_REF,
