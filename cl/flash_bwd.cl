@@ -86,11 +86,13 @@
  *              local-memory transactions per multiply-add.
  *   NV_RED     1: the atomic dQ adds go through inline PTX red.global.add.v4.f32
  *              (NVIDIA, sm_90 and later; the host sets it from device queries)
- *   BWD_SPLIT  1: bwd_dkdv's work-items work in two halves of NTHREADS / 2. In
- *              phase A the first half computes S^T and the second dP^T (A_TM x
- *              A_TN of one product each), in phase B the first half adds to dV
- *              and the second to dK (B_TM x B_TD of one each); the grids above
- *              then cover NTHREADS / 2 work-items, and NTHREADS must be even.
+ *   BWD_SPLIT  1: the work-items work in two halves of NTHREADS / 2. In
+ *              bwd_dkdv's phase A the first half computes S^T and the second
+ *              dP^T (A_TM x A_TN of one product each), in its phase B the first
+ *              half adds to dV and the second to dK (B_TM x B_TD of one each);
+ *              in bwd_dq's phase A the halves compute S and dP (QA_TM x QA_TN).
+ *              Those grids then cover NTHREADS / 2 work-items, and NTHREADS
+ *              must be even.
  *              Each work-item then reads one operand pair per product instead
  *              of two, over a tile twice as large: fewer local-memory reads per
  *              multiply-add, for one more barrier per tile.
@@ -202,6 +204,12 @@
 #endif
 #if BWD_SPLIT && NTHREADS % 2
 #error "BWD_SPLIT needs an even NTHREADS"
+#endif
+/* The work-items of one split product (all of them without BWD_SPLIT). */
+#if BWD_SPLIT
+#define GRID_N (NTHREADS / 2)
+#else
+#define GRID_N NTHREADS
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -495,10 +503,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 
 #if BWD_SPLIT
   /* role 0: S^T in phase A, dV in phase B; role 1: dP^T, then dK. */
-#define GRID_N (NTHREADS / 2)
   const int role = tid >= GRID_N, rt = tid - role * GRID_N;
 #else
-#define GRID_N NTHREADS
   const int rt = tid;
 #endif
   /* Phase A mapping: keys c = ac + A_RT*i, queries r = ar + A_CT*j. */
@@ -877,10 +883,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 
 #define QA_CT (BLOCK_C / QA_TN)
 #define QA_RT (BLOCK_R / QA_TM)
-#if QA_WK && (32 % QA_WK || QA_CT % QA_WK || QA_RT % (32 / QA_WK) || NTHREADS % 32)
+#if QA_WK && (32 % QA_WK || QA_CT % QA_WK || QA_RT % (32 / QA_WK) || GRID_N % 32)
 #error "QA_WK must divide 32 and QA_CT, and 32 / QA_WK must divide QA_RT"
 #endif
-  const int ar = GRID_ROW(tid, QA_WK, QA_CT), ac = GRID_COL(tid, QA_WK, QA_CT);
+#if BWD_SPLIT
+  /* role 0: S, role 1: dP (phase A only; phase B uses every work-item). */
+  const int role = tid >= GRID_N, rt = tid - role * GRID_N;
+#else
+  const int rt = tid;
+#endif
+  const int ar = GRID_ROW(rt, QA_WK, QA_CT), ac = GRID_COL(rt, QA_WK, QA_CT);
 #define QB_CT (HEAD_DIM / QB_TD)
 #define QB_RT (BLOCK_R / QB_TM)
 #if QB_WX && (32 % QB_WX || QB_CT % QB_WX || QB_RT % (32 / QB_WX) || QB_RT * QB_CT != NTHREADS)
@@ -936,6 +948,28 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
     {
+#if BWD_SPLIT
+      /* One product per half, as in bwd_dkdv: Q K^T or dO V^T. */
+      float s[QA_TM][QA_TN];
+      for (int i = 0; i < QA_TM; i++)
+        for (int j = 0; j < QA_TN; j++) s[i][j] = 0.0f;
+      __local const float4 *xa = (__local const float4 *)(role ? dOs : Qs);
+      __local const float4 *xb = (__local const float4 *)(role ? Vs : Ks);
+      UNROLL_FULL
+      for (int x = 0; x < D4; x++) {
+        float4 qq[QA_TM];
+        for (int i = 0; i < QA_TM; i++) qq[i] = xa[(ar + QA_RT * i) * LDA4 + x];
+        for (int j = 0; j < QA_TN; j++) {
+          const float4 kq = xb[(ac + QA_CT * j) * LDA4 + x];
+          for (int i = 0; i < QA_TM; i++) s[i][j] = dot4(qq[i], kq, s[i][j]);
+        }
+      }
+      if (role)
+        for (int i = 0; i < QA_TM; i++)
+          for (int j = 0; j < QA_TN; j++) dSs[(ar + QA_RT * i) * BCP + ac + QA_CT * j] = s[i][j];
+      barrier(CLK_LOCAL_MEM_FENCE);
+      if (!role)
+#else
       float s[QA_TM][QA_TN], dp[QA_TM][QA_TN];
       for (int i = 0; i < QA_TM; i++)
         for (int j = 0; j < QA_TN; j++) s[i][j] = dp[i][j] = 0.0f;
@@ -955,6 +989,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
           }
         }
       }
+#endif
       for (int i = 0; i < QA_TM; i++) {
         const int r = ar + QA_RT * i, iq = i0 + r;
         const float lrow = Ls[r];
@@ -979,7 +1014,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
           sc -= slope_log2 * (float)abs(jk - (iq + diag));
 #endif
           const float p = visible ? exp2(sc - lrow) : 0.0f;
+#if BWD_SPLIT
+          float dpv = dSs[r * BCP + c]; /* dP, this entry is this work-item's alone */
+#else
           float dpv = dp[i][jj];
+#endif
 #if DROPOUT
           dpv = dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold) ? dpv * keep_scale
                                                                                                   : 0.0f;

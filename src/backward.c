@@ -81,7 +81,7 @@ typedef struct fcl_bwd_plan {
   int qa_tm, qa_tn, qb_tm, qb_td; /* bwd_dq */
   int pad;                        /* SCORE_PAD */
   int a_wq, b_wx, qa_wk, qb_wx;   /* warp-tiled mappings, 0 = row-major */
-  int split;                      /* bwd_dkdv's halves (BWD_SPLIT): A_* and B_* cover threads / 2 */
+  int split;                      /* halves (BWD_SPLIT): A_*, B_* and QA_* cover threads / 2 */
 } fcl_bwd_plan;
 
 /* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
@@ -212,21 +212,23 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
     if (!ctx->info.is_gpu && p->threads > 16) p->threads = 16;
     if (want_threads > 0 && want_threads <= p->br * p->bc) p->threads = want_threads;
     if ((size_t)p->threads > ctx->info.max_work_group_size) continue;
-    /* With the halves, bwd_dkdv's grids cover threads / 2 work-items, and must
-     * use all of them (phase B's would otherwise leave a half's tail idle). */
+    /* With the halves, the phase A grids and bwd_dkdv's phase B grid cover
+     * threads / 2 work-items, and must use all of them (phase B's would
+     * otherwise leave a half's tail idle). */
     p->split = split && p->threads % 2 == 0 && fcl_split_exact(p->bc, p->br, p->threads / 2, &p->a_tm, &p->a_tn) &&
                fcl_split_cols(p->bc, d, p->threads / 2, &p->b_tm, &p->b_td) &&
-               (p->bc / p->b_tm) * (d / p->b_td) == p->threads / 2;
+               (p->bc / p->b_tm) * (d / p->b_td) == p->threads / 2 &&
+               fcl_split_exact(p->br, p->bc, p->threads / 2, &p->qa_tm, &p->qa_tn);
     const int grid_n = p->split ? p->threads / 2 : p->threads;
     if ((p->split || (fcl_split_exact(p->bc, p->br, p->threads, &p->a_tm, &p->a_tn) &&
-                      fcl_split_cols(p->bc, d, p->threads, &p->b_tm, &p->b_td))) &&
-        fcl_split_exact(p->br, p->bc, p->threads, &p->qa_tm, &p->qa_tn) &&
+                      fcl_split_cols(p->bc, d, p->threads, &p->b_tm, &p->b_td) &&
+                      fcl_split_exact(p->br, p->bc, p->threads, &p->qa_tm, &p->qa_tn))) &&
         fcl_split_cols(p->br, d, p->threads, &p->qb_tm, &p->qb_td)) {
       p->a_wq = p->b_wx = p->qa_wk = p->qb_wx = 0;
       if (p->pad) {
         p->a_wq = fcl_bwd_warp_width(p->bc / p->a_tm, p->br / p->a_tn, grid_n);
         p->b_wx = fcl_bwd_warp_width(p->bc / p->b_tm, d / p->b_td, grid_n);
-        p->qa_wk = fcl_bwd_warp_width(p->br / p->qa_tm, p->bc / p->qa_tn, p->threads);
+        p->qa_wk = fcl_bwd_warp_width(p->br / p->qa_tm, p->bc / p->qa_tn, grid_n);
         p->qb_wx = fcl_bwd_warp_width(p->br / p->qb_tm, d / p->qb_td, p->threads);
       }
       return 1;
@@ -246,7 +248,7 @@ static int fcl_bwd_warp(const flashcl_context *ctx) {
   return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
 }
 
-/* Whether bwd_dkdv splits its work-items into halves, one product each
+/* Whether the kernels split their work-items into halves, one product each
  * (BWD_SPLIT in cl/flash_bwd.cl). Measured on the H100 (fifteenth session,
  * f16, N = 4096, loops rolled), backward ms without -> with: d = 128 atomic
  * 44.7 -> 42.7, deterministic 59.5 -> 57.6; d = 96 atomic 55.0 -> 43.9; d = 256
