@@ -23,7 +23,8 @@
  * K and V.
  *
  * Environment (tuning and diagnostics only; README lists them all):
- *   FLASHCL_BWD_PLAN, FLASHCL_BWD_AHEAD, FLASHCL_BWD_WARP   see the functions below
+ *   FLASHCL_BWD_PLAN, FLASHCL_BWD_AHEAD, FLASHCL_BWD_WARP, FLASHCL_BWD_SPLIT,
+ *   FLASHCL_BWD_UNROLL, FLASHCL_BWD_FTZ, FLASHCL_BWD_RED   see the functions below
  *   FLASHCL_BWD_BUILD_LOG   if set, the portable kernels' build log and resource
  *                           figures go to stderr at each launch set-up (with
  *                           FLASHCL_BUILD_OPTIONS=-cl-nv-verbose on NVIDIA: registers) */
