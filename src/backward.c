@@ -147,8 +147,9 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
 }
 
 /* FLASHCL_BWD_PLAN="bc,br,threads" (tuning) forces the tile pair and work-item
- * count; 32x8, 24x16, 24x8, 48x32, 48x48, 64x48, 32x64 and 64x16 are candidates
- * for it only. Tiles: the first
+ * count; 32x8, 24x16, 24x8, 48x32, 48x48, 64x48, 32x64, 64x16, 48x40, 40x32,
+ * 32x48, 56x32 and 48x24 are candidates for it only (48x32 and 56x32 are
+ * NVIDIA's d = 128 choices below). Tiles: the first
  * of 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br) whose four d-wide
  * fp32 tiles (K, V, Q, dO) and two score tiles fit in the local memory M: the
  * backward keeps twice the forward's tiles on chip, so it gets smaller ones from
@@ -186,7 +187,7 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
                              int split, fcl_bwd_plan *p) {
   static const int cand[][2] = {{64, 64}, {64, 32}, {32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8},
                                 {32, 8}, {24, 16}, {24, 8}, {48, 32}, {48, 48}, {64, 48}, {32, 64}, {64, 16},
-                                {48, 40}, {40, 32}, {32, 48}, {40, 40}, {56, 32}, {48, 24}};
+                                {48, 40}, {40, 32}, {32, 48}, {56, 32}, {48, 24}};
   const int n_auto = 7; /* the candidates the automatic choice takes from */
   const size_t M = ctx->info.local_mem_size, budget = fcl_local_budget(ctx);
   const int probed = budget > M;
@@ -342,9 +343,9 @@ static int fcl_bwd_nv_red(flashcl_context *ctx) {
  * Rolled, each step of the score products waits for its own local-memory
  * reads. H100 (fifteenth session, f16, N = 4096, halves on), backward ms rolled
  * -> unrolled: d = 128 atomic 42.5 -> 37.4, deterministic 57.0 -> 55.0; with
- * the tile reads issued before the barrier (cl/flash_bwd.cl), deterministic d = 64 59.1 -> 53.7,
- * d = 96 66.6 -> 64.3, d = 256 76.3 -> 74.7, but d = 32 60.5 -> 62.4, hence
- * d >= 64. On a CPU (PoCL) unrolling only makes the build slower.
+ * the tile reads issued before the barrier (cl/flash_bwd.cl), deterministic
+ * d = 64 59.1 -> 53.7, d = 96 66.6 -> 64.3, d = 256 76.3 -> 74.7, but d = 32
+ * 60.5 -> 62.4, hence d >= 64. On a CPU (PoCL) unrolling only makes the build slower.
  * FLASHCL_BWD_UNROLL=0|1 overrides (tests, tuning). */
 static int fcl_bwd_unroll(const flashcl_context *ctx, int d) {
   const char *env = getenv("FLASHCL_BWD_UNROLL");
