@@ -85,6 +85,14 @@ typedef struct fcl_bwd_plan {
   int split;                      /* halves (BWD_SPLIT): A_*, B_* and QA_* cover threads / 2 */
 } fcl_bwd_plan;
 
+/* An environment switch: "0" or "1" overrides the default `dflt`; anything
+ * else (or unset) keeps it. */
+static int fcl_env_bool(const char *name, int dflt) {
+  const char *env = getenv(name);
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return dflt;
+}
+
 /* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
  * tiles (bwd_dq has one), each row `pad` floats longer, and LSE and D per query
  * row. */
@@ -245,9 +253,7 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
  * 69.2 ms, the dK/dV kernel alone 44.5 -> 36.7; d = 64 59.8 -> 58.3.
  * FLASHCL_BWD_WARP=0|1 overrides (tests, tuning). */
 static int fcl_bwd_warp(const flashcl_context *ctx) {
-  const char *env = getenv("FLASHCL_BWD_WARP");
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
+  return fcl_env_bool("FLASHCL_BWD_WARP", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx));
 }
 
 /* Whether the kernels split their work-items into halves, one product each
@@ -257,9 +263,7 @@ static int fcl_bwd_warp(const flashcl_context *ctx) {
  * 58.6 -> 51.0; d = 64 46.6 -> 46.2; d = 32 49.1 -> 50.9, hence d >= 64.
  * FLASHCL_BWD_SPLIT=0|1 overrides (tests, tuning). */
 static int fcl_bwd_split(const flashcl_context *ctx, int d) {
-  const char *env = getenv("FLASHCL_BWD_SPLIT");
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64;
+  return fcl_env_bool("FLASHCL_BWD_SPLIT", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64);
 }
 
 /* The plan of bwd_dkdv (for_dq = 0) or of bwd_dq (for_dq = 1): the two kernels
@@ -298,9 +302,7 @@ static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, int atomic
  * Other devices were not measured and keep it off. FLASHCL_BWD_AHEAD=0|1
  * overrides (tests, tuning). */
 static int fcl_bwd_ahead(const flashcl_context *ctx, int d) {
-  const char *env = getenv("FLASHCL_BWD_AHEAD");
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu && d == 256 && fcl_platform_is_nvidia(ctx);
+  return fcl_env_bool("FLASHCL_BWD_AHEAD", ctx->info.is_gpu && d == 256 && fcl_platform_is_nvidia(ctx));
 }
 
 /* The arguments bwd_dkdv and bwd_dq share after their tensors and scratch. */
@@ -325,9 +327,7 @@ static void fcl_bwd_shared_args(fcl_args *a, const fcl_problem *p, int group, cl
  * on a CPU device both would only compete for the same cores.
  * FLASHCL_BWD_CONCURRENT=0|1 overrides (A/B measurements, tests). */
 static int fcl_bwd_concurrent(const flashcl_context *ctx) {
-  const char *env = getenv("FLASHCL_BWD_CONCURRENT");
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu;
+  return fcl_env_bool("FLASHCL_BWD_CONCURRENT", ctx->info.is_gpu);
 }
 
 /* Whether the portable atomic dQ adds four floats per red.global.add.v4.f32
@@ -348,9 +348,7 @@ static int fcl_bwd_nv_red(flashcl_context *ctx) {
  * 60.5 -> 62.4, hence d >= 64. On a CPU (PoCL) unrolling only makes the build slower.
  * FLASHCL_BWD_UNROLL=0|1 overrides (tests, tuning). */
 static int fcl_bwd_unroll(const flashcl_context *ctx, int d) {
-  const char *env = getenv("FLASHCL_BWD_UNROLL");
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64;
+  return fcl_env_bool("FLASHCL_BWD_UNROLL", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64);
 }
 
 /* Whether the portable kernels build with -cl-denorms-are-zero: on NVIDIA it
@@ -358,9 +356,7 @@ static int fcl_bwd_unroll(const flashcl_context *ctx, int d) {
  * dS lose only values below 2^-126, and the vector atomic dQ adds flush
  * denormals anyway. FLASHCL_BWD_FTZ=0|1 overrides (tuning). */
 static int fcl_bwd_ftz(const flashcl_context *ctx) {
-  const char *env = getenv("FLASHCL_BWD_FTZ");
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
+  return fcl_env_bool("FLASHCL_BWD_FTZ", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx));
 }
 
 /* The build options of the portable backward kernels for one plan. */
