@@ -18,6 +18,7 @@
  * Local memory (all fp32, float4 granules, no padding):
  *   Qs  [BLOCK_R][HEAD_DIM]   the Q tile, row-major (GPU variant: times scale_log2)
  *   KVs [BLOCK_C][HEAD_DIM]   the K tile, then the V tile of the same keys
+ *                             (SEP_KV: Ks and Vs, one tile each)
  *   Ps  [BLOCK_R][BLOCK_C]    probabilities of the current tile
  *   Red [BLOCK_R][S_CT]       per-work-item partial row maxima / sums
  *   Alpha [BLOCK_R]           per-row rescale factor of the current tile
@@ -39,6 +40,12 @@
  *
  * K and V of the next tiles are read from global memory into registers while
  * the current phase computes (V during S = Q K^T, the next K during P V).
+ * With one K/V tile that takes four barriers per tile (K in, K read, V in, V
+ * read). SEP_KV gives K and V a tile each: with SEP_KV = 2 both are refilled
+ * right after S = Q K^T has read K (V for this tile's P V, K for the next
+ * S), from registers loaded a tile earlier, and the tile needs two barriers;
+ * SEP_KV = 1 keeps one register stage and writes the next K after P V (three
+ * barriers).
  *
  * Parameters (-D):
  *   DTYPE        0 = fp32, 1 = fp16, 2 = bf16 (storage only; fp16 through vload_half)
@@ -58,6 +65,10 @@
  *   PREFETCH     1: read the next K/V tile into registers while computing
  *   UNROLL_D     1: fully unroll the head-dimension loop of S = Q K^T (GPU mapping)
  *   PAD_ROWS     1: pad the local tiles' rows instead of swizzling them (GPU mapping)
+ *   SEP_KV       0, 1 or 2: separate K and V tiles (see above; GPU mapping, always
+ *                prefetching, PREFETCH ignored; 0 with MASK, whose next tile is
+ *                only known once its bits are read). 2 holds two register stages
+ *                (K a tile ahead, V), 1 one.
  *   UNROLL_O     n > 0: unroll the key loop of O += P V n times (GPU mapping; 0: the
  *                compiler's choice)
  *   DROPOUT      1: drop entries of P for P V (philox.cl must be compiled first in
@@ -166,6 +177,13 @@
 #endif
 #ifndef PAGED_KV
 #define PAGED_KV 0
+#endif
+#ifndef SEP_KV
+#define SEP_KV 0
+#endif
+#if MASK /* the next visible tile is only known after its mask bits are read */
+#undef SEP_KV
+#define SEP_KV 0
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
@@ -326,7 +344,7 @@ inline float4 stage_cvt(uint2 x) {
 /* Every pass of the loop moves the work-item down by the same number of rows:
  * one 64-bit row address per tile, stepped by a constant stride, instead of a
  * 64-bit multiply per granule. */
-#define STAGE_LOAD(src, base, sb, sn, kstart)                                       \
+#define STAGE_LOAD(stage, src, base, sb, sn, kstart)                                \
   {                                                                                 \
     const int c0 = tid / D4;                                                        \
     __global const store_t *sp = (src) + (base) + (long)((kstart) + c0) * (sn) + 4 * (tid - c0 * D4); \
@@ -339,7 +357,7 @@ inline float4 stage_cvt(uint2 x) {
     }                                                                               \
   }
 #else
-#define STAGE_LOAD(src, base, sb, sn, kstart)                                       \
+#define STAGE_LOAD(stage, src, base, sb, sn, kstart)                                \
   for (int u = 0; u < KV_PER; u++) {                                                \
     const int e = tid + u * NTHREADS;                                               \
     const int c = e / D4, g = e - (e / D4) * D4;                                    \
@@ -349,7 +367,7 @@ inline float4 stage_cvt(uint2 x) {
     stage[u] = val;                                                                 \
   }
 #endif
-#define STAGE_STORE(dst)                                                            \
+#define STAGE_STORE(stage, dst)                                                     \
   for (int u = 0; u < KV_PER; u++) {                                                \
     const int e = tid + u * NTHREADS;                                               \
     const int c = e / D4, g = e - (e / D4) * D4;                                    \
@@ -368,7 +386,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
     long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
   __local float4 Qs[BLOCK_R * QKV_LD];
+#if SEP_KV
+  __local float4 Ks[BLOCK_C * QKV_LD];
+  __local float4 Vs[BLOCK_C * QKV_LD];
+#else
   __local float4 KVs[BLOCK_C * QKV_LD];
+#define Ks KVs
+#define Vs KVs
+#endif
   __local float4 Ps[BLOCK_R * P_LD];
   __local float4 Red4[(BLOCK_R * S_CT + 3) / 4];
   __local float Alpha[BLOCK_R]; /* per-row rescale of this tile; at the end, the row max */
@@ -450,8 +475,24 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   kstart = MASK_NEXT(kstart); /* tiles whose mask bits are all 0 are never loaded */
 #endif
   stage_t stage[KV_PER];
-#if PREFETCH
-  if (kend > kstart) STAGE_LOAD(k, kbase, k_sb, k_sn, kstart)
+#if SEP_KV
+  /* K of the first tile in place and V on its way before the loop (see SEP_KV). */
+#if SEP_KV == 2
+  stage_t vstage[KV_PER];
+#endif
+  if (kend > kstart) {
+    STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart)
+    STAGE_STORE(stage, Ks)
+#if SEP_KV == 2
+    STAGE_LOAD(vstage, v, vbase, v_sb, v_sn, kstart)
+    if (kstart + BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart + BLOCK_C)
+#else
+    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, kstart)
+#endif
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+#elif PREFETCH
+  if (kend > kstart) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart)
 #endif
 
 #if MASK
@@ -461,14 +502,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #else
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
 #endif
+#if !SEP_KV
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
 #if !PREFETCH
-    STAGE_LOAD(k, kbase, k_sb, k_sn, k0)
+    STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0)
 #endif
-    STAGE_STORE(KVs) /* K */
+    STAGE_STORE(stage, KVs) /* K */
     barrier(CLK_LOCAL_MEM_FENCE);
 #if PREFETCH
-    STAGE_LOAD(v, vbase, v_sb, v_sn, k0) /* V arrives while S is computed */
+    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0) /* V arrives while S is computed */
+#endif
 #endif
 
     float s[S_TM][S_TN];
@@ -480,7 +523,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     for (int g = 0; g < D4; g++) {
       float4 qa[S_TM], kb[S_TN];
       for (int i = 0; i < S_TM; i++) qa[i] = Qs[QKV_AT(sy + i * S_RT, g)];
-      for (int j = 0; j < S_TN; j++) kb[j] = KVs[QKV_AT(sx + j * S_CT, g)];
+      for (int j = 0; j < S_TN; j++) kb[j] = Ks[QKV_AT(sx + j * S_CT, g)];
       for (int i = 0; i < S_TM; i++)
         for (int j = 0; j < S_TN; j++) {
           float t = mad(qa[i].x, kb[j].x, s[i][j]);
@@ -532,12 +575,24 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
       Red[r * S_CT + sx] = pm;
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
-#if PREFETCH
-    STAGE_STORE(KVs) /* V */
-    if (KNEXT < kend) STAGE_LOAD(k, kbase, k_sb, k_sn, KNEXT) /* next K arrives during P V */
+#if SEP_KV == 2
+    /* The previous P V has finished with Vs and this S with Ks: both are
+     * refilled here, and the barrier below makes them visible. */
+    STAGE_STORE(vstage, Vs) /* V */
+    if (k0 + BLOCK_C < kend) {
+      STAGE_STORE(stage, Ks) /* next K */
+      STAGE_LOAD(vstage, v, vbase, v_sb, v_sn, k0 + BLOCK_C)
+      if (k0 + 2 * BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0 + 2 * BLOCK_C)
+    }
+#elif SEP_KV
+    STAGE_STORE(stage, Vs) /* V */
+    if (k0 + BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0 + BLOCK_C) /* next K arrives during P V */
+#elif PREFETCH
+    STAGE_STORE(stage, KVs) /* V */
+    if (KNEXT < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, KNEXT) /* next K arrives during P V */
 #else
-    STAGE_LOAD(v, vbase, v_sb, v_sn, k0)
-    STAGE_STORE(KVs) /* V */
+    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0)
+    STAGE_STORE(stage, KVs) /* V */
 #endif
 
     for (int i = 0; i < S_TM; i++) {
@@ -597,14 +652,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
       /* One pointer per four keys: every V read below is then the pointer plus
        * an immediate offset (indices rebuilt per read cost two integer
        * instructions per load on NVIDIA). */
-      __local const float4 *vrow = KVs + 4 * j4 * QKV_LD + ox;
+      __local const float4 *vrow = Vs + 4 * j4 * QKV_LD + ox;
 #endif
       for (int jj = 0; jj < 4; jj++) {
         float4 vb[O_TG];
 #if PAD_ROWS
         for (int g = 0; g < O_TG; g++) vb[g] = vrow[jj * QKV_LD + g * O_CT];
 #else
-        for (int g = 0; g < O_TG; g++) vb[g] = KVs[QKV_AT(4 * j4 + jj, ox + g * O_CT)];
+        for (int g = 0; g < O_TG; g++) vb[g] = Vs[QKV_AT(4 * j4 + jj, ox + g * O_CT)];
 #endif
         for (int i = 0; i < O_TM; i++) {
           const float pv = jj == 0 ? pa[i].x : jj == 1 ? pa[i].y : jj == 2 ? pa[i].z : pa[i].w;
@@ -612,6 +667,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
         }
       }
     }
+#if SEP_KV == 1
+    /* This S has finished with Ks long ago: the next K goes in now, and V of
+     * the next tile starts on its way. */
+    if (k0 + BLOCK_C < kend) {
+      STAGE_STORE(stage, Ks)
+      STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0 + BLOCK_C)
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* next K visible */
+#endif
   }
 
   /* Each S work-item summed only its own keys of P: combine the partial sums. */

@@ -220,7 +220,9 @@ FLASHCL_API flashcl_status flashcl_context_device_info(const flashcl_context *ct
  * GPUs the first call (or the first flash call) builds and runs a small probe
  * kernel; if it passes, this is 160 KiB. FLASHCL_LOCAL_PROBE=0 skips the probe.
  * The automatic block plans and the explicit block sizes are checked against it
- * (see README, "Block sizes"). */
+ * (see README, "Block sizes"). Where the probe passed, the portable forward may
+ * add a second K/V tile past it if a second, larger probe shows that work-groups
+ * run with that much (an H100: up to 227 KiB); a plan's local_bytes counts it. */
 FLASHCL_API flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes);
 
 /* ------------------------------------------------------------- attention -- */

@@ -43,9 +43,10 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
     const fcl_fwd_tuning tune = plan.tune;
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
-             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s%s",
+             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DSEP_KV=%d -DCAUSAL=%d -DVARLEN=%d "
+             "-DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
-             tune.unroll_d, tune.unroll_o, tune.prefetch, tune.pad, causal, p->varlen, aligned, p->dropout,
+             tune.unroll_d, tune.unroll_o, tune.prefetch, tune.pad, p->mask_kind ? 0 : tune.sep_kv, causal, p->varlen, aligned, p->dropout,
              tune.ftz ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "", extra ? extra : "");
   }
   cl_kernel kern;

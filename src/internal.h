@@ -43,6 +43,9 @@ struct flashcl_context {
    * reports (info.local_mem_size is less under FLASHCL_LOCAL_MEM_SIZE). */
   size_t local_budget;
   size_t local_mem_actual;
+  /* The most local memory a work-group may use, for additions that never
+   * shape the tiles (fcl_local_limit): 0 until first asked. */
+  size_t local_limit;
   int mma_cc; /* compute capability * 10 (e.g. 90), once probed */
   /* Hopper wgmma forward (src/flash_wgmma.c): same states as mma_state. */
   int wgmma_state;
@@ -88,6 +91,7 @@ const char *fcl_cl_error_name(cl_int err);
  * use, probed once per context (CL_DEVICE_LOCAL_MEM_SIZE or more). */
 cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host);
 size_t fcl_local_budget(flashcl_context *ctx);
+size_t fcl_local_limit(flashcl_context *ctx);
 
 /* The device belongs to NVIDIA's OpenCL platform: the measured tuning tables,
  * the local-memory probe and the PTX paths apply only there. */
@@ -181,6 +185,7 @@ typedef struct fcl_fwd_tuning {
   int pad;      /* -DPAD_ROWS (local_bytes counts the padding) */
   int unroll_o; /* -DUNROLL_O */
   int ftz;      /* -cl-denorms-are-zero */
+  int sep_kv;   /* -DSEP_KV: 0, or 1 / 2 (local_bytes then counts a second K/V tile) */
 } fcl_fwd_tuning;
 
 typedef struct fcl_plan {

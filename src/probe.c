@@ -23,6 +23,12 @@
  * d = 128: 8 warps, K and V tiles, two Q/dO buffers and the atomic dS tile; at
  * 255 registers one such work-group runs per H100 SM). */
 #define FCL_LOCAL_PROBE (160 * 1024)
+/* Larger sizes tried after FCL_LOCAL_PROBE succeeded, largest first (an H100
+ * block may have 227 KiB, less 256 bytes for the probe's own few: its build
+ * at exactly 227 KiB fails by 4 bytes; an A100 block 163 KiB). Tiles are not planned against
+ * them, so that the tuned plans stay as measured; they only bound additions
+ * such as the forward's second K/V tile (fcl_local_limit). */
+static const int FCL_LOCAL_PROBE_MORE[] = {227 * 1024 - 256, 192 * 1024};
 
 cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem out, size_t bytes, void *host) {
   cl_int err = CL_SUCCESS;
@@ -34,11 +40,11 @@ cl_int fcl_probe_run(flashcl_context *ctx, cl_kernel kern, size_t gsz, cl_mem ou
   return err;
 }
 
-/* 1 if local_probe with FCL_LOCAL_PROBE bytes of __local builds, runs and
- * computes the right values. */
-static int fcl_run_local_probe(flashcl_context *ctx) {
+/* 1 if local_probe with `bytes` bytes of __local builds, runs and computes the
+ * right values. */
+static int fcl_run_local_probe(flashcl_context *ctx, int bytes) {
   char opts[96];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DLOCAL_PROBE_BYTES=%d", FCL_LOCAL_PROBE);
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DLOCAL_PROBE_BYTES=%d", bytes);
   cl_kernel kern;
   if (fcl_get_kernel(ctx, "local_probe.cl", opts, "local_probe", &kern) != FLASHCL_SUCCESS) {
     fcl_log(ctx, "local-memory probe does not build: %s", ctx->errmsg);
@@ -55,7 +61,7 @@ static int fcl_run_local_probe(flashcl_context *ctx) {
     fcl_log(ctx, "local-memory probe failed to run (%s)", fcl_cl_error_name(err));
     return 0;
   }
-  const cl_uint n = FCL_LOCAL_PROBE / 4;
+  const cl_uint n = (cl_uint)bytes / 4;
   for (cl_uint tid = 0; tid < 128; tid++) {
     cl_uint x = 0;
     for (cl_uint i = tid; i < n; i += 128) {
@@ -76,11 +82,28 @@ size_t fcl_local_budget(flashcl_context *ctx) {
   const char *env = getenv("FLASHCL_LOCAL_PROBE");
   const int allowed = !(env && !strcmp(env, "0"));
   if (allowed && ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && budget < FCL_LOCAL_PROBE &&
-      fcl_run_local_probe(ctx)) {
+      fcl_run_local_probe(ctx, FCL_LOCAL_PROBE)) {
     budget = FCL_LOCAL_PROBE;
     fcl_log(ctx, "local memory: the device runs work-groups with %zu bytes (it reports %zu)", budget,
             ctx->local_mem_actual);
   }
   ctx->local_budget = budget;
   return budget;
+}
+
+/* The budget, or where the budget itself was probed, the first of
+ * FCL_LOCAL_PROBE_MORE a work-group runs with (probed on first use). */
+size_t fcl_local_limit(flashcl_context *ctx) {
+  if (ctx->local_limit) return ctx->local_limit;
+  size_t limit = fcl_local_budget(ctx);
+  if (limit == FCL_LOCAL_PROBE && limit > ctx->local_mem_actual) {
+    for (size_t i = 0; i < sizeof FCL_LOCAL_PROBE_MORE / sizeof FCL_LOCAL_PROBE_MORE[0]; i++)
+      if (fcl_run_local_probe(ctx, FCL_LOCAL_PROBE_MORE[i])) {
+        limit = (size_t)FCL_LOCAL_PROBE_MORE[i];
+        fcl_log(ctx, "local memory: work-groups run with up to %zu bytes", limit);
+        break;
+      }
+  }
+  ctx->local_limit = limit;
+  return limit;
 }

@@ -415,6 +415,9 @@ static void test_block_plan(void **state) {
   flashcl_block_plan plan;
   (void)state;
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
+  /* Past a probed budget the forward may add a K/V tile, up to what an H100
+   * block may have (flashcl.h). */
+  const size_t limit = usable > env->info.local_mem_size ? (size_t)227 * 1024 : usable;
   for (i = 0; i < sizeof dims / sizeof dims[0]; i++)
     for (j = 0; j < 3; j++) {
       memset(&plan, 0, sizeof plan);
@@ -422,10 +425,10 @@ static void test_block_plan(void **state) {
                        "block_plan(d=%d, %s, auto)", dims[i], fct_dtype_str(dts[j]));
       FCT_CHECK(plan.block_r > 0 && plan.block_r % 8 == 0 && plan.block_c > 0 && plan.block_c % 8 == 0 &&
                     plan.threads > 0 && (size_t)plan.threads <= env->info.max_work_group_size &&
-                    plan.local_bytes > 0 && plan.local_bytes <= usable,
-                "block_plan(d=%d, %s): Br=%d Bc=%d threads=%d local=%zu (device: wg %zu, usable local %zu)", dims[i],
-                fct_dtype_str(dts[j]), plan.block_r, plan.block_c, plan.threads, plan.local_bytes,
-                env->info.max_work_group_size, usable);
+                    plan.local_bytes > 0 && plan.local_bytes <= limit,
+                "block_plan(d=%d, %s): Br=%d Bc=%d threads=%d local=%zu (device: wg %zu, usable local %zu, limit %zu)",
+                dims[i], fct_dtype_str(dts[j]), plan.block_r, plan.block_c, plan.threads, plan.local_bytes,
+                env->info.max_work_group_size, usable, limit);
     }
   FCT_CHECK_STATUS(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 16, 32, &plan), FLASHCL_SUCCESS,
                    "block_plan(64, f32, 16, 32)");
@@ -479,6 +482,8 @@ static void test_local_memory(void **state) {
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, NULL), FLASHCL_ERROR_INVALID_ARGUMENT,
                    "local_memory(NULL bytes)");
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
+  /* Past a probed budget the forward may add a K/V tile (flashcl.h). */
+  const size_t limit = usable > env->info.local_mem_size ? (size_t)227 * 1024 : usable;
   FCT_CHECK(usable >= env->info.local_mem_size, "usable local memory %zu < reported %zu", usable,
             env->info.local_mem_size);
   /* FLASHCL_LOCAL_MEM_SIZE (a testing aid) lowers M below the device's figure. */
@@ -492,12 +497,12 @@ static void test_local_memory(void **state) {
   if (usable > env->info.local_mem_size) {
     FCT_CHECK(st == FLASHCL_SUCCESS, "explicit 128 x 64 at d = 128 refused with %zu usable bytes: %s", usable,
               flashcl_context_last_error(env->ctx));
-    FCT_CHECK(plan.local_bytes > env->info.local_mem_size && plan.local_bytes <= usable,
-              "explicit 128 x 64 at d = 128: %zu local bytes (reported %zu, usable %zu)", plan.local_bytes,
-              env->info.local_mem_size, usable);
+    FCT_CHECK(plan.local_bytes > env->info.local_mem_size && plan.local_bytes <= limit,
+              "explicit 128 x 64 at d = 128: %zu local bytes (reported %zu, usable %zu, limit %zu)", plan.local_bytes,
+              env->info.local_mem_size, usable, limit);
   } else if (st == FLASHCL_SUCCESS) {
-    FCT_CHECK(plan.local_bytes <= usable, "explicit 128 x 64 at d = 128: %zu local bytes, usable %zu", plan.local_bytes,
-              usable);
+    FCT_CHECK(plan.local_bytes <= limit, "explicit 128 x 64 at d = 128: %zu local bytes, limit %zu", plan.local_bytes,
+              limit);
   } else {
     FCT_CHECK(st == FLASHCL_ERROR_UNSUPPORTED, "explicit 128 x 64 at d = 128: %d (%s)", (int)st,
               flashcl_status_string(st));
@@ -562,8 +567,9 @@ static void test_local_memory_override(void **state) {
   }
   for (i = 0; i < 4; i++)
     FCT_CHECK(pst[i] == FLASHCL_SUCCESS, "plan(d=%d): %s", dims[i], flashcl_status_string(pst[i]));
+  /* Past the probed budget only a second K/V tile, up to an H100 block's size (flashcl.h). */
   FCT_CHECK(plans[0].block_r == 128 && plans[0].block_c == 64 && plans[0].local_bytes > info.local_mem_size &&
-                plans[0].local_bytes <= usable,
+                (plans[0].local_bytes <= usable || plans[0].local_bytes <= (size_t)227 * 1024),
             "d = 128 with M = %zu, budget %zu: Br=%d Bc=%d, %zu bytes; want 128 x 64 past M", info.local_mem_size,
             usable, plans[0].block_r, plans[0].block_c, plans[0].local_bytes);
   FCT_CHECK(plans[1].block_r == 64 && plans[1].block_c == 48, "d = 64: Br=%d Bc=%d, want M's 64 x 48",
