@@ -96,6 +96,15 @@
  *              Each work-item then reads one operand pair per product instead
  *              of two, over a tile twice as large: fewer local-memory reads per
  *              multiply-add, for one more barrier per tile.
+ *   BWD_SHFL   1 (with BWD_SPLIT; NVIDIA, inline PTX shfl.sync): bwd_dkdv's
+ *              phase A halves are the two halves of each warp instead of the
+ *              two halves of the work-group: lane l computes S^T and lane
+ *              l ^ 16 dP^T of the same entries, they swap half of them through
+ *              shuffles and each turns its half (A_TN / 2 of its queries; A_TN
+ *              must be even) into P and dS. Both halves
+ *              then share that step, and dP never goes through local memory
+ *              (one barrier less per tile). Phase B keeps the work-group
+ *              halves.
  *   BWD_UNROLL 1: fully unroll the head-dim loop of the score products and the
  *              key loop of the atomic dQ, so that the local-memory reads of
  *              later steps are issued while earlier ones compute (left rolled,
@@ -196,6 +205,12 @@
 #endif
 #ifndef BWD_UNROLL
 #define BWD_UNROLL 0
+#endif
+#ifndef BWD_SHFL
+#define BWD_SHFL 0
+#endif
+#if BWD_SHFL && (!BWD_SPLIT || NTHREADS % 32 || A_TN % 2)
+#error "BWD_SHFL needs BWD_SPLIT, whole warps and an even A_TN"
 #endif
 #if BWD_UNROLL
 #define UNROLL_FULL _Pragma("unroll")
@@ -463,6 +478,69 @@ inline float dot4(float4 a, float4 b, float acc) {
   return mad(a.x, b.x, mad(a.y, b.y, mad(a.z, b.z, mad(a.w, b.w, acc))));
 }
 
+/* One entry of the score tile in bwd_dkdv: key c, query r of the tile, S and
+ * dP given. Stores the (dropped) P and dS = P * (dP - D) ([key][query]);
+ * masked entries get P = dS = 0. */
+#if SOFTCAP
+#define PDS_SCORE(sv_) const float t_ = tanh((sv_) * softcap_in); float sc_ = softcap_log2 * t_;
+#define PDS_DS(p_, dpv_, r_) ((p_) * ((dpv_) - Ds[r_]) * (1.0f - t_ * t_))
+#else
+#define PDS_SCORE(sv_) float sc_ = (sv_) * scale_log2;
+#define PDS_DS(p_, dpv_, r_) ((p_) * ((dpv_) - Ds[r_]))
+#endif
+#if CAUSAL
+#define PDS_VISIBLE(jk_, iq_) (jk_) <= (iq_) + diag
+#elif WINDOW
+#define PDS_VISIBLE(jk_, iq_) (jk_) <= (iq_) + diag + window_right && (jk_) >= (iq_) + diag - window_left
+#else
+#define PDS_VISIBLE(jk_, iq_) 1
+#endif
+#if MASK
+#define PDS_MASK(jk_, iq_) if (visible_ && !(mcls & 2)) visible_ = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq_, jk_);
+#else
+#define PDS_MASK(jk_, iq_)
+#endif
+#if ALIBI
+#define PDS_ALIBI(jk_, iq_) sc_ -= slope_log2 * (float)abs((jk_) - ((iq_) + diag));
+#else
+#define PDS_ALIBI(jk_, iq_)
+#endif
+#if DROPOUT
+#define PDS_DROP(jk_, iq_)                                                           \
+  if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)(iq_), (uint)(jk_), threshold)) { \
+    pd_ *= keep_scale;                                                               \
+    dpv_ *= keep_scale;                                                              \
+  } else {                                                                           \
+    pd_ = 0.0f;                                                                      \
+    dpv_ = 0.0f;                                                                     \
+  }
+#else
+#define PDS_DROP(jk_, iq_)
+#endif
+#define PDS_ENTRY(c_, r_, sv_, dp_)                                                  \
+  {                                                                                  \
+    const int c__ = (c_), r__ = (r_), jk_ = k0 + c__, iq_ = i0 + r__;                \
+    const float lrow_ = Ls[r__];                                                     \
+    int visible_ = jk_ < nk && iq_ < nq && lrow_ != -INFINITY && (PDS_VISIBLE(jk_, iq_)); \
+    PDS_MASK(jk_, iq_)                                                               \
+    PDS_SCORE(sv_)                                                                   \
+    PDS_ALIBI(jk_, iq_)                                                              \
+    const float p_ = visible_ ? exp2(sc_ - lrow_) : 0.0f;                           \
+    float pd_ = p_, dpv_ = (dp_);                                                    \
+    PDS_DROP(jk_, iq_)                                                               \
+    Ps[c__ * BRP + r__] = pd_;                                                       \
+    dSs[c__ * BRP + r__] = PDS_DS(p_, dpv_, r__);                                    \
+  }
+
+#if BWD_SHFL
+/* The value of lane ^ 16 (NVIDIA shfl.sync; every lane of the warp calls it). */
+inline float shfl_xor16(float x) {
+  float r;
+  asm("shfl.sync.bfly.b32 %0, %1, 16, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x));
+  return r;
+}
+#endif
+
 /*
  * dK/dV (and, with ATOMIC_DQ, dQ). One work-group owns BLOCK_C keys of one
  * (sequence, kv head); K and V stay in local memory and dK, dV in registers
@@ -479,10 +557,20 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     float scale, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right, __global const float *alibi,
     float softcap_in, float softcap_log2 MASK_PARAMS) {
+#if BWD_SHFL
+  /* V starts 64 bytes (half a row of banks) further than right after K, and dO
+   * after Q: a warp then reads the same rows of both at once, and with the
+   * tiles' sizes multiples of 128 bytes those rows would share banks. */
+  __local float KVs[2 * BLOCK_C * LDA + 16] __attribute__((aligned(16)));
+  __local float QOs[2 * BLOCK_R * LDA + 16] __attribute__((aligned(16)));
+  __local float *const Ks = KVs, *const Vs = KVs + BLOCK_C * LDA + 16;
+  __local float *const Qs = QOs, *const dOs = QOs + BLOCK_R * LDA + 16;
+#else
   __local float Ks[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Vs[BLOCK_C * LDA] __attribute__((aligned(16)));
   __local float Qs[BLOCK_R * LDA] __attribute__((aligned(16)));
   __local float dOs[BLOCK_R * LDA] __attribute__((aligned(16)));
+#endif
   __local float Ps[BLOCK_C * BRP] __attribute__((aligned(16)));  /* dropped P, [key][query] */
   __local float dSs[BLOCK_C * BRP] __attribute__((aligned(16))); /* dS, [key][query] */
   __local float Ls[BLOCK_R];        /* LSE in log2 units */
@@ -507,13 +595,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 #else
   const int rt = tid;
 #endif
+  /* Phase A's halves: with BWD_SHFL the two halves of each warp (arole, art). */
+#if BWD_SHFL
+  const int arole = (tid >> 4) & 1, art = (tid & 15) | ((tid >> 5) << 4);
+#elif BWD_SPLIT
+  const int arole = role, art = rt;
+#else
+  const int art = rt;
+#endif
   /* Phase A mapping: keys c = ac + A_RT*i, queries r = ar + A_CT*j. */
 #define A_CT (BLOCK_R / A_TN)
 #define A_RT (BLOCK_C / A_TM)
 #if A_WQ && (32 % A_WQ || A_CT % A_WQ || A_RT % (32 / A_WQ) || GRID_N % 32)
 #error "A_WQ must divide 32 and A_CT, and 32 / A_WQ must divide A_RT"
 #endif
-  const int ac = GRID_ROW(rt, A_WQ, A_CT), ar = GRID_COL(rt, A_WQ, A_CT);
+  const int ac = GRID_ROW(art, A_WQ, A_CT), ar = GRID_COL(art, A_WQ, A_CT);
   /* Phase B mapping: keys c = bc + B_RT*i, column granules g = bx + B_CT*u. */
 #define B_CT (HEAD_DIM / B_TD)
 #define B_RT (BLOCK_C / B_TM)
@@ -622,8 +718,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
         float s[A_TM][A_TN];
         for (int i = 0; i < A_TM; i++)
           for (int j = 0; j < A_TN; j++) s[i][j] = 0.0f;
-        __local const float4 *xa = (__local const float4 *)(role ? Vs : Ks);
-        __local const float4 *xb = (__local const float4 *)(role ? dOs : Qs);
+        __local const float4 *xa = (__local const float4 *)(arole ? Vs : Ks);
+        __local const float4 *xb = (__local const float4 *)(arole ? dOs : Qs);
         UNROLL_FULL
         for (int x = 0; x < D4; x++) {
           float4 kq[A_TM];
@@ -633,11 +729,37 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             for (int i = 0; i < A_TM; i++) s[i][j] = dot4(kq[i], qq, s[i][j]);
           }
         }
-        if (role)
+#if BWD_SHFL
+        /* Each lane and its partner (lane ^ 16) hold S and dP of the same
+         * entries; each takes half of the queries: the S lane the first A_TN / 2
+         * (it receives their dP), the dP lane the rest (it receives their S).
+         * Splitting by query keeps every address a per-lane base plus a
+         * constant. */
+        const int ar2 = ar + arole * (A_TN / 2) * A_CT;
+        float theirs[A_TM][A_TN / 2]; /* all shuffles first: their latencies overlap */
+        UNROLL_FULL
+        for (int i = 0; i < A_TM; i++)
+          for (int jj = 0; jj < A_TN / 2; jj++) theirs[i][jj] = shfl_xor16(arole ? s[i][jj] : s[i][jj + A_TN / 2]);
+        UNROLL_FULL
+        for (int i = 0; i < A_TM; i++)
+          for (int jj = 0; jj < A_TN / 2; jj++) {
+            const float mine = arole ? s[i][jj + A_TN / 2] : s[i][jj];
+            PDS_ENTRY(ac + A_RT * i, ar2 + A_CT * jj, arole ? theirs[i][jj] : mine, arole ? mine : theirs[i][jj])
+          }
+      }
+#else
+        if (arole)
           for (int i = 0; i < A_TM; i++)
             for (int j = 0; j < A_TN; j++) dSs[(ac + A_RT * i) * BRP + ar + A_CT * j] = s[i][j];
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (!role)
+        if (!arole)
+          for (int i = 0; i < A_TM; i++)
+            for (int jj = 0; jj < A_TN; jj++) {
+              const int c = ac + A_RT * i, r = ar + A_CT * jj;
+              PDS_ENTRY(c, r, s[i][jj], dSs[c * BRP + r]) /* dSs: read and rewritten by this work-item only */
+            }
+      }
+#endif
 #else
         float s[A_TM][A_TN], dp[A_TM][A_TN];
         for (int i = 0; i < A_TM; i++)
@@ -658,54 +780,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
             }
           }
         }
-#endif
-        for (int i = 0; i < A_TM; i++) {
-          const int c = ac + A_RT * i, jk = k0 + c;
-          for (int jj = 0; jj < A_TN; jj++) {
-            const int r = ar + A_CT * jj, iq = i0 + r;
-            const float lrow = Ls[r];
-            int visible = jk < nk && iq < nq && lrow != -INFINITY;
-#if CAUSAL
-            visible = visible && jk <= iq + diag;
-#elif WINDOW
-            visible = visible && jk <= iq + diag + window_right && jk >= iq + diag - window_left;
-#endif
-#if MASK
-            if (visible && !(mcls & 2)) visible = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq, jk);
-#endif
-#if SOFTCAP
-            const float t = tanh(s[i][jj] * softcap_in);
-            float sc = softcap_log2 * t;
-#else
-            float sc = s[i][jj] * scale_log2;
-#endif
-#if ALIBI
-            sc -= slope_log2 * (float)abs(jk - (iq + diag));
-#endif
-            const float p = visible ? exp2(sc - lrow) : 0.0f;
-#if BWD_SPLIT
-            float pd = p, dpv = dSs[c * BRP + r]; /* read and rewritten by this work-item only */
-#else
-            float pd = p, dpv = dp[i][jj];
-#endif
-#if DROPOUT
-            if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold)) {
-              pd *= keep_scale;
-              dpv *= keep_scale;
-            } else {
-              pd = 0.0f;
-              dpv = 0.0f;
-            }
-#endif
-            Ps[c * BRP + r] = pd;
-#if SOFTCAP
-            dSs[c * BRP + r] = p * (dpv - Ds[r]) * (1.0f - t * t);
-#else
-            dSs[c * BRP + r] = p * (dpv - Ds[r]);
-#endif
-          }
-        }
+        for (int i = 0; i < A_TM; i++)
+          for (int jj = 0; jj < A_TN; jj++) PDS_ENTRY(ac + A_RT * i, ar + A_CT * jj, s[i][jj], dp[i][jj])
       }
+#endif
       barrier(CLK_LOCAL_MEM_FENCE);
 
       /* Rows past nq hold P = dS = 0 and zero Q / dO rows: they add nothing, and

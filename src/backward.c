@@ -94,11 +94,11 @@ static int fcl_env_bool(const char *name, int dflt) {
 }
 
 /* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
- * tiles (bwd_dq has one), each row `pad` floats longer, and LSE and D per query
- * row. */
+ * tiles (bwd_dq has one), each row `pad` floats longer, LSE and D per query
+ * row, and the 16-float gaps before V and dO of BWD_SHFL. */
 static size_t fcl_bwd_local_bytes(int br, int bc, int d, int pad) {
   const size_t dkdv = 2u * (size_t)bc * (size_t)(br + pad), dq = (size_t)br * (size_t)(bc + pad);
-  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + (dkdv > dq ? dkdv : dq) + 2u * (size_t)br);
+  return 4u * ((size_t)(2 * bc + 2 * br) * (size_t)(d + 4) + (dkdv > dq ? dkdv : dq) + 2u * (size_t)br + 32u);
 }
 
 /* The block width W of a warp-tiled mapping (cl/flash_bwd.cl, A_WQ and the
@@ -351,6 +351,20 @@ static int fcl_bwd_unroll(const flashcl_context *ctx, int d) {
   return fcl_env_bool("FLASHCL_BWD_UNROLL", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64);
 }
 
+/* Whether bwd_dkdv's phase A halves are the halves of each warp, swapping S
+ * and dP through NVIDIA's shfl.sync (BWD_SHFL in cl/flash_bwd.cl; inline PTX,
+ * so only where the tensor-core probe found an NVIDIA device that compiles it,
+ * and only with the halves on whole warps and an even A_TN). Measured on the
+ * H100 (sixteenth session, f16, N = 4096, atomic dQ), backward ms without ->
+ * with: d = 64 39.7 -> 37.9, d = 96 41.4 -> 40.0; d = 128 35.9 -> 36.6 and
+ * 37.1 -> 37.1, d = 256 49.1 -> 49.2, deterministic d = 64 52.9 -> 52.7:
+ * hence d < 128. FLASHCL_BWD_SHFL=0|1 overrides the head-dim rule (tests,
+ * tuning); 1 cannot turn it on where the PTX is not available. */
+static int fcl_bwd_shfl(flashcl_context *ctx, const fcl_bwd_plan *bp, int d) {
+  return bp->split && bp->threads % 32 == 0 && bp->a_tn % 2 == 0 && fcl_env_bool("FLASHCL_BWD_SHFL", d < 128) &&
+         fcl_mma_available(ctx);
+}
+
 /* Whether the portable kernels build with -cl-denorms-are-zero: on NVIDIA it
  * lets exp2 compile to the bare MUFU.EX2, as in the forward (src/plan.c); P and
  * dS lose only values below 2^-126, and the vector atomic dQ adds flush
@@ -369,11 +383,11 @@ static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fc
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
            "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d -DVEC_ALIGNED=%d -DSCORE_PAD=%d -DA_WQ=%d -DB_WX=%d -DQA_WK=%d "
-           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_UNROLL=%d%s%s%s%s",
+           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_SHFL=%d -DBWD_UNROLL=%d%s%s%s%s",
            (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
            bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
            p->dropout, fcl_bwd_ahead(ctx, p->head_dim), vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk,
-           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), bp->split, fcl_bwd_unroll(ctx, p->head_dim), fcl_bwd_ftz(ctx) ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "", extra ? extra : "");
+           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), bp->split, fcl_bwd_shfl(ctx, bp, p->head_dim), fcl_bwd_unroll(ctx, p->head_dim), fcl_bwd_ftz(ctx) ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "", extra ? extra : "");
 }
 
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
