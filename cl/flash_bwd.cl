@@ -713,8 +713,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 
       {
 #if BWD_SPLIT
-        /* One product per half: K Q^T or V dO^T. The second half leaves dP^T
-         * in dSs for the first, which holds P, to turn into dS. */
+        /* One product per half: K Q^T or V dO^T. Without BWD_SHFL the second
+         * half leaves dP^T in dSs for the first, which holds S, to turn into P
+         * and dS. */
         float s[A_TM][A_TN];
         for (int i = 0; i < A_TM; i++)
           for (int j = 0; j < A_TN; j++) s[i][j] = 0.0f;
