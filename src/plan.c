@@ -360,16 +360,16 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Br=%d, Bc=%d at head_dim %d need %zu bytes of local memory; the device has %zu", p.br, p.bc, d,
                     p.local_bytes, fit);
+  if (!mapped)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "Br=%d, Bc=%d at head_dim %d cannot be mapped to at most %zu work-items per work-group", p.br,
+                    p.bc, d, max_wg);
   /* The second K/V tile never shapes the tiles (so the tuned plans stay as
    * measured): where it does not fit what a work-group may use, the kernel
    * shares one. */
   const size_t kv_bytes = 4u * (size_t)p.bc * ((size_t)d + 4 * (size_t)p.tune.pad);
   if (p.tune.sep_kv && p.local_bytes + kv_bytes <= fcl_local_limit(ctx)) p.local_bytes += kv_bytes;
   else p.tune.sep_kv = 0;
-  if (!mapped)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "Br=%d, Bc=%d at head_dim %d cannot be mapped to at most %zu work-items per work-group", p.br,
-                    p.bc, d, max_wg);
   *plan = p;
   return FLASHCL_SUCCESS;
 }

@@ -407,6 +407,11 @@ static void test_kernel_dir_option(void **state) {
 
 /* ------------------------------------------------------------ block plan -- */
 
+/* What a plan's local_bytes may reach: the budget, and past a probed budget
+ * (above M) the forward's second K/V tile, up to an H100 block's 227 KiB
+ * (flashcl.h). */
+static size_t plan_local_limit(size_t usable, size_t m) { return usable > m ? (size_t)227 * 1024 : usable; }
+
 static void test_block_plan(void **state) {
   fct_env *env = fct_env_get();
   const int dims[] = {8, 32, 64, 96, 128, 256};
@@ -415,9 +420,7 @@ static void test_block_plan(void **state) {
   flashcl_block_plan plan;
   (void)state;
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
-  /* Past a probed budget the forward may add a K/V tile, up to what an H100
-   * block may have (flashcl.h). */
-  const size_t limit = usable > env->info.local_mem_size ? (size_t)227 * 1024 : usable;
+  const size_t limit = plan_local_limit(usable, env->info.local_mem_size);
   for (i = 0; i < sizeof dims / sizeof dims[0]; i++)
     for (j = 0; j < 3; j++) {
       memset(&plan, 0, sizeof plan);
@@ -482,8 +485,7 @@ static void test_local_memory(void **state) {
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, NULL), FLASHCL_ERROR_INVALID_ARGUMENT,
                    "local_memory(NULL bytes)");
   FCT_CHECK_STATUS(flashcl_context_local_memory(env->ctx, &usable), FLASHCL_SUCCESS, "local_memory");
-  /* Past a probed budget the forward may add a K/V tile (flashcl.h). */
-  const size_t limit = usable > env->info.local_mem_size ? (size_t)227 * 1024 : usable;
+  const size_t limit = plan_local_limit(usable, env->info.local_mem_size);
   FCT_CHECK(usable >= env->info.local_mem_size, "usable local memory %zu < reported %zu", usable,
             env->info.local_mem_size);
   /* FLASHCL_LOCAL_MEM_SIZE (a testing aid) lowers M below the device's figure. */
@@ -567,9 +569,8 @@ static void test_local_memory_override(void **state) {
   }
   for (i = 0; i < 4; i++)
     FCT_CHECK(pst[i] == FLASHCL_SUCCESS, "plan(d=%d): %s", dims[i], flashcl_status_string(pst[i]));
-  /* Past the probed budget only a second K/V tile, up to an H100 block's size (flashcl.h). */
   FCT_CHECK(plans[0].block_r == 128 && plans[0].block_c == 64 && plans[0].local_bytes > info.local_mem_size &&
-                (plans[0].local_bytes <= usable || plans[0].local_bytes <= (size_t)227 * 1024),
+                plans[0].local_bytes <= plan_local_limit(usable, info.local_mem_size),
             "d = 128 with M = %zu, budget %zu: Br=%d Bc=%d, %zu bytes; want 128 x 64 past M", info.local_mem_size,
             usable, plans[0].block_r, plans[0].block_c, plans[0].local_bytes);
   FCT_CHECK(plans[1].block_r == 64 && plans[1].block_c == 48, "d = 64: Br=%d Bc=%d, want M's 64 x 48",
