@@ -71,6 +71,12 @@
  *                (K a tile ahead, V), 1 one.
  *   UNROLL_O     n > 0: unroll the key loop of O += P V n times (GPU mapping; 0: the
  *                compiler's choice)
+ *   FWD_SHFL     1 (GPU mapping; NVIDIA, inline PTX shfl.sync): the S_CT work-items
+ *                of a row are consecutive lanes of one warp (S_CT a power of two
+ *                <= 32, NTHREADS a multiple of 32); they take the row maximum from
+ *                each other through shuffles instead of through Red, so P and the
+ *                rescale factor are ready before the barrier that lets them be
+ *                written, and that barrier no longer waits for the row maxima
  *   DROPOUT      1: drop entries of P for P V (philox.cl must be compiled first in
  *                the same program). The row sum l, hence LSE, uses the un-dropped P;
  *                P V uses P * Z / (1 - p), Z = dropout_keep(seed, offset,
@@ -181,6 +187,9 @@
 #ifndef SEP_KV
 #define SEP_KV 0
 #endif
+#ifndef FWD_SHFL
+#define FWD_SHFL 0
+#endif
 #if MASK /* the next visible tile is only known after its mask bits are read */
 #undef SEP_KV
 #define SEP_KV 0
@@ -279,6 +288,17 @@ inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int 
 #if S_RT * S_CT != NTHREADS || O_NT > NTHREADS || BLOCK_R % S_TM || BLOCK_C % S_TN || \
     BLOCK_R % O_TM || HEAD_DIM % O_TD || O_TD % 4 || HEAD_DIM % 8 || BLOCK_C % 8
 #error "inconsistent flash_fwd work-item mapping"
+#endif
+#if FWD_SHFL && (NTHREADS % 32 || S_CT > 32 || (S_CT & (S_CT - 1)))
+#error "FWD_SHFL needs whole warps and S_CT a power of two <= 32"
+#endif
+#if FWD_SHFL
+/* The value of lane ^ m (NVIDIA shfl.sync; every lane of the warp calls it). */
+inline float shfl_xor(float x, int m) {
+  float r;
+  asm("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(m));
+  return r;
+}
 #endif
 
 /* Swizzle masks: the largest power of two <= 8 dividing the granules per row, - 1. */
@@ -517,6 +537,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     float s[S_TM][S_TN];
     for (int i = 0; i < S_TM; i++)
       for (int j = 0; j < S_TN; j++) s[i][j] = 0.0f;
+#if FWD_SHFL
+    float row_max[S_TM], alpha_s[S_TM];
+#endif
 #if UNROLL_D
 #pragma unroll
 #endif
@@ -572,9 +595,33 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
         s[i][j] = sv;
         pm = fmax(pm, sv);
       }
+#if FWD_SHFL
+      row_max[i] = pm;
+#else
       Red[r * S_CT + sx] = pm;
+#endif
     }
+#if FWD_SHFL
+    /* All shuffles of all rows first, so that their latencies overlap; then P
+     * in registers (the same arithmetic, in the same order, as below). */
+    for (int m = S_CT / 2; m >= 1; m >>= 1)
+      for (int i = 0; i < S_TM; i++) row_max[i] = fmax(row_max[i], shfl_xor(row_max[i], m));
+    for (int i = 0; i < S_TM; i++) {
+      const float mx = fmax(m_s[i], row_max[i]);
+      const float pivot = (mx == -INFINITY) ? 0.0f : mx; /* see below */
+      alpha_s[i] = exp2(m_s[i] - pivot);
+      m_s[i] = mx;
+      float psum = 0.0f;
+      for (int j = 0; j < S_TN; j++) {
+        s[i][j] = exp2(s[i][j] - pivot);
+        psum += s[i][j];
+      }
+      l_s[i] = l_s[i] * alpha_s[i] + psum;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* K consumed, the previous P V done */
+#else
     barrier(CLK_LOCAL_MEM_FENCE); /* partial maxima ready, K consumed */
+#endif
 #if SEP_KV == 2
     /* The previous P V has finished with Vs and this S with Ks: both are
      * refilled here, and the barrier below makes them visible. */
@@ -597,6 +644,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 
     for (int i = 0; i < S_TM; i++) {
       const int r = sy + i * S_RT;
+#if FWD_SHFL
+      const float alpha = alpha_s[i];
+#else
       float mx = m_s[i];
 #if S_CT % 4 == 0
       for (int t = 0; t < S_CT / 4; t++) {
@@ -612,10 +662,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
       const float alpha = exp2(m_s[i] - pivot);
       m_s[i] = mx;
       float psum = 0.0f;
+#endif
       for (int j = 0; j < S_TN; j++) {
         const int c = sx + j * S_CT;
+#if FWD_SHFL
+        const float p = s[i][j];
+#else
         const float p = exp2(s[i][j] - pivot);
         psum += p;
+#endif
 #if PAD_ROWS
         /* Same element as below, in a form the compiler folds into an immediate
          * offset (it does not see that 4 * (c >> 2) + (c & 3) == c). */
@@ -632,7 +687,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
         *pdst = p;
 #endif
       }
+#if !FWD_SHFL
       l_s[i] = l_s[i] * alpha + psum;
+#endif
       if (sx == 0) Alpha[r] = alpha;
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* P, V and the rescale factors ready */

@@ -8,6 +8,7 @@
  *                           are printed to stderr after each launch set-up
  *   FLASHCL_FWD_SHAPE       forces the work-item mapping, see src/plan.c
  *   FLASHCL_FWD_TUNING      forces the GPU variant's tuning choices, see src/plan.c
+ *   FLASHCL_FWD_SHFL        0|1: the row maxima through warp shuffles or not, see below
  *   FLASHCL_FWD_MAP         gpu|cpu: forces the GPU or the CPU variant of the kernel
  *                           (default: cpu iff the device is not a GPU), see src/plan.c
  */
@@ -18,6 +19,20 @@
 #include <stdlib.h>
 
 int fcl_fwd_cpu_map(const flashcl_context *ctx); /* plan.c */
+
+/* Whether the GPU variant takes the row maxima through warp shuffles
+ * (FWD_SHFL in cl/flash_fwd.cl): the tuning table asks for it, the mapping keeps
+ * a row's S_CT work-items inside one warp, and the device compiles NVIDIA's
+ * inline PTX (the tensor-core probe of flash_mma.c). FLASHCL_FWD_SHFL=0|1
+ * overrides the table (tuning); 1 cannot turn it on where the PTX or the
+ * mapping does not allow it. */
+static int fcl_fwd_shfl(flashcl_context *ctx, const fcl_plan *plan) {
+  const int s_ct = plan->bc / plan->shape.s_tn;
+  int want = plan->tune.shfl;
+  const char *env = getenv("FLASHCL_FWD_SHFL");
+  if (env && (env[0] == '0' || env[0] == '1') && env[1] == '\0') want = env[0] == '1';
+  return want && plan->shape.threads % 32 == 0 && s_ct <= 32 && (s_ct & (s_ct - 1)) == 0 && fcl_mma_available(ctx);
+}
 
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
@@ -41,13 +56,15 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
     /* fcl_make_plan refuses tiles it cannot map, so the shape is set. */
     const fcl_fwd_shape sh = plan.shape;
     const fcl_fwd_tuning tune = plan.tune;
+    const int shfl = fcl_fwd_shfl(ctx, &plan);
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
-             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DSEP_KV=%d -DCAUSAL=%d -DVARLEN=%d "
-             "-DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s%s",
+             "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DSEP_KV=%d -DFWD_SHFL=%d "
+             "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
-             tune.unroll_d, tune.unroll_o, tune.prefetch, tune.pad, p->mask_kind ? 0 : tune.sep_kv, causal, p->varlen, aligned, p->dropout,
-             tune.ftz ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "", extra ? extra : "");
+             tune.unroll_d, tune.unroll_o, tune.prefetch, tune.pad, p->mask_kind ? 0 : tune.sep_kv, shfl, causal,
+             p->varlen, aligned, p->dropout, tune.ftz ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "",
+             extra ? extra : "");
   }
   cl_kernel kern;
   /* Dropout and masks bring their helper files into the program. */

@@ -186,6 +186,7 @@ typedef struct fcl_fwd_tuning {
   int unroll_o; /* -DUNROLL_O */
   int ftz;      /* -cl-denorms-are-zero */
   int sep_kv;   /* -DSEP_KV: 0, or 1 / 2 (local_bytes then counts a second K/V tile) */
+  int shfl;     /* -DFWD_SHFL where the device takes the inline PTX and the mapping allows it (flash.c) */
 } fcl_fwd_tuning;
 
 typedef struct fcl_plan {

@@ -121,7 +121,13 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
  *   fits: 13.84 -> 13.48 ms at d = 128, 16.80 -> 16.49 at 64, 20.59 -> 20.15
  *   at 256, 18.39 -> 18.33 at 96 (sixteenth session; SEP_KV = 1, one register
  *   stage and three barriers, 13.61 at 128 and slower at 96 and 256).
- * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad,unroll_o[,ftz[,sep_kv]]" replaces the
+ *   d = 96, 128, 192 and 256: the row maxima through warp shuffles and P before
+ *   the barrier (FWD_SHFL, where flash.c finds the inline PTX available and a
+ *   row's work-items inside one warp): 18.26 -> 17.51 ms at d = 96, 13.42 ->
+ *   13.26 at 128 (7.55 -> 7.42 causal), 17.53 -> 16.94 at 192, 20.11 -> 19.93
+ *   at 256; slower at d = 64 (16.42 -> 17.07), 80 (19.22 -> 19.48) and 160
+ *   (17.48 -> 17.73), the same at 32 (seventeenth session).
+ * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad,unroll_o[,ftz[,sep_kv[,shfl]]]" replaces the
  * table on any device (a tuning aid; the tests use it to run these variants on
  * PoCL). */
 static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
@@ -132,11 +138,12 @@ static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype 
   t->unroll_o = 0;
   t->ftz = 0;
   t->sep_kv = 0;
+  t->shfl = 0;
   const char *env = getenv("FLASHCL_FWD_TUNING");
   if (env) {
     fcl_fwd_tuning e = {0};
-    const int n = sscanf(env, "%d,%d,%d,%d,%d,%d,%d", &e.tall, &e.unroll_d, &e.prefetch, &e.pad, &e.unroll_o, &e.ftz,
-                         &e.sep_kv);
+    const int n = sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d", &e.tall, &e.unroll_d, &e.prefetch, &e.pad, &e.unroll_o,
+                         &e.ftz, &e.sep_kv, &e.shfl);
     if (n >= 5) {
       t->tall = e.tall != 0;
       t->unroll_d = e.unroll_d != 0;
@@ -145,6 +152,7 @@ static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype 
       t->unroll_o = e.unroll_o > 0 && e.unroll_o <= 64 ? e.unroll_o : 0;
       t->ftz = e.ftz != 0;
       t->sep_kv = e.sep_kv == 1 || e.sep_kv == 2 ? e.sep_kv : 0;
+      t->shfl = e.shfl != 0;
       return;
     }
   }
@@ -157,6 +165,7 @@ static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype 
   if (d == 256 && dtype != FLASHCL_F32) t->prefetch = 0;
   t->ftz = 1;
   t->sep_kv = 2;
+  t->shfl = d == 96 || d == 128 || d == 192 || d == 256;
 }
 
 static int fcl_shape_valid(int br, int bc, int d, const fcl_fwd_shape *s) {
