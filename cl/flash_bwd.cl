@@ -105,6 +105,16 @@
  *              then share that step, and dP never goes through local memory
  *              (one barrier less per tile). Phase B keeps the work-group
  *              halves.
+ *   BWD_NBAR   1 (with BWD_SPLIT, without BWD_SHFL and SOFTCAP; NVIDIA, inline
+ *              PTX bar.sync with a thread count): bwd_dkdv's S half turns S into
+ *              P alone, writing the dropped P to Ps and the undropped P to dSs;
+ *              after the work-group barrier the dP half, which still holds dP in
+ *              registers, turns that into dS in place (dS = P (dP - D), or with
+ *              dropout Pd dP - P D) and waits only for its own half (named
+ *              barrier 1) before adding to dK, while the S half goes straight on
+ *              to dV. The element-wise step is then split between the halves,
+ *              and dP never goes through local memory. A work-group barrier
+ *              after dK / dV orders dS for the atomic dQ sum.
  *   BWD_UNROLL 1: fully unroll the head-dim loop of the score products and the
  *              key loop of the atomic dQ, so that the local-memory reads of
  *              later steps are issued while earlier ones compute (left rolled,
@@ -212,6 +222,12 @@
 #if BWD_SHFL && (!BWD_SPLIT || NTHREADS % 32 || A_TN % 2)
 #error "BWD_SHFL needs BWD_SPLIT, whole warps and an even A_TN"
 #endif
+#ifndef BWD_NBAR
+#define BWD_NBAR 0
+#endif
+#if BWD_NBAR && (!BWD_SPLIT || BWD_SHFL || SOFTCAP || (NTHREADS / 2) % 32)
+#error "BWD_NBAR needs BWD_SPLIT on whole warps, without BWD_SHFL and SOFTCAP"
+#endif
 #if BWD_UNROLL
 #define UNROLL_FULL _Pragma("unroll")
 #else
@@ -288,13 +304,20 @@ inline void atomic_add_float(volatile __global float *p, float val) {
 /* Adds four floats to a 16-byte aligned fp32 accumulator; zeros are skipped
  * (causally masked parts of a tile contribute nothing). NV_RED: one
  * red.global.add.v4.f32 (sm_90; like every global float atomic add on NVIDIA
- * it flushes denormal results to zero); otherwise a compare-and-swap loop per
- * float, as OpenCL 1.2 has no float atomic add. */
+ * it flushes denormal results to zero), which skips zeros only where a mask
+ * can zero a whole sum (without one, the test costs more than it saves);
+ * otherwise a compare-and-swap loop per float, as OpenCL 1.2 has no float
+ * atomic add. */
+#if CAUSAL || WINDOW || MASK
+#define RED_SKIP_ZERO 1
+#else
+#define RED_SKIP_ZERO 0
+#endif
 #if NV_RED
 #define ATOMIC_ADD4(ptr_, val_)                                                                      \
   {                                                                                            \
     const float4 a_ = (val_);                                                                     \
-    if (any(a_ != (float4)(0.0f)))                                                             \
+    if (!RED_SKIP_ZERO || any(a_ != (float4)(0.0f)))                                           \
       asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr_), "f"(a_.x), "f"(a_.y), \
                    "f"(a_.z), "f"(a_.w) : "memory");                                            \
   }
@@ -532,6 +555,24 @@ inline float dot4(float4 a, float4 b, float acc) {
     dSs[c__ * BRP + r__] = PDS_DS(p_, dpv_, r__);                                    \
   }
 
+/* BWD_NBAR's share of PDS_ENTRY in the S half: the dropped P to Ps, the
+ * undropped P to dSs (the dP half turns it into dS). */
+#define PDS_ENTRY_P(c_, r_, sv_)                                                     \
+  {                                                                                  \
+    const int c__ = (c_), r__ = (r_), jk_ = k0 + c__, iq_ = i0 + r__;                \
+    const float lrow_ = Ls[r__];                                                     \
+    int visible_ = jk_ < nk && iq_ < nq && lrow_ != -INFINITY && (PDS_VISIBLE(jk_, iq_)); \
+    PDS_MASK(jk_, iq_)                                                               \
+    PDS_SCORE(sv_)                                                                   \
+    PDS_ALIBI(jk_, iq_)                                                              \
+    const float p_ = visible_ ? exp2(sc_ - lrow_) : 0.0f;                           \
+    float pd_ = p_, dpv_ = 0.0f;                                                     \
+    PDS_DROP(jk_, iq_)                                                               \
+    (void)dpv_;                                                                      \
+    Ps[c__ * BRP + r__] = pd_;                                                       \
+    dSs[c__ * BRP + r__] = p_;                                                       \
+  }
+
 #if BWD_SHFL
 /* The value of lane ^ 16 (NVIDIA shfl.sync; every lane of the warp calls it). */
 inline float shfl_xor16(float x) {
@@ -749,6 +790,28 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
           }
       }
 #else
+#if BWD_NBAR
+        if (!arole)
+          for (int i = 0; i < A_TM; i++)
+            for (int jj = 0; jj < A_TN; jj++) PDS_ENTRY_P(ac + A_RT * i, ar + A_CT * jj, s[i][jj])
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (arole) {
+          /* The same entries as the S half's: each read and rewritten by this
+           * work-item only. */
+          for (int i = 0; i < A_TM; i++)
+            for (int jj = 0; jj < A_TN; jj++) {
+              const int c = ac + A_RT * i, r = ar + A_CT * jj;
+              const float p = dSs[c * BRP + r];
+#if DROPOUT
+              dSs[c * BRP + r] = Ps[c * BRP + r] * s[i][jj] - p * Ds[r];
+#else
+              dSs[c * BRP + r] = p * (s[i][jj] - Ds[r]);
+#endif
+            }
+          /* Only this half reads dS next (dK); the S half goes on to dV. */
+          asm volatile("bar.sync 1, %0;" ::"r"(GRID_N) : "memory");
+        }
+#else
         if (arole)
           for (int i = 0; i < A_TM; i++)
             for (int j = 0; j < A_TN; j++) dSs[(ac + A_RT * i) * BRP + ar + A_CT * j] = s[i][j];
@@ -759,6 +822,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
               const int c = ac + A_RT * i, r = ar + A_CT * jj;
               PDS_ENTRY(c, r, s[i][jj], dSs[c * BRP + r]) /* dSs: read and rewritten by this work-item only */
             }
+#endif
       }
 #endif
 #else
@@ -785,7 +849,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
           for (int jj = 0; jj < A_TN; jj++) PDS_ENTRY(ac + A_RT * i, ar + A_CT * jj, s[i][jj], dp[i][jj])
       }
 #endif
+#if !BWD_NBAR
       barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
       /* Rows past nq hold P = dS = 0 and zero Q / dO rows: they add nothing, and
        * a fixed trip count lets the compiler unroll. */
@@ -835,6 +901,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       }
 #endif
 #if ATOMIC_DQ
+#if BWD_NBAR
+      barrier(CLK_LOCAL_MEM_FENCE); /* every dS written */
+#endif
       /* dQ_tile += scale * dS K over this work-group's keys, then one atomic add
        * per element and work-group. The work-items take bwd_dq's dQ grid (QB_*):
        * QB_TM rows by QB_TD columns each. Keys past nk have dS = 0 and zero K

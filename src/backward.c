@@ -24,7 +24,8 @@
  *
  * Environment (tuning and diagnostics only; README lists them all):
  *   FLASHCL_BWD_PLAN, FLASHCL_BWD_AHEAD, FLASHCL_BWD_WARP, FLASHCL_BWD_SPLIT,
- *   FLASHCL_BWD_UNROLL, FLASHCL_BWD_FTZ, FLASHCL_BWD_RED   see the functions below
+ *   FLASHCL_BWD_UNROLL, FLASHCL_BWD_FTZ, FLASHCL_BWD_RED, FLASHCL_BWD_SHFL,
+ *   FLASHCL_BWD_NBAR        see the functions below
  *   FLASHCL_BWD_BUILD_LOG   if set, the portable kernels' build log and resource
  *                           figures go to stderr at each launch set-up (with
  *                           FLASHCL_BUILD_OPTIONS=-cl-nv-verbose on NVIDIA: registers) */
@@ -365,6 +366,23 @@ static int fcl_bwd_shfl(flashcl_context *ctx, const fcl_bwd_plan *bp, int d) {
          fcl_mma_available(ctx);
 }
 
+/* Whether bwd_dkdv's S half writes P alone and the dP half turns it into dS,
+ * waiting on a named barrier of its own half (BWD_NBAR in cl/flash_bwd.cl;
+ * inline PTX, so only where the tensor-core probe found an NVIDIA device that
+ * compiles it, with the work-group halves on whole warps, without the warp
+ * halves and without softcap, whose dS factor only the S half knows).
+ * Measured on the H100 (seventeenth session, f16, N = 4096), backward ms
+ * without -> with: d = 128 atomic 35.66 / 35.59 -> 35.10 / 35.40, causal
+ * 21.28 -> 21.05, deterministic 50.02 -> 49.49, but with dropout 0.1 45.37 ->
+ * 49.35; in a scratch form d = 96 (warp halves off) 41.04 -> 41.44 and d = 256
+ * 49.18 -> 49.79: hence d = 128 without dropout. FLASHCL_BWD_NBAR=0|1
+ * overrides that rule (tests, tuning); 1 cannot turn it on where the PTX or
+ * the plan does not allow it. */
+static int fcl_bwd_nbar(flashcl_context *ctx, const fcl_problem *p, const fcl_bwd_plan *bp, int shfl) {
+  return bp->split && !shfl && (bp->threads / 2) % 32 == 0 && !(p->softcap > 0.0f) &&
+         fcl_env_bool("FLASHCL_BWD_NBAR", p->head_dim == 128 && !p->dropout) && fcl_mma_available(ctx);
+}
+
 /* Whether the portable kernels build with -cl-denorms-are-zero: on NVIDIA it
  * lets exp2 compile to the bare MUFU.EX2, as in the forward (src/plan.c); P and
  * dS lose only values below 2^-126, and the vector atomic dQ adds flush
@@ -379,15 +397,18 @@ static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fc
   char variants[64];
   fcl_variant_options(p, variants, sizeof variants);
   const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  const int shfl = fcl_bwd_shfl(ctx, bp, p->head_dim);
   snprintf(opts, size,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
            "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d -DVEC_ALIGNED=%d -DSCORE_PAD=%d -DA_WQ=%d -DB_WX=%d -DQA_WK=%d "
-           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_SHFL=%d -DBWD_UNROLL=%d%s%s%s%s",
+           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_SHFL=%d -DBWD_NBAR=%d -DBWD_UNROLL=%d%s%s%s%s",
            (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
            bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
            p->dropout, fcl_bwd_ahead(ctx, p->head_dim), vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk,
-           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), bp->split, fcl_bwd_shfl(ctx, bp, p->head_dim), fcl_bwd_unroll(ctx, p->head_dim), fcl_bwd_ftz(ctx) ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "", extra ? extra : "");
+           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), bp->split, shfl, fcl_bwd_nbar(ctx, p, bp, shfl),
+           fcl_bwd_unroll(ctx, p->head_dim), fcl_bwd_ftz(ctx) ? " -cl-denorms-are-zero" : "", variants,
+           extra ? " " : "", extra ? extra : "");
 }
 
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
@@ -423,7 +444,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
                     bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
 
-  char opts[640], opts_dq[640];
+  char opts[1024], opts_dq[1024];
   const int vec = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(d_o);
   fcl_bwd_options(ctx, p, &bp, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts, sizeof opts);
   fcl_bwd_options(ctx, p, &bq, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts_dq, sizeof opts_dq);
