@@ -540,34 +540,29 @@ inline float dot4(float4 a, float4 b, float acc) {
 #else
 #define PDS_DROP(jk_, iq_)
 #endif
+/* The part both forms share: P (p_), the dropped P (pd_) and the dropped dP
+ * (dpv_) of key c, query r. */
+#define PDS_P(c_, r_, sv_, dp_)                                                      \
+  const int c__ = (c_), r__ = (r_), jk_ = k0 + c__, iq_ = i0 + r__;                  \
+  const float lrow_ = Ls[r__];                                                       \
+  int visible_ = jk_ < nk && iq_ < nq && lrow_ != -INFINITY && (PDS_VISIBLE(jk_, iq_)); \
+  PDS_MASK(jk_, iq_)                                                                 \
+  PDS_SCORE(sv_)                                                                     \
+  PDS_ALIBI(jk_, iq_)                                                                \
+  const float p_ = visible_ ? exp2(sc_ - lrow_) : 0.0f;                             \
+  float pd_ = p_, dpv_ = (dp_);                                                      \
+  PDS_DROP(jk_, iq_)
 #define PDS_ENTRY(c_, r_, sv_, dp_)                                                  \
   {                                                                                  \
-    const int c__ = (c_), r__ = (r_), jk_ = k0 + c__, iq_ = i0 + r__;                \
-    const float lrow_ = Ls[r__];                                                     \
-    int visible_ = jk_ < nk && iq_ < nq && lrow_ != -INFINITY && (PDS_VISIBLE(jk_, iq_)); \
-    PDS_MASK(jk_, iq_)                                                               \
-    PDS_SCORE(sv_)                                                                   \
-    PDS_ALIBI(jk_, iq_)                                                              \
-    const float p_ = visible_ ? exp2(sc_ - lrow_) : 0.0f;                           \
-    float pd_ = p_, dpv_ = (dp_);                                                    \
-    PDS_DROP(jk_, iq_)                                                               \
+    PDS_P(c_, r_, sv_, dp_)                                                          \
     Ps[c__ * BRP + r__] = pd_;                                                       \
     dSs[c__ * BRP + r__] = PDS_DS(p_, dpv_, r__);                                    \
   }
-
-/* BWD_NBAR's share of PDS_ENTRY in the S half: the dropped P to Ps, the
- * undropped P to dSs (the dP half turns it into dS). */
+/* BWD_NBAR's share in the S half: the dropped P to Ps, the undropped P to dSs
+ * (the dP half turns it into dS). */
 #define PDS_ENTRY_P(c_, r_, sv_)                                                     \
   {                                                                                  \
-    const int c__ = (c_), r__ = (r_), jk_ = k0 + c__, iq_ = i0 + r__;                \
-    const float lrow_ = Ls[r__];                                                     \
-    int visible_ = jk_ < nk && iq_ < nq && lrow_ != -INFINITY && (PDS_VISIBLE(jk_, iq_)); \
-    PDS_MASK(jk_, iq_)                                                               \
-    PDS_SCORE(sv_)                                                                   \
-    PDS_ALIBI(jk_, iq_)                                                              \
-    const float p_ = visible_ ? exp2(sc_ - lrow_) : 0.0f;                           \
-    float pd_ = p_, dpv_ = 0.0f;                                                     \
-    PDS_DROP(jk_, iq_)                                                               \
+    PDS_P(c_, r_, sv_, 0.0f)                                                         \
     (void)dpv_;                                                                      \
     Ps[c__ * BRP + r__] = pd_;                                                       \
     dSs[c__ * BRP + r__] = p_;                                                       \
