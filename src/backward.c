@@ -86,14 +86,6 @@ typedef struct fcl_bwd_plan {
   int split;                      /* halves (BWD_SPLIT): A_*, B_* and QA_* cover threads / 2 */
 } fcl_bwd_plan;
 
-/* An environment switch: "0" or "1" overrides the default `dflt`; anything
- * else (or unset) keeps it. */
-static int fcl_env_bool(const char *name, int dflt) {
-  const char *env = getenv(name);
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return dflt;
-}
-
 /* K, V, Q and dO tiles (rows padded by 4 floats), bwd_dkdv's two Bc x Br score
  * tiles (bwd_dq has one), each row `pad` floats longer, LSE and D per query
  * row, and the 16-float gaps before V and dO of BWD_SHFL. */

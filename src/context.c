@@ -289,3 +289,9 @@ flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes)
   *bytes = fcl_local_budget(ctx);
   return FLASHCL_SUCCESS;
 }
+
+int fcl_env_bool(const char *name, int dflt) {
+  const char *env = getenv(name);
+  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
+  return dflt;
+}

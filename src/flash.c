@@ -28,10 +28,8 @@ int fcl_fwd_cpu_map(const flashcl_context *ctx); /* plan.c */
  * mapping does not allow it. */
 static int fcl_fwd_shfl(flashcl_context *ctx, const fcl_plan *plan) {
   const int s_ct = plan->bc / plan->shape.s_tn;
-  int want = plan->tune.shfl;
-  const char *env = getenv("FLASHCL_FWD_SHFL");
-  if (env && (env[0] == '0' || env[0] == '1') && env[1] == '\0') want = env[0] == '1';
-  return want && plan->shape.threads % 32 == 0 && s_ct <= 32 && (s_ct & (s_ct - 1)) == 0 && fcl_mma_available(ctx);
+  return fcl_env_bool("FLASHCL_FWD_SHFL", plan->tune.shfl) && plan->shape.threads % 32 == 0 && s_ct <= 32 &&
+         (s_ct & (s_ct - 1)) == 0 && fcl_mma_available(ctx);
 }
 
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,

@@ -235,6 +235,10 @@ int fcl_mma_rows_aligned(const flashcl_tensor *t);
 /* 1 if the device runs inline PTX (mma.sync, ldmatrix, cp.async): NVIDIA, compute
  * capability >= 8.0, and the probe kernel passed. Probes on the first call. */
 int fcl_mma_available(flashcl_context *ctx);
+
+/* An environment switch: "0" or "1" overrides the default `dflt`; anything
+ * else (or unset) keeps it. */
+int fcl_env_bool(const char *name, int dflt);
 /* Prints a kernel's build log and resource figures to stderr (FLASHCL_FWD_BUILD_LOG,
  * FLASHCL_MMA_BUILD_LOG; src/program.c). */
 void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
