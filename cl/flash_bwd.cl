@@ -501,6 +501,22 @@ inline float dot4(float4 a, float4 b, float acc) {
   return mad(a.x, b.x, mad(a.y, b.y, mad(a.z, b.z, mad(a.w, b.w, acc))));
 }
 
+/* One half's score product (BWD_SPLIT, both kernels): s[i][j] = row ra + RA*i
+ * of the tile xa . row rb + RB*j of the tile xb, over the head dimension,
+ * reading a float4 of each row per step. */
+#define SPLIT_PRODUCT(s, TM, TN, xa, ra, RA, xb, rb, RB)                          \
+  for (int i = 0; i < (TM); i++)                                                   \
+    for (int j = 0; j < (TN); j++) s[i][j] = 0.0f;                                 \
+  UNROLL_FULL                                                                      \
+  for (int x = 0; x < D4; x++) {                                                   \
+    float4 a_[TM];                                                                 \
+    for (int i = 0; i < (TM); i++) a_[i] = (xa)[((ra) + (RA) * i) * LDA4 + x];     \
+    for (int j = 0; j < (TN); j++) {                                               \
+      const float4 b_ = (xb)[((rb) + (RB) * j) * LDA4 + x];                        \
+      for (int i = 0; i < (TM); i++) s[i][j] = dot4(a_[i], b_, s[i][j]);           \
+    }                                                                              \
+  }
+
 /* One entry of the score tile in bwd_dkdv: key c, query r of the tile, S and
  * dP given. Stores the (dropped) P and dS = P * (dP - D) ([key][query]);
  * masked entries get P = dS = 0. */
@@ -753,19 +769,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
          * half leaves dP^T in dSs for the first, which holds S, to turn into P
          * and dS. */
         float s[A_TM][A_TN];
-        for (int i = 0; i < A_TM; i++)
-          for (int j = 0; j < A_TN; j++) s[i][j] = 0.0f;
         __local const float4 *xa = (__local const float4 *)(arole ? Vs : Ks);
         __local const float4 *xb = (__local const float4 *)(arole ? dOs : Qs);
-        UNROLL_FULL
-        for (int x = 0; x < D4; x++) {
-          float4 kq[A_TM];
-          for (int i = 0; i < A_TM; i++) kq[i] = xa[(ac + A_RT * i) * LDA4 + x];
-          for (int j = 0; j < A_TN; j++) {
-            const float4 qq = xb[(ar + A_CT * j) * LDA4 + x];
-            for (int i = 0; i < A_TM; i++) s[i][j] = dot4(kq[i], qq, s[i][j]);
-          }
-        }
+        SPLIT_PRODUCT(s, A_TM, A_TN, xa, ac, A_RT, xb, ar, A_CT)
 #if BWD_SHFL
         /* Each lane and its partner (lane ^ 16) hold S and dP of the same
          * entries; each takes half of the queries: the S lane the first A_TN / 2
@@ -1094,19 +1100,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 #if BWD_SPLIT
       /* One product per half, as in bwd_dkdv: Q K^T or dO V^T. */
       float s[QA_TM][QA_TN];
-      for (int i = 0; i < QA_TM; i++)
-        for (int j = 0; j < QA_TN; j++) s[i][j] = 0.0f;
       __local const float4 *xa = (__local const float4 *)(role ? dOs : Qs);
       __local const float4 *xb = (__local const float4 *)(role ? Vs : Ks);
-      UNROLL_FULL
-      for (int x = 0; x < D4; x++) {
-        float4 qq[QA_TM];
-        for (int i = 0; i < QA_TM; i++) qq[i] = xa[(ar + QA_RT * i) * LDA4 + x];
-        for (int j = 0; j < QA_TN; j++) {
-          const float4 kq = xb[(ac + QA_CT * j) * LDA4 + x];
-          for (int i = 0; i < QA_TM; i++) s[i][j] = dot4(qq[i], kq, s[i][j]);
-        }
-      }
+      SPLIT_PRODUCT(s, QA_TM, QA_TN, xa, ar, QA_RT, xb, ac, QA_CT)
       if (role)
         for (int i = 0; i < QA_TM; i++)
           for (int j = 0; j < QA_TN; j++) dSs[(ar + QA_RT * i) * BCP + ac + QA_CT * j] = s[i][j];
