@@ -271,6 +271,16 @@ inline ushort bf16_from_float(float x) {
 }
 #endif
 
+/* Four consecutive elements, one at a time (no alignment assumed). */
+#define STORE4(p, i, v)                                                            \
+  {                                                                                \
+    const float4 v4_ = (v);                                                        \
+    STORE(p, (i), v4_.x);                                                          \
+    STORE(p, (i) + 1, v4_.y);                                                      \
+    STORE(p, (i) + 2, v4_.z);                                                      \
+    STORE(p, (i) + 3, v4_.w);                                                      \
+  }
+
 /* A strided tensor argument list: buffer, element offset, batch/seq/head strides. */
 #define TENSOR(name) __global store_t *name, long name##_off, long name##_sb, long name##_sn, long name##_sh
 #define CTENSOR(name) __global const store_t *name, long name##_off, long name##_sb, long name##_sn, long name##_sh
@@ -957,10 +967,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = acc[i][u] * mul;
-        STORE(dst, pr + x, a.x);
-        STORE(dst, pr + x + 1, a.y);
-        STORE(dst, pr + x + 2, a.z);
-        STORE(dst, pr + x + 3, a.w);
+        STORE4(dst, pr + x, a);
       }
     }
   }
@@ -973,14 +980,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = dk_acc[i][u] * scale, w = dv_acc[i][u];
-        STORE(dk, pk + x, a.x);
-        STORE(dk, pk + x + 1, a.y);
-        STORE(dk, pk + x + 2, a.z);
-        STORE(dk, pk + x + 3, a.w);
-        STORE(dv, pv + x, w.x);
-        STORE(dv, pv + x + 1, w.y);
-        STORE(dv, pv + x + 2, w.z);
-        STORE(dv, pv + x + 3, w.w);
+        STORE4(dk, pk + x, a);
+        STORE4(dv, pv + x, w);
       }
     }
   }
@@ -1196,10 +1197,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
       for (int u = 0; u < QB_TD / 4; u++) {
         const int x = 4 * (bx + QB_CT * u);
         const float4 a = dq_acc[i][u] * scale;
-        STORE(dq, po + x, a.x);
-        STORE(dq, po + x + 1, a.y);
-        STORE(dq, po + x + 2, a.z);
-        STORE(dq, po + x + 3, a.w);
+        STORE4(dq, po + x, a);
       }
     }
   }
