@@ -174,6 +174,20 @@ typedef struct flashcl_context_options {
   /* Read kernels from this directory instead of the embedded copies (for kernel
    * development). NULL uses $FLASHCL_KERNEL_DIR, and if unset the embedded sources. */
   const char *kernel_dir;
+  /* A tuning file (README "Tuning") searched before every other source. NULL
+   * uses $FLASHCL_TUNING; "" names none. */
+  const char *tuning_file;
+  /* The per-user cache directory: tuning files in <cache_dir>/tuning, compiled
+   * programs in <cache_dir>/programs. NULL uses $FLASHCL_CACHE_DIR, else
+   * $XDG_CACHE_HOME/flashcl, else $HOME/.cache/flashcl. */
+  const char *cache_dir;
+  /* 1: never read or write compiled programs in the cache directory. */
+  int no_binary_cache;
+  /* 1: only the tuning_file and the built-in database are searched (no cache
+   * directory, no installed share/flashcl/tuning): reproducible tests. */
+  int no_user_tuning;
+  /* Appended to every kernel's build options (diagnostics, e.g. -cl-nv-verbose). */
+  const char *build_options;
 } flashcl_context_options;
 
 FLASHCL_API void flashcl_context_options_init(flashcl_context_options *options);
@@ -189,6 +203,16 @@ FLASHCL_API flashcl_status flashcl_context_create_from_cl(cl_context context, cl
                                                           const flashcl_context_options *options,
                                                           flashcl_context **out);
 FLASHCL_API void flashcl_context_destroy(flashcl_context *ctx);
+
+/* What the context did with its program cache, since it was created. */
+typedef struct flashcl_context_stats {
+  unsigned programs_built;      /* compiled from source (clBuildProgram on source) */
+  unsigned programs_from_cache; /* loaded from <cache_dir>/programs as binaries */
+  unsigned cache_rejected;      /* cache entries found truncated, corrupt or stale: rebuilt */
+  unsigned cache_written;       /* entries written to the cache */
+} flashcl_context_stats;
+
+FLASHCL_API flashcl_status flashcl_context_stats_get(const flashcl_context *ctx, flashcl_context_stats *stats);
 
 /* The last error message for this context ("" if none); includes kernel build
  * logs. Valid until the next call on the context. */
@@ -255,8 +279,12 @@ typedef struct flashcl_attention_desc {
   flashcl_algo algo;
   flashcl_kernel_family kernel;
 
-  /* Tile sizes for the flash path; 0 picks them from the device's local memory
-   * (see README, "Block sizes"). Non-zero values must be multiples of 8. */
+  /* Tile sizes for the portable flash kernels: query rows (Br) and key rows (Bc)
+   * per tile, forward and backward; 0 takes them from the tuning sources or the
+   * local-memory rule (README "Block sizes"). Non-zero values must be multiples
+   * of 8, and they are shorthand for the fwd/bwd parameters br and bc: a call
+   * that runs another family (the tensor-core kernels) fails with
+   * FLASHCL_ERROR_UNSUPPORTED rather than ignore them (use desc.tuning there). */
   int block_r;
   int block_c;
 
@@ -338,6 +366,13 @@ typedef struct flashcl_attention_desc {
   int kv_page_size;    /* >= 1, must equal k.shape[1] */
   int kv_max_pages;    /* >= 1 */
   cl_mem kv_seqlens;   /* int32 [B] */
+
+  /* Per-call tuning (see "Tuning" below). NULL (the default) takes the
+   * configuration from the context's tuning sources. Otherwise its family must be
+   * one this call can run (its parameters replace the database's for this call);
+   * a family the call cannot run, or parameters that do not fit this device or
+   * problem, fail with FLASHCL_ERROR_UNSUPPORTED and a message. */
+  const struct flashcl_tuning *tuning;
 } flashcl_attention_desc;
 
 /*
@@ -478,7 +513,9 @@ FLASHCL_API flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx,
                                                            const flashcl_tensor *v, const flashcl_tensor *o,
                                                            flashcl_pass pass, flashcl_kernel_family *family);
 
-/* Tile plan the flash path would use for this head_dim and dtype on ctx's device. */
+/* The portable forward's tile plan for this head_dim and dtype on ctx's device
+ * (with the tuning sources applied). It does not say which family a call runs:
+ * flashcl_attention_config() reports what really runs, for every family. */
 typedef struct flashcl_block_plan {
   int block_r;      /* Br: query rows per work-group */
   int block_c;      /* Bc: key/value rows per tile */
@@ -599,6 +636,8 @@ typedef struct flashcl_decode_desc {
   int window_right;
   cl_mem alibi_slopes;
   float softcap;
+  /* Per-call tuning of family FLASHCL_TUNE_DECODE (see "Tuning"), or NULL. */
+  const struct flashcl_tuning *tuning;
 } flashcl_decode_desc;
 
 FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);
@@ -653,6 +692,138 @@ FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const f
                                                    const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
                                                    cl_mem seqlens, cl_uint num_events_in_wait_list,
                                                    const cl_event *event_wait_list, cl_event *out_event);
+
+/* ---------------------------------------------------------------- tuning -- */
+/*
+ * Every kernel family's choices (tiles, work-item mappings, unrolling, stages,
+ * split counts) are parameters of a declared tuning space: each parameter has a
+ * name, a legal range and the candidates flashcl-tune searches. A configuration
+ * is a list of name=value pairs of one family; a parameter it leaves out keeps
+ * the family's default rule. Sources, first match wins (README "Tuning"):
+ *   1. desc.tuning of the call;
+ *   2. options.tuning_file, else $FLASHCL_TUNING;
+ *   3. <cache_dir>/tuning/\*.tune (written by flashcl-tune);
+ *   4. the installed share/flashcl/tuning/\*.tune;
+ *   5. the built-in database (tuning/\*.tune of the source tree, embedded);
+ *   6. the default rules.
+ * A file is used only when its header matches the device (platform vendor,
+ * device name, driver version) and flashcl's version; a header line may say
+ * "*" for any, and a file with no header lines (an override file) matches every
+ * device. A file for another device or version, or one that does not parse, is
+ * skipped whole, with the reason in flashcl_context_tuning_log().
+ */
+typedef enum flashcl_tuning_family {
+  FLASHCL_TUNE_NONE = -1,     /* no flash kernel runs (the naive path) */
+  FLASHCL_TUNE_FWD = 0,       /* "fwd": the portable forward (cl/flash_fwd.cl) */
+  FLASHCL_TUNE_BWD = 1,       /* "bwd": the portable backward (cl/flash_bwd.cl) */
+  FLASHCL_TUNE_MMA_FWD = 2,   /* "mma_fwd": tensor-core forward, mma.sync */
+  FLASHCL_TUNE_MMA_BWD = 3,   /* "mma_bwd": tensor-core backward, mma.sync */
+  FLASHCL_TUNE_WGMMA_FWD = 4, /* "wgmma_fwd": Hopper forward (wgmma) */
+  FLASHCL_TUNE_DECODE = 5,    /* "decode": decode and its split merge */
+  FLASHCL_TUNE_DEVICE = 6,    /* "device": context-wide (local memory, probes) */
+  FLASHCL_TUNE_FAMILY_COUNT = 7
+} flashcl_tuning_family;
+
+typedef enum flashcl_tuning_source {
+  FLASHCL_TUNING_SOURCE_DEFAULT = 0,   /* the default rules */
+  FLASHCL_TUNING_SOURCE_BUILTIN = 1,   /* the built-in database */
+  FLASHCL_TUNING_SOURCE_INSTALLED = 2, /* share/flashcl/tuning */
+  FLASHCL_TUNING_SOURCE_CACHE = 3,     /* <cache_dir>/tuning */
+  FLASHCL_TUNING_SOURCE_FILE = 4,      /* options.tuning_file / $FLASHCL_TUNING */
+  FLASHCL_TUNING_SOURCE_CALL = 5       /* desc.tuning */
+} flashcl_tuning_source;
+
+#define FLASHCL_TUNING_MAX_PARAMS 24
+#define FLASHCL_TUNING_NAME_CAP 24
+
+typedef struct flashcl_tuning_param {
+  char name[FLASHCL_TUNING_NAME_CAP];
+  int value;
+} flashcl_tuning_param;
+
+/* One configuration of one family. Fill it with flashcl_tuning_init and
+ * flashcl_tuning_set (or flashcl_tuning_parse), which check every name and value
+ * against the declared space. */
+typedef struct flashcl_tuning {
+  flashcl_tuning_family family;
+  int count;
+  flashcl_tuning_param params[FLASHCL_TUNING_MAX_PARAMS];
+} flashcl_tuning;
+
+FLASHCL_API void flashcl_tuning_init(flashcl_tuning *tuning, flashcl_tuning_family family);
+/* Sets (or replaces) one parameter. FLASHCL_ERROR_INVALID_ARGUMENT, with the
+ * reason in ctx's message (ctx may be NULL), for a name the family does not
+ * declare or a value outside its legal range; nothing is changed then. */
+FLASHCL_API flashcl_status flashcl_tuning_set(flashcl_context *ctx, flashcl_tuning *tuning, const char *name,
+                                              int value);
+/* The value of a parameter the configuration sets: FLASHCL_ERROR_INVALID_ARGUMENT
+ * when it does not set it. */
+FLASHCL_API flashcl_status flashcl_tuning_get(const flashcl_tuning *tuning, const char *name, int *value);
+/* Parses "family name=value name=value ..." (the text after a tuning file's
+ * ":" with the family in front, e.g. "fwd br=64 bc=32"). All or nothing. */
+FLASHCL_API flashcl_status flashcl_tuning_parse(flashcl_context *ctx, const char *text, flashcl_tuning *tuning);
+/* Writes the configuration as flashcl_tuning_parse reads it. BUFFER_TOO_SMALL
+ * (nothing written) when it does not fit cap bytes with its NUL. */
+FLASHCL_API flashcl_status flashcl_tuning_format(const flashcl_tuning *tuning, char *buf, size_t cap);
+
+/* "fwd", "bwd", ... ("none" for FLASHCL_TUNE_NONE, "?" when unknown). */
+FLASHCL_API const char *flashcl_tuning_family_name(flashcl_tuning_family family);
+FLASHCL_API flashcl_status flashcl_tuning_family_parse(const char *name, flashcl_tuning_family *family);
+FLASHCL_API const char *flashcl_tuning_source_name(flashcl_tuning_source source);
+
+/* One parameter of a family's declared space. Legal values: min <= v <= max
+ * with (v - min) % step == 0. candidates: the values flashcl-tune searches
+ * (a subset of the legal ones). */
+typedef struct flashcl_tuning_param_info {
+  const char *name;
+  const char *description;
+  int min, max, step;
+  const int *candidates;
+  int num_candidates;
+} flashcl_tuning_param_info;
+
+/* Parameter `index` (0, 1, ...) of the family's space; FLASHCL_ERROR_INVALID_ARGUMENT
+ * past the last one (or for an unknown family). */
+FLASHCL_API flashcl_status flashcl_tuning_space(flashcl_tuning_family family, int index,
+                                                flashcl_tuning_param_info *info);
+
+/* What a call will run, and where its configuration came from. */
+typedef struct flashcl_config {
+  flashcl_tuning_family family; /* FLASHCL_TUNE_NONE on the naive path */
+  flashcl_tuning_source source; /* where the parameters that were set came from */
+  char origin[256];             /* the file (or "built-in: <file>", "default rules", "call") */
+  char kernel[64];              /* the main kernel's name */
+  /* Every parameter of the family as it will run (the default rule's values
+   * where no source set them), so two configurations that resolve to the same
+   * kernel compare equal. */
+  flashcl_tuning tuning;
+  int block_r, block_c; /* query rows per work-group, keys per tile (decode: rows, tile) */
+  int threads;          /* work-items per work-group */
+  size_t local_bytes;   /* local memory per work-group */
+} flashcl_config;
+
+/* The configuration flashcl_attention_forward (pass FORWARD) or _backward
+ * (pass BACKWARD) would run with these arguments: the same validation and
+ * family choice as the call (desc.tuning included: a tuning the call would
+ * refuse is refused here). For the backward, dO and the gradients are taken to
+ * be laid out like q/k (their alignment can move the choice to the portable
+ * kernels). The first call may build and run the device probes. */
+FLASHCL_API flashcl_status flashcl_attention_config(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                    const flashcl_tensor *q, const flashcl_tensor *k,
+                                                    const flashcl_tensor *v, const flashcl_tensor *o,
+                                                    flashcl_pass pass, flashcl_config *config);
+/* The same for flashcl_attention_decode (family FLASHCL_TUNE_DECODE; o and
+ * seqlens are not needed). */
+FLASHCL_API flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                 const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                                 const flashcl_tensor *v_cache, flashcl_config *config);
+
+/* What the context's tuning lookup did when it was created: the device key, each
+ * source tried, loaded or skipped and why (one line each). Never NULL. */
+FLASHCL_API const char *flashcl_context_tuning_log(const flashcl_context *ctx);
+/* The header lines a tuning file for this context's device starts with
+ * (flashcl-tune writes them). BUFFER_TOO_SMALL when cap is short. */
+FLASHCL_API flashcl_status flashcl_context_tuning_header(const flashcl_context *ctx, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

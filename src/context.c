@@ -11,7 +11,7 @@ void flashcl_context_options_init(flashcl_context_options *options) {
   memset(options, 0, sizeof *options);
 }
 
-static char *fcl_strdup(const char *s) {
+char *fcl_strdup(const char *s) {
   size_t n = strlen(s) + 1;
   char *d = malloc(n);
   if (d) memcpy(d, s, n);
@@ -150,6 +150,24 @@ static flashcl_status fcl_pick_device(flashcl_context *ctx, const char *spec, cl
   return FLASHCL_SUCCESS;
 }
 
+/* The cache directory: the option, else $FLASHCL_CACHE_DIR, else
+ * $XDG_CACHE_HOME/flashcl, else $HOME/.cache/flashcl (malloc'ed; NULL when none
+ * of them is set or memory is short: the caches are then off). */
+static char *fcl_cache_dir_resolve(const char *opt) {
+  const char *env = getenv("FLASHCL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  const char *base = opt && *opt ? opt : env && *env ? env : NULL;
+  if (base) return fcl_strdup(base);
+  const char *root = xdg && *xdg ? xdg : home && *home ? home : NULL;
+  if (!root) return NULL;
+  const char *tail = xdg && *xdg ? "/flashcl" : "/.cache/flashcl";
+  char *d = malloc(strlen(root) + strlen(tail) + 1);
+  if (d) {
+    strcpy(d, root);
+    strcat(d, tail);
+  }
+  return d;
+}
+
 static flashcl_status fcl_alloc_context(const flashcl_context_options *options, flashcl_context **out) {
   flashcl_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
@@ -162,6 +180,14 @@ static flashcl_status fcl_alloc_context(const flashcl_context_options *options, 
     }
   }
   ctx->verbose = options ? options->verbose : 0;
+  ctx->binary_cache = !(options && options->no_binary_cache);
+  const char *bo = options ? options->build_options : NULL;
+  char *cache = fcl_cache_dir_resolve(options ? options->cache_dir : NULL);
+  ctx->cache_dir = cache;
+  if ((bo && *bo && !(ctx->build_options = fcl_strdup(bo)))) {
+    flashcl_context_destroy(ctx);
+    return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  }
   *out = ctx;
   return FLASHCL_SUCCESS;
 }
@@ -250,6 +276,9 @@ void flashcl_context_destroy(flashcl_context *ctx) {
   if (ctx->context) clReleaseContext(ctx->context);
   if (ctx->device) clReleaseDevice(ctx->device); /* a no-op for root devices */
   free(ctx->kernel_dir);
+  free(ctx->cache_dir);
+  free(ctx->build_options);
+  fcl_tuning_free(ctx);
   free(ctx);
 }
 

@@ -67,8 +67,27 @@ struct flashcl_context {
    * other's work. side_queue_state: 0 not tried, 1 usable, -1 unavailable. */
   cl_command_queue side_queue;
   int side_queue_state;
+  /* Options (src/context.c): the resolved cache directory (NULL when none can
+   * be named), whether compiled programs are cached there (src/binary_cache.c),
+   * and the extra build options (NULL: none). */
+  char *cache_dir;
+  int binary_cache;
+  char *build_options;
+  flashcl_context_stats stats;
+  /* The tuning sources (src/tuning.c), first match wins, and what loading
+   * them did (flashcl_context_tuning_log). */
+  struct fcl_tuning_db *tuning;
+  char *tuning_log;
   char errmsg[FLASHCL_ERRMSG_CAP];
 };
+
+char *fcl_strdup(const char *s);
+
+/* src/tuning.c: loads the context's tuning sources (after the device is known)
+ * and frees them. Loading never fails the context: what it skipped and why
+ * goes to ctx->tuning_log. */
+flashcl_status fcl_tuning_load(flashcl_context *ctx, const flashcl_context_options *options);
+void fcl_tuning_free(flashcl_context *ctx);
 
 /* Records a message for flashcl_context_last_error and returns status, so that
  * error paths read `return fcl_fail(ctx, STATUS, "...", ...)`. ctx may be NULL. */
