@@ -720,7 +720,7 @@ typedef enum flashcl_tuning_family {
   FLASHCL_TUNE_MMA_BWD = 3,   /* "mma_bwd": tensor-core backward, mma.sync */
   FLASHCL_TUNE_WGMMA_FWD = 4, /* "wgmma_fwd": Hopper forward (wgmma) */
   FLASHCL_TUNE_DECODE = 5,    /* "decode": decode and its split merge */
-  FLASHCL_TUNE_DEVICE = 6,    /* "device": context-wide (local memory, probes) */
+  FLASHCL_TUNE_CONTEXT = 6,   /* "context": context-wide (local memory, probes) */
   FLASHCL_TUNE_FAMILY_COUNT = 7
 } flashcl_tuning_family;
 

@@ -1,5 +1,6 @@
 /* Public attention entry points: validate, pick the algorithm, dispatch. */
 #include "internal.h"
+#include "tuning.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -43,18 +44,17 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     return st;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
-  int use_mma = 0;
-  if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, o, FLASHCL_PASS_FORWARD, &use_mma)) != FLASHCL_SUCCESS) return st;
-  if (use_mma)
-    return fcl_mma_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
-  return fcl_flash_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
+  fcl_tuned tu;
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, NULL, FLASHCL_PASS_FORWARD, &tu)) != FLASHCL_SUCCESS) return st;
+  return fcl_forward_dispatch(ctx, &p, desc, &tu, q, k, v, o, lse, num_events_in_wait_list, event_wait_list,
+                              out_event);
 }
 
 /* The shared front of the query functions: a valid pass and problem (o may be
  * NULL), and no paged K/V source in the backward. */
-static flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                        const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                        const flashcl_tensor *o, flashcl_pass pass, fcl_problem *p) {
+flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 flashcl_pass pass, fcl_problem *p) {
   if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, NULL, p);
@@ -82,11 +82,12 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
      * 16-byte aligned, which this query does not see; where the tensor cores may
      * run, the figure is the larger of the two families', the most the call
      * allocates. */
-    int use_mma = 0;
     size_t portable_bytes = 0, mma_bytes = 0;
-    if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, q, pass, &use_mma)) != FLASHCL_SUCCESS ||
-        (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, 0, &portable_bytes)) != FLASHCL_SUCCESS ||
-        (use_mma && (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, 1, &mma_bytes)) != FLASHCL_SUCCESS))
+    fcl_tuned tu;
+    if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS ||
+        (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
+        (tu.family == FLASHCL_TUNE_MMA_BWD &&
+         (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
       return st;
     *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
     return FLASHCL_SUCCESS;
@@ -111,8 +112,9 @@ flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flash
     *family = FLASHCL_KERNEL_AUTO;
     return FLASHCL_SUCCESS;
   }
-  int use_mma = 0;
-  if ((st = fcl_mma_select(ctx, desc, &p, q, k, v, o, pass, &use_mma)) != FLASHCL_SUCCESS) return st;
-  *family = use_mma ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE;
+  fcl_tuned tu;
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, NULL, pass, &tu)) != FLASHCL_SUCCESS) return st;
+  *family = tu.family == FLASHCL_TUNE_FWD || tu.family == FLASHCL_TUNE_BWD ? FLASHCL_KERNEL_PORTABLE
+                                                                          : FLASHCL_KERNEL_NVIDIA_MMA;
   return FLASHCL_SUCCESS;
 }

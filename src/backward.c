@@ -22,15 +22,15 @@
  * mode's arithmetic plus `splits` accumulators rather than a second pass over
  * K and V.
  *
- * Environment (tuning and diagnostics only; README lists them all):
- *   FLASHCL_BWD_PLAN, FLASHCL_BWD_AHEAD, FLASHCL_BWD_WARP, FLASHCL_BWD_SPLIT,
- *   FLASHCL_BWD_UNROLL, FLASHCL_BWD_FTZ, FLASHCL_BWD_RED, FLASHCL_BWD_SHFL,
- *   FLASHCL_BWD_NBAR        see the functions below
- *   FLASHCL_BWD_BUILD_LOG   if set, the portable kernels' build log and resource
- *                           figures go to stderr at each launch set-up (with
- *                           FLASHCL_BUILD_OPTIONS=-cl-nv-verbose on NVIDIA: registers) */
+ * Every choice of the portable kernels is a parameter of the bwd tuning
+ * (src/tuning_space.c), read by the functions below with the default rule each
+ * one states; the choices measured on the H100 are its built-in tuning file
+ * (tuning/nvidia-h100.tune). With verbose >= 2 the portable kernels' build log
+ * and resource figures go to stderr at each launch set-up (with the build
+ * option -cl-nv-verbose on NVIDIA: registers). */
 #include "internal.h"
 #include "kernel_args.h"
+#include "tuning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +45,8 @@ typedef struct fcl_bwd_sizes {
  * atomic dQ runs; *splits: the accumulator copies the dK/dV kernel fills (1 in
  * atomic mode; in deterministic mode on the tensor-core path, the split count
  * of src/backward_mma.c; 0 when the separate dQ kernel runs). */
-static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, int use_mma, int *atomic, int *splits) {
+static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int use_mma, int *atomic,
+                         int *splits) {
   /* deterministic = 0 permits the atomic dQ; where the tensor-core atomic dQ tile
    * does not divide the head dim, the tensor-core deterministic kernels run (faster
    * than the portable ones, and bit-reproducible). */
@@ -54,7 +55,7 @@ static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, int use_mma
             p->head_dim);
     *atomic = 0;
   }
-  *splits = *atomic ? 1 : use_mma ? fcl_mma_bwd_dq_splits(ctx, p) : 0;
+  *splits = *atomic ? 1 : use_mma ? fcl_mma_bwd_dq_splits(ctx, p, tu) : 0;
 }
 
 static flashcl_status fcl_bwd_sizes_of(flashcl_context *ctx, const fcl_problem *p, int splits, fcl_bwd_sizes *z,
@@ -68,11 +69,11 @@ static flashcl_status fcl_bwd_sizes_of(flashcl_context *ctx, const fcl_problem *
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, int use_mma,
-                                            size_t *bytes) {
+flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic,
+                                            const fcl_tuned *tu, size_t *bytes) {
   fcl_bwd_sizes z;
   int splits;
-  fcl_bwd_mode(ctx, p, use_mma, &atomic, &splits);
+  fcl_bwd_mode(ctx, p, tu, tu && tu->family == FLASHCL_TUNE_MMA_BWD, &atomic, &splits);
   return fcl_bwd_sizes_of(ctx, p, splits, &z, bytes);
 }
 
@@ -193,11 +194,10 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
   const size_t M = ctx->info.local_mem_size, budget = fcl_local_budget(ctx);
   const int probed = budget > M;
   const size_t fit = want_bc || !probed ? budget : budget / 2 > M ? budget / 2 : M;
-  for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
-    p->bc = cand[i][0];
-    p->br = cand[i][1];
-    if (want_bc && (p->bc != want_bc || p->br != want_br)) continue;
-    if (!want_bc && (int)i >= n_auto) break;
+  for (size_t i = 0; i < (want_bc ? 1 : (size_t)n_auto); i++) {
+    /* A tuning's pair is taken as given (the list above is what flashcl-tune tried). */
+    p->bc = want_bc ? want_bc : cand[i][0];
+    p->br = want_bc ? want_br : cand[i][1];
     /* The warp-tiled mappings pad the score rows; where that does not fit, this
      * tile pair runs the row-major ones. */
 #define FCL_BWD_FITS(bytes) ((bytes) <= fit || (probed && p->bc == 32 && p->br == 32 && (bytes) <= budget))
@@ -240,62 +240,43 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
   return 0;
 }
 
-/* Whether the plan uses the warp-tiled mappings with padded score rows (see
- * fcl_bwd_warp_width): on NVIDIA GPUs, where they were measured (fourteenth
- * session, H100, f16, N = 4096, 48x32 at 256 work-items): d = 128 77.1 ->
- * 69.2 ms, the dK/dV kernel alone 44.5 -> 36.7; d = 64 59.8 -> 58.3.
- * FLASHCL_BWD_WARP=0|1 overrides (tests, tuning). */
-static int fcl_bwd_warp(const flashcl_context *ctx) {
-  return fcl_env_bool("FLASHCL_BWD_WARP", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx));
-}
-
-/* Whether the kernels split their work-items into halves, one product each
- * (BWD_SPLIT in cl/flash_bwd.cl). Measured on the H100 (fifteenth session,
- * f16, N = 4096, loops rolled), backward ms without -> with: d = 128 atomic
- * 44.7 -> 42.7, deterministic 59.5 -> 57.6; d = 96 atomic 55.0 -> 43.9; d = 256
- * 58.6 -> 51.0; d = 64 46.6 -> 46.2; d = 32 49.1 -> 50.9, hence d >= 64.
- * FLASHCL_BWD_SPLIT=0|1 overrides (tests, tuning). */
-static int fcl_bwd_split(const flashcl_context *ctx, int d) {
-  return fcl_env_bool("FLASHCL_BWD_SPLIT", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64);
+/* The bwd tuning the portable kernels read: tu where the portable family runs,
+ * else (the tensor-core backward keeps the portable preprocess and dQ store)
+ * the default rules. */
+static const fcl_tuned *fcl_bwd_knobs(const fcl_tuned *tu, fcl_tuned *rules) {
+  if (tu && tu->family == FLASHCL_TUNE_BWD) return tu;
+  memset(rules, 0, sizeof *rules);
+  rules->family = FLASHCL_TUNE_BWD;
+  return rules;
 }
 
 /* The plan of bwd_dkdv (for_dq = 0) or of bwd_dq (for_dq = 1): the two kernels
- * are built separately when their plans differ. FLASHCL_BWD_PLAN="bc,br,threads"
- * forces both; "bc,br,threads/bc,br,threads" gives bwd_dq the second. */
-static int fcl_bwd_make_plan(flashcl_context *ctx, int d, int for_dq, int atomic, fcl_bwd_plan *p) {
-  const char *env = getenv("FLASHCL_BWD_PLAN");
-  int want_bc = 0, want_br = 0, want_threads = 0;
-  const int warp = fcl_bwd_warp(ctx), split = fcl_bwd_split(ctx, d);
-  if (env && for_dq && strchr(env, '/')) env = strchr(env, '/') + 1;
-  if (env && sscanf(env, "%d,%d,%d", &want_bc, &want_br, &want_threads) >= 2)
-    return fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, split, p);
-  /* NVIDIA, d = 128: tiles that need more than half the probed budget, one
-   * plan per kernel. Measured on the H100 (fourteenth
-   * session, f16, N = 4096, warp-tiled mappings): dK/dV alone 34.9 ms on 48x32
-   * at 128 work-items (36.8 at 256, 36.5 on 64x48 at 256, 41.0 on 64x32 at
-   * 128); dQ alone 25.1 ms on 32x64 at 128 (26.7 on 64x32 at 128, 28.1 on 48x32
-   * at 128, 33.2 on 48x32 at 256). The thirteenth session's 48x32 at 256 for
-   * both had beaten the rule's 32x32 at 128 (76.9 against 91.1 ms). Where these
-   * do not fit or map, the rule applies.
-   * Fifteenth session (halves and unrolled loops on): with atomic dQ, dK/dV
-   * takes 56 keys, backward 35.8 against 37.0 ms on 48x32 (36.6 against 37.0
-   * in a second call); deterministic, 48x32 stays (51.4 against 52.1 ms). */
-  const int dkdv_bc = atomic ? 56 : 48;
-  if (d == 128 && ctx->info.is_gpu && fcl_local_budget(ctx) > ctx->info.local_mem_size &&
-      fcl_platform_is_nvidia(ctx) &&
-      fcl_bwd_plan_pick(ctx, d, for_dq ? 32 : dkdv_bc, for_dq ? 64 : 32, 128, warp, split, p))
-    return 1;
-  return fcl_bwd_plan_pick(ctx, d, 0, 0, 0, warp, split, p);
-}
-
-/* Whether the portable kernels read the next tile into registers ahead of use
- * (-DBWD_AHEAD). Measured on the H100 (thirteenth session, f16, N = 4096): at
- * d = 256 105.4 -> 90.3 ms; slower at d = 128 (76.9 -> 87.2) and 32 (67.6 ->
- * 81.0), where the registers it takes were worth more; even at 64, 80 and 96.
- * Other devices were not measured and keep it off. FLASHCL_BWD_AHEAD=0|1
- * overrides (tests, tuning). */
-static int fcl_bwd_ahead(const flashcl_context *ctx, int d) {
-  return fcl_env_bool("FLASHCL_BWD_AHEAD", ctx->info.is_gpu && d == 256 && fcl_platform_is_nvidia(ctx));
+ * are built separately when their plans differ. The tuning's bc, br and
+ * threads force bwd_dkdv's tiles, and bwd_dq's unless its dq_bc, dq_br and
+ * dq_threads do. warp (the warp-tiled mappings with padded score rows) and
+ * split (work-group halves, one product each) shape the plan; both default to
+ * 0, and the H100's file turns them on. A forced plan that does not fit or
+ * map returns 0 (the caller refuses a per-call tuning and falls back to the
+ * rule for a database entry). */
+static int fcl_bwd_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, int for_dq, fcl_bwd_plan *p) {
+  const int warp = fcl_tuned_get(tu, FCL_BWD_WARP, 0), split = fcl_tuned_get(tu, FCL_BWD_SPLIT, 0);
+  int want_bc = fcl_tuned_get(tu, FCL_BWD_BC, 0), want_br = fcl_tuned_get(tu, FCL_BWD_BR, 0);
+  int want_threads = fcl_tuned_get(tu, FCL_BWD_THREADS, 0);
+  if (for_dq) {
+    want_bc = fcl_tuned_get(tu, FCL_BWD_DQ_BC, want_bc);
+    want_br = fcl_tuned_get(tu, FCL_BWD_DQ_BR, want_br);
+    want_threads = fcl_tuned_get(tu, FCL_BWD_DQ_THREADS, want_threads);
+  }
+  if (want_bc || want_br) {
+    /* One of the pair given: the other from the rule's choice for this d. */
+    fcl_bwd_plan r;
+    if ((!want_bc || !want_br) && fcl_bwd_plan_pick(ctx, d, 0, 0, 0, warp, split, &r)) {
+      if (!want_bc) want_bc = r.bc;
+      if (!want_br) want_br = r.br;
+    }
+    return want_bc && want_br && fcl_bwd_plan_pick(ctx, d, want_bc, want_br, want_threads, warp, split, p);
+  }
+  return fcl_bwd_plan_pick(ctx, d, 0, 0, want_threads, warp, split, p);
 }
 
 /* The arguments bwd_dkdv and bwd_dq share after their tensors and scratch. */
@@ -315,81 +296,42 @@ static void fcl_bwd_shared_args(fcl_args *a, const fcl_problem *p, int group, cl
   if (p->mask_kind) fcl_arg_mask(a, p); /* only built with -DMASK */
 }
 
-/* Whether the deterministic dQ kernel runs on the side queue, beside dK/dV.
- * On a GPU each kernel ends in a partly filled wave that the other can fill;
- * on a CPU device both would only compete for the same cores.
- * FLASHCL_BWD_CONCURRENT=0|1 overrides (A/B measurements, tests). */
-static int fcl_bwd_concurrent(const flashcl_context *ctx) {
-  return fcl_env_bool("FLASHCL_BWD_CONCURRENT", ctx->info.is_gpu);
-}
+/* The portable kernels' build switches for one plan, from the bwd tuning.
+ * Rules where the tuning says nothing: ahead, unroll and ftz 0; red (four
+ * floats per red.global.add.v4.f32, inline PTX) where the device is sm_90 or
+ * newer and passed the tensor-core probe; shfl (phase A halves as warp halves
+ * swapping S and dP through shfl.sync) and nbar (the dP half makes dS behind a
+ * named barrier) 0, and never where the PTX, the plan or the problem does not
+ * allow them: shfl needs the halves on whole warps and an even A_TN; nbar the
+ * work-group halves on whole warps, no warp halves, no softcap (whose dS
+ * factor only the S half knows) and no dropout (measured slower with it:
+ * 45.4 -> 49.3 ms at d = 128 on the H100). */
+typedef struct fcl_bwd_switches {
+  int ahead, red, unroll, ftz, shfl, nbar;
+} fcl_bwd_switches;
 
-/* Whether the portable atomic dQ adds four floats per red.global.add.v4.f32
- * (inline PTX, sm_90) instead of a compare-and-swap loop per float.
- * FLASHCL_BWD_RED=0 keeps the loop (comparisons). */
-static int fcl_bwd_nv_red(flashcl_context *ctx) {
-  const char *env = getenv("FLASHCL_BWD_RED");
-  if (env && env[0] == '0' && !env[1]) return 0;
-  return fcl_mma_available(ctx) && ctx->mma_cc >= 90;
-}
-
-/* Whether the portable kernels' inner loops are unrolled fully (-DBWD_UNROLL).
- * Rolled, each step of the score products waits for its own local-memory
- * reads. H100 (fifteenth session, f16, N = 4096, halves on), backward ms rolled
- * -> unrolled: d = 128 atomic 42.5 -> 37.4, deterministic 57.0 -> 55.0; with
- * the tile reads issued before the barrier (cl/flash_bwd.cl), deterministic
- * d = 64 59.1 -> 53.7, d = 96 66.6 -> 64.3, d = 256 76.3 -> 74.7, but d = 32
- * 60.5 -> 62.4, hence d >= 64. On a CPU (PoCL) unrolling only makes the build slower.
- * FLASHCL_BWD_UNROLL=0|1 overrides (tests, tuning). */
-static int fcl_bwd_unroll(const flashcl_context *ctx, int d) {
-  return fcl_env_bool("FLASHCL_BWD_UNROLL", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && d >= 64);
-}
-
-/* Whether bwd_dkdv's phase A halves are the halves of each warp, swapping S
- * and dP through NVIDIA's shfl.sync (BWD_SHFL in cl/flash_bwd.cl; inline PTX,
- * so only where the tensor-core probe found an NVIDIA device that compiles it,
- * and only with the halves on whole warps and an even A_TN). Measured on the
- * H100 (sixteenth session, f16, N = 4096, atomic dQ), backward ms without ->
- * with: d = 64 39.7 -> 37.9, d = 96 41.4 -> 40.0; d = 128 35.9 -> 36.6 and
- * 37.1 -> 37.1, d = 256 49.1 -> 49.2, deterministic d = 64 52.9 -> 52.7:
- * hence d < 128. FLASHCL_BWD_SHFL=0|1 overrides the head-dim rule (tests,
- * tuning); 1 cannot turn it on where the PTX is not available. */
-static int fcl_bwd_shfl(flashcl_context *ctx, const fcl_bwd_plan *bp, int d) {
-  return bp->split && bp->threads % 32 == 0 && bp->a_tn % 2 == 0 && fcl_env_bool("FLASHCL_BWD_SHFL", d < 128) &&
-         fcl_mma_available(ctx);
-}
-
-/* Whether bwd_dkdv's S half writes P alone and the dP half turns it into dS,
- * waiting on a named barrier of its own half (BWD_NBAR in cl/flash_bwd.cl;
- * inline PTX, so only where the tensor-core probe found an NVIDIA device that
- * compiles it, with the work-group halves on whole warps, without the warp
- * halves and without softcap, whose dS factor only the S half knows).
- * Measured on the H100 (seventeenth session, f16, N = 4096), backward ms
- * without -> with: d = 128 atomic 35.66 / 35.59 -> 35.10 / 35.40, causal
- * 21.28 -> 21.05, deterministic 50.02 -> 49.49, but with dropout 0.1 45.37 ->
- * 49.35; in a scratch form d = 96 (warp halves off) 41.04 -> 41.44 and d = 256
- * 49.18 -> 49.79: hence d = 128 without dropout. FLASHCL_BWD_NBAR=0|1
- * overrides that rule (tests, tuning); 1 cannot turn it on where the PTX or
- * the plan does not allow it. */
-static int fcl_bwd_nbar(flashcl_context *ctx, const fcl_problem *p, const fcl_bwd_plan *bp, int shfl) {
-  return bp->split && !shfl && (bp->threads / 2) % 32 == 0 && !(p->softcap > 0.0f) &&
-         fcl_env_bool("FLASHCL_BWD_NBAR", p->head_dim == 128 && !p->dropout) && fcl_mma_available(ctx);
-}
-
-/* Whether the portable kernels build with -cl-denorms-are-zero: on NVIDIA it
- * lets exp2 compile to the bare MUFU.EX2, as in the forward (src/plan.c); P and
- * dS lose only values below 2^-126, and the vector atomic dQ adds flush
- * denormals anyway. FLASHCL_BWD_FTZ=0|1 overrides (tuning). */
-static int fcl_bwd_ftz(const flashcl_context *ctx) {
-  return fcl_env_bool("FLASHCL_BWD_FTZ", ctx->info.is_gpu && fcl_platform_is_nvidia(ctx));
+static fcl_bwd_switches fcl_bwd_switches_of(flashcl_context *ctx, const fcl_tuned *tu, const fcl_problem *p,
+                                            const fcl_bwd_plan *bp, int acc_dq) {
+  fcl_bwd_switches w;
+  const int ptx = bp->split && fcl_tuned_get(tu, FCL_BWD_SHFL, 0) + fcl_tuned_get(tu, FCL_BWD_NBAR, 0) > 0 &&
+                  fcl_mma_available(ctx);
+  w.ahead = fcl_tuned_get(tu, FCL_BWD_AHEAD, 0);
+  w.unroll = fcl_tuned_get(tu, FCL_BWD_UNROLL, 0);
+  w.ftz = fcl_tuned_get(tu, FCL_BWD_FTZ, 0);
+  w.red = acc_dq && fcl_tuned_get(tu, FCL_BWD_RED, 1) && fcl_mma_available(ctx) && ctx->mma_cc >= 90;
+  w.shfl = ptx && fcl_tuned_get(tu, FCL_BWD_SHFL, 0) && bp->threads % 32 == 0 && bp->a_tn % 2 == 0;
+  w.nbar = ptx && !w.shfl && fcl_tuned_get(tu, FCL_BWD_NBAR, 0) && (bp->threads / 2) % 32 == 0 &&
+           !(p->softcap > 0.0f) && !p->dropout;
+  return w;
 }
 
 /* The build options of the portable backward kernels for one plan. */
-static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fcl_bwd_plan *bp, int acc_dq,
-                            int dq_vec, int vec_aligned, char *opts, size_t size) {
+static void fcl_bwd_options(flashcl_context *ctx, const fcl_tuned *tu, const fcl_problem *p, const fcl_bwd_plan *bp,
+                            int acc_dq, int dq_vec, int vec_aligned, char *opts, size_t size) {
   char variants[64];
   fcl_variant_options(p, variants, sizeof variants);
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-  const int shfl = fcl_bwd_shfl(ctx, bp, p->head_dim);
+  const char *extra = ctx->build_options;
+  const fcl_bwd_switches w = fcl_bwd_switches_of(ctx, tu, p, bp, acc_dq);
   snprintf(opts, size,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
@@ -397,37 +339,98 @@ static void fcl_bwd_options(flashcl_context *ctx, const fcl_problem *p, const fc
            "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_SHFL=%d -DBWD_NBAR=%d -DBWD_UNROLL=%d%s%s%s%s",
            (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
            bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
-           p->dropout, fcl_bwd_ahead(ctx, p->head_dim), vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk,
-           bp->qb_wx, acc_dq && fcl_bwd_nv_red(ctx), bp->split, shfl, fcl_bwd_nbar(ctx, p, bp, shfl),
-           fcl_bwd_unroll(ctx, p->head_dim), fcl_bwd_ftz(ctx) ? " -cl-denorms-are-zero" : "", variants,
-           extra ? " " : "", extra ? extra : "");
+           p->dropout, w.ahead, vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk, bp->qb_wx, w.red, bp->split,
+           w.shfl, w.nbar, w.unroll, w.ftz ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "",
+           extra ? extra : "");
+}
+
+/* Everything a backward call runs, decided before anything is enqueued. */
+typedef struct fcl_bwd_run {
+  int use_mma, atomic, splits, acc_dq, concurrent;
+  fcl_bwd_plan bp, bq; /* bwd_dkdv's and bwd_dq's (bq only where bwd_dq runs) */
+  const fcl_tuned *knobs;
+  fcl_tuned rules;
+} fcl_bwd_run;
+
+/* Records the portable family's values as they will run. The knobs of the
+ * kernel a dQ mode does not run (dq_*, concurrent with the atomic dQ; red with
+ * the separate dQ kernel) are recorded as configured. */
+static void fcl_bwd_record(flashcl_context *ctx, const fcl_problem *p, fcl_bwd_run *r, fcl_tuned *tu) {
+  const fcl_bwd_switches w = fcl_bwd_switches_of(ctx, r->knobs, p, &r->bp, r->acc_dq);
+  const int a = r->acc_dq;
+  const int ran[FCL_BWD_COUNT] = {r->bp.bc, r->bp.br, r->bp.threads,
+                                  a ? fcl_tuned_get(tu, FCL_BWD_DQ_BC, r->bp.bc) : r->bq.bc,
+                                  a ? fcl_tuned_get(tu, FCL_BWD_DQ_BR, r->bp.br) : r->bq.br,
+                                  a ? fcl_tuned_get(tu, FCL_BWD_DQ_THREADS, r->bp.threads) : r->bq.threads,
+                                  r->bp.pad > 0, r->bp.split, w.unroll, w.ftz, w.ahead,
+                                  a ? w.red : fcl_tuned_get(tu, FCL_BWD_RED, w.red), w.shfl, w.nbar, r->concurrent};
+  for (int i = 0; i < FCL_BWD_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
+}
+
+static flashcl_status fcl_bwd_prepare(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                      fcl_tuned *tu, fcl_bwd_run *r) {
+  r->use_mma = tu->family == FLASHCL_TUNE_MMA_BWD;
+  r->atomic = !desc->deterministic;
+  fcl_bwd_mode(ctx, p, tu, r->use_mma, &r->atomic, &r->splits);
+  r->acc_dq = r->splits > 0;
+  r->knobs = fcl_bwd_knobs(tu, &r->rules);
+  memset(&r->bq, 0, sizeof r->bq);
+  int ok = fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 0, &r->bp) &&
+           (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 1, &r->bq));
+  if (!ok && r->knobs == tu && tu->source != FLASHCL_TUNING_SOURCE_DEFAULT) {
+    if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "bwd tuning refused: its tiles for head_dim %d do not fit %zu "
+                      "bytes of local memory or map to the work-items", p->head_dim, fcl_local_budget(ctx));
+    fcl_log(ctx, "bwd tuning from %s ignored (its tiles do not fit or map): the default rule runs", tu->origin);
+    memset(tu->set, 0, sizeof tu->set);
+    tu->source = FLASHCL_TUNING_SOURCE_DEFAULT;
+    ok = fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 0, &r->bp) &&
+         (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 1, &r->bq));
+  }
+  if (!ok)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
+                    p->head_dim, fcl_local_budget(ctx));
+  /* On a GPU each kernel ends in a partly filled wave that the other can fill;
+   * on a CPU device both would only compete for the same cores. */
+  r->concurrent = fcl_tuned_get(r->knobs, FCL_BWD_CONCURRENT, ctx->info.is_gpu);
+  if (r->use_mma) {
+    flashcl_config unused;
+    return fcl_mma_bwd_report(ctx, p, r->atomic, r->splits, tu, &unused);
+  }
+  fcl_bwd_record(ctx, p, r, tu);
+  return fcl_tuned_honoured(ctx, tu);
+}
+
+flashcl_status fcl_bwd_config(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                              fcl_tuned *tu, flashcl_config *c) {
+  fcl_bwd_run r;
+  flashcl_status st = fcl_bwd_prepare(ctx, p, desc, tu, &r);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (r.use_mma) return fcl_mma_bwd_report(ctx, p, r.atomic, r.splits, tu, c);
+  fcl_tuned_report(tu, c);
+  snprintf(c->kernel, sizeof c->kernel, "bwd_dkdv");
+  c->block_r = r.bp.br;
+  c->block_c = r.bp.bc;
+  c->threads = r.bp.threads;
+  c->local_bytes = fcl_bwd_local_bytes(r.bp.br, r.bp.bc, p->head_dim, r.bp.pad);
+  return FLASHCL_SUCCESS;
 }
 
 static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p,
-                                         const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                         const flashcl_attention_desc *desc, fcl_tuned *tu, const flashcl_tensor *q,
                                          const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
                                          const flashcl_tensor *lse, const flashcl_tensor *d_o,
                                          const flashcl_tensor *dq, const flashcl_tensor *dk,
                                          const flashcl_tensor *dv, cl_uint nwait, const cl_event *wait,
                                          cl_event *out_event) {
-  int atomic = !desc->deterministic;
-  int use_mma = 0;
-  flashcl_status st = fcl_mma_select(ctx, desc, p, q, k, v, o, FLASHCL_PASS_BACKWARD, &use_mma);
+  fcl_bwd_run r;
+  flashcl_status st = fcl_bwd_prepare(ctx, p, desc, tu, &r);
   if (st != FLASHCL_SUCCESS) return st;
-  if (use_mma && !(fcl_mma_rows_aligned(d_o) && fcl_mma_rows_aligned(dq) && fcl_mma_rows_aligned(dk) &&
-                   fcl_mma_rows_aligned(dv))) {
-    fcl_log(ctx, "tensor-core backward needs 16-byte aligned d_o/dq/dk/dv rows: running the portable kernels");
-    use_mma = 0;
-  }
-  int splits;
-  fcl_bwd_mode(ctx, p, use_mma, &atomic, &splits);
+  (void)o;
+  const int use_mma = r.use_mma, atomic = r.atomic, splits = r.splits;
   /* Whether dQ comes out of the fp32 accumulator(s) that bwd_dq_store converts. */
-  const int acc_dq = splits > 0;
-  fcl_bwd_plan bp = {0}, bq = {0}; /* bwd_dkdv's and bwd_dq's (only planned where bwd_dq runs) */
-  if (!fcl_bwd_make_plan(ctx, p->head_dim, 0, acc_dq, &bp) ||
-      !(acc_dq || use_mma ? (bq = bp, 1) : fcl_bwd_make_plan(ctx, p->head_dim, 1, 0, &bq)))
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
-                    p->head_dim, fcl_local_budget(ctx));
+  const int acc_dq = r.acc_dq;
+  const fcl_bwd_plan bp = r.bp, bq = r.bq;
   fcl_bwd_sizes z;
   size_t bytes;
   st = fcl_bwd_sizes_of(ctx, p, splits, &z, &bytes);
@@ -438,8 +441,8 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
 
   char opts[1024], opts_dq[1024];
   const int vec = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(d_o);
-  fcl_bwd_options(ctx, p, &bp, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts, sizeof opts);
-  fcl_bwd_options(ctx, p, &bq, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts_dq, sizeof opts_dq);
+  fcl_bwd_options(ctx, r.knobs, p, &bp, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts, sizeof opts);
+  fcl_bwd_options(ctx, r.knobs, p, &bq, acc_dq, acc_dq && fcl_mma_rows_aligned(dq), vec, opts_dq, sizeof opts_dq);
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
                                       "philox.cl+mask.cl+flash_bwd.cl"};
@@ -451,14 +454,14 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
       (acc_dq && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_store", &k_dq))))
     return st;
   if (use_mma) {
-    if ((st = fcl_mma_backward_kernels(ctx, p, atomic, atomic ? 0 : splits, &mma))) return st;
+    if ((st = fcl_mma_backward_kernels(ctx, p, tu, atomic, atomic ? 0 : splits, &mma))) return st;
     k_dkdv = mma.dkdv;
     if (!acc_dq) k_dq = mma.dq;
   } else if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
              (!acc_dq && (st = fcl_get_kernel(ctx, src, opts_dq, "bwd_dq", &k_dq)))) {
     return st;
   }
-  if (!use_mma && getenv("FLASHCL_BWD_BUILD_LOG")) {
+  if (!use_mma && ctx->verbose >= 2) {
     fcl_print_build_log(ctx, k_dkdv, "bwd_dkdv", opts);
     if (!acc_dq) fcl_print_build_log(ctx, k_dq, "bwd_dq", opts_dq);
   }
@@ -534,7 +537,7 @@ static flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem
   size_t kblocks = ((size_t)p->seqlen_k + bp.bc - 1) / bp.bc;
   size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   cl_event dkdv_done = NULL;
-  cl_command_queue side = !acc_dq && fcl_bwd_concurrent(ctx) ? fcl_side_queue(ctx) : NULL;
+  cl_command_queue side = !acc_dq && r.concurrent ? fcl_side_queue(ctx) : NULL;
   err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
                                use_mma ? mma.local : local, 1, &pre_done,
                                acc_dq || side ? &dkdv_done : NULL);
@@ -658,6 +661,9 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
                               event_wait_list, out_event);
-  return fcl_flash_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
+  fcl_tuned tu;
+  const flashcl_tensor *grads[4] = {d_o, dq, dk, dv};
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, grads, FLASHCL_PASS_BACKWARD, &tu)) != FLASHCL_SUCCESS) return st;
+  return fcl_flash_backward(ctx, &p, desc, &tu, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
                             event_wait_list, out_event);
 }

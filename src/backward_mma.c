@@ -20,12 +20,14 @@
  * tiles) and 4 warps x 32 queries with 32-key tiles at d = 64 (64-key tiles
  * were 1-3% slower there).
  *
- *   FLASHCL_MMA_BWD_CONFIG  "nwarps,block_r,m_tiles,block_c[,qbuf[,vec_red[,v_in_smem]]]"
- *                           overrides the tiles (tuning only; the local memory is
- *                           not checked against the device's)
+ * The mma_bwd tuning (src/tuning_space.c) overrides any of these fields and
+ * dq_splits; a tuned configuration the kernel's rules or the local memory
+ * refuse is refused for a per-call tuning and replaced by the rule (logged)
+ * for a database entry.
  */
 #include "internal.h"
 #include "kernel_args.h"
+#include "tuning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +60,8 @@ static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
  * entry divides the head dim (d = 48, 80, 112) the deterministic kernels run
  * instead (src/backward.c): a 2-warp atomic tile measured 1.75x slower than them
  * at d = 80. vec_red needs sm_90. */
-static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, fcl_mma_bwd_config *out) {
+static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, const fcl_tuned *tu,
+                            fcl_mma_bwd_config *out) {
   static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}, {0}};
   static const fcl_mma_bwd_config d128_atomic[] = {
       {8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}, {4, 64, 1, 32, 1, 1, 0}, {0}};
@@ -77,22 +80,44 @@ static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, in
   if (!found) return 0;
   fcl_mma_bwd_config c = *out;
   if (ctx->mma_cc < 90) c.vec_red = 0;
-  const char *env = getenv("FLASHCL_MMA_BWD_CONFIG");
-  fcl_mma_bwd_config e = {0, 0, 0, 0, 1, 0, 0};
-  if (env &&
-      sscanf(env, "%d,%d,%d,%d,%d,%d,%d", &e.nwarps, &e.block_r, &e.m_tiles, &e.block_c, &e.qbuf, &e.vec_red,
-             &e.v_in_smem) >= 4 &&
-      e.nwarps > 0 && e.nwarps <= 16 && e.block_r >= 32 && e.block_r % 32 == 0 && e.m_tiles > 0 && e.m_tiles <= 4 &&
-      e.block_c >= 16 && e.block_c % 16 == 0 && (e.qbuf == 1 || e.qbuf == 2) &&
-      fcl_mma_bwd_valid(&e, p->head_dim, atomic))
+  if (tu) {
+    fcl_mma_bwd_config e = c;
+    e.nwarps = fcl_tuned_get(tu, FCL_MMAB_NWARPS, c.nwarps);
+    e.block_r = fcl_tuned_get(tu, FCL_MMAB_BLOCK_R, c.block_r);
+    e.m_tiles = fcl_tuned_get(tu, FCL_MMAB_M_TILES, c.m_tiles);
+    e.block_c = fcl_tuned_get(tu, FCL_MMAB_BLOCK_C, c.block_c);
+    e.qbuf = fcl_tuned_get(tu, FCL_MMAB_QBUF, c.qbuf);
+    e.vec_red = fcl_tuned_get(tu, FCL_MMAB_VEC_RED, c.vec_red) && ctx->mma_cc >= 90;
+    e.v_in_smem = fcl_tuned_get(tu, FCL_MMAB_V_IN_SMEM, c.v_in_smem);
+    if (!fcl_mma_bwd_valid(&e, p->head_dim, atomic) ||
+        fcl_mma_bwd_local(&e, p->head_dim, atomic) > ctx->mma_local_bytes)
+      return -1;
     c = e;
+  }
   *out = c;
   return 1;
 }
 
 int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
   fcl_mma_bwd_config c;
-  return p->head_dim % 16 == 0 && p->head_dim <= 128 && fcl_mma_bwd_pick(ctx, p, atomic, &c);
+  return p->head_dim % 16 == 0 && p->head_dim <= 128 && fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) > 0;
+}
+
+/* The configuration a call runs: the tuned one where the kernel and the local
+ * memory take it, else the rule's (a database entry; logged), else (a
+ * per-call tuning) FLASHCL_ERROR_UNSUPPORTED. */
+static flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p, int atomic,
+                                            const fcl_tuned *tu, fcl_mma_bwd_config *c) {
+  const int got = fcl_mma_bwd_pick(ctx, p, atomic, tu, c);
+  if (got > 0) return FLASHCL_SUCCESS;
+  if (got < 0 && tu->source == FLASHCL_TUNING_SOURCE_CALL)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "mma_bwd tuning refused: the kernel's dQ tile rule or %zu bytes "
+                    "of local memory do not take it at head_dim %d", ctx->mma_local_bytes, p->head_dim);
+  if (got < 0) {
+    fcl_log(ctx, "mma_bwd tuning from %s ignored (the kernel does not take it): the default rule runs", tu->origin);
+    if (fcl_mma_bwd_pick(ctx, p, atomic, NULL, c) > 0) return FLASHCL_SUCCESS;
+  }
+  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
 }
 
 /* The split count of the deterministic dQ that bwd_dkdv_mma accumulates itself
@@ -118,9 +143,9 @@ int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int at
  * from N = 8K, and within -3..+6% without one. So they run by default only at
  * head dims up to 64, under a causal mask or a window, with at least 64 key
  * blocks. FLASHCL_BWD_DQ_SPLITS=n forces n splits (0: the separate kernel). */
-int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
+int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
-  if (!fcl_mma_bwd_covered(ctx, p, 1) || !fcl_mma_bwd_pick(ctx, p, 1, &c)) return 0;
+  if (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0) return 0;
   const long kblocks = ((long)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
   const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
   /* Bytes of D and of one accumulator (never more than the scratch the atomic
@@ -129,12 +154,10 @@ int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
   const double rows = (double)p->batch * p->heads_q * p->seqlen_q, one = rows * p->head_dim * sizeof(float);
   const double cap_all = (double)ctx->info.global_mem_size / 8,
                cap_one = (double)ctx->info.max_mem_alloc_size - rows * sizeof(float);
-  const char *env = getenv("FLASHCL_BWD_DQ_SPLITS");
-  if (env && *env) {
-    char *end;
-    const long n = strtol(env, &end, 10);
-    if (!*end && n >= 0 && n <= 256 && n * one <= cap_one) return (int)n;
-    fcl_log(ctx, "FLASHCL_BWD_DQ_SPLITS=%s ignored (an integer 0-256 whose accumulators fit one allocation)", env);
+  if (tu && fcl_tuned_has(tu, FCL_MMAB_DQ_SPLITS)) {
+    const long n = tu->val[FCL_MMAB_DQ_SPLITS];
+    if (n * one <= cap_one) return (int)n;
+    fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: its accumulators do not fit one allocation", n);
   }
   if (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window)) return 0;
   int best = 0;
@@ -152,12 +175,30 @@ int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p) {
   return 4 * wgs >= 3 * slots ? best : 0;
 }
 
-flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
-                                        fcl_mma_bwd_launch *L) {
+flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, fcl_tuned *tu,
+                                  flashcl_config *cfg) {
   fcl_mma_bwd_config c;
-  if (!fcl_mma_bwd_pick(ctx, p, atomic || splits > 0, &c))
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
+                                   atomic ? 0 : splits};
+  for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
+  if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
+  fcl_tuned_report(tu, cfg);
+  snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_mma");
+  cfg->block_r = c.block_r;
+  cfg->block_c = c.nwarps * 16;
+  cfg->threads = c.nwarps * 32;
+  cfg->local_bytes = fcl_mma_bwd_local(&c, p->head_dim, atomic || splits > 0);
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic,
+                                        int splits, fcl_mma_bwd_launch *L) {
+  fcl_mma_bwd_config c;
+  flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  const char *extra = ctx->build_options;
   char opts[640], variants[64];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
@@ -170,12 +211,11 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
            extra ? " " : "", extra ? extra : "");
   char src[96];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
-  flashcl_status st;
   L->dq = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||
       (!splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))))
     return st;
-  if (getenv("FLASHCL_MMA_BUILD_LOG")) {
+  if (ctx->verbose >= 2) {
     fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
     if (L->dq) fcl_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
   }

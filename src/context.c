@@ -1,5 +1,6 @@
 /* Context lifetime and device selection. */
 #include "internal.h"
+#include "tuning.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -51,19 +52,6 @@ static flashcl_status fcl_query_info(flashcl_context *ctx) {
   in->is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
   in->local_mem_size = (size_t)local;
   ctx->local_mem_actual = (size_t)local;
-  {
-    /* Testing aid: plan as if the device reported less (see README). */
-    const char *env = getenv("FLASHCL_LOCAL_MEM_SIZE");
-    if (env && *env) {
-      char *end = NULL;
-      const unsigned long long n = strtoull(env, &end, 10);
-      if (*end == '\0' && n >= 1024 && n < (unsigned long long)local)
-        in->local_mem_size = (size_t)n;
-      else
-        fcl_log(ctx, "FLASHCL_LOCAL_MEM_SIZE=%s ignored: it must be a byte count from 1024 to below the reported %llu",
-                env, (unsigned long long)local);
-    }
-  }
   size_t ext_size = 0;
   if (clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size) == CL_SUCCESS && ext_size) {
     char *ext = malloc(ext_size + 1);
@@ -74,6 +62,25 @@ static flashcl_status fcl_query_info(flashcl_context *ctx) {
     free(ext);
   }
   return FLASHCL_SUCCESS;
+}
+
+/* Loads the tuning sources and applies the context-wide "context" family:
+ * local_mem plans as if the device reported less local memory (a testing aid
+ * that lets PoCL run the plans of small-memory GPUs), local_probe overrides
+ * the probe rule of src/probe.c. */
+static void fcl_apply_device_tuning(flashcl_context *ctx, const flashcl_context_options *options) {
+  fcl_tuning_load(ctx, options);
+  const fcl_tune_key key = {0, FLASHCL_F32, 0, -1, 0};
+  fcl_tuned t;
+  fcl_tuning_resolve(ctx, FLASHCL_TUNE_CONTEXT, NULL, &key, &t);
+  ctx->local_probe = fcl_tuned_get(&t, FCL_DEV_LOCAL_PROBE, -1);
+  if (fcl_tuned_has(&t, FCL_DEV_LOCAL_MEM)) {
+    const size_t n = (size_t)t.val[FCL_DEV_LOCAL_MEM];
+    if (n < ctx->local_mem_actual) ctx->info.local_mem_size = n;
+    else
+      fcl_log(ctx, "context.local_mem = %zu ignored (%s): it must be below the reported %zu", n, t.origin,
+              ctx->local_mem_actual);
+  }
 }
 
 /* Finds the device named by spec ("p:d" or a name substring), or the default:
@@ -230,6 +237,7 @@ flashcl_status flashcl_context_create(const flashcl_context_options *options, fl
     flashcl_context_destroy(ctx);
     return st;
   }
+  fcl_apply_device_tuning(ctx, options);
   fcl_log(ctx, "device: %s / %s (local memory %zu bytes)", ctx->info.platform_name, ctx->info.device_name,
           ctx->info.local_mem_size);
   *out = ctx;
@@ -262,6 +270,7 @@ flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id d
     flashcl_context_destroy(ctx);
     return st;
   }
+  fcl_apply_device_tuning(ctx, options);
   *out = ctx;
   return FLASHCL_SUCCESS;
 }
@@ -317,10 +326,4 @@ flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes)
   if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
   *bytes = fcl_local_budget(ctx);
   return FLASHCL_SUCCESS;
-}
-
-int fcl_env_bool(const char *name, int dflt) {
-  const char *env = getenv(name);
-  if (env && (env[0] == '0' || env[0] == '1') && !env[1]) return env[0] == '1';
-  return dflt;
 }

@@ -30,13 +30,14 @@
  *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3)
  *     with at least 64 keys each (not 256);
  *     scale > 0 only (it takes the row max of raw scores); its partials go to
- *     the same decode_merge. FLASHCL_DECODE_MMA="min_rows[,wg_per_cu[,wk[,stages]]]"
- *     overrides (min_rows 0: never); FLASHCL_DECODE_CONFIG's stages = 0 turns
- *     both NVIDIA kernels off;
- *   FLASHCL_DECODE_CONFIG="kpt,prefetch,wg_per_cu[,threads[,max_rows[,stages]]]"
- *     overrides the defaults (tuning; threads: work-items per work-group before
- *     the fit to the head dim; max_rows: the cap on rows per work-group, 8;
- *     stages: 0 for the register path, >= 2 for cp.async where it applies).
+ *     the same decode_merge;
+ *   the decode tuning (src/tuning_space.c) overrides every number above:
+ *     kpt, prefetch, wg_per_cu, threads (work-items per work-group before the
+ *     fit to the head dim), max_rows, stages (0: the register path, which also
+ *     keeps the tensor-core kernel out), min_keys, and mma_min_rows (0: never),
+ *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
+ *     kernel. A per-call tuning whose values do not run as given (they do not
+ *     fit, or the kernel they belong to does not run) is refused.
  * Score variants (desc.window_left/right, alibi_slopes, softcap): decode.cl
  *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
  *   a left window caps the keys the split count is planned for at
@@ -50,6 +51,7 @@
  */
 #include "internal.h"
 #include "kernel_args.h"
+#include "tuning.h"
 
 #include <limits.h>
 #include <math.h>
@@ -167,6 +169,8 @@ typedef struct fcl_decode_plan {
   /* 1: cl/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
   int mma, mma_wr, mma_wk, mma_stages;
   int window; /* 1: window_left or window_right >= 0 */
+  int wg_per_cu; /* work-groups per compute unit the split count aims at */
+  fcl_tuned tu;  /* the decode tuning, with the values that run */
   size_t local_bytes;
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
@@ -194,6 +198,157 @@ static int fcl_dec_vec_aligned(const flashcl_tensor *t) {
   for (int i = 0; i < 3; i++)
     if (((size_t)t->stride[i] * es) % 16) return 0;
   return 1;
+}
+
+/* The keys the splits are planned for: desc.max_seqlen_k, else the capacity;
+ * with a left window at most window_left + q_len plus the tile the kernel
+ * rounds the start down to. */
+static long fcl_decode_lmax(const flashcl_decode_desc *desc, const fcl_decode_plan *p, int tile) {
+  long lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k : p->kv.capacity;
+  if (desc->window_left >= 0 && (long)desc->window_left + p->q_len + tile < lmax)
+    lmax = (long)desc->window_left + p->q_len + tile;
+  return lmax;
+}
+
+/* Whether the NVIDIA kernels may run: desc.kernel, else $FLASHCL_KERNEL under
+ * AUTO; NVIDIA_MMA on a device without them fails. */
+static flashcl_status fcl_decode_nvidia(flashcl_context *ctx, const flashcl_decode_desc *desc, int *nvidia) {
+  flashcl_kernel_family fam = desc->kernel;
+  if (fam == FLASHCL_KERNEL_AUTO) {
+    const char *kenv = getenv("FLASHCL_KERNEL");
+    if (kenv && !strcmp(kenv, "portable")) fam = FLASHCL_KERNEL_PORTABLE;
+    if (kenv && (!strcmp(kenv, "nvidia_mma") || !strcmp(kenv, "mma"))) fam = FLASHCL_KERNEL_NVIDIA_MMA;
+  }
+  *nvidia = 0;
+  if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
+  if (!fcl_mma_available(ctx)) {
+    if (fam == FLASHCL_KERNEL_NVIDIA_MMA)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA cp.async decode path is not available: %s",
+                      ctx->mma_reason);
+    return FLASHCL_SUCCESS;
+  }
+  *nvidia = 1;
+  return FLASHCL_SUCCESS;
+}
+
+/* The tensor-core kernel where it applies (rows of a KV head's group, NVIDIA,
+ * cp.async staging chosen, no score variants, d 64 or 128, aligned q rows),
+ * with the decode tuning's mma_* values over the rule of the top of this file. */
+static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor *q, int variants, size_t cap,
+                                fcl_decode_plan *p) {
+  const int d = p->head_dim, need_rows = p->group * p->q_len;
+  const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
+  const fcl_tuned *tu = &p->tu;
+  /* Three m-tiles: two warps per m-tile (the 32-key tile's halves), 2 per CU. */
+  const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
+  const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
+  int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
+  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2) > cap) st2--;
+  /* Only q and the caches decide (not o, which the workspace query does not
+   * see), so that the query and the call plan the same split count. The
+   * kernel keeps raw scores and their row max, which needs a positive scale. */
+  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
+      fcl_mma_rows_aligned(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2) <= cap &&
+      (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
+    p->mma = 1;
+    p->mma_wr = wr;
+    p->mma_wk = wk;
+    p->mma_stages = st2;
+    p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
+    p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_MMA_WG_PER_CU, wr == 3 ? 2 : 4);
+  }
+}
+
+/* Rows per work-group, keys per work-item, work-group size, stages and the
+ * kernel (see the top of this file), from the decode tuning over the rule. */
+static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                             const flashcl_tensor *q, const flashcl_tensor *kc,
+                                             const flashcl_tensor *vc, fcl_decode_plan *p) {
+  const fcl_tuned *tu = &p->tu;
+  const int d = p->head_dim, need_rows = p->group * p->q_len;
+  const size_t max_wg = ctx->info.max_work_group_size;
+  const int tpk = d / 8, cfg_threads = fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS);
+  int kg = cfg_threads / tpk > 0 ? cfg_threads / tpk : 1;
+  while ((size_t)(tpk * kg) > max_wg && kg > 1) kg /= 2;
+  const int threads = tpk * kg;
+  if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
+                    max_wg);
+  /* Merge: 128 work-items (a power of two >= head_dim / 4 that the device allows). */
+  int mt = 128;
+  while ((size_t)mt > max_wg && mt / 2 >= d / 4) mt /= 2;
+  p->merge_threads = mt;
+  int rows = 1;
+  while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
+  const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
+  int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
+  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
+  flashcl_status st = fcl_decode_nvidia(ctx, desc, &nvidia);
+  if (st != FLASHCL_SUCCESS) return st;
+  /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
+   * unaligned rows keep the register path. */
+  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned) stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
+  if (stages) {
+    /* The cp.async kernel gives up stages (down to 2), then keys per work-item;
+     * if even that does not fit, the register path starts over from kpt. */
+    int k2 = kpt;
+    while (fcl_dec_local_bytes(d, rows, threads, k2, stages) > cap && (stages > 2 || k2 > 1)) {
+      if (stages > 2) stages--;
+      else k2 /= 2;
+    }
+    if (fcl_dec_local_bytes(d, rows, threads, k2, stages) <= cap) kpt = k2;
+    else stages = 0;
+  }
+  while (fcl_dec_local_bytes(d, rows, threads, kpt, stages) > cap && (kpt > 1 || rows > 1)) {
+    if (kpt > 1) kpt /= 2;
+    else rows /= 2;
+  }
+  if (fcl_dec_local_bytes(d, rows, threads, kpt, stages) > cap)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %d does not fit %zu bytes of local memory", d,
+                    ctx->info.local_mem_size);
+  p->rows = rows;
+  p->row_blocks = (need_rows + rows - 1) / rows;
+  p->kpt = kpt;
+  p->threads = threads;
+  p->tile = kg * kpt;
+  p->prefetch = fcl_tuned_get(tu, FCL_DEC_P_PREFETCH, 1);
+  p->stages = stages;
+  p->local_bytes = fcl_dec_local_bytes(d, rows, threads, kpt, stages);
+  p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU);
+  p->mma = 0;
+  if (stages) fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f, cap, p);
+  return FLASHCL_SUCCESS;
+}
+
+/* The split count (desc.num_splits, else one wave: the largest count whose
+ * grid fits wg_per_cu work-groups per compute unit, since a second, partial
+ * wave of whole chunks would cost as much as the first; at least min_keys
+ * keys per split), and the values that ran, recorded in p->tu. */
+static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_decode_desc *desc, fcl_decode_plan *p) {
+  const int min_keys = p->mma ? fcl_tuned_get(&p->tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT)
+                              : fcl_tuned_get(&p->tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT);
+  int splits = desc->num_splits;
+  if (splits == 0) {
+    const int64_t base = (int64_t)p->batch * p->heads_kv * p->row_blocks;
+    const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
+    const int64_t lmax = fcl_decode_lmax(desc, p, p->tile);
+    int64_t s = p->wg_per_cu * cus / base;
+    if (s < 1) s = 1;
+    const int64_t by_len = (lmax + min_keys - 1) / min_keys;
+    if (s > by_len) s = by_len;
+    if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
+    splits = s < 1 ? 1 : (int)s;
+  }
+  p->splits = splits;
+  fcl_tuned *tu = &p->tu;
+  const int ran[FCL_DEC_P_COUNT] = {
+      p->kpt, p->prefetch, p->mma ? fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU_ASYNC) : p->wg_per_cu,
+      fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS), fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS),
+      p->stages, fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
+      fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS), p->mma ? p->wg_per_cu : 0,
+      p->mma ? p->mma_wk : 0, p->mma ? p->mma_stages : 0,
+      fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT)};
+  for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
 }
 
 static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -270,159 +425,25 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->group = (int)(hq / hkv);
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
   p->window = desc->window_left >= 0 || desc->window_right >= 0;
-  const int variants = p->window || desc->alibi_slopes || desc->softcap > 0.0f;
-
-  /* Plan. */
-  int cfg_kpt = FCL_DEC_KPT, cfg_prefetch = 1, cfg_wpc = 0, cfg_threads = FCL_DEC_THREADS;
-  int cfg_rows = FCL_DEC_MAX_ROWS, cfg_stages = FCL_DEC_STAGES;
-  const char *env = getenv("FLASHCL_DECODE_CONFIG");
-  if (env) {
-    int a = 0, b = 0, c = 0, t = FCL_DEC_THREADS, r = FCL_DEC_MAX_ROWS, g = FCL_DEC_STAGES;
-    const int n = sscanf(env, "%d,%d,%d,%d,%d,%d", &a, &b, &c, &t, &r, &g);
-    if (n >= 3 && a >= 1 && a <= 16 && b >= 0 && b <= 2 && c >= 1 && c <= 64 && t >= 32 && t <= 1024 && r >= 1 &&
-        r <= 16 && (g == 0 || (g >= 2 && g <= 8))) {
-      cfg_kpt = a;
-      cfg_prefetch = b;
-      cfg_wpc = c;
-      cfg_threads = t;
-      cfg_rows = r;
-      cfg_stages = g;
-    }
-  }
-  const size_t max_wg = ctx->info.max_work_group_size;
-  const int tpk = (int)d / 8;
-  int kg = cfg_threads / tpk > 0 ? cfg_threads / tpk : 1;
-  while ((size_t)(tpk * kg) > max_wg && kg > 1) kg /= 2;
-  const int threads = tpk * kg;
-  if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
-                    max_wg);
-  /* Merge: 128 work-items (a power of two >= head_dim / 4 that the device allows). */
-  int mt = 128;
-  while ((size_t)mt > max_wg && mt / 2 >= (int)d / 4) mt /= 2;
-  p->merge_threads = mt;
-  const int need_rows = p->group * p->q_len;
-  int rows = 1;
-  while (rows < need_rows && rows < cfg_rows) rows *= 2;
-  const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
-  int kpt = cfg_kpt;
-  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
   if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel (%d) is not a flashcl_kernel_family",
                     (int)desc->kernel);
-  flashcl_kernel_family fam = desc->kernel;
-  if (fam == FLASHCL_KERNEL_AUTO) {
-    const char *kenv = getenv("FLASHCL_KERNEL");
-    if (kenv && !strcmp(kenv, "portable")) fam = FLASHCL_KERNEL_PORTABLE;
-    if (kenv && (!strcmp(kenv, "nvidia_mma") || !strcmp(kenv, "mma"))) fam = FLASHCL_KERNEL_NVIDIA_MMA;
-  }
-  int stages = 0;
-  if (fam != FLASHCL_KERNEL_PORTABLE) {
-    if (!fcl_mma_available(ctx)) {
-      if (fam == FLASHCL_KERNEL_NVIDIA_MMA)
-        return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA cp.async decode path is not available: %s",
-                        ctx->mma_reason);
-    } else if (q->dtype != FLASHCL_F32 && p->vec_aligned) {
-      /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
-       * unaligned rows keep the register path. */
-      stages = cfg_stages;
-    }
-  }
-  if (stages) {
-    /* The cp.async kernel gives up stages (down to 2), then keys per work-item;
-     * if even that does not fit, the register path starts over from cfg_kpt. */
-    int k2 = kpt;
-    while (fcl_dec_local_bytes((int)d, rows, threads, k2, stages) > cap && (stages > 2 || k2 > 1)) {
-      if (stages > 2) stages--;
-      else k2 /= 2;
-    }
-    if (fcl_dec_local_bytes((int)d, rows, threads, k2, stages) <= cap) kpt = k2;
-    else stages = 0;
-  }
-  while (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap && (kpt > 1 || rows > 1)) {
-    if (kpt > 1) kpt /= 2;
-    else rows /= 2;
-  }
-  if (!cfg_wpc) cfg_wpc = stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU;
-  if (fcl_dec_local_bytes((int)d, rows, threads, kpt, stages) > cap)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %lld does not fit %zu bytes of local memory",
-                    (long long)d, ctx->info.local_mem_size);
-  p->rows = rows;
-  p->row_blocks = (need_rows + rows - 1) / rows;
-  p->kpt = kpt;
-  p->threads = threads;
-  p->tile = kg * kpt;
-  p->prefetch = cfg_prefetch;
-  p->stages = stages;
-  p->local_bytes = fcl_dec_local_bytes((int)d, rows, threads, kpt, stages);
-
-  /* Many rows per KV head on the NVIDIA path: the tensor-core kernel. */
-  p->mma = 0;
-  if (stages) {
-    const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
-    const char *menv = getenv("FLASHCL_DECODE_MMA");
-    /* Three m-tiles: two warps per m-tile (the 32-key tile's halves), 2 per CU. */
-    int min_rows = FCL_DEC_MMA_MIN_ROWS, wk = wr == 3 ? 2 : 1, wpc = wr == 3 ? 2 : 4;
-    int st2 = d == 64 || wr == 4 ? 3 : 2;
-    if (menv) {
-      int a = min_rows, bb = wpc, c = wk, e = st2;
-      if (sscanf(menv, "%d,%d,%d,%d", &a, &bb, &c, &e) >= 1 && a >= 0 && bb >= 1 && bb <= 64 && c >= 1 && c <= 8 &&
-          e >= 2 && e <= 4) {
-        min_rows = a;
-        wpc = bb;
-        wk = c;
-        st2 = e;
-      }
-    }
-    while (st2 > 2 && fcl_dec_mma_local_bytes((int)d, wr, wk, st2) > cap) st2--;
-    /* Only q and the caches decide (not o, which the workspace query does not
-     * see), so that the query and the call plan the same split count. The
-     * kernel keeps raw scores and their row max, which needs a positive scale. */
-    if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
-        fcl_mma_rows_aligned(q) &&
-        fcl_dec_mma_local_bytes((int)d, wr, wk, st2) <= cap &&
-        (size_t)(32 * wr * wk) <= max_wg) {
-      p->mma = 1;
-      p->mma_wr = wr;
-      p->mma_wk = wk;
-      p->mma_stages = st2;
-      p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
-      cfg_wpc = wpc; /* FLASHCL_DECODE_MMA's, not FLASHCL_DECODE_CONFIG's */
-    }
-  }
-
-  int splits = desc->num_splits;
-  if (splits == 0) {
-    const int64_t base = (int64_t)batch * hkv * p->row_blocks;
-    const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
-    int64_t lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k
-                                                                                  : p->kv.capacity;
-    /* A left window: the splits share at most window_left + q_len keys (plus
-     * the tile the kernel rounds the start down to). */
-    if (desc->window_left >= 0 && (int64_t)desc->window_left + q_len + p->tile < lmax)
-      lmax = (int64_t)desc->window_left + q_len + p->tile;
-    /* One wave: the largest split count whose grid fits cfg_wpc work-groups per
-     * compute unit (a second, partial wave of whole chunks would cost as much as
-     * the first); at least 1. */
-    int64_t s = cfg_wpc * cus / base;
-    if (s < 1) s = 1;
-    const int64_t kps = p->mma ? FCL_DEC_MMA_KEYS_PER_SPLIT : FCL_DEC_KEYS_PER_SPLIT;
-    const int64_t by_len = (lmax + kps - 1) / kps;
-    if (s > by_len) s = by_len;
-    if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
-    splits = s < 1 ? 1 : (int)s;
-  }
-  p->splits = splits;
+  flashcl_tuning_family want;
+  if ((st = fcl_tuning_call_family(ctx, desc->tuning, FLASHCL_PASS_FORWARD, 1, &want))) return st;
+  const fcl_tune_key key = {p->head_dim, q->dtype, 0, -1, fcl_decode_lmax(desc, p, 0)};
+  fcl_tuning_resolve(ctx, FLASHCL_TUNE_DECODE, desc->tuning, &key, &p->tu);
+  if ((st = fcl_decode_plan_kernel(ctx, desc, q, kc, vc, p))) return st;
+  fcl_decode_plan_splits(ctx, desc, p);
   p->work_floats = 0;
-  if (splits > 1) {
+  if (p->splits > 1) {
     size_t rows_total, f, f_bytes;
     if (!fcl_mul_size((size_t)batch * (size_t)q_len, (size_t)hq, &rows_total) ||
-        !fcl_mul_size(rows_total, (size_t)splits, &f) || !fcl_mul_size(f, (size_t)d + 1, &f) ||
+        !fcl_mul_size(rows_total, (size_t)p->splits, &f) || !fcl_mul_size(f, (size_t)d + 1, &f) ||
         !fcl_mul_size(f, sizeof(float), &f_bytes))
       return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "decode workspace size overflows size_t");
     p->work_floats = f;
   }
-  return FLASHCL_SUCCESS;
+  return fcl_tuned_honoured(ctx, &p->tu);
 }
 
 flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -554,7 +575,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
 
   const int page_shift = p.kv.paged ? fcl_page_shift(p.kv.page_size) : -1;
   char opts[512];
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  const char *extra = ctx->build_options;
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
@@ -576,7 +597,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
              (int)q->dtype, p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, split, p.kv.paged, page_shift,
              desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
     if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &kern))) return st;
-    if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_print_build_log(ctx, kern, "decode_mma", mopts);
+    if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "decode_mma", mopts);
     size_t mwg = 0;
     if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof mwg, &mwg, NULL) ==
             CL_SUCCESS &&
@@ -699,5 +720,26 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   else if (done) clReleaseEvent(done);
   if (ev) clReleaseEvent(ev);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, failed);
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                                     const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
+                                     flashcl_config *config) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!config) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "config is NULL");
+  fcl_decode_plan p;
+  flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, NULL, NULL, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  flashcl_config c;
+  memset(&c, 0, sizeof c);
+  fcl_tuned_report(&p.tu, &c);
+  snprintf(c.kernel, sizeof c.kernel, "%s", p.mma ? "decode_mma" : p.stages ? "decode_attn (cp.async)" : "decode_attn");
+  c.block_r = p.mma ? 16 * p.mma_wr : p.rows;
+  c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
+  c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;
+  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages) : p.local_bytes;
+  *config = c;
   return FLASHCL_SUCCESS;
 }

@@ -2,49 +2,73 @@
  * are not GPUs the kernel is built with -DCPU_MAP=1 (one work-item per
  * work-group, see cl/flash_fwd.cl and the CPU rule in src/plan.c).
  *
- * Environment (tuning and diagnostics only):
- *   FLASHCL_BUILD_OPTIONS   appended to the kernel's build options (e.g. -cl-nv-verbose)
- *   FLASHCL_FWD_BUILD_LOG   if set, the build log and the kernel's resource figures
- *                           are printed to stderr after each launch set-up
- *   FLASHCL_FWD_SHAPE       forces the work-item mapping, see src/plan.c
- *   FLASHCL_FWD_TUNING      forces the GPU variant's tuning choices, see src/plan.c
- *   FLASHCL_FWD_SHFL        0|1: the row maxima through warp shuffles or not, see below
- *   FLASHCL_FWD_MAP         gpu|cpu: forces the GPU or the CPU variant of the kernel
- *                           (default: cpu iff the device is not a GPU), see src/plan.c
+ * Every choice comes from the fwd tuning (src/tuning_space.c declares it; the
+ * plan in src/plan.c applies it). With verbose >= 2 the kernel's build log and
+ * resource figures go to stderr at each launch set-up.
  */
 #include "internal.h"
 #include "kernel_args.h"
+#include "tuning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-int fcl_fwd_cpu_map(const flashcl_context *ctx); /* plan.c */
-
 /* Whether the GPU variant takes the row maxima through warp shuffles
- * (FWD_SHFL in cl/flash_fwd.cl): the tuning table asks for it, the mapping keeps
+ * (FWD_SHFL in cl/flash_fwd.cl): the tuning asks for it, the mapping keeps
  * a row's S_CT work-items inside one warp, and the device compiles NVIDIA's
- * inline PTX (the tensor-core probe of flash_mma.c). FLASHCL_FWD_SHFL=0|1
- * overrides the table (tuning); 1 cannot turn it on where the PTX or the
- * mapping does not allow it. */
+ * inline PTX (the tensor-core probe of flash_mma.c). The tuning cannot turn it
+ * on where the PTX or the mapping does not allow it. */
 static int fcl_fwd_shfl(flashcl_context *ctx, const fcl_plan *plan) {
   const int s_ct = plan->bc / plan->shape.s_tn;
-  return fcl_env_bool("FLASHCL_FWD_SHFL", plan->tune.shfl) && plan->shape.threads % 32 == 0 && s_ct <= 32 &&
-         (s_ct & (s_ct - 1)) == 0 && fcl_mma_available(ctx);
+  return plan->tune.shfl && plan->shape.threads % 32 == 0 && s_ct <= 32 && (s_ct & (s_ct - 1)) == 0 &&
+         fcl_mma_available(ctx);
+}
+
+/* The plan and what it will run, recorded in tu's `ran` values. */
+static flashcl_status fcl_fwd_prepare(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, fcl_plan *plan,
+                                      int *cpu, int *shfl) {
+  flashcl_status st = fcl_make_plan(ctx, tu, p->head_dim, plan);
+  if (st != FLASHCL_SUCCESS) return st;
+  *cpu = fcl_fwd_cpu_map(ctx, tu);
+  *shfl = !*cpu && fcl_fwd_shfl(ctx, plan);
+  const fcl_fwd_tuning *t = &plan->tune;
+  const int ran[FCL_FWD_COUNT] = {*cpu,       plan->br,       plan->bc,      plan->threads,
+                                  plan->shape.s_tm, plan->shape.s_tn, plan->shape.o_tm, plan->shape.o_td,
+                                  t->tall,    t->unroll_d,    t->prefetch,   t->pad,
+                                  t->unroll_o, t->ftz,        p->mask_kind ? 0 : t->sep_kv, *shfl};
+  for (int i = 0; i < FCL_FWD_COUNT; i++) fcl_tuned_ran(tu, i, *cpu && i >= FCL_FWD_THREADS ? 0 : ran[i]);
+  if (*cpu) fcl_tuned_ran(tu, FCL_FWD_THREADS, 1);
+  return fcl_tuned_honoured(ctx, tu);
+}
+
+flashcl_status fcl_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, flashcl_config *c) {
+  fcl_plan plan;
+  int cpu, shfl;
+  flashcl_status st = fcl_fwd_prepare(ctx, p, tu, &plan, &cpu, &shfl);
+  if (st != FLASHCL_SUCCESS) return st;
+  fcl_tuned_report(tu, c);
+  snprintf(c->kernel, sizeof c->kernel, "flash_fwd");
+  c->block_r = plan.br;
+  c->block_c = plan.bc;
+  c->threads = plan.threads;
+  c->local_bytes = plan.local_bytes;
+  return FLASHCL_SUCCESS;
 }
 
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
-                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
-                                 const cl_event *wait, cl_event *out_event) {
+                                 fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                 const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                 cl_uint nwait, const cl_event *wait, cl_event *out_event) {
   fcl_plan plan;
-  flashcl_status st = fcl_make_plan(ctx, p->head_dim, p->dtype, desc->block_r, desc->block_c, &plan);
+  int cpu, shfl;
+  flashcl_status st = fcl_fwd_prepare(ctx, p, tu, &plan, &cpu, &shfl);
   if (st != FLASHCL_SUCCESS) return st;
   const int aligned = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(o);
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  const char *extra = ctx->build_options;
   char opts[768], variants[64];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
-  if (fcl_fwd_cpu_map(ctx)) { /* the CPU rule of plan.c: one work-item per work-group */
+  if (cpu) { /* the CPU rule of plan.c: one work-item per work-group */
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DCPU_MAP=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=1 "
              "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
@@ -54,7 +78,6 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
     /* fcl_make_plan refuses tiles it cannot map, so the shape is set. */
     const fcl_fwd_shape sh = plan.shape;
     const fcl_fwd_tuning tune = plan.tune;
-    const int shfl = fcl_fwd_shfl(ctx, &plan);
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
              "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DSEP_KV=%d -DFWD_SHFL=%d "
@@ -70,7 +93,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
                                       "philox.cl+mask.cl+flash_fwd.cl"};
   st = fcl_get_kernel(ctx, srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)], opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_FWD_BUILD_LOG")) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
+  if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

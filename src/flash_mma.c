@@ -21,16 +21,14 @@
  * softcap, attention masks and (forward only) a paged K/V source compose. Other
  * problems run the portable kernels.
  *
- * Environment (tuning and diagnostics only):
- *   FLASHCL_KERNEL          "portable" or "nvidia_mma": overrides desc.kernel = AUTO
- *   FLASHCL_MMA_CONFIG      "nwarps,m_tiles,block_c[,q_in_smem[,kv_stages]]" overrides
- *                           the tile configuration (local memory is not checked)
- *   FLASHCL_BUILD_OPTIONS   appended to the kernel's build options (e.g. -cl-nv-verbose)
- *   FLASHCL_MMA_BUILD_LOG   if set, the build log and resource figures are printed
- *                           to stderr after each launch set-up
+ * FLASHCL_KERNEL ("portable" or "nvidia_mma") overrides desc.kernel = AUTO; a
+ * desc.tuning of a family decides the family itself. The tiles are the mma_fwd
+ * tuning's (src/tuning_space.c), checked against the kernel's rules and the
+ * local memory.
  */
 #include "internal.h"
 #include "kernel_args.h"
+#include "tuning.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -161,7 +159,8 @@ static size_t fcl_mma_fwd_local(const fcl_mma_config *c, int d) {
   return rows * (size_t)((d + 63) / 64 * 64) * 2;
 }
 
-static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem *p) {
+/* The default rule, then the mma_fwd tuning's values where set (tu may be NULL). */
+static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   /* Measured on the H100 (fp16, N = 2K/8K): d = 64 runs best with Br = 128 (4
    * warps x 32 rows, Q in registers) and Bc = 64; d = 128 with Br = 128, Bc = 32
    * and Q re-read from local memory (Q in registers with 32 rows per warp spills,
@@ -188,22 +187,63 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
    * faster at N = 8K, 12% for causal d = 64. */
   if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) c.kv_stages = 1;
   if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes && c.nwarps == 8) c.nwarps = 4;
-  const char *env = getenv("FLASHCL_MMA_CONFIG");
-  fcl_mma_config e = {0, 0, 0, 0, 1};
-  if (env && sscanf(env, "%d,%d,%d,%d,%d", &e.nwarps, &e.m_tiles, &e.block_c, &e.q_in_smem, &e.kv_stages) >= 3 &&
-      (e.kv_stages == 1 || e.kv_stages == 2) &&
-      e.nwarps > 0 && e.nwarps <= 16 &&
-      e.m_tiles > 0 && e.m_tiles <= 4 && e.block_c >= 16 && e.block_c % 16 == 0)
-    c = e;
+  if (!tu) return c;
+  c.nwarps = fcl_tuned_get(tu, FCL_MMAF_NWARPS, c.nwarps);
+  c.m_tiles = fcl_tuned_get(tu, FCL_MMAF_M_TILES, c.m_tiles);
+  c.block_c = fcl_tuned_get(tu, FCL_MMAF_BLOCK_C, c.block_c);
+  c.q_in_smem = fcl_tuned_get(tu, FCL_MMAF_Q_IN_SMEM, c.q_in_smem);
+  c.kv_stages = fcl_tuned_get(tu, FCL_MMAF_KV_STAGES, c.kv_stages);
   return c;
+}
+
+/* The mma_fwd configuration a call runs: the tuned one where it fits the
+ * kernel's rules and the local memory; else, for a database entry, the rule
+ * (logged), and for a per-call tuning FLASHCL_ERROR_UNSUPPORTED. */
+static flashcl_status fcl_mma_config_of(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu,
+                                        fcl_mma_config *out) {
+  fcl_mma_config c = fcl_mma_pick(ctx, p, tu);
+  const char *why = NULL;
+  if (c.kv_stages > 2) why = "kv_stages above 2";
+  else if (c.nwarps * 16 * c.m_tiles > 256) why = "more than 256 query rows per work-group";
+  else if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) why = "its tiles do not fit the local memory";
+  if (why && tu->source == FLASHCL_TUNING_SOURCE_CALL)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "mma_fwd tuning refused: %s", why);
+  if (why) {
+    fcl_log(ctx, "mma_fwd tuning from %s ignored (%s): the default rule runs", tu->origin, why);
+    c = fcl_mma_pick(ctx, p, NULL);
+  }
+  const int ran[FCL_MMAF_COUNT] = {c.nwarps, c.m_tiles, c.block_c, c.q_in_smem, c.kv_stages};
+  for (int i = 0; i < FCL_MMAF_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
+  *out = c;
+  return fcl_tuned_honoured(ctx, tu);
+}
+
+flashcl_status fcl_mma_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, flashcl_config *cfg) {
+  fcl_mma_config c;
+  flashcl_status st = fcl_mma_config_of(ctx, p, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  fcl_tuned_report(tu, cfg);
+  snprintf(cfg->kernel, sizeof cfg->kernel, "flash_fwd_mma");
+  cfg->block_r = c.nwarps * 16 * c.m_tiles;
+  cfg->block_c = c.block_c;
+  cfg->threads = c.nwarps * 32;
+  cfg->local_bytes = fcl_mma_fwd_local(&c, p->head_dim);
+  return FLASHCL_SUCCESS;
 }
 
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                              const flashcl_tensor *o, flashcl_pass pass, int *use) {
+                              const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use) {
   *use = 0;
   flashcl_kernel_family fam = desc->kernel;
-  if (fam == FLASHCL_KERNEL_AUTO) {
+  if (forced != FLASHCL_KERNEL_AUTO) {
+    /* desc.tuning names a family: it decides, and must agree with desc.kernel. */
+    if (fam != FLASHCL_KERNEL_AUTO && fam != forced)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning is for the %s kernels but desc.kernel asks for the %s ones",
+                      forced == FLASHCL_KERNEL_PORTABLE ? "portable" : "tensor-core",
+                      fam == FLASHCL_KERNEL_PORTABLE ? "portable" : "tensor-core");
+    fam = forced;
+  } else if (fam == FLASHCL_KERNEL_AUTO) {
     const char *env = getenv("FLASHCL_KERNEL");
     if (env && *env) {
       if (!strcmp(env, "portable")) return FLASHCL_SUCCESS;
@@ -233,9 +273,12 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   else if (!fcl_mma_rows_aligned(q) || !fcl_mma_rows_aligned(k) || !fcl_mma_rows_aligned(v) || !fcl_mma_rows_aligned(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   else if (pass == FLASHCL_PASS_FORWARD) {
-    const fcl_mma_config c = fcl_mma_pick(ctx, p);
+    const fcl_mma_config c = fcl_mma_pick(ctx, p, NULL);
     if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) why = "its tiles need more local memory than the device allows";
   }
+  if (why && forced != FLASHCL_KERNEL_AUTO)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning asks for the tensor-core %s, which does not cover "
+                    "this problem (%s)", pass == FLASHCL_PASS_BACKWARD ? "backward" : "forward", why);
   if (why) {
     fcl_log(ctx, "tensor-core %s does not cover this problem (%s): running the portable kernels",
             pass == FLASHCL_PASS_BACKWARD ? "backward" : "forward", why);
@@ -251,20 +294,14 @@ void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, s
 }
 
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
-                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                               const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
-                               const cl_event *wait, cl_event *out_event) {
-  if (fcl_wgmma_covered(ctx, p)) {
-    flashcl_status ws = fcl_wgmma_forward(ctx, p, desc, q, k, v, o, lse, nwait, wait, out_event);
-    /* The probe builds one variant; a variant that fails to build (or to
-     * assemble for sm_90a) turns the path off for the context, and this call
-     * runs mma.sync as if wgmma had never been there. */
-    if (ws != FLASHCL_ERROR_BUILD_FAILED) return ws;
-    fcl_wgmma_build_failed(ctx);
-  }
-  const fcl_mma_config c = fcl_mma_pick(ctx, p);
+                               fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                               const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                               cl_uint nwait, const cl_event *wait, cl_event *out_event) {
+  fcl_mma_config c;
+  flashcl_status st = fcl_mma_config_of(ctx, p, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
   const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  const char *extra = ctx->build_options;
   char opts[640], variants[64];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
@@ -276,9 +313,9 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   cl_kernel kern;
   char src[96];
   fcl_mma_sources(p, "flash_fwd_mma.cl", src, sizeof src);
-  flashcl_status st = fcl_get_kernel(ctx, src, opts, "flash_fwd_mma", &kern);
+  st = fcl_get_kernel(ctx, src, opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_print_build_log(ctx, kern, "flash_fwd_mma", opts);
+  if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd_mma", opts);
   size_t kwg = 0;
   if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&

@@ -7,8 +7,7 @@
  * the first forward that could use it:
  *   1. the tensor-core path is available (fcl_mma_available) and the compute
  *      capability is exactly 9.0 (wgmma exists only in the sm_90a target);
- *   2. FLASHCL_WGMMA is not "0";
- *   3. the probe kernel builds through the sm_90a retargeting (src/program.c)
+ *   2. the probe kernel builds through the sm_90a retargeting (src/program.c)
  *      and computes two exact products of small integers, one with both
  *      operands in local memory, one with A in registers and B read N-major.
  * A failure is logged (fcl_log) with its reason, and the mma.sync forward runs.
@@ -18,14 +17,13 @@
  * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged
  * K/V, with head_dim 64 or 128 (the kernel's wgmma shapes).
  *
- * Environment (tuning and diagnostics only):
- *   FLASHCL_WGMMA           "0": never use this kernel (A/B against mma.sync)
- *   FLASHCL_WGMMA_CONFIG    "nwg,block_c" overrides the tiles (local memory is
- *                           still checked; block_c one of 64, 96, 112, 128)
- *   FLASHCL_MMA_BUILD_LOG   as for flash_fwd_mma: build log and resources to stderr
+ * The wgmma_fwd tuning (src/tuning_space.c) sets use (0: mma.sync runs
+ * instead), nwg and block_c; a per-call tuning whose tiles do not fit is
+ * refused, a database entry's is ignored (logged) for the rule's.
  */
 #include "internal.h"
 #include "kernel_args.h"
+#include "tuning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,8 +105,6 @@ static int fcl_wgmma_available(flashcl_context *ctx) {
   if (ctx->wgmma_state) return ctx->wgmma_state > 0;
   if (!fcl_mma_available(ctx)) return fcl_wgmma_disable(ctx, "the tensor-core path is unavailable");
   if (ctx->mma_cc != 90) return fcl_wgmma_disable(ctx, "the compute capability is not 9.0 (wgmma is sm_90a only)");
-  const char *env = getenv("FLASHCL_WGMMA");
-  if (env && !strcmp(env, "0")) return fcl_wgmma_disable(ctx, "FLASHCL_WGMMA=0");
   if (!fcl_wgmma_run_probe(ctx)) return 0;
   ctx->wgmma_state = 1;
   fcl_log(ctx, "Hopper wgmma forward available");
@@ -133,19 +129,15 @@ static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 ||
  * N = 2K/8K, BENCHMARKS.md): three warpgroups beat two by 13% (d = 128, 8K) and
  * 34% (d = 64, 8K); with one barrier per tile for all of them, more warpgroups
  * are what keeps the tensor cores busy while some run their softmax. */
-static int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, fcl_wgmma_config *out) {
+static int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu,
+                          fcl_wgmma_config *out) {
   static const int bcs[4] = {128, 112, 96, 64};
-  fcl_wgmma_config c = {3, 0};
-  const char *env = getenv("FLASHCL_WGMMA_CONFIG");
-  fcl_wgmma_config e = {0, 0};
-  if (env && *env) {
-    /* A malformed override is ignored (the caller logs nothing for it: it is a
-     * tuning aid); one that does not fit refuses the path (logged by the caller). */
-    if (sscanf(env, "%d,%d", &e.nwg, &e.block_c) == 2 && e.nwg >= 1 && e.nwg <= 4 && fcl_wgmma_bc_ok(e.block_c)) {
-      if (fcl_wgmma_local(&e, p->head_dim) > ctx->mma_local_bytes) return 0;
-      *out = e;
-      return 1;
-    }
+  fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, 3) : 3, 0};
+  if (tu && fcl_tuned_has(tu, FCL_WG_BLOCK_C)) {
+    c.block_c = tu->val[FCL_WG_BLOCK_C];
+    if (!fcl_wgmma_bc_ok(c.block_c) || fcl_wgmma_local(&c, p->head_dim) > ctx->mma_local_bytes) return 0;
+    *out = c;
+    return 1;
   }
   for (int i = 0; i < 4; i++) {
     c.block_c = bcs[i];
@@ -162,10 +154,40 @@ int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
   if (p->dropout || p->mask_kind || p->paged_kv) return 0;
   if (!fcl_wgmma_available(ctx)) return 0;
   fcl_wgmma_config c;
-  if (fcl_wgmma_pick(ctx, p, &c)) return 1;
-  fcl_log(ctx, "wgmma forward: no tile (or the FLASHCL_WGMMA_CONFIG tile) fits %zu bytes of local memory at d = %d: "
-          "running mma.sync", ctx->mma_local_bytes, p->head_dim);
+  if (fcl_wgmma_pick(ctx, p, NULL, &c)) return 1;
+  fcl_log(ctx, "wgmma forward: no tile fits %zu bytes of local memory at d = %d: running mma.sync",
+          ctx->mma_local_bytes, p->head_dim);
   return 0;
+}
+
+/* The tuned tiles where they fit, else (a database entry) the rule's, else
+ * (a per-call tuning) FLASHCL_ERROR_UNSUPPORTED. Records what runs in tu. */
+static flashcl_status fcl_wgmma_config_of(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu,
+                                          fcl_wgmma_config *c) {
+  if (!fcl_wgmma_pick(ctx, p, tu, c)) {
+    if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "wgmma_fwd tuning refused: its tiles do not fit %zu bytes "
+                      "of local memory (block_c must be 64, 96, 112 or 128)", ctx->mma_local_bytes);
+    fcl_log(ctx, "wgmma_fwd tuning from %s ignored (its tiles do not fit): the default rule runs", tu->origin);
+    if (!fcl_wgmma_pick(ctx, p, NULL, c)) return fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "flash_fwd_wgmma: no tile fits");
+  }
+  fcl_tuned_ran(tu, FCL_WG_USE, 1);
+  fcl_tuned_ran(tu, FCL_WG_NWG, c->nwg);
+  fcl_tuned_ran(tu, FCL_WG_BLOCK_C, c->block_c);
+  return fcl_tuned_honoured(ctx, tu);
+}
+
+flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, flashcl_config *cfg) {
+  fcl_wgmma_config c = {0, 0};
+  flashcl_status st = fcl_wgmma_config_of(ctx, p, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  fcl_tuned_report(tu, cfg);
+  snprintf(cfg->kernel, sizeof cfg->kernel, "flash_fwd_wgmma");
+  cfg->block_r = c.nwg * 64;
+  cfg->block_c = c.block_c;
+  cfg->threads = c.nwg * 128;
+  cfg->local_bytes = fcl_wgmma_local(&c, p->head_dim);
+  return FLASHCL_SUCCESS;
 }
 
 void fcl_wgmma_build_failed(flashcl_context *ctx) {
@@ -176,14 +198,14 @@ void fcl_wgmma_build_failed(flashcl_context *ctx) {
 }
 
 flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
-                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
-                                 const cl_event *wait, cl_event *out_event) {
-  fcl_wgmma_config c;
-  if (!fcl_wgmma_pick(ctx, p, &c))
-    return fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "flash_fwd_wgmma: no tile fits the local memory");
+                                 fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                 const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                 cl_uint nwait, const cl_event *wait, cl_event *out_event) {
+  fcl_wgmma_config c = {0, 0};
+  flashcl_status st = fcl_wgmma_config_of(ctx, p, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
   const int threads = c.nwg * 128, block_r = c.nwg * 64;
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  const char *extra = ctx->build_options;
   char opts[640], variants[64];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
@@ -194,9 +216,9 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
   cl_kernel kern;
   char src[96];
   fcl_mma_sources(p, "flash_fwd_wgmma.cl", src, sizeof src);
-  flashcl_status st = fcl_get_kernel_sm90a(ctx, src, opts, "flash_fwd_wgmma", &kern);
+  st = fcl_get_kernel_sm90a(ctx, src, opts, "flash_fwd_wgmma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  if (getenv("FLASHCL_MMA_BUILD_LOG")) fcl_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);
+  if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);
   /* No CL_KERNEL_WORK_GROUP_SIZE check here (flash_fwd_mma has one): for this
    * program, built from PTX, NVIDIA's driver reports 256 while the kernel's
    * reqd_work_group_size of 384 launches and runs correctly (H100). */

@@ -46,6 +46,8 @@ struct flashcl_context {
   /* The most local memory a work-group may use, for additions that never
    * shape the tiles (fcl_local_limit): 0 until first asked. */
   size_t local_limit;
+  /* The context tuning's local_probe: -1 the rule (NVIDIA GPUs), 0 never, 1 try. */
+  int local_probe;
   int mma_cc; /* compute capability * 10 (e.g. 90), once probed */
   /* Hopper wgmma forward (src/flash_wgmma.c): same states as mma_state. */
   int wgmma_state;
@@ -206,6 +208,7 @@ typedef struct fcl_fwd_tuning {
   int ftz;      /* -cl-denorms-are-zero */
   int sep_kv;   /* -DSEP_KV: 0, or 1 / 2 (local_bytes then counts a second K/V tile) */
   int shfl;     /* -DFWD_SHFL where the device takes the inline PTX and the mapping allows it (flash.c) */
+  fcl_fwd_shape want; /* the mapping fields the tuning sets (0: free) */
 } fcl_fwd_tuning;
 
 typedef struct fcl_plan {
@@ -218,15 +221,43 @@ typedef struct fcl_plan {
   fcl_fwd_tuning tune;  /* GPU variant: the device's tuning choices */
 } fcl_plan;
 
-flashcl_status fcl_make_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r, int block_c,
-                             fcl_plan *plan);
+struct fcl_tuned; /* src/tuning.h */
+/* The portable forward's plan under a resolved fwd tuning (br / bc included). */
+flashcl_status fcl_make_plan(flashcl_context *ctx, const struct fcl_tuned *tu, int head_dim, fcl_plan *plan);
+/* 1 when the portable forward runs its CPU variant (src/plan.c). */
+int fcl_fwd_cpu_map(const flashcl_context *ctx, const struct fcl_tuned *tu);
 
 flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc);
 
+/* The family choice of a flash call and its configuration (src/choose.c);
+ * grads (dO, dQ, dK, dV; NULL for the forward) must be 16-byte aligned for the
+ * tensor-core backward. */
+flashcl_status fcl_choose(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
+                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                          const flashcl_tensor *o, const flashcl_tensor *const *grads, flashcl_pass pass,
+                          struct fcl_tuned *tu);
+/* Runs the forward family fcl_choose picked. */
+flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                    struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                    const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                    cl_uint nwait, const cl_event *wait, cl_event *out_event);
+/* The shared front of the query functions (src/attention.c). */
+flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 flashcl_pass pass, fcl_problem *p);
+/* Each family's configuration as it will run, for flashcl_attention_config. */
+flashcl_status fcl_fwd_config(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu, flashcl_config *c);
+flashcl_status fcl_mma_fwd_config(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu,
+                                  flashcl_config *c);
+flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu,
+                                    flashcl_config *c);
+flashcl_status fcl_bwd_config(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                              struct fcl_tuned *tu, flashcl_config *c);
+
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
-                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
-                                 const cl_event *wait, cl_event *out_event);
+                                 struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                 const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                 cl_uint nwait, const cl_event *wait, cl_event *out_event);
 /* NVIDIA tensor-core forward (src/flash_mma.c). fcl_mma_select sets *use when
  * desc->kernel (or FLASHCL_KERNEL under AUTO) resolves to NVIDIA_MMA, the device
  * passed the probe and the problem is covered for `pass` (the backward kernels
@@ -236,15 +267,15 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
 int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic);
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                              const flashcl_tensor *o, flashcl_pass pass, int *use);
+                              const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use);
 /* The program of a tensor-core kernel file: mma_ptx.cl, then philox.cl with
  * dropout, mask.cl and mask_mma.cl with a mask, mma_scores.cl, then the kernel
  * file. */
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap);
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
-                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                               const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
-                               const cl_event *wait, cl_event *out_event);
+                               struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                               const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                               cl_uint nwait, const cl_event *wait, cl_event *out_event);
 /* 1 if the element offset and (batch, seq, head) strides are all multiples of
  * 4: rows of four elements can then be read and written as aligned vectors. */
 int fcl_vec_aligned(const flashcl_tensor *t);
@@ -255,11 +286,8 @@ int fcl_mma_rows_aligned(const flashcl_tensor *t);
  * capability >= 8.0, and the probe kernel passed. Probes on the first call. */
 int fcl_mma_available(flashcl_context *ctx);
 
-/* An environment switch: "0" or "1" overrides the default `dflt`; anything
- * else (or unset) keeps it. */
-int fcl_env_bool(const char *name, int dflt);
-/* Prints a kernel's build log and resource figures to stderr (FLASHCL_FWD_BUILD_LOG,
- * FLASHCL_MMA_BUILD_LOG; src/program.c). */
+/* Prints a kernel's build log and resource figures to stderr (verbose >= 2;
+ * src/program.c). */
 void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name, const char *opts);
 
 /* Hopper wgmma forward (src/flash_wgmma.c), taken by fcl_mma_forward where
@@ -272,9 +300,9 @@ void fcl_wgmma_build_failed(flashcl_context *ctx);
 /* Exact fp16 bits of a small integer |x| <= 64 (the probes' inputs; src/flash_mma.c). */
 unsigned short fcl_small_int_half(int x);
 flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
-                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                 const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
-                                 const cl_event *wait, cl_event *out_event);
+                                 struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                 const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                 cl_uint nwait, const cl_event *wait, cl_event *out_event);
 
 /* NVIDIA tensor-core backward kernels (src/backward_mma.c). */
 typedef struct fcl_mma_bwd_config {
@@ -284,9 +312,11 @@ typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
   size_t global_dkdv[3], global_dq[3], local[3];
 } fcl_mma_bwd_launch;
-flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
-                                        fcl_mma_bwd_launch *launch);
-int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p);
+flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu,
+                                        int atomic, int splits, fcl_mma_bwd_launch *launch);
+int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu);
+flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
+                                  struct fcl_tuned *tu, flashcl_config *cfg);
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
                              const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
                              const flashcl_tensor *v, const flashcl_tensor *lse, const flashcl_tensor *d_o,
@@ -303,8 +333,8 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
                                   const flashcl_tensor *dq, const flashcl_tensor *dk, const flashcl_tensor *dv,
                                   cl_uint nwait, const cl_event *wait, cl_event *out_event);
 flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_problem *p, size_t *bytes);
-flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic, int use_mma,
-                                            size_t *bytes);
+flashcl_status fcl_flash_backward_workspace(flashcl_context *ctx, const fcl_problem *p, int atomic,
+                                            const struct fcl_tuned *tu, size_t *bytes);
 
 /* Overflow-checked size arithmetic: return 0 on overflow. */
 int fcl_mul_size(size_t a, size_t b, size_t *out);

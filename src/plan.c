@@ -45,11 +45,11 @@
  * T is tried in the order of FCL_PREFERRED_THREADS, then any T <= FCL_MAX_THREADS;
  * for the first T that admits a mapping, the micro-tiles (at most FCL_MAX_S and
  * FCL_MAX_O values per work-item) minimizing fcl_shape_cost (multiply-adds plus
- * local loads, per warp) are taken. The environment variable
- * FLASHCL_FWD_SHAPE="T,S_TM,S_TN,O_TM,O_TD" forces a mapping (tuning aid;
- * ignored when it does not fit the tile).
+ * local loads, per warp) are taken. The fwd tuning's threads, s_tm, s_tn, o_tm
+ * and o_td, where set, restrict the search (a tuning no mapping satisfies is
+ * refused).
  *
- * CPU rule (device not a GPU, e.g. PoCL; FLASHCL_FWD_MAP=gpu|cpu overrides the
+ * CPU rule (device not a GPU, e.g. PoCL; the fwd tuning's map overrides the
  * choice). The kernel is built with -DCPU_MAP=1: one work-item per work-group
  * owns Br rows, with K^T and V tiles staged in local memory (see flash_fwd.cl).
  * The GPU mapping ran ~2x slower than the naive path there: PoCL loops over the
@@ -69,6 +69,7 @@
  * as given.
  */
 #include "internal.h"
+#include "tuning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,76 +97,20 @@ static const int FCL_PREFERRED_THREADS[] = {128, 64, 256, 32};
 #define FCL_CPU_PRIVATE_CAP (1024 * 1024)
 #endif
 
-/* Device tuning of the GPU variant, from flashcl-bench on an H100 (N = 4096,
- * non-causal; BENCHMARKS.md "Portable forward on NVIDIA: a tuning table
- * (twelfth session)"). Other devices keep the defaults (no tie preference, no
- * unrolling, prefetch on, swizzled rows), which were not measured against these.
- *   d = 128: 8 x 4 S micro-tiles instead of 4 x 8 (the cost model ties them),
- *     the head-dimension loop of S unrolled and the key loop of P V unrolled 4
- *     times: 16.6 against 18.2 ms (f16) before padding, and 15.1 against 15.5 ms
- *     for the P V unrolling after it. Unrolling S was slower at d = 32, 64, 80
- *     and 192, and unrolling P V 16 times took twice as long.
- *   d = 80 and d >= 128: rows padded instead of swizzled (PAD_ROWS): 12% faster
- *     at d = 80, 7% at 128, 3% at 160, 2% at 256 (fp32), 1% slower at 192; 18%
- *     slower at d = 64, and at d = 96 the padding pushes the tile out of 48 KiB.
- *   d = 256, fp16 / bf16: no register prefetch of K / V (22.5 against 28.9 ms);
- *     with fp32 the prefetch stays (21.3 against 23.1 ms without).
- *   Every d: -cl-denorms-are-zero. It lets exp2 compile to the bare MUFU.EX2
- *     (the denormal range fix-up costs three instructions per exponential):
- *     13.79 against 14.04 ms at d = 128, 16.75 against 16.97 at d = 64, 1% at
- *     d = 80 and 256, even at d = 96 (thirteenth session). P and O lose only
- *     values below 2^-126 of the row's maximum, far under fp32's resolution of
- *     the row sum; inputs that are themselves fp32 denormals read as 0.
- *   Every d: K and V in tiles of their own, refilled together once per tile
- *   (SEP_KV = 2, two barriers per tile instead of four), where the second tile
- *   fits: 13.84 -> 13.48 ms at d = 128, 16.80 -> 16.49 at 64, 20.59 -> 20.15
- *   at 256, 18.39 -> 18.33 at 96 (sixteenth session; SEP_KV = 1, one register
- *   stage and three barriers, 13.61 at 128 and slower at 96 and 256).
- *   d = 96, 128, 192 and 256: the row maxima through warp shuffles and P before
- *   the barrier (FWD_SHFL, where flash.c finds the inline PTX available and a
- *   row's work-items inside one warp): 18.26 -> 17.51 ms at d = 96, 13.42 ->
- *   13.26 at 128 (7.55 -> 7.42 causal), 17.53 -> 16.94 at 192, 20.11 -> 19.93
- *   at 256; slower at d = 64 (16.42 -> 17.07), 80 (19.22 -> 19.48) and 160
- *   (17.48 -> 17.73), the same at 32 (seventeenth session).
- * FLASHCL_FWD_TUNING="tall,unroll_d,prefetch,pad,unroll_o[,ftz[,sep_kv[,shfl]]]" replaces the
- * table on any device (a tuning aid; the tests use it to run these variants on
- * PoCL). */
-static void fcl_fwd_tuning_get(const flashcl_context *ctx, int d, flashcl_dtype dtype, fcl_fwd_tuning *t) {
-  t->tall = 0;
-  t->unroll_d = 0;
-  t->prefetch = 1;
-  t->pad = 0;
-  t->unroll_o = 0;
-  t->ftz = 0;
-  t->sep_kv = 0;
-  t->shfl = 0;
-  const char *env = getenv("FLASHCL_FWD_TUNING");
-  if (env) {
-    fcl_fwd_tuning e = {0};
-    const int n = sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d", &e.tall, &e.unroll_d, &e.prefetch, &e.pad, &e.unroll_o,
-                         &e.ftz, &e.sep_kv, &e.shfl);
-    if (n >= 5) {
-      t->tall = e.tall != 0;
-      t->unroll_d = e.unroll_d != 0;
-      t->prefetch = e.prefetch != 0;
-      t->pad = e.pad != 0;
-      t->unroll_o = e.unroll_o > 0 && e.unroll_o <= 64 ? e.unroll_o : 0;
-      t->ftz = e.ftz != 0;
-      t->sep_kv = e.sep_kv == 1 || e.sep_kv == 2 ? e.sep_kv : 0;
-      t->shfl = e.shfl != 0;
-      return;
-    }
-  }
-  if (!fcl_platform_is_nvidia(ctx)) return;
-  if (d == 128) {
-    t->tall = t->unroll_d = 1;
-    t->unroll_o = 4;
-  }
-  t->pad = d == 80 || d >= 128;
-  if (d == 256 && dtype != FLASHCL_F32) t->prefetch = 0;
-  t->ftz = 1;
-  t->sep_kv = 2;
-  t->shfl = d == 96 || d == 128 || d == 192 || d == 256;
+/* The GPU variant's choices: the fwd tuning's values (src/tuning_space.c
+ * declares them), else the default rule: no tie preference, no unrolling,
+ * register prefetch on, swizzled rows, one K/V tile, no shuffles. The
+ * choices measured on the H100 are its built-in tuning file
+ * (tuning/nvidia-h100.tune), with their measurements. */
+static void fcl_fwd_tuning_from(const fcl_tuned *tu, fcl_fwd_tuning *t) {
+  t->tall = fcl_tuned_get(tu, FCL_FWD_TALL, 0);
+  t->unroll_d = fcl_tuned_get(tu, FCL_FWD_UNROLL_D, 0);
+  t->prefetch = fcl_tuned_get(tu, FCL_FWD_PREFETCH, 1);
+  t->pad = fcl_tuned_get(tu, FCL_FWD_PAD, 0);
+  t->unroll_o = fcl_tuned_get(tu, FCL_FWD_UNROLL_O, 0);
+  t->ftz = fcl_tuned_get(tu, FCL_FWD_FTZ, 0);
+  t->sep_kv = fcl_tuned_get(tu, FCL_FWD_SEP_KV, 0);
+  t->shfl = fcl_tuned_get(tu, FCL_FWD_SHFL, 0);
 }
 
 static int fcl_shape_valid(int br, int bc, int d, const fcl_fwd_shape *s) {
@@ -185,7 +130,8 @@ static long fcl_shape_cost(int br, int bc, int d, const fcl_fwd_shape *s) {
   return s_warps * s_work + o_warps * o_work;
 }
 
-static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, int tall, fcl_fwd_shape *out);
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, const fcl_fwd_tuning *tune,
+                                fcl_fwd_shape *out);
 
 /* Lower cost wins; on a tie more work-items, then (with `tall`) the taller S
  * micro-tile, then the S micro-tile with the smaller perimeter. */
@@ -196,29 +142,29 @@ static int fcl_shape_better(const fcl_fwd_shape *c, long cost, const fcl_fwd_sha
   return c->s_tm + c->s_tn < best->s_tm + best->s_tn;
 }
 
-/* The mapping for a tile; returns 0 if none. */
-static int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, int tall, fcl_fwd_shape *out) {
-  const char *env = getenv("FLASHCL_FWD_SHAPE");
-  if (env) {
-    fcl_fwd_shape s;
-    if (sscanf(env, "%d,%d,%d,%d,%d", &s.threads, &s.s_tm, &s.s_tn, &s.o_tm, &s.o_td) == 5 &&
-        (size_t)s.threads <= max_wg && fcl_shape_valid(br, bc, d, &s)) {
-      *out = s;
-      return 1;
-    }
-  }
+/* The mapping for a tile; returns 0 if none. The tuning's mapping fields that
+ * are set (tune->want) restrict the search. */
+static int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, const fcl_fwd_tuning *tune, fcl_fwd_shape *out) {
+  if (tune->want.threads) return fcl_fwd_shape_pick_t(br, bc, d, max_wg, tune->want.threads, tune, out);
   int found = 0;
   for (size_t pi = 0; pi <= sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0] && !found; pi++)
     found = fcl_fwd_shape_pick_t(br, bc, d, max_wg,
                                  pi < sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0]
                                      ? FCL_PREFERRED_THREADS[pi]
                                      : 0,
-                                 tall, out);
+                                 tune, out);
   return found;
 }
 
+/* 1 if c agrees with every mapping field the tuning sets. */
+static int fcl_shape_wanted(const fcl_fwd_shape *w, const fcl_fwd_shape *c) {
+  return (!w->s_tm || w->s_tm == c->s_tm) && (!w->s_tn || w->s_tn == c->s_tn) && (!w->o_tm || w->o_tm == c->o_tm) &&
+         (!w->o_td || w->o_td == c->o_td);
+}
+
 /* The cheapest mapping with exactly `want` work-items (any count if want == 0). */
-static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, int tall, fcl_fwd_shape *out) {
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, const fcl_fwd_tuning *tune,
+                                fcl_fwd_shape *out) {
   int found = 0;
   long best_cost = 0;
   for (int sa = 1; sa <= 8; sa++) /* S_TM */
@@ -229,10 +175,10 @@ static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, 
       for (int oa = 1; oa <= 8; oa++) /* O_TM */
         for (int ob = 4; ob <= FCL_MAX_O / oa; ob += 4) { /* O_TD */
           fcl_fwd_shape c = {t, sa, sb, oa, ob};
-          if (!fcl_shape_valid(br, bc, d, &c)) continue;
+          if (!fcl_shape_valid(br, bc, d, &c) || !fcl_shape_wanted(&tune->want, &c)) continue;
           /* Work-items idle in the O phase only when nothing else fits. */
           const long cost = fcl_shape_cost(br, bc, d, &c) * ((br / oa) * (d / ob) == t ? 1 : 4);
-          if (!found || fcl_shape_better(&c, cost, out, best_cost, tall)) {
+          if (!found || fcl_shape_better(&c, cost, out, best_cost, tune->tall)) {
             *out = c;
             best_cost = cost;
             found = 1;
@@ -251,7 +197,7 @@ static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct, int pad) {
  * computed with one key column per work-item, a lower bound). */
 static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, const fcl_fwd_tuning *tune) {
   fcl_fwd_shape s;
-  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, tune->tall, &s)) {
+  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, tune, &s)) {
     p->threads = 0;
     p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, 1, tune->pad);
     return 0;
@@ -275,13 +221,10 @@ static int fcl_round_tile(size_t x) {
 }
 
 /* Also used by flash.c: 1 when the CPU rule and kernel variant apply, i.e. the
- * device is not a GPU, unless FLASHCL_FWD_MAP=gpu|cpu forces one (a testing aid:
- * it lets PoCL run the GPU mapping). */
-int fcl_fwd_cpu_map(const flashcl_context *ctx) {
-  const char *env = getenv("FLASHCL_FWD_MAP");
-  if (env && !strcmp(env, "gpu")) return 0;
-  if (env && !strcmp(env, "cpu")) return 1;
-  return !ctx->info.is_gpu;
+ * device is not a GPU, unless the tuning's map forces one (it lets PoCL run the
+ * GPU mapping in the tests). */
+int fcl_fwd_cpu_map(const flashcl_context *ctx, const fcl_tuned *tu) {
+  return fcl_tuned_get(tu, FCL_FWD_MAP, !ctx->info.is_gpu);
 }
 
 /* The CPU rule (see the top of this file). */
@@ -331,8 +274,8 @@ static int fcl_plan_wide(int d, size_t budget, size_t max_wg, const fcl_fwd_tuni
   return 0;
 }
 
-flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, int block_r, int block_c,
-                             fcl_plan *plan) {
+flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, fcl_plan *plan) {
+  const int block_r = fcl_tuned_get(tu, FCL_FWD_BR, 0), block_c = fcl_tuned_get(tu, FCL_FWD_BC, 0);
   if (d % 8 != 0 || d < 8 || d > 256)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %d is not supported: it must be a multiple of 8 in [8, 256]", d);
@@ -342,12 +285,15 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, int d, flashcl_dtype dtype, i
   const size_t M = ctx->info.local_mem_size;
   const size_t max_wg = ctx->info.max_work_group_size;
   const size_t s = 4;
-  if (fcl_fwd_cpu_map(ctx)) return fcl_make_plan_cpu(ctx, d, block_r, block_c, plan);
+  if (fcl_fwd_cpu_map(ctx, tu)) return fcl_make_plan_cpu(ctx, d, block_r, block_c, plan);
   /* Explicit tiles may use all the local memory a work-group can have; the
    * automatic rule starts from the reported M (see the top of this file). */
   const size_t budget = fcl_local_budget(ctx);
-  fcl_fwd_tuning tune; /* staging is fp32 for every dtype (see above); dtype only picks variants */
-  fcl_fwd_tuning_get(ctx, d, dtype, &tune);
+  fcl_fwd_tuning tune; /* staging is fp32 for every dtype (see above) */
+  fcl_fwd_tuning_from(tu, &tune);
+  tune.want = (fcl_fwd_shape){fcl_tuned_get(tu, FCL_FWD_THREADS, 0), fcl_tuned_get(tu, FCL_FWD_S_TM, 0),
+                              fcl_tuned_get(tu, FCL_FWD_S_TN, 0), fcl_tuned_get(tu, FCL_FWD_O_TM, 0),
+                              fcl_tuned_get(tu, FCL_FWD_O_TD, 0)};
   size_t fit = block_r || block_c ? budget : M;
   fcl_plan p = {0};
   p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
@@ -390,8 +336,11 @@ flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, 
   if (!out) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "plan is NULL");
   if (flashcl_dtype_size(dtype) == 0) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype");
   fcl_plan p;
-  flashcl_status st = fcl_make_plan(ctx, head_dim, dtype, block_r, block_c, &p);
-  if (st != FLASHCL_SUCCESS) return st;
+  fcl_tuned tu;
+  const fcl_tune_key key = {head_dim, dtype, 0, -1, 0};
+  fcl_tuning_resolve(ctx, FLASHCL_TUNE_FWD, NULL, &key, &tu);
+  flashcl_status st = fcl_tuned_blocks(ctx, &tu, block_r, block_c);
+  if (st != FLASHCL_SUCCESS || (st = fcl_make_plan(ctx, &tu, head_dim, &p)) != FLASHCL_SUCCESS) return st;
   out->block_r = p.br;
   out->block_c = p.bc;
   out->threads = p.threads;

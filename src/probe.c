@@ -9,8 +9,8 @@
  * is FCL_LOCAL_PROBE. A failure of any kind only keeps the reported size: the
  * reason goes to fcl_log, never to the caller. Other platforms are not probed: a
  * driver that honours its report would only spend a failed build on it.
- * FLASHCL_LOCAL_PROBE=0 skips the probe (comparisons, or a driver that misbehaves).
- * Under FLASHCL_LOCAL_MEM_SIZE (a testing aid: M as if the device reported less)
+ * The context tuning's local_probe = 0 skips the probe (comparisons, or a driver
+ * that misbehaves). Under its local_mem (a testing aid: M as if the device reported less)
  * the budget still starts from what the device reports, so the rules for a
  * budget above M can be exercised on any device, PoCL included. */
 #include "internal.h"
@@ -79,9 +79,9 @@ static int fcl_run_local_probe(flashcl_context *ctx, int bytes) {
 size_t fcl_local_budget(flashcl_context *ctx) {
   if (ctx->local_budget) return ctx->local_budget;
   size_t budget = ctx->local_mem_actual;
-  const char *env = getenv("FLASHCL_LOCAL_PROBE");
-  const int allowed = !(env && !strcmp(env, "0"));
-  if (allowed && ctx->info.is_gpu && fcl_platform_is_nvidia(ctx) && budget < FCL_LOCAL_PROBE &&
+  /* The context tuning's local_probe (0 or 1) overrides the rule: NVIDIA GPUs. */
+  const int allowed = ctx->local_probe >= 0 ? ctx->local_probe : ctx->info.is_gpu && fcl_platform_is_nvidia(ctx);
+  if (allowed && budget < FCL_LOCAL_PROBE &&
       fcl_run_local_probe(ctx, FCL_LOCAL_PROBE)) {
     budget = FCL_LOCAL_PROBE;
     fcl_log(ctx, "local memory: the device runs work-groups with %zu bytes (it reports %zu)", budget,

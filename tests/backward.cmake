@@ -2,8 +2,8 @@
 #   test_backward       default suite (label default): gradients against the double
 #                       reference, dropout mask, error paths, workspace, FD check
 #   test_backward_long  the same source with FCT_BWD_LONG: the sweep (label long)
-#   test_backward_ahead test_backward with FLASHCL_BWD_AHEAD=1 on the forced-plan cases
-#   test_backward_warp  test_backward with FLASHCL_BWD_WARP=1 on the forced-plan cases
+#   test_backward_ahead test_backward with the bwd tuning ahead=1 on the forced-plan cases
+#   test_backward_warp  test_backward with the bwd tuning warp=1 on the forced-plan cases
 #   test_backward_split test_backward with NVIDIA's build choices forced on (halves,
 #                       unrolled loops, denormals flushed) on the forced-plan cases
 #   test_backward_mma   with FCT_BWD_MMA: the NVIDIA tensor-core backward (label default;
@@ -27,18 +27,18 @@ target_compile_definitions(test_backward_mma PRIVATE FCT_BWD_LONG=1 FCT_BWD_MMA=
 set_tests_properties(test_backward PROPERTIES TIMEOUT 900 LABELS default)
 set_tests_properties(test_backward_long PROPERTIES TIMEOUT 7200 LABELS long)
 set_tests_properties(test_backward_mma PROPERTIES TIMEOUT 600 LABELS default)
-# The portable kernels' read-ahead of the next tile (-DBWD_AHEAD; on by default
-# only for d = 256 on NVIDIA), forced on over the forced-plan cases: GQA,
+# The portable kernels' read-ahead of the next tile (-DBWD_AHEAD; on in the
+# H100's tuning file only for d = 256), forced on over the forced-plan cases: GQA,
 # causal, dropout and both dQ modes at d = 64, 128 and 192.
 flashcl_add_test_variant(test_backward_ahead test_backward
-  "FLASHCL_BWD_AHEAD=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
-# The warp-tiled mappings with padded score rows (FLASHCL_BWD_WARP=1) on the
+  "FLASHCL_TEST_TUNING=bwd ahead=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
+# The warp-tiled mappings with padded score rows (bwd warp=1) on the
 # same cases, whatever the device's default.
 flashcl_add_test_variant(test_backward_warp test_backward
-  "FLASHCL_BWD_WARP=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
-# NVIDIA's build choices for the portable kernels (src/backward.c): bwd_dkdv in
+  "FLASHCL_TEST_TUNING=bwd warp=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
+# The H100's build choices for the portable kernels (tuning/nvidia-h100.tune): bwd_dkdv in
 # two halves of one product each, unrolled loops and -cl-denorms-are-zero, with
 # the warp-tiled mappings, forced on over the same cases (PoCL takes none of
 # them by default).
 flashcl_add_test_variant(test_backward_split test_backward
-  "FLASHCL_BWD_SPLIT=1;FLASHCL_BWD_UNROLL=1;FLASHCL_BWD_FTZ=1;FLASHCL_BWD_WARP=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
+  "FLASHCL_TEST_TUNING=bwd split=1 unroll=1 ftz=1 warp=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)

@@ -264,6 +264,13 @@ double fct_lse_tolerance(flashcl_dtype dtype) { return dtype == FLASHCL_F32 ? 1e
 
 /* ------------------------------------------------------------ the group -- */
 
+const flashcl_tuning *fct_gpu_map_tuning(void) {
+  static flashcl_tuning t;
+  flashcl_tuning_init(&t, FLASHCL_TUNE_FWD);
+  if (flashcl_tuning_set(NULL, &t, "map", 0) != FLASHCL_SUCCESS) fail_msg("fwd map=0 is not a legal tuning");
+  return &t;
+}
+
 fct_env *fct_env_get(void) {
   if (!g_env_ready) fail_msg("no flashcl context: the test group was run without device setup");
   return &g_env;
@@ -276,6 +283,9 @@ int fct_group_setup(void **state) {
   memset(&g_env, 0, sizeof g_env);
   flashcl_context_options_init(&opt);
   opt.verbose = verbose && *verbose ? atoi(verbose) : 0;
+  /* Only $FLASHCL_TUNING (the CTest variants' override files) and the built-in
+   * database: a user's own tuning files must not change what the suite runs. */
+  opt.no_user_tuning = 1;
   st = flashcl_context_create(&opt, &g_env.ctx);
   if (st != FLASHCL_SUCCESS || !g_env.ctx) {
     print_error("flashcl_context_create failed: %d (%s)\n", (int)st, flashcl_status_string(st));

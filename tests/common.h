@@ -126,6 +126,9 @@ typedef struct fct_env {
 
 /* The group's environment (valid between group setup and teardown). */
 fct_env *fct_env_get(void);
+/* A per-call tuning that runs the portable forward's GPU work-item mapping
+ * (fwd map=0), so that a CPU-only CI (PoCL) runs that variant too. */
+const flashcl_tuning *fct_gpu_map_tuning(void);
 int fct_group_setup(void **state);
 int fct_group_teardown(void **state);
 

@@ -9,5 +9,5 @@ endif()
 flashcl_add_test(test_masks TIMEOUT 600)
 # The GPU forward with separate K and V tiles (NVIDIA's SEP_KV = 2) under the
 # window, ALiBi, softcap and mask variants (a mask turns SEP_KV off).
-flashcl_add_test_variant(test_masks_sep_kv test_masks "FLASHCL_FWD_MAP=gpu;FLASHCL_FWD_TUNING=0,0,1,0,0,0,2" TIMEOUT 600)
+flashcl_add_test_variant(test_masks_sep_kv test_masks "FLASHCL_TUNING=${CMAKE_CURRENT_LIST_DIR}/tuning/gpu_map_sep_kv.tune" TIMEOUT 600)
 target_link_libraries(test_masks PRIVATE flashcl_test_masks)

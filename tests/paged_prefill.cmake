@@ -3,4 +3,4 @@
 # Included from tests/CMakeLists.txt.
 flashcl_add_test(test_paged_prefill TIMEOUT 600)
 flashcl_add_test_variant(test_paged_prefill_sep_kv test_paged_prefill
-  "FLASHCL_FWD_MAP=gpu;FLASHCL_FWD_TUNING=0,0,1,0,0,0,2" TIMEOUT 600)
+  "FLASHCL_TUNING=${CMAKE_CURRENT_LIST_DIR}/tuning/gpu_map_sep_kv.tune" TIMEOUT 600)

@@ -470,8 +470,25 @@ static void test_block_plan(void **state) {
 
 /* ---------------------------------------------------------- local memory -- */
 
+/* A new context whose tuning file holds `text` (written to a temporary file that
+ * is gone again when this returns), without the user's tuning files. */
+static flashcl_status ctx_with_tuning(const char *text, flashcl_context **out) {
+  char path[] = "/tmp/flashcl-test-XXXXXX";
+  const int fd = mkstemp(path);
+  FCT_CHECK(fd >= 0, "mkstemp failed");
+  FILE *f = fdopen(fd, "w");
+  FCT_CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0, "writing %s failed", path);
+  flashcl_context_options opt;
+  flashcl_context_options_init(&opt);
+  opt.tuning_file = path;
+  opt.no_user_tuning = 1;
+  const flashcl_status st = flashcl_context_create(&opt, out);
+  remove(path);
+  return st;
+}
+
 /* The usable local memory: at least the reported M, more only where the probe
- * ran (NVIDIA), and exactly M with FLASHCL_LOCAL_PROBE=0. Explicit tiles between
+ * ran (NVIDIA), and exactly M with the context tuning's local_probe=0. Explicit tiles between
  * the two must then be accepted (and the automatic ones stay within it, see
  * test_block_plan). */
 static void test_local_memory(void **state) {
@@ -488,8 +505,9 @@ static void test_local_memory(void **state) {
   const size_t limit = plan_local_limit(usable, env->info.local_mem_size);
   FCT_CHECK(usable >= env->info.local_mem_size, "usable local memory %zu < reported %zu", usable,
             env->info.local_mem_size);
-  /* FLASHCL_LOCAL_MEM_SIZE (a testing aid) lowers M below the device's figure. */
-  const int lowered = getenv("FLASHCL_LOCAL_MEM_SIZE") != NULL;
+  /* An override file's context.local_mem (a testing aid) may lower M below the
+   * device's figure. */
+  const int lowered = getenv("FLASHCL_TUNING") != NULL;
   if (!lowered && (!strstr(env->info.platform_name, "NVIDIA") || !env->info.is_gpu))
     FCT_CHECK(usable == env->info.local_mem_size, "usable local memory %zu != reported %zu off NVIDIA GPUs", usable,
               env->info.local_mem_size);
@@ -510,30 +528,23 @@ static void test_local_memory(void **state) {
               flashcl_status_string(st));
   }
   {
-    const char *old = getenv("FLASHCL_LOCAL_PROBE");
-    char *saved = old ? strdup(old) : NULL;
-    setenv("FLASHCL_LOCAL_PROBE", "0", 1);
-    st = flashcl_context_create(NULL, &ctx);
+    st = ctx_with_tuning("context : local_probe=0\n", &ctx);
     if (st == FLASHCL_SUCCESS) st = flashcl_context_local_memory(ctx, &plain);
-    set_or_unset("FLASHCL_LOCAL_PROBE", saved);
-    free(saved);
-    FCT_CHECK(st == FLASHCL_SUCCESS, "context with FLASHCL_LOCAL_PROBE=0: %s", flashcl_status_string(st));
-    FCT_CHECK(lowered || plain == env->info.local_mem_size, "FLASHCL_LOCAL_PROBE=0 gave %zu usable bytes, reported %zu",
+    FCT_CHECK(st == FLASHCL_SUCCESS, "context with local_probe=0: %s", flashcl_status_string(st));
+    FCT_CHECK(lowered || plain == env->info.local_mem_size, "local_probe=0 gave %zu usable bytes, reported %zu",
               plain, env->info.local_mem_size);
     flashcl_context_destroy(ctx);
   }
 }
 
-/* FLASHCL_LOCAL_MEM_SIZE lowers M below what the device reports while the budget
+/* The context tuning's local_mem lowers M below what the device reports while the budget
  * stays at the device's own figure, so the rules for a budget above M run on any
  * device (PoCL included; on NVIDIA the probe gives the same picture). With
  * M = 48 KiB and the GPU work-item mapping, d = 128 gets the budget's 128 x 64
  * (M alone: 48 x 32) and d = 256 64 x 32 (M: 16 x 16), while d = 64 and 96,
  * where M already gives Br >= d / 2, keep M's 64 x 48 and 64 x 32. */
 static void test_local_memory_override(void **state) {
-  static const char *const names[] = {"FLASHCL_LOCAL_MEM_SIZE", "FLASHCL_FWD_MAP"};
   static const int dims[] = {128, 64, 96, 256};
-  char *saved[2];
   flashcl_context *ctx = NULL;
   flashcl_device_info info;
   flashcl_block_plan plans[4];
@@ -543,25 +554,16 @@ static void test_local_memory_override(void **state) {
   (void)state;
   memset(&info, 0, sizeof info);
   memset(plans, 0, sizeof plans);
-  /* Both variables are set only around the calls (M is read at creation, the
-   * mapping at each plan) and restored before any check can end the test. */
-  for (i = 0; i < 2; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
-  setenv("FLASHCL_LOCAL_MEM_SIZE", "49152", 1);
-  setenv("FLASHCL_FWD_MAP", "gpu", 1);
-  st = flashcl_context_create(NULL, &ctx);
+  st = ctx_with_tuning("context : local_mem=49152\nfwd : map=0\n", &ctx);
   if (st == FLASHCL_SUCCESS) {
     flashcl_context_device_info(ctx, &info);
     st = flashcl_context_local_memory(ctx, &usable);
     for (i = 0; i < 4; i++)
       pst[i] = flashcl_attention_block_plan(ctx, dims[i], i ? FLASHCL_F16 : FLASHCL_F32, 0, 0, &plans[i]);
   }
-  for (i = 0; i < 2; i++) {
-    set_or_unset(names[i], saved[i]);
-    free(saved[i]);
-  }
-  FCT_CHECK(st == FLASHCL_SUCCESS, "context with FLASHCL_LOCAL_MEM_SIZE=49152: %s", flashcl_status_string(st));
+  FCT_CHECK(st == FLASHCL_SUCCESS, "context with local_mem=49152: %s", flashcl_status_string(st));
   flashcl_context_destroy(ctx);
-  FCT_CHECK(info.local_mem_size <= 49152, "FLASHCL_LOCAL_MEM_SIZE=49152 left M at %zu", info.local_mem_size);
+  FCT_CHECK(info.local_mem_size <= 49152, "local_mem=49152 left M at %zu", info.local_mem_size);
   if (usable <= info.local_mem_size || info.max_work_group_size < 256) {
     print_message("[ SKIPPED  ] no local memory beyond M = %zu (usable %zu) or fewer than 256 work-items\n",
                   info.local_mem_size, usable);

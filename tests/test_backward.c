@@ -93,7 +93,7 @@ static void wait_event(cl_event ev, const char *what, const char *desc) {
 enum { R_DET = 1, R_ATOMIC = 2, R_NAIVE = 4, R_REPEAT = 8, R_SPLIT = 16, R_ALL = R_DET | R_ATOMIC | R_NAIVE };
 /* R_SPLIT (tensor-core table): the deterministic dQ accumulated by the dK/dV
  * kernel in split accumulators, forced to 1 and 3 splits with
- * FLASHCL_BWD_DQ_SPLITS (the automatic choice takes it only for shapes that fill
+ * the mma_bwd tuning's dq_splits (the automatic choice takes it only for shapes that fill
  * the device), each run twice and compared bit for bit. */
 /* Where the backward's o / lse come from: the double reference rounded to the
  * dtype, the device's flash forward, or the device's naive forward. */
@@ -116,7 +116,7 @@ typedef struct bwd_case {
   int offset_mode; /* OFS_* */
   int num_seqs;
   const int *seqlens_q, *seqlens_k;
-  const char *bwd_plan; /* FLASHCL_BWD_PLAN for the flash runs (NULL: the automatic plan) */
+  const char *bwd_plan; /* the bwd tuning's plan for the flash runs, "bc,br,threads[/...]" (NULL: the automatic plan) */
 } bwd_case;
 
 #ifndef FCT_BWD_MMA
@@ -247,7 +247,7 @@ static const bwd_case CASES[] = {
      R_DET | R_ATOMIC,
      SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,128/32,64,128"},
     /* NVIDIA's atomic-mode dK/dV plan at d = 128: 56 keys (not a divisor of
-     * the lengths), with dropout; with FLASHCL_BWD_SPLIT=1 (test_backward_split)
+     * the lengths), with dropout; with the bwd tuning's split=1 (test_backward_split)
      * the halves take 7 x 4 scores and 14 x 8 of dK or dV each. */
     {"f16_d128_plan_56x32x128_dq_32x64x128_causal_dropout", K_BWD, F16, 1, 90, 100, 2, 1, 128, 1, 0.1f,
      R_DET | R_ATOMIC, SRC_REF, FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "56,32,128/32,64,128"},
@@ -289,6 +289,39 @@ static ref_attention_params bwd_ref_params(const bwd_problem *bp) {
   return rp;
 }
 
+/* The per-call tuning the flash runs of a case take (a forced plan, split
+ * counts, the second queue on or off), or none. bwd_tuning_begin starts one of
+ * a family, with the parameters of $FLASHCL_TEST_TUNING ("bwd ahead=1", set by
+ * the CTest variants) when it names the same family. */
+static flashcl_tuning g_tuning;
+static int g_tuning_on;
+
+static void bwd_tuning_begin(flashcl_tuning_family family) {
+  const char *extra = getenv("FLASHCL_TEST_TUNING");
+  flashcl_tuning_init(&g_tuning, family);
+  if (extra && *extra) {
+    flashcl_tuning t;
+    flashcl_status st = flashcl_tuning_parse(NULL, extra, &t);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "FLASHCL_TEST_TUNING=\"%s\" does not parse", extra);
+    if (t.family == family) g_tuning = t;
+  }
+  g_tuning_on = 1;
+}
+
+static void bwd_tuning_set(const char *name, int value) {
+  FCT_CHECK_STATUS(flashcl_tuning_set(NULL, &g_tuning, name, value), FLASHCL_SUCCESS, "tuning %s = %d", name, value);
+}
+
+/* "bc,br,threads" forces both kernels' plans, "bc,br,threads/bc,br,threads"
+ * gives bwd_dq the second. */
+static void bwd_tuning_plan(const char *plan) {
+  int v[6] = {0}, n = sscanf(plan, "%d,%d,%d/%d,%d,%d", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]);
+  static const char *const names[6] = {"bc", "br", "threads", "dq_bc", "dq_br", "dq_threads"};
+  FCT_CHECK(n == 3 || n == 6, "bad plan \"%s\"", plan);
+  bwd_tuning_begin(FLASHCL_TUNE_BWD);
+  for (int i = 0; i < n; i++) bwd_tuning_set(names[i], v[i]);
+}
+
 static void bwd_desc(const bwd_problem *bp, flashcl_algo algo, int deterministic, flashcl_attention_desc *desc) {
   fct_run run;
   memset(&run, 0, sizeof run);
@@ -301,6 +334,7 @@ static void bwd_desc(const bwd_problem *bp, flashcl_algo algo, int deterministic
   desc->dropout_p = bp->drop.p;
   desc->seed = bp->drop.seed;
   desc->offset = bp->drop.offset;
+  if (g_tuning_on && algo == FLASHCL_ALGO_FLASH) desc->tuning = &g_tuning;
 }
 
 static double rel_l2_view(const fct_tensor *t, const double *ref, size_t *nan_count) {
@@ -329,6 +363,7 @@ static flashcl_status bwd_device_forward(bwd_problem *bp, flashcl_algo algo, fct
   cl_event ev = NULL;
   flashcl_status st;
   bwd_desc(bp, algo, 1, &desc);
+  desc.tuning = NULL; /* the case's tuning is the backward's */
   st = flashcl_attention_forward(fct_env_get()->ctx, &desc, &bp->fp.q.t, &bp->fp.k.t, &bp->fp.v.t, &o->t, &lse->t, 0,
                                  NULL, &ev);
   if (st != FLASHCL_SUCCESS) return st;
@@ -683,46 +718,11 @@ static int same_bits(const fct_tensor *a, const fct_tensor *b) {
   return a->bytes == b->bytes && memcmp(a->host, b->host, a->bytes) == 0;
 }
 
-/* Environment variables a case sets (FLASHCL_BWD_PLAN, FLASHCL_BWD_DQ_SPLITS):
- * env_guard_set sets one, env_guard_restore puts it back as it was. The restore
- * also runs as the table tests' cmocka teardown, so a failed check (cmocka
- * longjmps out of the case) cannot leak a setting into the next case. */
-typedef struct env_guard {
-  const char *name;
-  int active;
-  char *saved; /* the value before the case, NULL when it was unset */
-} env_guard;
-static env_guard g_plan_env = {"FLASHCL_BWD_PLAN", 0, NULL};
-#ifdef FCT_BWD_MMA
-static env_guard g_splits_env = {"FLASHCL_BWD_DQ_SPLITS", 0, NULL};
-#endif
-
-static void env_guard_set(env_guard *g, const char *value) {
-  const char *old = getenv(g->name);
-  if (!value || g->active) return;
-  g->saved = old ? strdup(old) : NULL;
-  FCT_CHECK(!old || g->saved, "strdup failed");
-  g->active = 1;
-  setenv(g->name, value, 1);
-}
-
-static void env_guard_restore(env_guard *g) {
-  if (!g->active) return;
-  if (g->saved)
-    setenv(g->name, g->saved, 1);
-  else
-    unsetenv(g->name);
-  free(g->saved);
-  g->saved = NULL;
-  g->active = 0;
-}
-
+/* The table tests' cmocka teardown ends a case's tuning, so that a failed
+ * check (cmocka longjmps out of the case) cannot leak it into the next case. */
 static int bwd_table_teardown(void **state) {
   (void)state;
-  env_guard_restore(&g_plan_env);
-#ifdef FCT_BWD_MMA
-  env_guard_restore(&g_splits_env);
-#endif
+  g_tuning_on = 0;
   return 0;
 }
 
@@ -730,7 +730,7 @@ static void check_backward_case(const bwd_case *c) {
   bwd_problem bp;
   bwd_result det, other;
   bwd_problem_create(&bp, c, 1);
-  env_guard_set(&g_plan_env, c->bwd_plan);
+  if (c->bwd_plan) bwd_tuning_plan(c->bwd_plan);
   if (c->runs & R_DET) {
     bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &det);
     if (c->runs & R_REPEAT) {
@@ -752,7 +752,8 @@ static void check_backward_case(const bwd_case *c) {
       const int n = atoi(counts[i]);
       flashcl_attention_desc desc;
       size_t bytes = 0, dq_elems = (size_t)bp.B * bp.Nq * bp.Hq * bp.D;
-      env_guard_set(&g_splits_env, counts[i]);
+      bwd_tuning_begin(FLASHCL_TUNE_MMA_BWD);
+      bwd_tuning_set("dq_splits", n);
       bwd_desc(&bp, FLASHCL_ALGO_FLASH, 1, &desc);
       /* The workspace shows that the split path is the one planned: D plus n
        * fp32 copies of dQ (the separate dQ kernel needs D only). */
@@ -762,10 +763,10 @@ static void check_backward_case(const bwd_case *c) {
         bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &det);
         bwd_run(&bp, FLASHCL_ALGO_FLASH, 1, &other);
       }
-      env_guard_restore(&g_splits_env);
+      g_tuning_on = 0;
       FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_attention_workspace_size: %s", bp.desc);
       FCT_CHECK(bytes >= (size_t)n * dq_elems * sizeof(float),
-                "%s: with FLASHCL_BWD_DQ_SPLITS=%d the deterministic backward plans %zu bytes of scratch, not the %d "
+                "%s: with mma_bwd dq_splits=%d the deterministic backward plans %zu bytes of scratch, not the %d "
                 "dQ accumulators of the split path",
                 bp.desc, n, bytes, n);
       FCT_CHECK(same_bits(&det.dq, &other.dq) && same_bits(&det.dk, &other.dk) && same_bits(&det.dv, &other.dv),
@@ -786,7 +787,7 @@ static void check_backward_case(const bwd_case *c) {
     bwd_run(&bp, FLASHCL_ALGO_NAIVE, 1, &other);
     bwd_result_release(&other);
   }
-  env_guard_restore(&g_plan_env);
+  g_tuning_on = 0;
   bwd_problem_release(&bp);
 }
 
@@ -1378,7 +1379,7 @@ static void test_backward_workspace(void **state) {
  * completed before the event is set; then its out_event completes and the
  * gradients are right. Flash (both dQ modes) and naive; the deterministic flash
  * run once with dQ on the caller's queue and once on the context's second queue
- * (FLASHCL_BWD_CONCURRENT, the GPU default), whose events must still chain the
+ * (the bwd tuning's concurrent, the GPU default), whose events must still chain the
  * wait list to out_event. */
 static void test_backward_wait_list(void **state) {
   static const bwd_case c = BWD("wait_list", F32, 1, 40, 40, 2, 2, 64, 0, 0.0f, 0);
@@ -1400,7 +1401,8 @@ static void test_backward_wait_list(void **state) {
     int i;
     run_str(algo, deterministic, rs, sizeof rs);
     if (v == 0 || v == 3) {
-      setenv("FLASHCL_BWD_CONCURRENT", v == 3 ? "1" : "0", 1);
+      bwd_tuning_begin(FLASHCL_TUNE_BWD);
+      bwd_tuning_set("concurrent", v == 3);
       appendf(rs, sizeof rs, v == 3 ? ", dQ on the second queue" : ", one queue");
     }
     fct_tensor_create(&g[0], F32, FCT_BNHD, 1, 40, 2, 64, 5);
@@ -1411,7 +1413,7 @@ static void test_backward_wait_list(void **state) {
     bwd_desc(&bp, algo, deterministic, &desc);
     st = flashcl_attention_backward(env->ctx, &desc, &bp.fp.q.t, &bp.fp.k.t, &bp.fp.v.t, &bp.o.t, &bp.lse.t,
                                     &bp.d_o.t, &g[0].t, &g[1].t, &g[2].t, 1, &gate, &done);
-    unsetenv("FLASHCL_BWD_CONCURRENT"); /* read during the call only; a failed check below skips the loop's end */
+    g_tuning_on = 0; /* read during the call only; a failed check below skips the loop's end */
     if (st != FLASHCL_SUCCESS) clSetUserEventStatus(gate, CL_COMPLETE);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "backward gated on a user event (%s)", rs);
     FCT_CHECK(done != NULL, "backward (%s) returned no out_event", rs);

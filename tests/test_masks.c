@@ -8,7 +8,7 @@
  *   - Relative L2 of O, dQ, dK, dV: fp32 1e-5, fp16 2e-3, bf16 1e-2 (common.h);
  *     LSE: fct_lse_tolerance, and a row's LSE is -inf on the device iff it is in
  *     the reference (then its O row is exactly 0).
- *   - One case runs the GPU variant of the portable forward (FLASHCL_FWD_MAP=gpu).
+ *   - One case runs the GPU variant of the portable forward (the fwd tuning map=0, per call).
  *   - Error paths: bad window / softcap values and a short alibi buffer leave the
  *     outputs untouched.
  */
@@ -34,7 +34,7 @@ typedef struct mt_case {
   int num_seqs;   /* varlen when > 0 */
   const int *lens_q, *lens_k;
   int backward;
-  int gpu_map;    /* forward with FLASHCL_FWD_MAP=gpu */
+  int gpu_map;    /* forward with the fwd tuning map=0 (the GPU mapping) */
   int block;      /* flash block_r = block_c (0: automatic); small tiles make the window skip tiles */
   int mma;        /* 1: flash only, desc.kernel = NVIDIA_MMA, backward in both dQ modes (skipped where
                    * there is no tensor-core path) */
@@ -187,9 +187,8 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
   fct_tensor_poison(&lse);
   flashcl_attention_desc desc;
   mt_desc(c, &in, algo, &desc);
-  if (c->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
+  if (c->gpu_map) desc.tuning = fct_gpu_map_tuning();
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, 0, NULL, NULL);
-  if (c->gpu_map) unsetenv("FLASHCL_FWD_MAP");
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s): forward", c->name, an);
   fct_finish();
   fct_tensor_download(&o);

@@ -10,7 +10,7 @@
  * (q = the last Nq positions: bottom-right alignment). Outputs are NaN-poisoned
  * before the call; tolerances (relative L2 of O): fp32 1e-5, fp16 2e-3, bf16 1e-2.
  * Rows that see no key (L_b < Nq - i) must give O = 0 and LSE = -inf exactly.
- * Also: the GPU work-item mapping forced on (FLASHCL_FWD_MAP=gpu), an end-to-end
+ * Also: the GPU work-item mapping forced on (the fwd tuning map=0, per call), an end-to-end
  * flashcl_kv_cache_append + paged forward against the contiguous forward over the
  * whole sequences, dropout/window/ALiBi/softcap against the contiguous forward,
  * packed varlen chunks (also with a speculative-decoding tree mask), the
@@ -58,7 +58,7 @@ typedef struct pp_case {
   int lens[MAXB]; /* cache lengths L_b, including the Nq new tokens */
   int nq, hq, hkv, d, page_size;
   flashcl_algo algo;
-  int gpu_map;                 /* 1: FLASHCL_FWD_MAP=gpu */
+  int gpu_map;                 /* 1: the fwd tuning map=0 (the GPU mapping) */
   flashcl_kernel_family kernel; /* NVIDIA_MMA: the tensor-core forward (skipped where it is not available) */
   int varlen;                  /* 1: packed queries (cu_seqlens_q), nqs[b] of them for sequence b */
   int nqs[MAXB];
@@ -192,9 +192,8 @@ static void run_case(const pp_case *pc) {
     skip();
     return;
   }
-  if (pc->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
+  if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &q.t, &c.k.t, &c.v.t, &o.t, &lse.t, 0, NULL, NULL);
-  if (pc->gpu_map) unsetenv("FLASHCL_FWD_MAP");
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: paged forward", pc->name);
   fct_finish();
   fct_tensor_download(&o);

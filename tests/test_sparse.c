@@ -12,7 +12,7 @@
  *     the kernel tiles (and smaller than them); each also runs as the equivalent
  *     dense BITS mask, and the two results must agree.
  *   - Composition with causal, a sliding window, GQA, varlen; fp32/fp16/bf16; one
- *     case per kind with FLASHCL_FWD_MAP=gpu (the GPU variant of the kernel).
+ *     case per kind with the fwd tuning map=0 (the GPU variant of the kernel).
  *   - Fresh random inputs every run (seed printed; FLASHCL_TEST_SEED reproduces);
  *     outputs NaN-poisoned before every call; relative L2 of O: fp32 1e-5, fp16
  *     2e-3, bf16 1e-2; a row's LSE is -inf iff the reference's is (O row then 0).
@@ -299,10 +299,9 @@ static void sp_run_one(const sp_case *c, const sp_inputs *in, const sp_mask *m, 
   fct_tensor_poison(&lse);
   flashcl_attention_desc desc;
   sp_desc(c, in, m, algo, &desc);
-  if (c->gpu_map) setenv("FLASHCL_FWD_MAP", "gpu", 1);
+  if (c->gpu_map) desc.tuning = fct_gpu_map_tuning();
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &in->q.t, &in->k.t, &in->v.t, &o->t, &lse.t, 0, NULL,
                                                 NULL);
-  if (c->gpu_map) unsetenv("FLASHCL_FWD_MAP");
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s, %s): forward", c->name, an, tag);
   fct_finish();
   fct_tensor_download(o);
