@@ -818,6 +818,10 @@ FLASHCL_API flashcl_status flashcl_decode_config(flashcl_context *ctx, const fla
                                                  const flashcl_tensor *q, const flashcl_tensor *k_cache,
                                                  const flashcl_tensor *v_cache, flashcl_config *config);
 
+/* The context's cache directory (options.cache_dir resolved as documented
+ * there), "" when none could be named. flashcl-tune writes to its tuning/. */
+FLASHCL_API const char *flashcl_context_cache_dir(const flashcl_context *ctx);
+
 /* What the context's tuning lookup did when it was created: the device key, each
  * source tried, loaded or skipped and why (one line each). Never NULL. */
 FLASHCL_API const char *flashcl_context_tuning_log(const flashcl_context *ctx);

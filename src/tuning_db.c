@@ -352,6 +352,10 @@ void fcl_tuning_free(flashcl_context *ctx) {
   ctx->tuning_log = NULL;
 }
 
+const char *flashcl_context_cache_dir(const flashcl_context *ctx) {
+  return ctx && ctx->cache_dir ? ctx->cache_dir : "";
+}
+
 const char *flashcl_context_tuning_log(const flashcl_context *ctx) {
   return ctx && ctx->tuning_log ? ctx->tuning_log : "";
 }
