@@ -739,6 +739,7 @@ void fct_problem_desc(const fct_problem *p, const fct_run *run, flashcl_attentio
     desc->kernel = run->kernel;
     desc->block_r = run->block_r;
     desc->block_c = run->block_c;
+    desc->tuning = run->tuning;
   }
 }
 
@@ -746,6 +747,10 @@ static void run_str(const fct_run *run, char *buf, size_t cap) {
   snprintf(buf, cap, "algo=%s", fct_algo_str(run ? run->algo : FLASHCL_ALGO_AUTO));
   if (run && (run->block_r || run->block_c)) append(buf, cap, " block_r=%d block_c=%d", run->block_r, run->block_c);
   if (run && run->kernel != FLASHCL_KERNEL_AUTO) append(buf, cap, " kernel=%d", (int)run->kernel);
+  if (run && run->tuning) {
+    char t[256];
+    if (flashcl_tuning_format(run->tuning, t, sizeof t) == FLASHCL_SUCCESS) append(buf, cap, " tuning \"%s\"", t);
+  }
 }
 
 void fct_problem_run(fct_problem *p, const fct_run *run, fct_result *r) {

@@ -250,6 +250,7 @@ typedef struct fct_run {
   flashcl_algo algo;
   int block_r, block_c;
   flashcl_kernel_family kernel;
+  const flashcl_tuning *tuning; /* desc.tuning (NULL: the context's sources) */
 } fct_run;
 
 typedef struct fct_result {

@@ -230,6 +230,7 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
     fct_tensor_poison(&dq);
     fct_tensor_poison(&dk);
     fct_tensor_poison(&dv);
+    desc.tuning = NULL; /* gpu_map tunes the forward; a fwd tuning is refused by the backward */
     st = flashcl_attention_backward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.d_o.t, &dq.t,
                                     &dk.t, &dv.t, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s): backward", c->name, an);
