@@ -383,6 +383,7 @@ static flashcl_status fcl_bwd_prepare(flashcl_context *ctx, const fcl_problem *p
                       "bytes of local memory or map to the work-items", p->head_dim, fcl_local_budget(ctx));
     fcl_log(ctx, "bwd tuning from %s ignored (its tiles do not fit or map): the default rule runs", tu->origin);
     memset(tu->set, 0, sizeof tu->set);
+    memset(tu->call, 0, sizeof tu->call);
     tu->source = FLASHCL_TUNING_SOURCE_DEFAULT;
     ok = fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 0, &r->bp) &&
          (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 1, &r->bq));

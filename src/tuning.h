@@ -71,6 +71,7 @@ typedef struct fcl_tuned {
   flashcl_tuning_source source;
   char origin[256];
   int set[FCL_TUNE_MAX], val[FCL_TUNE_MAX];
+  int call[FCL_TUNE_MAX]; /* set by the call (desc.tuning, desc.block_r/c): must run as given */
   int ran[FCL_TUNE_MAX];
 } fcl_tuned;
 
@@ -91,10 +92,11 @@ static inline void fcl_tuned_ran(fcl_tuned *t, int index, int value) { t->ran[in
  * plan refuses tiles that do not fit with UNSUPPORTED). */
 flashcl_status fcl_tuned_blocks(flashcl_context *ctx, fcl_tuned *t, int block_r, int block_c);
 
-/* A per-call tuning must run as given: FLASHCL_ERROR_UNSUPPORTED, naming the
+/* What the call set must run as given: FLASHCL_ERROR_UNSUPPORTED, naming the
  * first parameter whose value did not run (it did not fit, or the kernel it
- * belongs to does not run), when one of the values it sets differs from the
- * `ran` value. Other sources pass (their values are a preference). */
+ * belongs to does not run), when a value the call set (desc.tuning,
+ * desc.block_r/c) differs from the `ran` value. Values from files and the
+ * database are a preference. */
 flashcl_status fcl_tuned_honoured(flashcl_context *ctx, const fcl_tuned *t);
 
 /* Fills a flashcl_config's family, source, origin and tuning (every declared

@@ -380,6 +380,7 @@ static void fcl_tuned_take(fcl_tuned *out, const flashcl_tuning *t, flashcl_tuni
     if (i >= 0) {
       out->set[i] = 1;
       out->val[i] = t->params[k].value;
+      out->call[i] = src == FLASHCL_TUNING_SOURCE_CALL;
     }
   }
 }

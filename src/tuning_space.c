@@ -331,19 +331,18 @@ flashcl_status fcl_tuned_blocks(flashcl_context *ctx, fcl_tuned *t, int block_r,
                     block_r, block_c);
   const int br = t->family == FLASHCL_TUNE_FWD ? FCL_FWD_BR : FCL_BWD_BR;
   const int bc = t->family == FLASHCL_TUNE_FWD ? FCL_FWD_BC : FCL_BWD_BC;
-  if (block_r) t->set[br] = 1, t->val[br] = block_r;
-  if (block_c) t->set[bc] = 1, t->val[bc] = block_c;
+  if (block_r) t->set[br] = t->call[br] = 1, t->val[br] = block_r;
+  if (block_c) t->set[bc] = t->call[bc] = 1, t->val[bc] = block_c;
   t->source = FLASHCL_TUNING_SOURCE_CALL;
   snprintf(t->origin + strlen(t->origin), sizeof t->origin - strlen(t->origin), " + desc.block_r/block_c");
   return FLASHCL_SUCCESS;
 }
 
 flashcl_status fcl_tuned_honoured(flashcl_context *ctx, const fcl_tuned *t) {
-  if (t->source != FLASHCL_TUNING_SOURCE_CALL) return FLASHCL_SUCCESS;
   int n = 0;
   const fcl_param_decl *d = fcl_tuning_decls(t->family, &n);
   for (int i = 0; d && i < n; i++)
-    if (t->set[i] && t->ran[i] != t->val[i])
+    if (t->call[i] && t->ran[i] != t->val[i])
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning: %s.%s = %d cannot run here (it would run as %d: "
                       "it does not fit this device or problem, or its kernel does not run)",
                       flashcl_tuning_family_name(t->family), d[i].name, t->val[i], t->ran[i]);
