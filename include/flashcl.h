@@ -242,7 +242,8 @@ FLASHCL_API flashcl_status flashcl_context_device_info(const flashcl_context *ct
  * against (never less than local_mem_size, M): M, except where the device runs
  * work-groups with more than it reports. NVIDIA's driver reports 48 KiB but runs more, so on NVIDIA
  * GPUs the first call (or the first flash call) builds and runs a small probe
- * kernel; if it passes, this is 160 KiB. FLASHCL_LOCAL_PROBE=0 skips the probe.
+ * kernel; if it passes, this is 160 KiB. The tuning entry "context : local_probe=0"
+ * skips the probe.
  * The automatic block plans and the explicit block sizes are checked against it
  * (see README, "Block sizes"). Where the probe passed, the portable forward may
  * add a second K/V tile past it if a second, larger probe shows that work-groups

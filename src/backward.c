@@ -148,10 +148,10 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
   return best_used > 0;
 }
 
-/* FLASHCL_BWD_PLAN="bc,br,threads" (tuning) forces the tile pair and work-item
- * count; 32x8, 24x16, 24x8, 48x32, 48x48, 64x48, 32x64, 64x16, 48x40, 40x32,
- * 32x48, 56x32 and 48x24 are candidates for it only (48x32 and 56x32 are
- * NVIDIA's d = 128 choices below). Tiles: the first
+/* The bwd tuning's bc, br and threads force the tile pair and work-item count
+ * (32x8, 24x16, 24x8, 48x32, 48x48, 64x48, 32x64, 64x16, 48x40, 40x32, 32x48,
+ * 56x32 and 48x24 were tried that way; 48x32 and 56x32 are the H100's d = 128
+ * choices in tuning/nvidia-h100.tune). Tiles: the first
  * of 64x64, 64x32, 32x32, 32x16, 16x16, 16x8, 8x8 (Bc x Br) whose four d-wide
  * fp32 tiles (K, V, Q, dO) and two score tiles fit in the local memory M: the
  * backward keeps twice the forward's tiles on chip, so it gets smaller ones from

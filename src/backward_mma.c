@@ -142,7 +142,8 @@ static flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_prob
  * d = 128 and at N = 2K; at d = 64 they were 6-12% faster with a causal mask
  * from N = 8K, and within -3..+6% without one. So they run by default only at
  * head dims up to 64, under a causal mask or a window, with at least 64 key
- * blocks. FLASHCL_BWD_DQ_SPLITS=n forces n splits (0: the separate kernel). */
+ * blocks. The mma_bwd tuning's dq_splits = n forces n splits (0: the separate
+ * kernel). */
 int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
   if (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0) return 0;

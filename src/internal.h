@@ -40,7 +40,7 @@ struct flashcl_context {
   size_t mma_local_bytes;
   /* Local memory per work-group that tiles are planned against: 0 until the
    * first fcl_local_budget call (src/probe.c). local_mem_actual: what the device
-   * reports (info.local_mem_size is less under FLASHCL_LOCAL_MEM_SIZE). */
+   * reports (info.local_mem_size is less under the context tuning's local_mem). */
   size_t local_budget;
   size_t local_mem_actual;
   /* The most local memory a work-group may use, for additions that never
