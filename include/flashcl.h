@@ -798,6 +798,11 @@ typedef struct flashcl_config {
    * where no source set them), so two configurations that resolve to the same
    * kernel compare equal. */
   flashcl_tuning tuning;
+  /* Only the parameters the source set (desc.tuning, or the matching entry of a
+   * tuning file or the built-in database); count 0 under the default rules.
+   * Passed as desc.tuning it reproduces this configuration, and flashcl-tune
+   * starts its search from it. */
+  flashcl_tuning set;
   int block_r, block_c; /* query rows per work-group, keys per tile (decode: rows, tile) */
   int threads;          /* work-items per work-group */
   size_t local_bytes;   /* local memory per work-group */

@@ -296,6 +296,12 @@ void fcl_tuned_report(const fcl_tuned *t, flashcl_config *c) {
     c->tuning.params[i].value = t->ran[i];
     c->tuning.count = i + 1;
   }
+  flashcl_tuning_init(&c->set, t->family);
+  for (int i = 0; d && i < n && c->set.count < FLASHCL_TUNING_MAX_PARAMS; i++)
+    if (t->set[i]) {
+      snprintf(c->set.params[c->set.count].name, sizeof c->set.params[0].name, "%s", d[i].name);
+      c->set.params[c->set.count++].value = t->val[i];
+    }
 }
 
 flashcl_status fcl_tuning_call_family(flashcl_context *ctx, const flashcl_tuning *call, flashcl_pass pass,

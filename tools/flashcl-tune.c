@@ -1,129 +1,128 @@
 /*
- * flashcl-tune: times the flash forward pass for every feasible (block_r,
- * block_c) tile pair and compares the best with the default rule's choice.
- * With --decode it sweeps the decode's split count instead (tune_decode.c).
+ * flashcl-tune: searches the declared tuning spaces on a device and writes the
+ * tuning file the library loads at run time (README "Tuning").
  *
- * Feasibility is whatever flashcl_attention_block_plan accepts on the device.
- * Every candidate's output is compared with the default plan's output, and a
- * candidate whose result differs (beyond rounding) is reported and never
- * chosen as best.
+ * For each representative problem (pass, head dim, dtype, causal, dQ mode,
+ * sequence length) it tunes the kernel family the library runs there, starting
+ * from what the built-in database and the default rules give (tune_search.c),
+ * and writes one entry per problem. Finished problems go to a journal next to
+ * the output, so an interrupted run resumes where it stopped.
+ *
+ * flashcl-tune --decode-splits keeps the older sweep of the decode's split
+ * count (tune_decode.c).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "tune_decode.h"
+#include "tune_file.h"
 
 typedef struct tune_opts {
-  const char *device;
-  tools_list n, d, dtype, causal, br, bc;
-  int have_n, have_br, have_bc, have_reps, have_batch_tokens, have_hidden, have_step;
-  long batch_tokens, hidden, reps, warmup, min_block, max_block, step;
-  int csv, all, verbose;
+  const char *device, *output, *params;
+  int pass[3], any_pass, fresh, csv, verbose, list, dry_run, quiet;
+  tools_list d, dtype, causal, atomic, n, dec_n, families;
+  int have_d, have_dtype, have_causal, have_atomic, have_n, have_dec_n, have_families;
+  long budget_s, reps, warmup, passes, batch_tokens, hidden, dec_batch, dec_calls;
   flashcl_kernel_family kernel;
 } tune_opts;
 
-typedef struct cand {
-  int br, bc;
-  flashcl_block_plan plan;
-  int status; /* 0 ok */
-  double median_ms;
-  double rel;
-} cand;
-
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: flashcl-tune [options]\n"
-          "       flashcl-tune --decode [options]   (split counts of the decode; --decode --help)\n"
+          "usage: flashcl-tune [options]          search the tuning spaces, write a tuning file\n"
+          "       flashcl-tune --list             print the declared spaces\n"
+          "       flashcl-tune --decode-splits    the older sweep of the decode split count (--decode-splits --help)\n"
           "\n"
-          "Tries every (block_r, block_c) pair that flashcl_attention_block_plan accepts,\n"
-          "times the flash forward pass with it and prints the best pair per config next\n"
-          "to the default rule's choice (block_r = block_c = 0) and best/default time ratio.\n"
-          "Per config: batch = max(1, batch_tokens / N), heads = max(1, hidden / d).\n"
+          "Without a pass flag every pass is tuned (--all). For each problem the family the library\n"
+          "runs there is searched from the configuration the built-in database and the default\n"
+          "rules give: every candidate's output is checked against that configuration's (outputs\n"
+          "poisoned first) and a wrong one is never chosen; candidates are timed interleaved with\n"
+          "the incumbent, and the result against the starting point in a longer final comparison.\n"
           "\n"
-          "  --device SPEC       \"<platform>:<device>\" or a name substring\n"
-          "  --d LIST            head dims (default 64,128)\n"
-          "  --dtype LIST        f32,f16,bf16 (default f16,f32)\n"
-          "  --n LIST            sequence lengths (default 4096 on GPU, 1024 otherwise)\n"
-          "  --causal 0|1|both   (default 0)\n"
-          "  --batch-tokens T    batch * N (default 16384 on GPU, = N otherwise)\n"
-          "  --hidden H          heads * d (default 2048 on GPU, 256 otherwise)\n"
-          "  --min-block B       smallest candidate block (default 8)\n"
-          "  --max-block B       largest candidate block (default 128)\n"
-          "  --step S            candidates are the multiples of S in [min, max]\n"
-          "                      (default 8 on GPU, 32 otherwise: each pair is a kernel\n"
-          "                      build, which PoCL takes about a second for)\n"
-          "  --br LIST, --bc LIST  explicit candidate lists instead of the range\n"
-          "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto)\n"
-          "  --reps R            timed runs per candidate, median used (default 5 on GPU,\n"
-          "                      3 otherwise)\n"
-          "  --warmup W          untimed runs per candidate (default 1)\n"
-          "  --all               also print every candidate\n"
-          "  --csv               CSV on stdout: one summary row per config, or with --all\n"
-          "                      one row per candidate\n"
-          "  --verbose           library diagnostics on stderr\n");
+          "  --all                 forward, backward and decode (the default)\n"
+          "  --forward, --backward, --decode   only these passes\n"
+          "  --family LIST         only problems that run these families (fwd,bwd,mma_fwd,mma_bwd,\n"
+          "                        wgmma_fwd,decode)\n"
+          "  --params LIST         only these parameters (e.g. br,bc)\n"
+          "  --d LIST              head dims (default 64,128)\n"
+          "  --dtype LIST          f32,f16,bf16 (default: forward f16,f32; backward f16 on GPUs, f32\n"
+          "                        otherwise; decode f16 on GPUs, f32 otherwise)\n"
+          "  --causal LIST         0,1 (default 0,1 for the forward, 0 for the backward)\n"
+          "  --atomic LIST         backward dQ: 0 deterministic, 1 atomic (default 0,1 on GPUs, 0)\n"
+          "  --n LIST              sequence lengths; each but the largest becomes an nmax bucket\n"
+          "                        (default 4096 on GPUs, 512 otherwise)\n"
+          "  --decode-n LIST       decode KV lengths (default 32768 on GPUs, 2048 otherwise)\n"
+          "  --kernel auto|portable|nvidia_mma   the desc.kernel the problems run with (default auto)\n"
+          "  --budget SECONDS      search time for the whole run (default 600 on GPUs, 1500 otherwise);\n"
+          "                        each problem gets an equal share of what is left\n"
+          "  --reps R              paired rounds per comparison (default 5 on GPUs, 3 otherwise;\n"
+          "                        the final comparison runs 2R+1)\n"
+          "  --warmup W            untimed runs of each side per comparison (default 1)\n"
+          "  --passes P            coordinate-descent passes at most (default 2)\n"
+          "  --output FILE         the tuning file (default <cache dir>/tuning/<device>.tune, which\n"
+          "                        the library loads by itself); the journal is FILE.journal\n"
+          "  --fresh               ignore an existing journal (default: resume from it)\n"
+          "  --dry-run             search and report, write nothing\n"
+          "  --csv                 one CSV row per problem on stdout, no progress line\n"
+          "  --quiet               no progress line\n"
+          "  --device SPEC         \"<platform>:<device>\" or a name substring\n"
+          "  --verbose             every candidate, and library diagnostics, on stderr\n");
+}
+
+static int parse_family_list(const char *s, tools_list *l) {
+  char word[32];
+  l->count = 0;
+  while (*s) {
+    const size_t len = strcspn(s, ",");
+    flashcl_tuning_family f;
+    if (len >= sizeof word || l->count == TOOLS_MAX_LIST) return -1;
+    memcpy(word, s, len), word[len] = '\0';
+    if (flashcl_tuning_family_parse(word, &f)) return -1;
+    l->v[l->count++] = f;
+    s += len + (s[len] == ',');
+  }
+  return l->count ? 0 : -1;
 }
 
 static int parse_args(int argc, char **argv, tune_opts *o) {
   const char *val = NULL;
   int i, r;
   memset(o, 0, sizeof *o);
-  o->warmup = 1;
-  o->min_block = 8;
-  o->max_block = 128;
-  o->kernel = FLASHCL_KERNEL_AUTO;
-  tools_parse_int_list("64,128", &o->d);
-  tools_parse_dtype_list("f16,f32", &o->dtype);
-  tools_parse_causal_list("0", &o->causal);
+  o->warmup = 1, o->passes = 2, o->kernel = FLASHCL_KERNEL_AUTO;
   for (i = 1; i < argc; ++i) {
     val = NULL;
 #define OPT(name) ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0 && (r > 0 || (exit(1), 0)))
-    if (OPT("--device")) {
-      o->device = val;
-    } else if (OPT("--n")) {
-      if (tools_parse_int_list(val, &o->n)) goto bad;
-      o->have_n = 1;
-    } else if (OPT("--d")) {
-      if (tools_parse_int_list(val, &o->d)) goto bad;
-    } else if (OPT("--dtype")) {
-      if (tools_parse_dtype_list(val, &o->dtype)) goto bad;
-    } else if (OPT("--causal")) {
-      if (tools_parse_causal_list(val, &o->causal)) goto bad;
-    } else if (OPT("--br")) {
-      if (tools_parse_int_list(val, &o->br)) goto bad;
-      o->have_br = 1;
-    } else if (OPT("--bc")) {
-      if (tools_parse_int_list(val, &o->bc)) goto bad;
-      o->have_bc = 1;
-    } else if (OPT("--batch-tokens")) {
-      if (tools_parse_long(val, &o->batch_tokens) || o->batch_tokens < 1) goto bad;
-      o->have_batch_tokens = 1;
-    } else if (OPT("--hidden")) {
-      if (tools_parse_long(val, &o->hidden) || o->hidden < 1) goto bad;
-      o->have_hidden = 1;
-    } else if (OPT("--min-block")) {
-      if (tools_parse_long(val, &o->min_block) || o->min_block < 1) goto bad;
-    } else if (OPT("--max-block")) {
-      if (tools_parse_long(val, &o->max_block) || o->max_block < 1) goto bad;
-    } else if (OPT("--step")) {
-      if (tools_parse_long(val, &o->step) || o->step < 1) goto bad;
-      o->have_step = 1;
-    } else if (OPT("--kernel")) {
-      if (tools_parse_kernel(val, &o->kernel)) goto bad;
-    } else if (OPT("--reps")) {
-      if (tools_parse_long(val, &o->reps) || o->reps < 1 || o->reps > 1000) goto bad;
-      o->have_reps = 1;
-    } else if (OPT("--warmup")) {
-      if (tools_parse_long(val, &o->warmup) || o->warmup < 0) goto bad;
-    } else if (tools_opt_flag(argv, i, "--all")) {
-      o->all = 1;
-    } else if (tools_opt_flag(argv, i, "--csv")) {
-      o->csv = 1;
-    } else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) {
-      o->verbose = 1;
-    } else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
+#define LIST(name, parse, field, have) else if (OPT(name)) { if (parse(val, &o->field)) goto bad; o->have = 1; }
+    if (tools_opt_flag(argv, i, "--all")) o->pass[0] = o->pass[1] = o->pass[2] = 1, o->any_pass = 1;
+    else if (tools_opt_flag(argv, i, "--forward")) o->pass[TUNE_FORWARD] = o->any_pass = 1;
+    else if (tools_opt_flag(argv, i, "--backward")) o->pass[TUNE_BACKWARD] = o->any_pass = 1;
+    else if (tools_opt_flag(argv, i, "--decode")) o->pass[TUNE_DECODE] = o->any_pass = 1;
+    LIST("--d", tools_parse_int_list, d, have_d)
+    LIST("--dtype", tools_parse_dtype_list, dtype, have_dtype)
+    LIST("--causal", tools_parse_causal_list, causal, have_causal)
+    LIST("--atomic", tools_parse_causal_list, atomic, have_atomic)
+    LIST("--n", tools_parse_int_list, n, have_n)
+    LIST("--decode-n", tools_parse_int_list, dec_n, have_dec_n)
+    LIST("--family", parse_family_list, families, have_families)
+    else if (OPT("--params")) o->params = val;
+    else if (OPT("--device")) o->device = val;
+    else if (OPT("--output")) o->output = val;
+    else if (OPT("--kernel")) { if (tools_parse_kernel(val, &o->kernel)) goto bad; }
+    else if (OPT("--budget")) { if (tools_parse_long(val, &o->budget_s) || o->budget_s < 1) goto bad; }
+    else if (OPT("--reps")) { if (tools_parse_long(val, &o->reps) || o->reps < 1 || o->reps > 30) goto bad; }
+    else if (OPT("--warmup")) { if (tools_parse_long(val, &o->warmup) || o->warmup < 0 || o->warmup > 100) goto bad; }
+    else if (OPT("--passes")) { if (tools_parse_long(val, &o->passes) || o->passes < 1 || o->passes > 10) goto bad; }
+    else if (tools_opt_flag(argv, i, "--fresh")) o->fresh = 1;
+    else if (tools_opt_flag(argv, i, "--dry-run")) o->dry_run = 1;
+    else if (tools_opt_flag(argv, i, "--csv")) o->csv = 1;
+    else if (tools_opt_flag(argv, i, "--quiet")) o->quiet = 1;
+    else if (tools_opt_flag(argv, i, "--list")) o->list = 1;
+    else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) o->verbose = 1;
+    else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
       usage(stdout);
       exit(0);
     } else {
@@ -131,277 +130,353 @@ static int parse_args(int argc, char **argv, tune_opts *o) {
       usage(stderr);
       return -1;
     }
+#undef LIST
 #undef OPT
   }
+  if (!o->any_pass) o->pass[0] = o->pass[1] = o->pass[2] = 1;
   return 0;
 bad:
   fprintf(stderr, "flashcl-tune: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
   return -1;
 }
 
-/* The multiples of step in [lo, hi]. */
-static void fill_range(tools_list *l, long lo, long hi, long step) {
-  long b = ((lo + step - 1) / step) * step;
-  l->count = 0;
-  for (; b <= hi && l->count < TOOLS_MAX_LIST; b += step) l->v[l->count++] = b;
+static int print_spaces(void) {
+  for (int f = 0; f < FLASHCL_TUNE_FAMILY_COUNT; ++f) {
+    flashcl_tuning_param_info p;
+    printf("%s\n", flashcl_tuning_family_name((flashcl_tuning_family)f));
+    for (int i = 0; flashcl_tuning_space((flashcl_tuning_family)f, i, &p) == FLASHCL_SUCCESS; ++i) {
+      printf("  %-14s %d..%d step %d; searched:", p.name, p.min, p.max, p.step);
+      for (int c = 0; c < p.num_candidates; ++c) printf(" %d", p.candidates[c]);
+      printf("%s\n      %s\n", p.num_candidates ? "" : " (not searched)", p.description);
+    }
+  }
+  return 0;
 }
 
-/* Times one tile choice: appends o->reps times to times[*ntimes...]; returns
- * the status. host_out (if not NULL) receives the output. */
-static int time_blocks(flashcl_context *ctx, const tune_opts *o, int causal, int br, int bc,
-                       const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                       const flashcl_tensor *out, size_t count, void *raw, float *host_out, double *times,
-                       int *ntimes) {
-  flashcl_attention_desc desc;
-  double ms = 0.0;
-  int st, host_timer = 0;
-  long i;
-  flashcl_attention_desc_init(&desc);
-  desc.causal = causal;
-  desc.algo = FLASHCL_ALGO_FLASH;
-  desc.kernel = o->kernel;
-  desc.block_r = br;
-  desc.block_c = bc;
-  for (i = 0; i < o->warmup; ++i) {
-    st = tools_timed_forward(ctx, &desc, q, k, v, out, &ms, &host_timer);
-    if (st) return st;
-  }
-  for (i = 0; i < o->reps; ++i) {
-    st = tools_timed_forward(ctx, &desc, q, k, v, out, &ms, &host_timer);
-    if (st) return st;
-    times[(*ntimes)++] = ms;
-  }
-  if (!host_out) return FLASHCL_SUCCESS;
-  return tools_read_as_float(flashcl_context_cl_queue(ctx), out->buffer, out->dtype, count, raw, host_out);
+/* The defaults that depend on the device (see usage). */
+static void device_defaults(tune_opts *o, int gpu) {
+  if (!o->have_d) tools_parse_int_list("64,128", &o->d);
+  if (!o->have_causal) tools_parse_causal_list("0,1", &o->causal);
+  if (!o->have_atomic) tools_parse_causal_list(gpu ? "0,1" : "0", &o->atomic);
+  if (!o->have_n) tools_parse_int_list(gpu ? "4096" : "512", &o->n);
+  if (!o->have_dec_n) tools_parse_int_list(gpu ? "32768" : "2048", &o->dec_n);
+  if (!o->budget_s) o->budget_s = gpu ? 600 : 1500;
+  if (!o->reps) o->reps = gpu ? 5 : 3;
+  o->batch_tokens = gpu ? 16384 : 512;
+  o->hidden = gpu ? 2048 : 256;
+  o->dec_batch = gpu ? 8 : 2;
+  o->dec_calls = gpu ? 10 : 1;
 }
 
-/* Median of o->reps timed runs of one tile choice. */
-static int time_median(flashcl_context *ctx, const tune_opts *o, int causal, int br, int bc,
-                       const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                       const flashcl_tensor *out, size_t count, void *raw, float *host_out, double *median) {
-  double times[1000];
-  int nt = 0;
-  int st = time_blocks(ctx, o, causal, br, bc, q, k, v, out, count, raw, host_out, times, &nt);
-  if (!st) *median = tools_median(times, nt);
+#define MAX_SHAPES 512
+
+/* The problems to tune, in the order they run. */
+static int make_shapes(const tune_opts *o, tune_shape *out) {
+  int n = 0;
+  tools_list fdt, bdt, ddt;
+  tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32,f16", &fdt);
+  tools_parse_dtype_list(o->hidden > 1024 ? "f16" : "f32", &bdt);
+  tools_parse_dtype_list(o->hidden > 1024 ? "f16" : "f32", &ddt);
+  if (o->have_dtype) fdt = bdt = ddt = o->dtype;
+  for (int pass = 0; pass < 3; ++pass) {
+    if (!o->pass[pass]) continue;
+    const tools_list *dts = pass == TUNE_FORWARD ? &fdt : pass == TUNE_BACKWARD ? &bdt : &ddt;
+    const tools_list *ns = pass == TUNE_DECODE ? &o->dec_n : &o->n;
+    tools_list one = {1, {0}}, bcausal = o->causal;
+    if (pass == TUNE_BACKWARD && !o->have_causal) bcausal.count = 1, bcausal.v[0] = 0;
+    const tools_list *cs = pass == TUNE_DECODE ? &one : pass == TUNE_BACKWARD ? &bcausal : &o->causal;
+    const tools_list *as = pass == TUNE_BACKWARD ? &o->atomic : &one;
+    for (int di = 0; di < o->d.count; ++di)
+      for (int ti = 0; ti < dts->count; ++ti)
+        for (int ci = 0; ci < cs->count; ++ci)
+          for (int ai = 0; ai < as->count; ++ai)
+            for (int ni = 0; ni < ns->count && n < MAX_SHAPES; ++ni) {
+              tune_shape *s = &out[n++];
+              memset(s, 0, sizeof *s);
+              s->pass = (tune_pass)pass, s->d = (int)o->d.v[di], s->dtype = (flashcl_dtype)dts->v[ti];
+              s->causal = (int)cs->v[ci], s->atomic = (int)as->v[ai], s->n = ns->v[ni], s->kernel = o->kernel;
+              s->heads = o->hidden / s->d > 0 ? o->hidden / s->d : 1;
+              s->batch = pass == TUNE_DECODE ? o->dec_batch : (o->batch_tokens / s->n > 0 ? o->batch_tokens / s->n : 1);
+              s->heads_kv = pass == TUNE_DECODE && s->heads % 4 == 0 ? s->heads / 4 : s->heads;
+              s->q_len = 1, s->calls = o->dec_calls;
+            }
+  }
+  return n;
+}
+
+/* nmax of a shape's entry: its n, unless it is the largest of its list. */
+static long shape_nmax(const tune_opts *o, const tune_shape *s) {
+  const tools_list *ns = s->pass == TUNE_DECODE ? &o->dec_n : &o->n;
+  for (int i = 0; i < ns->count; ++i)
+    if (ns->v[i] > s->n) return s->n;
+  return 0;
+}
+
+typedef struct run_state {
+  const tune_opts *o;
+  flashcl_context *ctx;
+  flashcl_context_options options;
+  char devdesc[512], date[32];
+  double t0, budget_end;
+  int index, total, finished, tty;
+  double finished_ms;
+} run_state;
+
+static void fmt_dur(double s, char *buf, size_t cap) {
+  if (s < 0) s = 0;
+  if (s < 60) snprintf(buf, cap, "%.0fs", s);
+  else snprintf(buf, cap, "%ldm%02lds", (long)s / 60, (long)s % 60);
+}
+
+/* The progress line: on a terminal only, rewritten in place on stderr. */
+static void progress(void *user, int done, int total) {
+  const run_state *rs = (const run_state *)user;
+  if (!rs->tty) return;
+  const double now = tools_now_ms(), elapsed = (now - rs->t0) / 1e3;
+  const int left = rs->total - rs->index + 1;
+  double eta = rs->finished ? rs->finished_ms / 1e3 / rs->finished * left : (rs->budget_end - now) / 1e3;
+  if (eta > (rs->budget_end - now) / 1e3 + 60.0 * left) eta = (rs->budget_end - now) / 1e3 + 60.0 * left;
+  char e[32], r[32];
+  fmt_dur(elapsed, e, sizeof e), fmt_dur(eta, r, sizeof r);
+  fprintf(stderr, "\r\033[K[%d/%d] candidate %d/%d | elapsed %s | ETA %s", rs->index, rs->total, done, total, e, r);
+  fflush(stderr);
+}
+
+static void clear_progress(const run_state *rs) {
+  if (rs->tty) fprintf(stderr, "\r\033[K");
+}
+
+/* The search starts from the built-in database and the default rules, never
+ * from an earlier run's file, so that re-tuning does not build on itself. */
+static int open_ctx(const tune_opts *o, flashcl_context_options *opts, flashcl_context **ctx,
+                    flashcl_device_info *info) {
+  flashcl_context_options_init(opts);
+  opts->device = o->device;
+  opts->profiling = 1;
+  opts->verbose = o->verbose;
+  opts->tuning_file = "";
+  opts->no_user_tuning = 1;
+  int st = flashcl_context_create(opts, ctx);
+  if (!st) st = flashcl_context_device_info(*ctx, info);
+  if (st) {
+    fprintf(stderr, "flashcl-tune: cannot open %s: %s (%d)\n", o->device ? o->device : "the default device",
+            flashcl_status_string(st), st);
+    flashcl_context_destroy(*ctx);
+    *ctx = NULL;
+  }
   return st;
+}
+
+/* <cache dir>/tuning/<device name with anything but [A-Za-z0-9.-] as '_'>.tune */
+static int default_output(flashcl_context *ctx, const flashcl_device_info *info, char *buf, size_t cap) {
+  const char *dir = flashcl_context_cache_dir(ctx);
+  char name[160];
+  size_t i = 0;
+  if (!*dir) return -1;
+  for (const char *c = info->device_name; *c && i + 1 < sizeof name; ++c)
+    name[i++] = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+                        *c == '-' ? *c : '_';
+  name[i] = '\0';
+  return snprintf(buf, cap, "%s/tuning/%s.tune", dir, name) >= (int)cap ? -1 : 0;
+}
+
+static int family_wanted(const tune_opts *o, flashcl_tuning_family f) {
+  if (!o->have_families) return 1;
+  for (int i = 0; i < o->families.count; ++i)
+    if (o->families.v[i] == f) return 1;
+  return 0;
+}
+
+static void report(const run_state *rs, const tune_shape *s, const tune_result *r, const tune_done *d) {
+  const double ratio = r->best_ms / r->base_ms;
+  if (rs->o->csv) {
+    printf("\"%s\",\"%s\",%s,%s,%.6f,%.6f,%.4f,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%d,\"%s\"\n", rs->devdesc, d->problem,
+           flashcl_tuning_family_name(r->family), r->best_kernel, r->base_ms, r->best_ms, ratio, r->base_noise,
+           r->best_noise, r->best_wins, r->rounds, r->tried, r->wrong, r->infeasible, r->duplicate, r->max_rel,
+           r->timed_out, d->entry);
+  } else {
+    printf("[%d/%d] %s\n  %s: %.4f -> %.4f ms (tuned/start %.3f%s; noise %.1f%% / %.1f%%; faster in %d/%d rounds); "
+           "%d timed, %d wrong, %d cannot run%s\n  %s\n",
+           rs->index, rs->total, d->problem, flashcl_tuning_family_name(r->family), r->base_ms, r->best_ms, ratio,
+           r->changed ? "" : ", unchanged: the same configuration timed twice",
+           100 * r->base_noise, 100 * r->best_noise, r->best_wins, r->rounds, r->tried, r->wrong, r->infeasible,
+           r->timed_out ? "; budget share spent" : "", d->entry);
+  }
+  (void)s;
+  fflush(stdout);
+}
+
+/* Tunes one problem into d: 0, 1 when its family is not wanted, or a status. */
+static int run_problem(run_state *rs, const tune_shape *s, double deadline, tune_done *d) {
+  tune_problem p;
+  tune_result r;
+  flashcl_config cfg;
+  tune_search_opts so = {(int)rs->o->reps, (int)rs->o->warmup, (int)rs->o->passes, deadline, rs->o->params,
+                         rs->o->verbose ? stderr : NULL, progress, rs};
+  tune_shape_name(s, d->problem, sizeof d->problem);
+  int st = tune_problem_create(rs->ctx, s, &p);
+  if (!st) st = tune_problem_config(rs->ctx, &p, NULL, &cfg);
+  if (!st && !family_wanted(rs->o, cfg.family)) {
+    tune_problem_destroy(&p);
+    return 1;
+  }
+  if (!st && rs->o->verbose) fprintf(stderr, "%s: %s from %s\n", d->problem, cfg.kernel, cfg.origin);
+  if (!st) st = tune_search(rs->ctx, &p, &so, &r);
+  tune_problem_destroy(&p);
+  clear_progress(rs);
+  if (st) {
+    char what[300];
+    snprintf(what, sizeof what, "[%d/%d] %s", rs->index, rs->total, d->problem);
+    tools_print_error(stderr, rs->ctx, what, st);
+    return st;
+  }
+  if (tune_entry_line(s, &r, shape_nmax(rs->o, s), d->entry, sizeof d->entry)) return FLASHCL_ERROR_INTERNAL;
+  snprintf(d->comment, sizeof d->comment,
+           "%s: %s %.4f ms from %s, %s %.4f ms (%.3fx the time; noise %.1f%%/%.1f%%); %d timed, %d wrong (%s)",
+           d->problem, r.best_kernel, r.base_ms, r.base_origin, r.changed ? "tuned" : "unchanged, again", r.best_ms,
+           r.best_ms / r.base_ms, 100 * r.base_noise,
+           100 * r.best_noise, r.tried, r.wrong, rs->date);
+  report(rs, s, &r, d);
+  return 0;
+}
+
+/* A device error can leave the OpenCL context unusable: go on with a new one. */
+static int reopen(run_state *rs) {
+  flashcl_context_destroy(rs->ctx);
+  rs->ctx = NULL;
+  int st = flashcl_context_create(&rs->options, &rs->ctx);
+  if (st) fprintf(stderr, "flashcl-tune: cannot recreate the context (%s): stopping\n", flashcl_status_string(st));
+  return st;
+}
+
+/* A fresh context must load what was written, or the file is no use. */
+static int verify_file(const run_state *rs, const char *path, int entries) {
+  flashcl_context_options opts = rs->options;
+  flashcl_context *ctx = NULL;
+  char needle[4200];
+  opts.tuning_file = path;
+  opts.profiling = 0;
+  if (flashcl_context_create(&opts, &ctx)) return -1;
+  snprintf(needle, sizeof needle, "%s: loaded (tuning file, %d entries)", path, entries);
+  const int ok = strstr(flashcl_context_tuning_log(ctx), needle) != NULL;
+  if (!ok) fprintf(stderr, "flashcl-tune: %s does not load:\n%s", path, flashcl_context_tuning_log(ctx));
+  flashcl_context_destroy(ctx);
+  return ok ? 0 : -1;
+}
+
+static int already_done(const tune_done *done, int ndone, const char *name) {
+  for (int i = 0; i < ndone; ++i)
+    if (!strcmp(done[i].problem, name)) return 1;
+  return 0;
+}
+
+/* Runs every problem not in the journal; appends each to done and the journal. */
+static int run_all(run_state *rs, const tune_shape *shapes, int nshapes, const char *journal, tune_done **done,
+                   int *ndone) {
+  int failures = 0, todo = 0;
+  char name[256];
+  for (int i = 0; i < nshapes; ++i) tune_shape_name(&shapes[i], name, sizeof name), todo += !already_done(*done, *ndone, name);
+  rs->total = nshapes;
+  for (int i = 0; i < nshapes; ++i) {
+    tune_done d;
+    tune_shape_name(&shapes[i], name, sizeof name);
+    rs->index = i + 1;
+    if (already_done(*done, *ndone, name)) continue;
+    const double now = tools_now_ms(), t = now;
+    const double deadline = now + (rs->budget_end - now) / (todo > 0 ? todo : 1);
+    --todo;
+    memset(&d, 0, sizeof d);
+    const int st = run_problem(rs, &shapes[i], deadline, &d);
+    if (st == 1) continue;
+    if (st) {
+      ++failures;
+      if (!tools_is_validation_error(st) && reopen(rs)) return failures;
+      continue;
+    }
+    rs->finished++, rs->finished_ms += tools_now_ms() - t;
+    tune_done *grown = (tune_done *)realloc(*done, sizeof(tune_done) * (size_t)(*ndone + 1));
+    if (!grown) return failures + 1;
+    *done = grown;
+    (*done)[(*ndone)++] = d;
+    if (journal && tune_journal_append(journal, &d))
+      fprintf(stderr, "flashcl-tune: cannot append to %s: resuming will redo this problem\n", journal);
+  }
+  return failures;
+}
+
+static int finish(run_state *rs, const char *out, const char *journal, const char *header, tune_done *done,
+                  int ndone, int argc, char **argv) {
+  char preamble[4096], why[512];
+  size_t used = (size_t)snprintf(preamble, sizeof preamble,
+                                 "# Written by flashcl-tune %s on %s, %s.\n# Command:", FLASHCL_VERSION_STRING,
+                                 rs->devdesc, rs->date);
+  for (int i = 0; i < argc && used < sizeof preamble - 64; ++i)
+    used += (size_t)snprintf(preamble + used, sizeof preamble - used, " %s", argv[i]);
+  snprintf(preamble + used, sizeof preamble - used, "\n# Each entry: what the problem ran before and after.\n\n");
+  if (tune_file_write(out, header, preamble, done, ndone, why, sizeof why)) {
+    fprintf(stderr, "flashcl-tune: %s\n", why);
+    return 1;
+  }
+  remove(journal);
+  if (verify_file(rs, out, ndone)) return 1;
+  if (!rs->o->csv) printf("wrote %s (%d entries); a new context loads it\n", out, ndone);
+  return 0;
 }
 
 int main(int argc, char **argv) {
   tune_opts o;
-  flashcl_context_options options;
-  flashcl_context *ctx = NULL;
+  run_state rs;
   flashcl_device_info info;
-  char devdesc[512];
-  int st, di, ti, ci, ni, errors = 0;
-  cl_context clctx;
-  cl_command_queue queue;
-
+  static tune_shape shapes[MAX_SHAPES];
+  char header[2048], out[4096], journal[4200];
+  tune_done *done = NULL;
+  int ndone = 0;
   for (int i = 1; i < argc; ++i)
-    if (!strcmp(argv[i], "--decode")) return tune_decode_main(argc, argv);
-  if (parse_args(argc, argv, &o) != 0) return 1;
-  if (tools_open_context("flashcl-tune", o.device, o.verbose, &options, &ctx, &info)) return 2;
-  if (!o.have_n) tools_parse_int_list(info.is_gpu ? "4096" : "1024", &o.n);
-  if (!o.have_reps) o.reps = info.is_gpu ? 5 : 3;
-  if (!o.have_hidden) o.hidden = info.is_gpu ? 2048 : 256;
-  if (!o.have_step) o.step = info.is_gpu ? 8 : 32;
-  if (!o.have_br) fill_range(&o.br, o.min_block, o.max_block, o.step);
-  if (!o.have_bc) fill_range(&o.bc, o.min_block, o.max_block, o.step);
-  clctx = flashcl_context_cl_context(ctx);
-  queue = flashcl_context_cl_queue(ctx);
-  tools_describe_device(ctx, devdesc, sizeof devdesc);
-
-  if (o.csv) {
-    if (o.all)
-      printf("device,d,dtype,causal,n,batch,heads,block_r,block_c,threads,local_bytes,median_ms,tflops,"
-             "rel_l2_vs_default,is_default,status\n");
-    else
-      printf("device,d,dtype,causal,n,batch,heads,default_block_r,default_block_c,default_ms,best_block_r,"
-             "best_block_c,best_ms,best_over_default,feasible,failed\n");
-  } else {
-    printf("flashcl-tune %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
-    printf("median of %ld runs after %ld warmup per candidate (2 x %ld for the default plan, before\n"
-           "and after the candidates); %d x %d candidate pairs\n\n", o.reps, o.warmup,
-           o.reps, o.br.count, o.bc.count);
-  }
-  fflush(stdout);
-
-  for (di = 0; di < o.d.count; ++di)
-    for (ti = 0; ti < o.dtype.count; ++ti)
-      for (ci = 0; ci < o.causal.count; ++ci)
-        for (ni = 0; ni < o.n.count; ++ni) {
-          const long d = o.d.v[di], n = o.n.v[ni];
-          const flashcl_dtype dtype = (flashcl_dtype)o.dtype.v[ti];
-          const int causal = (int)o.causal.v[ci];
-          const long bt = o.have_batch_tokens ? o.batch_tokens : (info.is_gpu ? 16384 : n);
-          const long batch = bt / n > 0 ? bt / n : 1;
-          const long heads = o.hidden / d > 0 ? o.hidden / d : 1;
-          const size_t esize = flashcl_dtype_size(dtype);
-          const size_t count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
-          const double flops = 4.0 * (double)n * (double)n * (double)d * (double)batch * (double)heads *
-                               (causal ? 0.5 : 1.0);
-          const double tol = dtype == FLASHCL_F32 ? 1e-4 : 2e-2;
-          cl_mem bq = NULL, bk = NULL, bv = NULL, bo = NULL;
-          flashcl_tensor tq, tk, tv, to;
-          cl_int err = CL_SUCCESS;
-          void *raw = malloc(count * (esize > 4 ? esize : 4));
-          float *ref = (float *)malloc(count * sizeof(float));
-          float *got = (float *)malloc(count * sizeof(float));
-          flashcl_block_plan def_plan;
-          double def_ms = NAN, def_times[2000];
-          int def_nt = 0;
-          cand *cands = (cand *)calloc((size_t)o.br.count * (size_t)o.bc.count, sizeof(cand));
-          int ncand = 0, feasible = 0, failed = 0, best = -1, bi, ci2, fault = 0;
-
-          if (!raw || !ref || !got || !cands) {
-            fprintf(stderr, "flashcl-tune: host allocation failed (N=%ld d=%ld)\n", n, d);
-            ++errors;
-            goto next;
-          }
-          bq = tools_random_buffer(clctx, queue, dtype, count, 11 + (uint64_t)ni, raw, &err);
-          if (bq) bk = tools_random_buffer(clctx, queue, dtype, count, 22 + (uint64_t)ni, raw, &err);
-          if (bk) bv = tools_random_buffer(clctx, queue, dtype, count, 33 + (uint64_t)ni, raw, &err);
-          if (bv) bo = clCreateBuffer(clctx, CL_MEM_READ_WRITE, count * esize, NULL, &err);
-          if (!bo || err) {
-            fprintf(stderr, "flashcl-tune: cannot allocate inputs for N=%ld d=%ld %s: %s (%d)\n", n, d,
-                    flashcl_dtype_name(dtype), flashcl_status_string(err), err);
-            ++errors;
-            goto next;
-          }
-          flashcl_tensor_init_bnhd(&tq, bq, 0, dtype, batch, n, heads, d);
-          flashcl_tensor_init_bnhd(&tk, bk, 0, dtype, batch, n, heads, d);
-          flashcl_tensor_init_bnhd(&tv, bv, 0, dtype, batch, n, heads, d);
-          flashcl_tensor_init_bnhd(&to, bo, 0, dtype, batch, n, heads, d);
-
-          memset(&def_plan, 0, sizeof def_plan);
-          st = flashcl_attention_block_plan(ctx, (int)d, dtype, 0, 0, &def_plan);
-          def_nt = 0;
-          if (!st) st = time_blocks(ctx, &o, causal, 0, 0, &tq, &tk, &tv, &to, count, raw, ref, def_times, &def_nt);
-          if (st) {
-            char what[128];
-            snprintf(what, sizeof what, "d=%ld %s causal=%d N=%ld: default plan", d, flashcl_dtype_name(dtype),
-                     causal, n);
-            tools_print_error(stderr, ctx, what, st);
-            ++errors;
-            fault = !tools_is_validation_error(st);
-            goto next;
-          }
-
-          for (bi = 0; bi < o.br.count && !fault; ++bi)
-            for (ci2 = 0; ci2 < o.bc.count && !fault; ++ci2) {
-              cand *c = &cands[ncand];
-              c->br = (int)o.br.v[bi];
-              c->bc = (int)o.bc.v[ci2];
-              c->rel = NAN;
-              c->median_ms = NAN;
-              if (flashcl_attention_block_plan(ctx, (int)d, dtype, c->br, c->bc, &c->plan) != FLASHCL_SUCCESS)
-                continue; /* infeasible on this device: not a candidate */
-              ++ncand;
-              ++feasible;
-              c->status = time_median(ctx, &o, causal, c->br, c->bc, &tq, &tk, &tv, &to, count, raw, got,
-                                      &c->median_ms);
-              if (c->status) {
-                char what[160];
-                snprintf(what, sizeof what, "d=%ld %s causal=%d N=%ld Br=%d Bc=%d", d, flashcl_dtype_name(dtype),
-                         causal, n, c->br, c->bc);
-                tools_print_error(stderr, ctx, what, c->status);
-                ++failed;
-                if (!tools_is_validation_error(c->status)) {
-                  fprintf(stderr, "flashcl-tune: device error: skipping the rest of this config\n");
-                  fault = 1;
-                }
-                continue;
-              }
-              c->rel = tools_rel_l2(got, ref, count);
-              if (!(c->rel <= tol)) {
-                fprintf(stderr,
-                        "flashcl-tune: d=%ld %s causal=%d N=%ld Br=%d Bc=%d: output differs from the default "
-                        "plan's (rel L2 %.3e > %.0e); not a candidate\n",
-                        d, flashcl_dtype_name(dtype), causal, n, c->br, c->bc, c->rel, tol);
-                ++failed;
-                continue;
-              }
-              if (best < 0 || c->median_ms < cands[best].median_ms) best = ncand - 1;
-            }
-          if (failed) errors += failed;
-          /* The default plan is timed again after the candidates, and its figure is
-           * the median of both sets, so slow drift (clocks, caches, other load)
-           * does not favour either side. */
-          st = fault ? FLASHCL_SUCCESS
-                     : time_blocks(ctx, &o, causal, 0, 0, &tq, &tk, &tv, &to, count, raw, NULL, def_times, &def_nt);
-          if (st) {
-            tools_print_error(stderr, ctx, "default plan (second timing)", st);
-            ++errors;
-          }
-          def_ms = tools_median(def_times, def_nt);
-
-          if (o.all) {
-            int i;
-            for (i = 0; i < ncand; ++i) {
-              const cand *c = &cands[i];
-              int is_def = c->br == def_plan.block_r && c->bc == def_plan.block_c;
-              const char *s = c->status ? flashcl_status_string(c->status) : !(c->rel <= tol) ? "mismatch" : "ok";
-              if (o.csv)
-                printf("\"%s\",%ld,%s,%d,%ld,%ld,%ld,%d,%d,%d,%zu,%.6f,%.6f,%.3e,%d,\"%s\"\n", info.device_name, d,
-                       flashcl_dtype_name(dtype), causal, n, batch, heads, c->br, c->bc, c->plan.threads,
-                       c->plan.local_bytes, c->median_ms, flops / (c->median_ms * 1e-3) / 1e12, c->rel, is_def,
-                       s);
-              else
-                printf("  d=%-3ld %-4s causal=%d N=%-6ld Br=%-3d Bc=%-3d threads=%-4d local=%-7zu %10.3f ms "
-                       "%8.4f TFLOP/s relL2=%.1e %s%s\n",
-                       d, flashcl_dtype_name(dtype), causal, n, c->br, c->bc, c->plan.threads, c->plan.local_bytes,
-                       c->median_ms, flops / (c->median_ms * 1e-3) / 1e12, c->rel, s, is_def ? " (default)" : "");
-            }
-          }
-          if (!o.csv) {
-            printf("d=%ld %s causal=%d N=%ld (batch %ld, heads %ld): default %dx%d %.3f ms", d,
-                   flashcl_dtype_name(dtype), causal, n, batch, heads, def_plan.block_r, def_plan.block_c, def_ms);
-            if (best >= 0)
-              printf(" | best %dx%d %.3f ms | best/default %.3f (%d feasible, %d failed)\n", cands[best].br,
-                     cands[best].bc, cands[best].median_ms, cands[best].median_ms / def_ms, feasible, failed);
-            else
-              printf(" | no working candidate (%d feasible, %d failed)\n", feasible, failed);
-          } else if (!o.all) {
-            printf("\"%s\",%ld,%s,%d,%ld,%ld,%ld,%d,%d,%.6f,", info.device_name, d, flashcl_dtype_name(dtype), causal,
-                   n, batch, heads, def_plan.block_r, def_plan.block_c, def_ms);
-            if (best >= 0)
-              printf("%d,%d,%.6f,%.4f,", cands[best].br, cands[best].bc, cands[best].median_ms,
-                     cands[best].median_ms / def_ms);
-            else
-              printf(",,,,");
-            printf("%d,%d\n", feasible, failed);
-          }
-          fflush(stdout);
-        next:
-          free(raw);
-          free(ref);
-          free(got);
-          free(cands);
-          if (bq) clReleaseMemObject(bq);
-          if (bk) clReleaseMemObject(bk);
-          if (bv) clReleaseMemObject(bv);
-          if (bo) clReleaseMemObject(bo);
-          if (fault) {
-            /* A device-side failure can poison the OpenCL context: go on with a fresh one. */
-            fprintf(stderr, "flashcl-tune: recreating the context after a device error\n");
-            flashcl_context_destroy(ctx);
-            ctx = NULL;
-            st = flashcl_context_create(&options, &ctx);
-            if (st != FLASHCL_SUCCESS) {
-              fprintf(stderr,
-                      "flashcl-tune: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
-                      "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
-                      flashcl_status_string(st), st);
-              return 2;
-            }
-            clctx = flashcl_context_cl_context(ctx);
-            queue = flashcl_context_cl_queue(ctx);
-          }
-        }
-
-  flashcl_context_destroy(ctx);
-  if (errors) {
-    fprintf(stderr, "flashcl-tune: %d failure(s), see above\n", errors);
+    if (!strcmp(argv[i], "--decode-splits")) return tune_decode_main(argc, argv);
+  if (parse_args(argc, argv, &o)) return 1;
+  if (o.list) return print_spaces();
+  memset(&rs, 0, sizeof rs);
+  rs.o = &o;
+  if (open_ctx(&o, &rs.options, &rs.ctx, &info)) return 2;
+  device_defaults(&o, info.is_gpu);
+  const int nshapes = make_shapes(&o, shapes);
+  tools_describe_device(rs.ctx, rs.devdesc, sizeof rs.devdesc);
+  const time_t now = time(NULL);
+  strftime(rs.date, sizeof rs.date, "%Y-%m-%d", gmtime(&now));
+  if (flashcl_context_tuning_header(rs.ctx, header, sizeof header) ||
+      (o.output ? snprintf(out, sizeof out, "%s", o.output) >= (int)sizeof out : default_output(rs.ctx, &info, out, sizeof out))) {
+    fprintf(stderr, "flashcl-tune: no cache directory could be named: pass --output FILE\n");
+    flashcl_context_destroy(rs.ctx);
     return 1;
   }
-  return 0;
+  snprintf(journal, sizeof journal, "%s.journal", out);
+  if (!o.dry_run && !o.fresh) {
+    const char *why = NULL;
+    const int got = tune_journal_load(journal, header, &done, &ndone, &why);
+    if (got < 0) fprintf(stderr, "flashcl-tune: not resuming from %s: %s\n", journal, why);
+    else if (got > 0 && !o.csv) printf("resuming: %d problem(s) already tuned in %s\n", got, journal);
+  }
+  if (!o.dry_run && !ndone && tune_journal_start(journal, header))
+    fprintf(stderr, "flashcl-tune: cannot write the journal %s: an interrupted run will start over\n", journal);
+  rs.tty = !o.csv && !o.quiet && isatty(2);
+  rs.t0 = tools_now_ms();
+  rs.budget_end = rs.t0 + 1e3 * (double)o.budget_s;
+  if (o.csv)
+    printf("device,problem,family,kernel,changed,start_ms,tuned_ms,tuned_over_start,start_noise,tuned_noise,rounds_faster,"
+           "rounds,timed,wrong,cannot_run,duplicates,max_rel_l2,budget_cut,entry\n");
+  else
+    printf("flashcl-tune %s on %s: %d problems, budget %lds%s\n", FLASHCL_VERSION_STRING, rs.devdesc, nshapes,
+           o.budget_s, o.dry_run ? " (dry run)" : "");
+  fflush(stdout);
+  const int failures = run_all(&rs, shapes, nshapes, o.dry_run ? NULL : journal, &done, &ndone);
+  int rc = failures ? 1 : 0;
+  if (!o.dry_run && rs.ctx && ndone) rc |= finish(&rs, out, journal, header, done, ndone, argc, argv);
+  if (!o.csv) {
+    char e[32];
+    fmt_dur((tools_now_ms() - rs.t0) / 1e3, e, sizeof e);
+    printf("%d problem(s) tuned in %s%s\n", ndone, e, failures ? ", with failures (see above)" : "");
+  }
+  free(done);
+  flashcl_context_destroy(rs.ctx);
+  return rc;
 }

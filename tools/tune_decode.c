@@ -1,5 +1,5 @@
 /*
- * flashcl-tune --decode: times flashcl_attention_decode with a range of split
+ * flashcl-tune --decode-splits: times flashcl_attention_decode with a range of split
  * counts (desc.num_splits) per shape and compares the best with the library's
  * own choice (num_splits = 0, from the compute units, batch x kv heads and the
  * KV length). The split count is the decode's one public tuning knob: the
@@ -27,7 +27,7 @@ typedef struct dec_opts {
 
 static void dec_usage(FILE *f) {
   fprintf(f,
-          "usage: flashcl-tune --decode [options]\n"
+          "usage: flashcl-tune --decode-splits [options]\n"
           "\n"
           "Times flashcl_attention_decode for each split count (desc.num_splits) and\n"
           "prints the best next to the library's automatic choice (num_splits = 0).\n"
@@ -66,7 +66,7 @@ static int dec_parse(int argc, char **argv, dec_opts *o) {
   for (i = 1; i < argc; ++i) {
     val = NULL;
 #define OPT(name) ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0 && (r > 0 || (exit(1), 0)))
-    if (tools_opt_flag(argv, i, "--decode")) {
+    if (tools_opt_flag(argv, i, "--decode-splits")) {
       continue;
     } else if (OPT("--device")) {
       o->device = val;
@@ -106,19 +106,19 @@ static int dec_parse(int argc, char **argv, dec_opts *o) {
       dec_usage(stdout);
       exit(0);
     } else {
-      fprintf(stderr, "flashcl-tune --decode: unknown argument '%s'\n\n", argv[i]);
+      fprintf(stderr, "flashcl-tune --decode-splits: unknown argument '%s'\n\n", argv[i]);
       dec_usage(stderr);
       return -1;
     }
 #undef OPT
   }
   if (o->heads % o->gqa) {
-    fprintf(stderr, "flashcl-tune --decode: --heads %ld is not a multiple of --gqa %ld\n", o->heads, o->gqa);
+    fprintf(stderr, "flashcl-tune --decode-splits: --heads %ld is not a multiple of --gqa %ld\n", o->heads, o->gqa);
     return -1;
   }
   return 0;
 bad:
-  fprintf(stderr, "flashcl-tune --decode: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
+  fprintf(stderr, "flashcl-tune --decode-splits: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
   return -1;
 }
 
@@ -206,7 +206,7 @@ int tune_decode_main(int argc, char **argv) {
           tools_list cands;
           memset(&p, 0, sizeof p);
           if (!raw || !ref || !got) {
-            fprintf(stderr, "flashcl-tune --decode: host allocation failed (N=%ld batch %ld)\n", n, B);
+            fprintf(stderr, "flashcl-tune --decode-splits: host allocation failed (N=%ld batch %ld)\n", n, B);
             ++errors;
             goto next;
           }
@@ -224,7 +224,7 @@ int tune_decode_main(int argc, char **argv) {
             free(lens);
           }
           if (!p.lens || err) {
-            fprintf(stderr, "flashcl-tune --decode: cannot allocate N=%ld batch %ld d=%ld %s: %s (%d)\n", n, B, d,
+            fprintf(stderr, "flashcl-tune --decode-splits: cannot allocate N=%ld batch %ld d=%ld %s: %s (%d)\n", n, B, d,
                     flashcl_dtype_name(dt), flashcl_status_string(err), err);
             ++errors;
             goto next;
@@ -270,7 +270,7 @@ int tune_decode_main(int argc, char **argv) {
             rel = tools_rel_l2(got, ref, qn);
             if (!(rel <= tol)) {
               fprintf(stderr,
-                      "flashcl-tune --decode: N=%ld batch %ld d=%ld %s: %d splits give another result (rel L2 "
+                      "flashcl-tune --decode-splits: N=%ld batch %ld d=%ld %s: %d splits give another result (rel L2 "
                       "%.3e > %.0e); not a candidate\n",
                       n, B, d, flashcl_dtype_name(dt), s, rel, tol);
               ++failed;
@@ -318,7 +318,7 @@ int tune_decode_main(int argc, char **argv) {
 
   flashcl_context_destroy(ctx);
   if (errors) {
-    fprintf(stderr, "flashcl-tune --decode: %d failure(s), see above\n", errors);
+    fprintf(stderr, "flashcl-tune --decode-splits: %d failure(s), see above\n", errors);
     return 1;
   }
   return 0;
