@@ -59,6 +59,8 @@ typedef struct row {
   flashcl_block_plan plan;
   int have_plan;
   int family; /* flash rows: the flashcl_kernel_family that ran (0 when unknown) */
+  flashcl_config cfg; /* flash rows: what ran and where its tuning came from */
+  int have_cfg;
   float *out[3]; /* outputs as float for the flash/naive comparison: o, or dq, dk, dv */
   size_t out_count[3];
   int nout;
@@ -446,6 +448,7 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
     flashcl_kernel_family fam;
     if (flashcl_attention_kernel_family(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &fam) == FLASHCL_SUCCESS)
       r->family = (int)fam;
+    r->have_cfg = flashcl_attention_config(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &r->cfg) == FLASHCL_SUCCESS;
   }
   io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
   if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
@@ -860,7 +863,7 @@ int main(int argc, char **argv) {
 
   if (o.csv) {
     printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
-           "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status\n");
+           "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status,family,kernel,tuning_source\n");
   } else {
     printf("flashcl-bench %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
     printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
@@ -871,9 +874,9 @@ int main(int argc, char **argv) {
     if (o.alibi) printf(", ALiBi");
     if (o.page_size) printf(", K/V in pages of %ld (identity block table)", o.page_size);
     if (o.bwd) printf(", %s backward", o.deterministic ? "deterministic" : "atomic-dQ");
-    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s\n", "N", "d", "dtype",
+    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", "N", "d", "dtype",
            "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
-           "ws_MiB", "total_MiB", "speedup", "relL2");
+           "ws_MiB", "total_MiB", "speedup", "relL2", "tuning (family, source)");
   }
   fflush(stdout);
 
@@ -960,7 +963,8 @@ int main(int argc, char **argv) {
                   }
                 }
               }
-              if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
+              if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
+              else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
               else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
               else snprintf(blocks, sizeof blocks, "-");
 
@@ -976,7 +980,8 @@ int main(int argc, char **argv) {
                 if (!isnan(speedup)) printf("%.4f", speedup);
                 printf(",");
                 if (have_rel) printf("%.3e", rel);
-                printf(",\"%s\"\n", stxt);
+                printf(",\"%s\",%s,%s,\"%s\"\n", stxt, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
+                       r->have_cfg ? r->cfg.kernel : "", r->have_cfg ? r->cfg.origin : "");
               } else {
                 if (r->oom) snprintf(ms, sizeof ms, "OOM");
                 else if (r->status) snprintf(ms, sizeof ms, "error %d", r->status);
@@ -989,9 +994,11 @@ int main(int argc, char **argv) {
                 else snprintf(spd, sizeof spd, "-");
                 if (have_rel) snprintf(rl, sizeof rl, "%.2e", rel);
                 else snprintf(rl, sizeof rl, "-");
-                printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s\n", n, d,
-                       flashcl_dtype_name(dtype), causal, batch, heads, pname, tools_algo_name(r->algo), blocks,
-                       reps, ms, tf, mib(io), mib(r->workspace), mib(io + r->workspace), spd, rl);
+                printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n",
+                       n, d, flashcl_dtype_name(dtype), causal, batch, heads, pname, tools_algo_name(r->algo), blocks,
+                       reps, ms, tf, mib(io), mib(r->workspace), mib(io + r->workspace), spd, rl,
+                       r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
+                       r->have_cfg ? " from " : "", r->have_cfg ? r->cfg.origin : "");
               }
             }
             fflush(stdout);

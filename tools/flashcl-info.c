@@ -17,8 +17,10 @@ static void usage(FILE *f) {
           "\n"
           "Lists every OpenCL platform/device, marks the one flashcl picks by default,\n"
           "and prints device details, the block plan (Br, Bc, threads, local bytes)\n"
-          "for head dims 32..256 and each dtype on the chosen device, and which kernel\n"
-          "family (portable or nvidia_mma) AUTO runs for fp16/bf16 at d = 64 and 128.\n"
+          "for head dims 32..256 and each dtype on the chosen device, what AUTO runs for\n"
+          "the forward, backward and decode at d = 64 and 128 (tuning family, kernel, tiles\n"
+          "and where the configuration came from), the tuning sources loaded or skipped,\n"
+          "and the program cache.\n"
           "\n"
           "  --device SPEC  \"<platform>:<device>\" indices or a name substring\n"
           "                 (default: $FLASHCL_DEVICE, else first GPU, else first device)\n"
@@ -27,46 +29,71 @@ static void usage(FILE *f) {
           "  --verbose      create the context with verbose diagnostics\n");
 }
 
-/* Which flash kernel family AUTO runs for the 16-bit dtypes at d = 64 and 128
- * (on NVIDIA: whether the tensor-core kernels are in use), asked through
- * flashcl_attention_kernel_family on small aligned views. */
-static void print_families(flashcl_context *ctx) {
-  static const flashcl_dtype dts[2] = {FLASHCL_F16, FLASHCL_BF16};
+/* What AUTO runs for a few representative problems (flashcl_attention_config
+ * and flashcl_decode_config on small aligned views): the tuning family, the
+ * kernel, the tiles, and where the configuration came from. */
+static void print_config_row(const char *what, int st, flashcl_context *ctx, const flashcl_config *c) {
+  char set[512] = "";
+  if (st) {
+    printf("  %-22s %s: %s\n", what, flashcl_status_string(st), flashcl_context_last_error(ctx));
+    return;
+  }
+  if (c->set.count && flashcl_tuning_format(&c->set, set, sizeof set)) snprintf(set, sizeof set, "(long)");
+  printf("  %-22s %-9s %-18s %4dx%-4d %4d  %s%s%s\n", what, flashcl_tuning_family_name(c->family), c->kernel,
+         c->block_r, c->block_c, c->threads, c->origin, *set ? ": " : "", *set ? strchr(set, ' ') ? strchr(set, ' ') + 1 : "" : "");
+}
+
+static void print_configs(flashcl_context *ctx) {
+  static const flashcl_dtype dts[3] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
   static const int ds[2] = {64, 128};
   cl_mem buf[4] = {NULL, NULL, NULL, NULL};
   cl_int err = CL_SUCCESS;
-  int i, j, t;
-  for (i = 0; i < 4 && err == CL_SUCCESS; ++i)
-    buf[i] = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE, 64 * 128 * 2, NULL, &err);
-  printf("\nKernel family that AUTO runs (flashcl_attention_kernel_family, algo FLASH)\n");
-  if (err != CL_SUCCESS) {
-    printf("  (no buffers: %s, %d)\n", flashcl_status_string(err), (int)err);
-  } else {
-    printf("  %-5s %4s  %-12s %s\n", "dtype", "d", "forward", "backward");
-    for (i = 0; i < 2; ++i)
-      for (j = 0; j < 2; ++j) {
-        flashcl_tensor tq, tk, tv, to;
-        flashcl_attention_desc desc;
-        const char *name[2];
-        flashcl_tensor_init_bnhd(&tq, buf[0], 0, dts[i], 1, 64, 1, ds[j]);
-        flashcl_tensor_init_bnhd(&tk, buf[1], 0, dts[i], 1, 64, 1, ds[j]);
-        flashcl_tensor_init_bnhd(&tv, buf[2], 0, dts[i], 1, 64, 1, ds[j]);
-        flashcl_tensor_init_bnhd(&to, buf[3], 0, dts[i], 1, 64, 1, ds[j]);
-        flashcl_attention_desc_init(&desc);
-        desc.algo = FLASHCL_ALGO_FLASH;
-        for (t = 0; t < 2; ++t) {
-          flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
-          const int st = flashcl_attention_kernel_family(ctx, &desc, &tq, &tk, &tv, &to,
-                                                         t ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, &fam);
-          name[t] = st ? flashcl_status_string(st)
-                       : fam == FLASHCL_KERNEL_NVIDIA_MMA ? "nvidia_mma" : fam == FLASHCL_KERNEL_PORTABLE ? "portable"
-                                                                                                        : "none";
+  for (int i = 0; i < 4 && err == CL_SUCCESS; ++i)
+    buf[i] = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE, 4096 * 128 * 4, NULL, &err);
+  printf("\nWhat AUTO runs (flashcl_attention_config / flashcl_decode_config; N = 4096, one head)\n");
+  printf("  %-22s %-9s %-18s %9s %4s  %s\n", "problem", "family", "kernel", "Br x Bc", "wi", "tuning source: set");
+  for (int i = 0; i < 3 && err == CL_SUCCESS; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int pass = 0; pass < 3; ++pass) {
+        flashcl_tensor t[4];
+        flashcl_config cfg;
+        char what[64];
+        int st;
+        for (int b = 0; b < 4; ++b)
+          flashcl_tensor_init_bnhd(&t[b], buf[b], 0, dts[i], 1, pass == 2 && (b == 0 || b == 3) ? 1 : 4096, 1, ds[j]);
+        if (pass < 2) {
+          flashcl_attention_desc desc;
+          flashcl_attention_desc_init(&desc);
+          st = flashcl_attention_config(ctx, &desc, &t[0], &t[1], &t[2], &t[3],
+                                        pass ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, &cfg);
+        } else {
+          flashcl_decode_desc desc;
+          flashcl_decode_desc_init(&desc);
+          st = flashcl_decode_config(ctx, &desc, &t[0], &t[1], &t[2], &cfg);
         }
-        printf("  %-5s %4d  %-12s %s\n", flashcl_dtype_name(dts[i]), ds[j], name[0], name[1]);
+        snprintf(what, sizeof what, "%s d=%d %s", pass == 0 ? "forward" : pass == 1 ? "backward" : "decode", ds[j],
+                 flashcl_dtype_name(dts[i]));
+        print_config_row(what, st, ctx, &cfg);
       }
-  }
-  for (i = 0; i < 4; ++i)
+  if (err != CL_SUCCESS) printf("  (no buffers: %s, %d)\n", flashcl_status_string(err), (int)err);
+  for (int i = 0; i < 4; ++i)
     if (buf[i]) clReleaseMemObject(buf[i]);
+}
+
+static void print_tuning_and_cache(flashcl_context *ctx) {
+  flashcl_context_stats stats;
+  printf("\nTuning sources (flashcl_context_tuning_log)\n");
+  const char *log = flashcl_context_tuning_log(ctx);
+  for (const char *l = log; *l;) {
+    const size_t len = strcspn(l, "\n");
+    printf("  %.*s\n", (int)len, l);
+    l += len + (l[len] == '\n');
+  }
+  const char *dir = flashcl_context_cache_dir(ctx);
+  printf("\nCache directory      %s\n", *dir ? dir : "(none: set FLASHCL_CACHE_DIR)");
+  if (flashcl_context_stats_get(ctx, &stats) == FLASHCL_SUCCESS)
+    printf("Programs this run    %u built from source, %u loaded from the cache (%u cache entries rejected, %u "
+           "written)\n", stats.programs_built, stats.programs_from_cache, stats.cache_rejected, stats.cache_written);
 }
 
 int main(int argc, char **argv) {
@@ -197,6 +224,10 @@ int main(int argc, char **argv) {
   printf("  FLASHCL_KERNEL_DIR  %s\n", env && *env ? env : "(unset: embedded kernels)");
   env = getenv("FLASHCL_KERNEL");
   printf("  FLASHCL_KERNEL      %s\n", env && *env ? env : "(unset: auto)");
+  env = getenv("FLASHCL_TUNING");
+  printf("  FLASHCL_TUNING      %s\n", env && *env ? env : "(unset)");
+  env = getenv("FLASHCL_CACHE_DIR");
+  printf("  FLASHCL_CACHE_DIR   %s\n", env && *env ? env : "(unset: $XDG_CACHE_HOME/flashcl, else ~/.cache/flashcl)");
 
   printf("\nDefault block plan (flashcl_attention_block_plan with block_r = block_c = 0)\n");
   printf("  %-5s %4s %5s %5s %8s %12s\n", "dtype", "d", "Br", "Bc", "threads", "local bytes");
@@ -214,7 +245,8 @@ int main(int argc, char **argv) {
                flashcl_status_string(status), status);
     }
   }
-  print_families(ctx);
+  print_configs(ctx);
+  print_tuning_and_cache(ctx);
   flashcl_context_destroy(ctx);
   return 0;
 }

@@ -218,6 +218,10 @@ int tune_search(flashcl_context *ctx, tune_problem *p, const tune_search_opts *o
     r->family = base.family;
     r->base = base.set;
     r->base.family = base.family;
+    flashcl_config check;
+    /* A file's values are a preference the library may drop where they do not
+     * fit; as a call's they must run. Where they would not, start from the rules. */
+    if (tune_problem_config(ctx, p, &r->base, &check)) r->base.count = 0;
     snprintf(r->base_origin, sizeof r->base_origin, "%s", base.origin);
     s->seen[s->nseen++] = base;
     flashcl_tuning inc = r->base;
