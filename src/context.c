@@ -320,6 +320,12 @@ flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_d
   return FLASHCL_SUCCESS;
 }
 
+flashcl_status flashcl_context_stats_get(const flashcl_context *ctx, flashcl_context_stats *stats) {
+  if (!ctx || !stats) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  *stats = ctx->stats;
+  return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);

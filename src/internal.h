@@ -76,6 +76,8 @@ struct flashcl_context {
   int binary_cache;
   char *build_options;
   flashcl_context_stats stats;
+  /* Numbers this context's temporary cache files (src/binary_cache.c). */
+  unsigned cache_seq;
   /* The tuning sources (src/tuning.c), first match wins, and what loading
    * them did (flashcl_context_tuning_log). */
   struct fcl_tuning_db *tuning;
@@ -128,6 +130,21 @@ flashcl_status fcl_get_kernel(flashcl_context *ctx, const char *file, const char
 flashcl_status fcl_get_kernel_sm90a(flashcl_context *ctx, const char *file, const char *options,
                                     const char *kernel_name, cl_kernel *out);
 void fcl_release_programs(flashcl_context *ctx);
+
+/* The on-disk program cache (src/binary_cache.c). fcl_cache_enabled: the
+ * context may read and write it (binary_cache on, a cache directory named).
+ * The key hashes the device and driver, flashcl's version, every source part,
+ * the options and the route ("" for plain builds). fcl_cache_load returns the
+ * built program of a valid entry, or NULL (a miss, or a rejected entry: counted
+ * and logged); fcl_cache_store writes prog's binary. Neither ever fails. */
+typedef struct fcl_cache_key {
+  uint64_t h[2];
+} fcl_cache_key;
+int fcl_cache_enabled(const flashcl_context *ctx);
+void fcl_cache_key_make(flashcl_context *ctx, const char *const *text, const size_t *size, unsigned parts,
+                        const char *options, const char *route, fcl_cache_key *key);
+cl_program fcl_cache_load(flashcl_context *ctx, const fcl_cache_key *key, const char *files, const char *options);
+void fcl_cache_store(flashcl_context *ctx, const fcl_cache_key *key, cl_program prog, const char *files);
 
 /* The context's side queue (see side_queue), or NULL where it cannot be
  * created; never fails the caller. */

@@ -3,7 +3,9 @@
  * Programs are built on first use and cached by (file, build options); the
  * context is bound to one device, so the key needs no device. Programs built for
  * sm_90a (fcl_get_kernel_sm90a) are cached under their own keys. Kernel objects are
- * cached with their program because clCreateKernel is not free on every driver. */
+ * cached with their program because clCreateKernel is not free on every driver.
+ * Below this per-context cache sits the on-disk one (src/binary_cache.c), which
+ * outlives the context and the process. */
 #include "internal.h"
 #include "ptx_sm90a.h"
 
@@ -82,46 +84,59 @@ void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name,
   free(log);
 }
 
-/* `files` names one source, or several joined by '+' that are compiled as one
- * program in that order (e.g. "philox.cl+flash_bwd.cl"). */
-static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
-  enum { MAX_PARTS = 6 };
-  const char *text[MAX_PARTS];
-  size_t size[MAX_PARTS];
-  char *owned[MAX_PARTS] = {0};
-  cl_uint parts = 0;
+/* The text of every source part of a program. `files` names one source, or
+ * several joined by '+' that are compiled as one program in that order (e.g.
+ * "philox.cl+flash_bwd.cl"). */
+enum { FCL_MAX_PARTS = 6 };
+typedef struct fcl_sources {
+  cl_uint parts;
+  const char *text[FCL_MAX_PARTS];
+  size_t size[FCL_MAX_PARTS];
+  char *owned[FCL_MAX_PARTS];
+} fcl_sources;
+
+static void fcl_sources_free(fcl_sources *src) {
+  for (cl_uint i = 0; i < FCL_MAX_PARTS; i++) free(src->owned[i]);
+}
+
+static flashcl_status fcl_sources_load(flashcl_context *ctx, const char *files, fcl_sources *src) {
+  memset(src, 0, sizeof *src);
   flashcl_status st = FLASHCL_SUCCESS;
   for (const char *f = files; *f && st == FLASHCL_SUCCESS;) {
     const char *plus = strchr(f, '+');
     size_t len = plus ? (size_t)(plus - f) : strlen(f);
     char name[256];
-    if (parts == MAX_PARTS || len == 0 || len >= sizeof name) {
+    if (src->parts == FCL_MAX_PARTS || len == 0 || len >= sizeof name) {
       st = fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "bad kernel source list \"%s\"", files);
       break;
     }
     memcpy(name, f, len);
     name[len] = '\0';
-    st = fcl_kernel_source(ctx, name, &text[parts], &size[parts], &owned[parts]);
-    if (st == FLASHCL_SUCCESS) parts++;
+    const cl_uint i = src->parts;
+    st = fcl_kernel_source(ctx, name, &src->text[i], &src->size[i], &src->owned[i]);
+    if (st == FLASHCL_SUCCESS) src->parts++;
     f += len + (plus ? 1 : 0);
   }
+  if (st != FLASHCL_SUCCESS) fcl_sources_free(src);
+  return st;
+}
+
+static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const fcl_sources *src, const char *options,
+                                cl_program *out) {
   cl_int err = CL_SUCCESS;
-  cl_program prog = NULL;
-  if (st == FLASHCL_SUCCESS) prog = clCreateProgramWithSource(ctx->context, parts, text, size, &err);
-  for (cl_uint i = 0; i < MAX_PARTS; i++) free(owned[i]);
-  if (st != FLASHCL_SUCCESS) return st;
+  cl_program prog = clCreateProgramWithSource(ctx->context, src->parts, (const char **)src->text, src->size, &err);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateProgramWithSource");
-  const char *file = files;
-  fcl_log(ctx, "building %s with \"%s\"", file, options);
+  fcl_log(ctx, "building %s with \"%s\"", files, options);
   err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
   if (err != CL_SUCCESS) {
     char *log = fcl_build_log(ctx, prog);
-    fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with options \"%s\" failed (%s):\n%s", file, options,
+    fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with options \"%s\" failed (%s):\n%s", files, options,
              fcl_cl_error_name(err), log ? log : "(no log)");
     free(log);
     clReleaseProgram(prog);
     return FLASHCL_ERROR_BUILD_FAILED;
   }
+  ctx->stats.programs_built++;
   *out = prog;
   return FLASHCL_SUCCESS;
 }
@@ -141,11 +156,20 @@ static char *fcl_program_ptx(cl_program prog) {
   return (char *)bin;
 }
 
+/* The options of the sm_90a route's second build, where the driver assembles
+ * the retargeted PTX: FLASHCL_BUILD_OPTIONS (e.g. -cl-nv-verbose) reach this
+ * step too. */
+static const char *fcl_sm90a_binary_options(void) {
+  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+  return extra ? extra : "";
+}
+
 /* fcl_build, then the source program's PTX retargeted to sm_90a (see
  * cl/flash_fwd_wgmma.cl) and built again as a binary. */
-static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, const char *options, cl_program *out) {
+static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, const fcl_sources *src,
+                                      const char *options, cl_program *out) {
   cl_program src_prog = NULL;
-  flashcl_status st = fcl_build(ctx, files, options, &src_prog);
+  flashcl_status st = fcl_build(ctx, files, src, options, &src_prog);
   if (st != FLASHCL_SUCCESS) return st;
   char *ptx = fcl_program_ptx(src_prog);
   clReleaseProgram(src_prog);
@@ -164,10 +188,8 @@ static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, c
     return fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s for sm_90a: clCreateProgramWithBinary failed (%s)",
                     files, fcl_cl_error_name(err));
   fcl_log(ctx, "building %s for sm_90a", files);
-  /* The binary is PTX: the driver assembles it here. FLASHCL_BUILD_OPTIONS
-   * (e.g. -cl-nv-verbose) reach this step too. */
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-  err = clBuildProgram(prog, 1, &ctx->device, extra ? extra : "", NULL, NULL);
+  /* The binary is PTX: the driver assembles it here. */
+  err = clBuildProgram(prog, 1, &ctx->device, fcl_sm90a_binary_options(), NULL, NULL);
   if (err != CL_SUCCESS) {
     char *log = fcl_build_log(ctx, prog);
     fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "assembling %s for sm_90a failed (%s):\n%s", files,
@@ -180,6 +202,36 @@ static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, c
   return FLASHCL_SUCCESS;
 }
 
+/* A program for (files, options): loaded from the disk cache when it holds a
+ * valid entry, else built from source and written there. The sources are read
+ * first even on a hit, because the cache key hashes their text. */
+static flashcl_status fcl_program_obtain(flashcl_context *ctx, const char *files, const char *options, int sm90a,
+                                         cl_program *out) {
+  fcl_sources src;
+  flashcl_status st = fcl_sources_load(ctx, files, &src);
+  if (st != FLASHCL_SUCCESS) return st;
+  const int cached = fcl_cache_enabled(ctx);
+  fcl_cache_key key;
+  if (cached) {
+    /* The sm_90a route's binary also depends on the PTX rewrite and on the
+     * options of its second build. */
+    char route[4096] = "";
+    if (sm90a)
+      snprintf(route, sizeof route, "sm90a rewrite %d binary options %s", FCL_PTX_SM90A_REVISION,
+               fcl_sm90a_binary_options());
+    fcl_cache_key_make(ctx, src.text, src.size, src.parts, options, route, &key);
+    *out = fcl_cache_load(ctx, &key, files, sm90a ? fcl_sm90a_binary_options() : options);
+    if (*out) {
+      fcl_sources_free(&src);
+      return FLASHCL_SUCCESS;
+    }
+  }
+  st = sm90a ? fcl_build_sm90a(ctx, files, &src, options, out) : fcl_build(ctx, files, &src, options, out);
+  fcl_sources_free(&src);
+  if (st == FLASHCL_SUCCESS && cached) fcl_cache_store(ctx, &key, *out, files);
+  return st;
+}
+
 static flashcl_status fcl_get_kernel_impl(flashcl_context *ctx, const char *file, const char *options,
                                           const char *kernel_name, int sm90a, cl_kernel *out) {
   size_t keylen = strlen(file) + strlen(options) + 8;
@@ -190,7 +242,7 @@ static flashcl_status fcl_get_kernel_impl(flashcl_context *ctx, const char *file
   while (pe && strcmp(pe->key, key) != 0) pe = pe->next;
   if (!pe) {
     cl_program prog = NULL;
-    flashcl_status st = sm90a ? fcl_build_sm90a(ctx, file, options, &prog) : fcl_build(ctx, file, options, &prog);
+    flashcl_status st = fcl_program_obtain(ctx, file, options, sm90a, &prog);
     if (st != FLASHCL_SUCCESS) {
       free(key);
       return st;

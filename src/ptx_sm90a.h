@@ -7,6 +7,11 @@
 /* What cl/flash_fwd_wgmma.cl writes in front of each sm_90a-only instruction. */
 #define FCL_SM90A_MARKER "//@sm90a@ "
 
+/* The rewrite's revision: part of the on-disk program cache's key for the
+ * sm_90a route (src/program.c), whose entries are looked up before the rewrite
+ * runs. Raise it whenever fcl_ptx_to_sm90a's output changes. */
+#define FCL_PTX_SM90A_REVISION 1
+
 /* A malloc'ed copy of ptx with every FCL_SM90A_MARKER deleted and its
  * `.target sm_90` raised to `.target sm_90a`. NULL, with *why set to a static
  * reason, when the module does not target exactly sm_90, has no marker, or
