@@ -344,10 +344,12 @@ static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_dec
   const int ran[FCL_DEC_P_COUNT] = {
       p->kpt, p->prefetch, p->mma ? fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU_ASYNC) : p->wg_per_cu,
       fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS), fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS),
-      p->stages, fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
+      p->stages, p->mma ? 0 : fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
       fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS), p->mma ? p->wg_per_cu : 0,
       p->mma ? p->mma_wk : 0, p->mma ? p->mma_stages : 0,
-      fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT)};
+      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0};
+  /* 0: the kernel that runs does not read it (a call that sets it is refused,
+   * and flashcl-tune does not time it twice). */
   for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
 }
 

@@ -181,6 +181,21 @@ static int ts_pass(ts_state *s, flashcl_tuning *inc) {
   return kept;
 }
 
+/* The incumbent the search starts from: the sources' values, less those the
+ * library dropped for this problem (a file's values are a preference, which
+ * the library may drop where they do not fit; a call's must run as given). */
+static void ts_start(ts_state *s, const flashcl_config *base, flashcl_tuning *start) {
+  flashcl_config check;
+  flashcl_tuning_init(start, base->family);
+  for (int i = 0; i < base->set.count; ++i) {
+    int ran = 0;
+    const flashcl_tuning_param *sp = &base->set.params[i];
+    if (flashcl_tuning_get(&base->tuning, sp->name, &ran) == FLASHCL_SUCCESS && ran == sp->value)
+      flashcl_tuning_set(NULL, start, sp->name, sp->value);
+  }
+  if (tune_problem_config(s->ctx, s->p, start, &check)) start->count = 0;
+}
+
 /* The final, longer comparison of the chosen configuration with the base;
  * the base stays unless the choice is faster. */
 static int ts_final(ts_state *s, flashcl_tuning *inc) {
@@ -218,13 +233,11 @@ int tune_search(flashcl_context *ctx, tune_problem *p, const tune_search_opts *o
     r->family = base.family;
     r->base = base.set;
     r->base.family = base.family;
-    flashcl_config check;
-    /* A file's values are a preference the library may drop where they do not
-     * fit; as a call's they must run. Where they would not, start from the rules. */
-    if (tune_problem_config(ctx, p, &r->base, &check)) r->base.count = 0;
+    snprintf(r->best_kernel, sizeof r->best_kernel, "%s", base.kernel);
     snprintf(r->base_origin, sizeof r->base_origin, "%s", base.origin);
     s->seen[s->nseen++] = base;
-    flashcl_tuning inc = r->base;
+    flashcl_tuning inc;
+    ts_start(s, &base, &inc);
     s->total = ts_pass_size(r->family, o->params) * (o->passes > 0 ? o->passes : 1);
     for (int pass = 0; pass < (o->passes > 0 ? o->passes : 1); ++pass) {
       const int kept = ts_pass(s, &inc);
