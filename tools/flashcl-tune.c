@@ -57,7 +57,7 @@ static void usage(FILE *f) {
           "                        (default 4096 on GPUs, 512 otherwise)\n"
           "  --decode-n LIST       decode KV lengths (default 32768 on GPUs, 2048 otherwise)\n"
           "  --kernel auto|portable|nvidia_mma   the desc.kernel the problems run with (default auto)\n"
-          "  --budget SECONDS      search time for the whole run (default 600 on GPUs, 1500 otherwise);\n"
+          "  --budget SECONDS      search time for the whole run (default 480 on GPUs, 1500 otherwise);\n"
           "                        each problem gets an equal share of what is left\n"
           "  --reps R              paired rounds per comparison (default 5 on GPUs, 3 otherwise;\n"
           "                        the final comparison runs 2R+1)\n"
@@ -160,7 +160,7 @@ static void device_defaults(tune_opts *o, int gpu) {
   if (!o->have_atomic) tools_parse_causal_list(gpu ? "0,1" : "0", &o->atomic);
   if (!o->have_n) tools_parse_int_list(gpu ? "4096" : "512", &o->n);
   if (!o->have_dec_n) tools_parse_int_list(gpu ? "32768" : "2048", &o->dec_n);
-  if (!o->budget_s) o->budget_s = gpu ? 600 : 1500;
+  if (!o->budget_s) o->budget_s = gpu ? 480 : 1500;
   if (!o->reps) o->reps = gpu ? 5 : 3;
   o->batch_tokens = gpu ? 16384 : 512;
   o->hidden = gpu ? 2048 : 256;
