@@ -206,7 +206,10 @@ static unsigned char *fcl_cache_read(const char *path, const fcl_cache_key *key,
   else *why = fcl_cache_check_header(hd, key, (uint64_t)sb.st_size);
   if (!*why) {
     *len = (size_t)fcl_get_u64(hd + 32);
-    payload = malloc(*len);
+    /* One byte more, zeroed: NVIDIA's binaries are PTX text, and a driver
+     * that reads them as a C string must stop inside our buffer. */
+    payload = malloc(*len + 1);
+    if (payload) payload[*len] = 0;
     if (!payload) *why = "out of host memory";
     else if (fread(payload, 1, *len, f) != *len) *why = "truncated payload";
     else if (fcl_cache_checksum(key, payload, *len) != fcl_get_u64(hd + 40)) *why = "payload checksum mismatch";

@@ -355,6 +355,8 @@ static void corrupt_entry(const char *path, corruption c, fct_rng *rng) {
   case FORGED_BINARY: {
     /* Keep the header's key, replace the payload by junk with its right
      * length and checksum: every file check passes, the driver must not. */
+    buf = realloc(buf, HEADER + 4096);
+    FCT_CHECK(buf != NULL, "out of memory");
     memcpy(buf + HEADER, junk, 4096);
     put_u64(buf + 32, 4096);
     put_u64(buf + 40, entry_checksum(buf + 16, buf + HEADER, 4096));
