@@ -43,9 +43,12 @@ static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int a
   return dkdv > dq ? dkdv : dq;
 }
 
-/* The kernel's #error rule for the atomic dQ tile: its warps split the queries
- * in 32-row halves and the head dim in an even number of 8-column n-tiles each. */
+/* cl/flash_bwd_mma.cl's #error rule, so that a tuning it would refuse is
+ * refused here (UNSUPPORTED) rather than failing to build: a Q tile at least
+ * half the key block, and in atomic mode warps that split the queries in
+ * 32-row halves and the head dim in an even number of 8-column n-tiles each. */
 static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
+  if (c->block_r % 32 || 2 * c->block_r < c->nwarps * 16 || c->block_c % 16 || c->qbuf < 1 || c->qbuf > 2) return 0;
   if (!atomic) return 1;
   const int wq = c->block_r / 32;
   if (wq < 1 || c->nwarps % wq) return 0;

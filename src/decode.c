@@ -288,6 +288,7 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
    * unaligned rows keep the register path. */
   if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned) stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
+  if (stages == 1) stages = 0; /* one stage is no pipeline: cl/decode.cl refuses it (a call's 1 is refused) */
   if (stages) {
     /* The cp.async kernel gives up stages (down to 2), then keys per work-item;
      * if even that does not fit, the register path starts over from kpt. */

@@ -130,6 +130,11 @@ static int ts_try(ts_state *s, flashcl_tuning *inc, const flashcl_tuning *cand) 
   if (s->nseen < TS_MAX_SEEN) s->seen[s->nseen++] = cfg;
   r->tried++;
   st = tune_problem_check_run(s->ctx, s->p, cand, s->got);
+  if (st == FLASHCL_ERROR_BUILD_FAILED || st == FLASHCL_ERROR_UNSUPPORTED) {
+    r->tried--, r->infeasible++;
+    ts_log(s, cand, st == FLASHCL_ERROR_BUILD_FAILED ? "does not build" : "cannot run here");
+    return 0;
+  }
   if (st) {
     r->wrong++;
     snprintf(what, sizeof what, "failed: %s (%d)", flashcl_status_string(st), st);
