@@ -290,8 +290,9 @@ static int family_wanted(const tune_opts *o, flashcl_tuning_family f) {
 static void report(const run_state *rs, const tune_shape *s, const tune_result *r, const tune_done *d) {
   const double ratio = r->best_ms / r->base_ms;
   if (rs->o->csv) {
-    printf("\"%s\",\"%s\",%s,%s,%.6f,%.6f,%.4f,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%d,\"%s\"\n", rs->devdesc, d->problem,
-           flashcl_tuning_family_name(r->family), r->best_kernel, r->base_ms, r->best_ms, ratio, r->base_noise,
+    printf("\"%s\",\"%s\",%s,%s,%d,%.6f,%.6f,%.4f,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%d,\"%s\"\n", rs->devdesc,
+           d->problem, flashcl_tuning_family_name(r->family), r->best_kernel, r->changed, r->base_ms, r->best_ms, ratio,
+           r->base_noise,
            r->best_noise, r->best_wins, r->rounds, r->tried, r->wrong, r->infeasible, r->duplicate, r->max_rel,
            r->timed_out, d->entry);
   } else {
