@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_first_call.h"
 #include "common.h"
 
 #define MAX_ALGOS 4
@@ -96,6 +97,10 @@ static void usage(FILE *f) {
           "                       --n (default GPU 1k..128k, other devices 256,1k,4k));\n"
           "                       reports GB/s = K+V bytes read / median time\n"
           "  --decode-batch LIST  batches for --decode (default GPU 1,8,64, else 1,8)\n"
+          "  --first-call         time from main() to the first forward result instead: context,\n"
+          "                       device inputs, first call (builds or cache loads), second call\n"
+          "                       (takes --n, --d, --dtype, --causal, --batch, --heads; default\n"
+          "                       d=128 f16 N=4096)\n"
           "  --calls C            --decode: time C back-to-back calls between two markers and\n"
           "                       report the time per call (default 1: one call, so the\n"
           "                       host's enqueue time is inside the timed span); host_us\n"
@@ -845,6 +850,8 @@ int main(int argc, char **argv) {
   char devdesc[512];
   int st, ni, di, ti, ci, failures = 0;
 
+  for (int i = 1; i < argc; ++i)
+    if (!strcmp(argv[i], "--first-call")) return bench_first_call_main(argc, argv);
   if (parse_args(argc, argv, &o) != 0) return 1;
 
   if (tools_open_context("flashcl-bench", o.device, o.verbose, &options, &ctx, &info)) return 2;
