@@ -157,11 +157,10 @@ static char *fcl_program_ptx(cl_program prog) {
 }
 
 /* The options of the sm_90a route's second build, where the driver assembles
- * the retargeted PTX: FLASHCL_BUILD_OPTIONS (e.g. -cl-nv-verbose) reach this
+ * the retargeted PTX: options.build_options (e.g. -cl-nv-verbose) reach this
  * step too. */
-static const char *fcl_sm90a_binary_options(void) {
-  const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-  return extra ? extra : "";
+static const char *fcl_sm90a_binary_options(const flashcl_context *ctx) {
+  return ctx->build_options ? ctx->build_options : "";
 }
 
 /* fcl_build, then the source program's PTX retargeted to sm_90a (see
@@ -189,7 +188,7 @@ static flashcl_status fcl_build_sm90a(flashcl_context *ctx, const char *files, c
                     files, fcl_cl_error_name(err));
   fcl_log(ctx, "building %s for sm_90a", files);
   /* The binary is PTX: the driver assembles it here. */
-  err = clBuildProgram(prog, 1, &ctx->device, fcl_sm90a_binary_options(), NULL, NULL);
+  err = clBuildProgram(prog, 1, &ctx->device, fcl_sm90a_binary_options(ctx), NULL, NULL);
   if (err != CL_SUCCESS) {
     char *log = fcl_build_log(ctx, prog);
     fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "assembling %s for sm_90a failed (%s):\n%s", files,
@@ -218,9 +217,9 @@ static flashcl_status fcl_program_obtain(flashcl_context *ctx, const char *files
     char route[4096] = "";
     if (sm90a)
       snprintf(route, sizeof route, "sm90a rewrite %d binary options %s", FCL_PTX_SM90A_REVISION,
-               fcl_sm90a_binary_options());
+               fcl_sm90a_binary_options(ctx));
     fcl_cache_key_make(ctx, src.text, src.size, src.parts, options, route, &key);
-    *out = fcl_cache_load(ctx, &key, files, sm90a ? fcl_sm90a_binary_options() : options);
+    *out = fcl_cache_load(ctx, &key, files, sm90a ? fcl_sm90a_binary_options(ctx) : options);
     if (*out) {
       fcl_sources_free(&src);
       return FLASHCL_SUCCESS;
