@@ -49,8 +49,10 @@ static void usage(FILE *f) {
           "                        wgmma_fwd,decode)\n"
           "  --params LIST         only these parameters (e.g. br,bc)\n"
           "  --d LIST              head dims (default 64,128)\n"
-          "  --dtype LIST          f32,f16,bf16 (default: forward f16,f32; backward f16 on GPUs, f32\n"
-          "                        otherwise; decode f16 on GPUs, f32 otherwise)\n"
+          "  --dtype LIST          f32,f16,bf16 (default f16,f32 on GPUs; f32,f16 for the forward and\n"
+          "                        f32 for the backward and decode elsewhere). On GPUs the 16-bit\n"
+          "                        forward is also tuned in the mma_fwd family where AUTO runs\n"
+          "                        wgmma_fwd (mma.sync still runs dropout, masks, paged K/V)\n"
           "  --causal LIST         0,1 (default 0,1 for the forward, 0 for the backward)\n"
           "  --atomic LIST         backward dQ: 0 deterministic, 1 atomic (default 0,1 on GPUs, 0)\n"
           "  --n LIST              sequence lengths; each but the largest becomes an nmax bucket\n"
@@ -175,8 +177,8 @@ static int make_shapes(const tune_opts *o, tune_shape *out) {
   int n = 0;
   tools_list fdt, bdt, ddt;
   tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32,f16", &fdt);
-  tools_parse_dtype_list(o->hidden > 1024 ? "f16" : "f32", &bdt);
-  tools_parse_dtype_list(o->hidden > 1024 ? "f16" : "f32", &ddt);
+  tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32", &bdt);
+  tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32", &ddt);
   if (o->have_dtype) fdt = bdt = ddt = o->dtype;
   for (int pass = 0; pass < 3; ++pass) {
     if (!o->pass[pass]) continue;
@@ -198,7 +200,11 @@ static int make_shapes(const tune_opts *o, tune_shape *out) {
               s->heads = o->hidden / s->d > 0 ? o->hidden / s->d : 1;
               s->batch = pass == TUNE_DECODE ? o->dec_batch : (o->batch_tokens / s->n > 0 ? o->batch_tokens / s->n : 1);
               s->heads_kv = pass == TUNE_DECODE && s->heads % 4 == 0 ? s->heads / 4 : s->heads;
-              s->q_len = 1, s->calls = o->dec_calls;
+              s->q_len = 1, s->calls = o->dec_calls, s->force = FLASHCL_TUNE_NONE;
+              /* On GPUs the 16-bit forward also in the mma.sync family, which runs
+               * what the Hopper kernel does not cover (skipped where it cannot run). */
+              if (pass == TUNE_FORWARD && o->hidden > 1024 && s->dtype != FLASHCL_F32 && n < MAX_SHAPES)
+                out[n] = *s, out[n++].force = FLASHCL_TUNE_MMA_FWD;
             }
   }
   return n;
@@ -317,6 +323,11 @@ static int run_problem(run_state *rs, const tune_shape *s, double deadline, tune
   tune_shape_name(s, d->problem, sizeof d->problem);
   int st = tune_problem_create(rs->ctx, s, &p);
   if (!st) st = tune_problem_config(rs->ctx, &p, NULL, &cfg);
+  if (st == FLASHCL_ERROR_UNSUPPORTED && s->force != FLASHCL_TUNE_NONE) {
+    if (rs->o->verbose) fprintf(stderr, "%s: skipped: %s\n", d->problem, flashcl_context_last_error(rs->ctx));
+    tune_problem_destroy(&p);
+    return 1;
+  }
   if (!st && !family_wanted(rs->o, cfg.family)) {
     tune_problem_destroy(&p);
     return 1;

@@ -12,8 +12,12 @@
 
 void tune_shape_name(const tune_shape *s, char *buf, size_t cap) {
   static const char *const pass[] = {"forward", "backward", "decode"};
-  const char *kern = s->kernel == FLASHCL_KERNEL_PORTABLE ? " kernel=portable"
-                     : s->kernel == FLASHCL_KERNEL_NVIDIA_MMA ? " kernel=nvidia_mma" : "";
+  char kern[64];
+  snprintf(kern, sizeof kern, "%s%s%s",
+           s->kernel == FLASHCL_KERNEL_PORTABLE ? " kernel=portable"
+           : s->kernel == FLASHCL_KERNEL_NVIDIA_MMA ? " kernel=nvidia_mma" : "",
+           s->force != FLASHCL_TUNE_NONE ? " family=" : "",
+           s->force != FLASHCL_TUNE_NONE ? flashcl_tuning_family_name(s->force) : "");
   if (s->pass == TUNE_DECODE)
     snprintf(buf, cap, "decode d=%d %s n=%ld batch=%ld heads=%ld/%ld q_len=%ld%s", s->d, flashcl_dtype_name(s->dtype),
              s->n, s->batch, s->heads, s->heads_kv, s->q_len, kern);
@@ -33,7 +37,14 @@ static cl_mem tp_buffer(flashcl_context *ctx, tune_problem *p, size_t count, uin
   return m;
 }
 
+/* The tuning a call runs with: t, else the forced family's empty one, else
+ * none (the context's sources). */
+static const flashcl_tuning *tp_tuning(const tune_problem *p, const flashcl_tuning *t) {
+  return t ? t : p->s.force != FLASHCL_TUNE_NONE ? &p->forced : NULL;
+}
+
 static void tp_desc(const tune_problem *p, const flashcl_tuning *t, flashcl_attention_desc *d) {
+  t = tp_tuning(p, t);
   flashcl_attention_desc_init(d);
   d->causal = p->s.causal;
   d->algo = FLASHCL_ALGO_FLASH;
@@ -43,6 +54,7 @@ static void tp_desc(const tune_problem *p, const flashcl_tuning *t, flashcl_atte
 }
 
 static void tp_decode_desc(const tune_problem *p, const flashcl_tuning *t, flashcl_decode_desc *d) {
+  t = tp_tuning(p, t);
   flashcl_decode_desc_init(d);
   d->kernel = p->s.kernel;
   d->tuning = t;
@@ -80,6 +92,7 @@ static int tp_create_attention(flashcl_context *ctx, tune_problem *p) {
   /* The forward the gradients belong to, with the context's own choice. */
   flashcl_attention_desc fd;
   tp_desc(p, NULL, &fd);
+  fd.tuning = NULL; /* the forward AUTO runs, whatever family the backward is tuned in */
   int st = flashcl_attention_forward(ctx, &fd, &p->q, &p->k, &p->v, &p->o, &p->lse, 0, NULL, NULL);
   return st ? st : clFinish(flashcl_context_cl_queue(ctx));
 }
@@ -111,6 +124,7 @@ static int tp_create_decode(flashcl_context *ctx, tune_problem *p) {
 int tune_problem_create(flashcl_context *ctx, const tune_shape *s, tune_problem *p) {
   memset(p, 0, sizeof *p);
   p->s = *s;
+  flashcl_tuning_init(&p->forced, s->force);
   const size_t big = s->pass == TUNE_DECODE ? (size_t)s->batch * s->n * s->heads_kv * s->d
                                             : (size_t)s->batch * s->n * s->heads * s->d;
   p->raw = malloc(big * 4);

@@ -22,6 +22,11 @@ typedef struct tune_shape {
   long q_len;    /* decode: new tokens per sequence */
   long calls;    /* decode: back-to-back calls per timing */
   flashcl_kernel_family kernel;
+  /* A family other than the one AUTO runs here (its default rules are the
+   * start; FLASHCL_TUNE_NONE: AUTO's). The tensor-core mma.sync forward is
+   * tuned this way where AUTO runs the Hopper one, because it still runs the
+   * problems the Hopper kernel does not cover (dropout, masks, paged K/V). */
+  flashcl_tuning_family force;
 } tune_shape;
 
 #define TUNE_MAX_OUTPUTS 3
@@ -37,6 +42,7 @@ typedef struct tune_problem {
   size_t out_count;                     /* elements over all outputs */
   void *raw;                            /* host scratch for reads */
   double flops;                         /* forward/backward: FLOPs of one call; decode: KV bytes */
+  flashcl_tuning forced;                /* s.force's empty tuning */
 } tune_problem;
 
 /* "fwd d=64 f16 causal=0 n=4096" and the like; also the journal key. */
