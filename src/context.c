@@ -67,13 +67,15 @@ static flashcl_status fcl_query_info(flashcl_context *ctx) {
 /* Loads the tuning sources and applies the context-wide "context" family:
  * local_mem plans as if the device reported less local memory (a testing aid
  * that lets PoCL run the plans of small-memory GPUs), local_probe overrides
- * the probe rule of src/probe.c. */
+ * the probe rule of src/probe.c, binary_cache = 0 turns the program cache off
+ * (options.no_binary_cache turns it off whatever the tuning says). */
 static void fcl_apply_device_tuning(flashcl_context *ctx, const flashcl_context_options *options) {
   fcl_tuning_load(ctx, options);
   const fcl_tune_key key = {0, FLASHCL_F32, 0, -1, 0};
   fcl_tuned t;
   fcl_tuning_resolve(ctx, FLASHCL_TUNE_CONTEXT, NULL, &key, &t);
   ctx->local_probe = fcl_tuned_get(&t, FCL_DEV_LOCAL_PROBE, -1);
+  if (!fcl_tuned_get(&t, FCL_DEV_BINARY_CACHE, 1)) ctx->binary_cache = 0;
   if (fcl_tuned_has(&t, FCL_DEV_LOCAL_MEM)) {
     const size_t n = (size_t)t.val[FCL_DEV_LOCAL_MEM];
     if (n < ctx->local_mem_actual) ctx->info.local_mem_size = n;

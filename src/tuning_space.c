@@ -117,6 +117,9 @@ static const fcl_param_decl fcl_device_decls[FCL_DEV_COUNT] = {
                   "1024 and below the device's figure). Rule: the device's figure",
      1024, 1 << 30, 1, FCL_NOCAND},
     {"local_probe", "probe for more local memory than the device reports (NVIDIA). Rule: 1", FCL_BOOL},
+    {"binary_cache", "keep compiled programs in <cache dir>/programs (0: leave it to the driver's own cache, where "
+                     "fetching a binary costs more than it saves). Rule: 1",
+     0, 1, 1, FCL_NOCAND},
 };
 
 static const char *const fcl_family_names[FLASHCL_TUNE_FAMILY_COUNT] = {"fwd",       "bwd",    "mma_fwd", "mma_bwd",

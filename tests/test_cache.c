@@ -115,9 +115,15 @@ static int check_forward(flashcl_context *ctx, const char *tag, char *err, size_
   return rc;
 }
 
+/* A tuning file for open_ctx (NULL: $FLASHCL_TUNING, which main points at an
+ * override with "context : binary_cache=1", since a device's built-in tuning
+ * may turn the cache off, as PoCL's does). */
+static const char *g_tuning_file = NULL;
+
 static flashcl_status open_ctx(const char *dir, int no_binary_cache, flashcl_context **ctx) {
   flashcl_context_options opt;
   flashcl_context_options_init(&opt);
+  opt.tuning_file = g_tuning_file;
   const char *verbose = getenv("FLASHCL_TEST_VERBOSE");
   opt.verbose = verbose && *verbose ? atoi(verbose) : 0;
   opt.cache_dir = dir;
@@ -513,6 +519,29 @@ static void test_no_binary_cache(void **state) {
   dir_remove(&d);
 }
 
+/* 5b. The tuning parameter context.binary_cache = 0 turns the cache off like
+ * no_binary_cache; a file that sets it to 1 turns it back on. */
+static void test_tuning_switch(void **state) {
+  cache_dir d;
+  char off[64];
+  (void)state;
+  dir_create(&d);
+  snprintf(off, sizeof off, "/tmp/flashcl-cache-off-XXXXXX");
+  const int fd = mkstemp(off);
+  FCT_CHECK(fd >= 0 && write(fd, "context : binary_cache=0\n", 25) == 25 && close(fd) == 0, "cannot write %s", off);
+  g_tuning_file = off;
+  flashcl_context_stats s = run_in_process(d.root, 0, "binary_cache=0, empty dir");
+  g_tuning_file = NULL;
+  struct stat sb;
+  FCT_CHECK(s.programs_built >= 1 && s.cache_written == 0 && s.programs_from_cache == 0 && stat(d.programs, &sb) != 0,
+            "binary_cache=0: built %u, written %u, from cache %u", s.programs_built, s.cache_written,
+            s.programs_from_cache);
+  s = run_in_process(d.root, 0, "binary_cache=1, empty dir");
+  FCT_CHECK(s.cache_written >= 1, "binary_cache=1: written %u", s.cache_written);
+  remove(off);
+  dir_remove(&d);
+}
+
 /* 6. The getter's arguments. */
 static void test_stats_arguments(void **state) {
   flashcl_context *ctx = NULL;
@@ -538,10 +567,18 @@ int main(int argc, char **argv) {
   char seed[32];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)fct_seed());
   setenv("FLASHCL_TEST_SEED", seed, 1);
+  char on[64];
+  snprintf(on, sizeof on, "/tmp/flashcl-cache-on-XXXXXX");
+  const int fd = mkstemp(on);
+  if (fd < 0 || write(fd, "context : binary_cache=1\n", 25) != 25 || close(fd) != 0) return 1;
+  setenv("FLASHCL_TUNING", on, 1); /* children inherit it */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stats_arguments), cmocka_unit_test(test_write_then_load),
       cmocka_unit_test(test_fresh_process),   cmocka_unit_test(test_corrupt_entries),
       cmocka_unit_test(test_concurrent_writers), cmocka_unit_test(test_no_binary_cache),
+      cmocka_unit_test(test_tuning_switch),
   };
-  return fct_run_group("binary cache", tests, sizeof tests / sizeof tests[0], 0);
+  const int rc = fct_run_group("binary cache", tests, sizeof tests / sizeof tests[0], 0);
+  remove(on);
+  return rc;
 }
