@@ -395,6 +395,34 @@ static void test_call_tuning(void **state) {
 }
 
 /* The decode's configuration and its per-call tuning. */
+/* A tensor-core backward tuning its kernel's #error rule refuses (a Q tile
+ * under half the key block) is refused up front, never a build failure: on
+ * NVIDIA by the check, elsewhere because the family does not run. */
+static void test_mma_bwd_refused(void **state) {
+  flashcl_attention_desc desc;
+  flashcl_tensor t[4];
+  flashcl_config cfg;
+  flashcl_tuning tu;
+  (void)state;
+  cl_mem b[4];
+  for (int i = 0; i < 4; i++) {
+    b[i] = fct_create_buffer((size_t)256 * 2 * 128 * 2, NULL);
+    flashcl_tensor_init_bnhd(&t[i], b[i], 0, FLASHCL_F16, 1, 256, 2, 128);
+  }
+  flashcl_tuning_init(&tu, FLASHCL_TUNE_MMA_BWD);
+  FCT_CHECK_STATUS(flashcl_tuning_set(NULL, &tu, "nwarps", 8), FLASHCL_SUCCESS, "nwarps");
+  FCT_CHECK_STATUS(flashcl_tuning_set(NULL, &tu, "block_r", 32), FLASHCL_SUCCESS, "block_r");
+  flashcl_attention_desc_init(&desc);
+  desc.tuning = &tu;
+  for (int det = 0; det <= 1; det++) {
+    desc.deterministic = det;
+    const flashcl_status st =
+        flashcl_attention_config(fct_env_get()->ctx, &desc, &t[0], &t[1], &t[2], &t[3], FLASHCL_PASS_BACKWARD, &cfg);
+    FCT_CHECK_STATUS(st, FLASHCL_ERROR_UNSUPPORTED, "mma_bwd nwarps=8 block_r=32, deterministic=%d", det);
+  }
+  for (int i = 0; i < 4; i++) clReleaseMemObject(b[i]);
+}
+
 static void test_decode_config(void **state) {
   fct_env *env = fct_env_get();
   flashcl_decode_desc desc;
@@ -418,6 +446,19 @@ static void test_decode_config(void **state) {
                 cfg.block_r == 2,
             "tuned decode: source %s kpt %d max_rows %d rows %d", flashcl_tuning_source_name(cfg.source),
             cfg_value(&cfg, "kpt"), cfg_value(&cfg, "max_rows"), cfg.block_r);
+  /* fp32 caches never run the tensor-core decode: its split floor is refused,
+   * the portable kernel's runs as given. */
+  flashcl_tuning_init(&t, FLASHCL_TUNE_DECODE);
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "mma_min_keys", 64), FLASHCL_SUCCESS, "mma_min_keys");
+  FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_ERROR_UNSUPPORTED,
+                   "f32 decode with mma_min_keys");
+  flashcl_tuning_init(&t, FLASHCL_TUNE_DECODE);
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "min_keys", 128), FLASHCL_SUCCESS, "min_keys");
+  FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_SUCCESS,
+                   "f32 decode with min_keys");
+  FCT_CHECK(cfg_value(&cfg, "min_keys") == 128 && cfg_value(&cfg, "mma_min_keys") == 0,
+            "f32 decode: min_keys %d, mma_min_keys %d (0: not read)", cfg_value(&cfg, "min_keys"),
+            cfg_value(&cfg, "mma_min_keys"));
   flashcl_tuning_init(&t, FLASHCL_TUNE_FWD);
   FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_ERROR_UNSUPPORTED,
                    "decode with a fwd tuning");
@@ -446,7 +487,7 @@ int main(void) {
       cmocka_unit_test(test_space),         cmocka_unit_test(test_values),
       cmocka_unit_test(test_header_and_log), cmocka_unit_test(test_file_loaded),
       cmocka_unit_test(test_file_rejected), cmocka_unit_test(test_call_tuning),
-      cmocka_unit_test(test_decode_config),
+      cmocka_unit_test(test_decode_config),  cmocka_unit_test(test_mma_bwd_refused),
   };
   return fct_run_group("tuning", tests, sizeof tests / sizeof tests[0], 1);
 }
