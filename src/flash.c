@@ -24,10 +24,31 @@ static int fcl_fwd_shfl(flashcl_context *ctx, const fcl_plan *plan) {
          fcl_mma_available(ctx);
 }
 
+/* A file's tiles and mapping are a preference: where they do not fit this
+ * device or head dim, the default rule plans instead (the call's own values
+ * are never replaced: fcl_tuned_honoured refuses them). */
+static flashcl_status fcl_fwd_plan(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, fcl_plan *plan) {
+  flashcl_status st = fcl_make_plan(ctx, tu, p->head_dim, plan);
+  static const int shape[] = {FCL_FWD_BR, FCL_FWD_BC, FCL_FWD_THREADS, FCL_FWD_S_TM, FCL_FWD_S_TN, FCL_FWD_O_TM,
+                              FCL_FWD_O_TD};
+  int from_file = 0, from_call = 0;
+  for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+    from_file |= tu->set[shape[i]] && !tu->call[shape[i]], from_call |= tu->call[shape[i]];
+  if (st != FLASHCL_ERROR_UNSUPPORTED || !from_file || from_call) return st;
+  fcl_log(ctx, "fwd: the tiles of %s do not run here (%s); the default rule plans instead", tu->origin,
+          ctx->errmsg);
+  fcl_tuned rule = *tu;
+  for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) rule.set[shape[i]] = 0;
+  fcl_clear_error(ctx);
+  st = fcl_make_plan(ctx, &rule, p->head_dim, plan);
+  if (st == FLASHCL_SUCCESS) *tu = rule;
+  return st;
+}
+
 /* The plan and what it will run, recorded in tu's `ran` values. */
 static flashcl_status fcl_fwd_prepare(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, fcl_plan *plan,
                                       int *cpu, int *shfl) {
-  flashcl_status st = fcl_make_plan(ctx, tu, p->head_dim, plan);
+  flashcl_status st = fcl_fwd_plan(ctx, p, tu, plan);
   if (st != FLASHCL_SUCCESS) return st;
   *cpu = fcl_fwd_cpu_map(ctx, tu);
   *shfl = !*cpu && fcl_fwd_shfl(ctx, plan);

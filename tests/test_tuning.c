@@ -241,6 +241,39 @@ static void test_file_loaded(void **state) {
   remove(path);
 }
 
+/* A file's tiles that do not run on this device are a preference: the
+ * default rule plans instead, and the forward is exact. The same values in a
+ * call are refused. */
+static void test_file_tiles_fall_back(void **state) {
+  char path[64], text[4096];
+  flashcl_config cfg;
+  (void)state;
+  temp_path(path, sizeof path);
+  /* 7 work-items map no GPU tile; the entry keeps its other values. */
+  device_file(text, sizeof text, "fwd d=64 : map=0 threads=7 br=32 bc=32 prefetch=0\n");
+  write_text(path, text, strlen(text));
+  flashcl_context *ctx = open_ctx(path, NULL, 1);
+  FCT_CHECK_STATUS(fwd_config(ctx, 64, FLASHCL_F32, 256, NULL, &cfg), FLASHCL_SUCCESS, "config, file tiles unmappable");
+  FCT_CHECK(cfg.source == FLASHCL_TUNING_SOURCE_FILE && cfg.threads != 7 && cfg_value(&cfg, "map") == 0 &&
+                cfg_value(&cfg, "prefetch") == 0,
+            "fallback: source %s, %d work-items, map %d, prefetch %d", flashcl_tuning_source_name(cfg.source),
+            cfg.threads, cfg_value(&cfg, "map"), cfg_value(&cfg, "prefetch"));
+  int v = 0;
+  FCT_CHECK(flashcl_tuning_get(&cfg.set, "threads", &v) != FLASHCL_SUCCESS, "the dropped threads=7 is still reported as set");
+  fct_env *env = fct_env_get();
+  flashcl_context *group = env->ctx;
+  const fct_case c = {FLASHCL_F32, 1, 130, 190, 2, 2, 64, 1, 0.0f, FCT_BNHD};
+  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
+  env->ctx = ctx;
+  fct_check_case(&c, &run);
+  env->ctx = group;
+  flashcl_tuning t;
+  FCT_CHECK_STATUS(flashcl_tuning_parse(NULL, "fwd map=0 threads=7 br=32 bc=32", &t), FLASHCL_SUCCESS, "parse");
+  FCT_CHECK_STATUS(fwd_config(ctx, 64, FLASHCL_F32, 256, &t, &cfg), FLASHCL_ERROR_UNSUPPORTED, "the same in a call");
+  flashcl_context_destroy(ctx);
+  remove(path);
+}
+
 /* Files that must be skipped whole: the context still works, the log says
  * why, and nothing of the file is used (not even a valid first entry). */
 static void test_file_rejected(void **state) {
@@ -488,6 +521,7 @@ int main(void) {
       cmocka_unit_test(test_header_and_log), cmocka_unit_test(test_file_loaded),
       cmocka_unit_test(test_file_rejected), cmocka_unit_test(test_call_tuning),
       cmocka_unit_test(test_decode_config),  cmocka_unit_test(test_mma_bwd_refused),
+      cmocka_unit_test(test_file_tiles_fall_back),
   };
   return fct_run_group("tuning", tests, sizeof tests / sizeof tests[0], 1);
 }
