@@ -2,7 +2,7 @@
  * tiles and launch.
  *
  * It is a faster kernel inside the NVIDIA_MMA family, not a family of its own:
- * fcl_mma_forward hands a problem over when fcl_wgmma_covered says yes, and
+ * fcl_forward_dispatch (src/choose.c) hands a problem over when fcl_wgmma_covered says yes, and
  * runs flash_fwd_mma.cl otherwise. Availability is decided once per context, on
  * the first forward that could use it:
  *   1. the tensor-core path is available (fcl_mma_available) and the compute
@@ -11,7 +11,7 @@
  *      and computes two exact products of small integers, one with both
  *      operands in local memory, one with A in registers and B read N-major.
  * A failure is logged (fcl_log) with its reason, and the mma.sync forward runs.
- * So does a later forward variant that fails to build: fcl_mma_forward then
+ * So does a later forward variant that fails to build: fcl_forward_dispatch then
  * turns the path off for the context (fcl_wgmma_build_failed) and runs mma.sync.
  *
  * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged

@@ -78,7 +78,7 @@ struct flashcl_context {
   flashcl_context_stats stats;
   /* Numbers this context's temporary cache files (src/binary_cache.c). */
   unsigned cache_seq;
-  /* The tuning sources (src/tuning.c), first match wins, and what loading
+  /* The tuning sources (src/tuning_db.c), first match wins, and what loading
    * them did (flashcl_context_tuning_log). */
   struct fcl_tuning_db *tuning;
   char *tuning_log;
@@ -87,7 +87,7 @@ struct flashcl_context {
 
 char *fcl_strdup(const char *s);
 
-/* src/tuning.c: loads the context's tuning sources (after the device is known)
+/* src/tuning_db.c: loads the context's tuning sources (after the device is known)
  * and frees them. Loading never fails the context: what it skipped and why
  * goes to ctx->tuning_log. */
 flashcl_status fcl_tuning_load(flashcl_context *ctx, const flashcl_context_options *options);
@@ -215,7 +215,7 @@ typedef struct fcl_fwd_shape {
 } fcl_fwd_shape;
 
 /* Device-specific choices for the portable forward's GPU variant, measured per
- * device and head dim (src/plan.c, fcl_fwd_tuning_get). */
+ * device and head dim (src/plan.c, fcl_fwd_tuning_from). */
 typedef struct fcl_fwd_tuning {
   int tall;     /* cost ties in the mapping search go to taller S micro-tiles */
   int unroll_d; /* -DUNROLL_D */

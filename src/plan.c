@@ -13,7 +13,7 @@
  * to [8, FCL_MAX_TILE]. The footprint also holds the probability tile, the
  * reduction scratch and one rescale factor per row,
  *   local_bytes = 4 * (Br*d + Bc*d + Br*Bc + Br*S_CT + Br)   (Br*S_CT rounded up to 4;
- *   with padded rows, fcl_fwd_tuning_get below, d and Bc are each 4 more),
+ *   with padded rows, fcl_fwd_tuning_from below, d and Bc are each 4 more),
  * and while it exceeds M (or no work-item mapping fits the tile) Bc steps down to
  * the next multiple of 16 (then 8), then Br once Bc is 8: the Q tile is reused across every K/V tile, so its rows
  * are worth more than K/V rows (measured: 64x48 beats 48x64 at d = 64).
