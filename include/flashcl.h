@@ -165,7 +165,8 @@ typedef struct flashcl_context flashcl_context;
 typedef struct flashcl_context_options {
   /* Device choice: NULL uses $FLASHCL_DEVICE, and if that is unset the first GPU,
    * else the first device of any type. Syntax: "<platform>:<device>" indices
-   * (e.g. "0:1"), or a case-insensitive substring of "<platform name> <device name>". */
+   * (e.g. "0:1"), or a case-insensitive substring of "<platform name> <device name>
+   * (<platform vendor>)", e.g. "nvidia", "pocl". */
   const char *device;
   /* Create the queue with CL_QUEUE_PROFILING_ENABLE (benchmarks need it). */
   int profiling;

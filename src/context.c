@@ -113,8 +113,11 @@ static flashcl_status fcl_pick_device(flashcl_context *ctx, const char *spec, cl
     cl_device_id devs[64];
     if (nd > 64) nd = 64;
     clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs, NULL);
-    char pname[256] = {0};
+    /* The vendor too: PoCL's platform is "Portable Computing Language", its
+     * vendor "The pocl project", and users type "pocl". */
+    char pname[256] = {0}, pvendor[256] = {0};
     clGetPlatformInfo(plats[p], CL_PLATFORM_NAME, sizeof pname - 1, pname, NULL);
+    clGetPlatformInfo(plats[p], CL_PLATFORM_VENDOR, sizeof pvendor - 1, pvendor, NULL);
     for (cl_uint d = 0; d < nd; d++) {
       if (by_index) {
         if ((int)p == want_p && (int)d == want_d) {
@@ -125,9 +128,9 @@ static flashcl_status fcl_pick_device(flashcl_context *ctx, const char *spec, cl
         continue;
       }
       if (spec && *spec) {
-        char dname[256] = {0}, both[520];
+        char dname[256] = {0}, both[800];
         clGetDeviceInfo(devs[d], CL_DEVICE_NAME, sizeof dname - 1, dname, NULL);
-        snprintf(both, sizeof both, "%s %s", pname, dname);
+        snprintf(both, sizeof both, "%s %s (%s)", pname, dname, pvendor);
         if (fcl_contains_nocase(both, spec)) {
           *out_p = plats[p];
           *out_d = devs[d];

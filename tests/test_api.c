@@ -220,6 +220,31 @@ static void test_bad_device(void **state) {
   }
 }
 
+/* A device named by a substring of its platform's vendor (PoCL's platform
+ * name does not hold "pocl", its vendor does): the same device opens. */
+static void test_device_by_vendor(void **state) {
+  (void)state;
+  fct_env *env = fct_env_get();
+  cl_platform_id plat;
+  char vendor[256] = {0}, spec[12] = {0};
+  FCT_CHECK(clGetDeviceInfo(env->device, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) == CL_SUCCESS &&
+                clGetPlatformInfo(plat, CL_PLATFORM_VENDOR, sizeof vendor - 1, vendor, NULL) == CL_SUCCESS,
+            "platform vendor");
+  /* The vendor's last word, e.g. "project" or "Corporation"; with "pocl" too on PoCL. */
+  const char *w = strrchr(vendor, ' ');
+  snprintf(spec, sizeof spec, "%s", w ? w + 1 : vendor);
+  flashcl_context_options opt;
+  flashcl_context *ctx = NULL;
+  flashcl_context_options_init(&opt);
+  opt.device = strstr(vendor, "pocl") ? "pocl" : spec;
+  const flashcl_status st = flashcl_context_create(&opt, &ctx);
+  FCT_CHECK(st == FLASHCL_SUCCESS, "device \"%s\" (vendor \"%s\"): %s", opt.device, vendor, flashcl_status_string(st));
+  cl_platform_id got;
+  clGetDeviceInfo(flashcl_context_cl_device(ctx), CL_DEVICE_PLATFORM, sizeof got, &got, NULL);
+  flashcl_context_destroy(ctx);
+  FCT_CHECK(got == plat, "device \"%s\" opened another platform", opt.device);
+}
+
 /* A context made from the caller's own OpenCL objects: accessors return them, the
  * context works, and destroying it leaves the caller's objects alive. */
 static void test_create_from_cl(void **state) {
@@ -759,6 +784,7 @@ int main(void) {
       cmocka_unit_test(test_desc_and_options_init),
       cmocka_unit_test(test_destroy_null),
       cmocka_unit_test_setup_teardown(test_bad_device, save_device_env, restore_device_env),
+      cmocka_unit_test_setup_teardown(test_device_by_vendor, save_device_env, restore_device_env),
       cmocka_unit_test(test_device_info),
       cmocka_unit_test(test_block_plan),
       cmocka_unit_test(test_local_memory),
