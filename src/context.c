@@ -180,9 +180,25 @@ static char *fcl_cache_dir_resolve(const char *opt) {
   return d;
 }
 
+/* $FLASHCL_KERNEL: unset, "" or "auto", "portable", "nvidia_mma" (or "mma");
+ * anything else is refused rather than silently ignored. */
+static int fcl_env_kernel(const flashcl_context_options *options, flashcl_kernel_family *out) {
+  const char *env = getenv("FLASHCL_KERNEL");
+  *out = FLASHCL_KERNEL_AUTO;
+  if (!env || !*env || !strcmp(env, "auto")) return 1;
+  if (!strcmp(env, "portable")) return (*out = FLASHCL_KERNEL_PORTABLE), 1;
+  if (!strcmp(env, "nvidia_mma") || !strcmp(env, "mma")) return (*out = FLASHCL_KERNEL_NVIDIA_MMA), 1;
+  if (options && options->verbose)
+    fprintf(stderr, "flashcl: FLASHCL_KERNEL=\"%s\" is not auto, portable or nvidia_mma\n", env);
+  return 0;
+}
+
 static flashcl_status fcl_alloc_context(const flashcl_context_options *options, flashcl_context **out) {
+  flashcl_kernel_family env_kernel;
+  if (!fcl_env_kernel(options, &env_kernel)) return FLASHCL_ERROR_INVALID_ARGUMENT;
   flashcl_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  ctx->env_kernel = env_kernel;
   const char *dir = options && options->kernel_dir ? options->kernel_dir : getenv("FLASHCL_KERNEL_DIR");
   if (dir && *dir) {
     ctx->kernel_dir = fcl_strdup(dir);

@@ -214,11 +214,7 @@ static long fcl_decode_lmax(const flashcl_decode_desc *desc, const fcl_decode_pl
  * AUTO; NVIDIA_MMA on a device without them fails. */
 static flashcl_status fcl_decode_nvidia(flashcl_context *ctx, const flashcl_decode_desc *desc, int *nvidia) {
   flashcl_kernel_family fam = desc->kernel;
-  if (fam == FLASHCL_KERNEL_AUTO) {
-    const char *kenv = getenv("FLASHCL_KERNEL");
-    if (kenv && !strcmp(kenv, "portable")) fam = FLASHCL_KERNEL_PORTABLE;
-    if (kenv && (!strcmp(kenv, "nvidia_mma") || !strcmp(kenv, "mma"))) fam = FLASHCL_KERNEL_NVIDIA_MMA;
-  }
+  if (fam == FLASHCL_KERNEL_AUTO) fam = ctx->env_kernel;
   *nvidia = 0;
   if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
   if (!fcl_mma_available(ctx)) {

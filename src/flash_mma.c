@@ -244,11 +244,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
                       fam == FLASHCL_KERNEL_PORTABLE ? "portable" : "tensor-core");
     fam = forced;
   } else if (fam == FLASHCL_KERNEL_AUTO) {
-    const char *env = getenv("FLASHCL_KERNEL");
-    if (env && *env) {
-      if (!strcmp(env, "portable")) return FLASHCL_SUCCESS;
-      if (!strcmp(env, "nvidia_mma") || !strcmp(env, "mma")) fam = FLASHCL_KERNEL_NVIDIA_MMA;
-    }
+    fam = ctx->env_kernel;
   }
   if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
   const int explicit_mma = fam == FLASHCL_KERNEL_NVIDIA_MMA;

@@ -74,6 +74,8 @@ struct flashcl_context {
    * and the extra build options (NULL: none). */
   char *cache_dir;
   int binary_cache;
+  /* $FLASHCL_KERNEL, read once at creation: what AUTO means for this context. */
+  flashcl_kernel_family env_kernel;
   char *build_options;
   flashcl_context_stats stats;
   /* Numbers this context's temporary cache files (src/binary_cache.c). */

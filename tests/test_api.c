@@ -220,6 +220,30 @@ static void test_bad_device(void **state) {
   }
 }
 
+/* $FLASHCL_KERNEL other than auto, portable or nvidia_mma is refused, not
+ * ignored; the valid spellings open a context. */
+static void test_bad_kernel_env(void **state) {
+  (void)state;
+  const char *old = getenv("FLASHCL_KERNEL");
+  char saved[64] = "";
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  static const char *const good[] = {"auto", "portable", ""};
+  flashcl_context *ctx = NULL;
+  setenv("FLASHCL_KERNEL", "bogus", 1);
+  const flashcl_status bad = flashcl_context_create(NULL, &ctx);
+  FCT_CHECK(bad == FLASHCL_ERROR_INVALID_ARGUMENT && ctx == NULL, "FLASHCL_KERNEL=bogus: %s, ctx %p",
+            flashcl_status_string(bad), (void *)ctx);
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    setenv("FLASHCL_KERNEL", good[i], 1);
+    const flashcl_status st = flashcl_context_create(NULL, &ctx);
+    FCT_CHECK(st == FLASHCL_SUCCESS, "FLASHCL_KERNEL=\"%s\": %s", good[i], flashcl_status_string(st));
+    flashcl_context_destroy(ctx);
+    ctx = NULL;
+  }
+  if (old) setenv("FLASHCL_KERNEL", saved, 1);
+  else unsetenv("FLASHCL_KERNEL");
+}
+
 /* A device named by a substring of its platform's vendor (PoCL's platform
  * name does not hold "pocl", its vendor does): the same device opens. */
 static void test_device_by_vendor(void **state) {
@@ -785,6 +809,7 @@ int main(void) {
       cmocka_unit_test(test_destroy_null),
       cmocka_unit_test_setup_teardown(test_bad_device, save_device_env, restore_device_env),
       cmocka_unit_test_setup_teardown(test_device_by_vendor, save_device_env, restore_device_env),
+      cmocka_unit_test(test_bad_kernel_env),
       cmocka_unit_test(test_device_info),
       cmocka_unit_test(test_block_plan),
       cmocka_unit_test(test_local_memory),
