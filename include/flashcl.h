@@ -51,6 +51,11 @@ extern "C" {
 #define FLASHCL_API
 #endif
 
+/* The version of the library a program runs against, which can differ from
+ * the header it was built with (FLASHCL_VERSION_*) when libflashcl is shared. */
+FLASHCL_API unsigned flashcl_version_number(void); /* FLASHCL_VERSION_NUMBER of the library */
+FLASHCL_API const char *flashcl_version_string(void); /* "major.minor.patch" */
+
 /* ---------------------------------------------------------------- status -- */
 
 /* X(name, value, description). The one table behind flashcl_status and

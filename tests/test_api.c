@@ -85,6 +85,11 @@ static void test_version(void **state) {
     snprintf(buf, sizeof buf, "%d.%d.%d", FLASHCL_VERSION_MAJOR, FLASHCL_VERSION_MINOR, FLASHCL_VERSION_PATCH);
     FCT_CHECK(strcmp(buf, FLASHCL_VERSION_STRING) == 0, "version string %s vs %s", FLASHCL_VERSION_STRING, buf);
   }
+  /* The library built from this tree reports the header's version. */
+  FCT_CHECK(flashcl_version_number() == FLASHCL_VERSION_NUMBER, "flashcl_version_number() %u, header %d",
+            flashcl_version_number(), FLASHCL_VERSION_NUMBER);
+  FCT_CHECK(strcmp(flashcl_version_string(), FLASHCL_VERSION_STRING) == 0, "flashcl_version_string() %s, header %s",
+            flashcl_version_string(), FLASHCL_VERSION_STRING);
 }
 
 /* --------------------------------------------------------------- tensors -- */
