@@ -6,5 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/build.sh
+# Build chatter goes to stderr, so that `bash scripts/bench.sh --csv > out.csv`
+# is CSV and nothing else.
+bash scripts/build.sh >&2
 exec "${FLASHCL_BUILD_DIR:-build}/tools/flashcl-bench" "$@"

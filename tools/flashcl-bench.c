@@ -980,8 +980,9 @@ int main(int argc, char **argv) {
                 const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
                 printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info.device_name, pname, n, d,
                        flashcl_dtype_name(dtype), causal, o.bhnd ? "bhnd" : "bnhd", batch, heads, heads_kv,
-                       tools_algo_name(r->algo), r->have_plan ? r->plan.block_r : 0,
-                       r->have_plan ? r->plan.block_c : 0, r->reps);
+                       tools_algo_name(r->algo),
+                       r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
+                       r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
                 if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, tflops);
                 else printf(",,,");
                 printf("%zu,%zu,%zu,", io, r->workspace, io + r->workspace);
