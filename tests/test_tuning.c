@@ -76,6 +76,18 @@ static flashcl_status fwd_config(flashcl_context *ctx, int d, flashcl_dtype dtyp
   return st;
 }
 
+/* A causal f32 forward (d = 64, 2 heads) on ctx instead of the group's
+ * context, checked against the double reference. */
+static void check_forward_on(flashcl_context *ctx, int nq, int nk) {
+  fct_env *env = fct_env_get();
+  flashcl_context *group = env->ctx;
+  const fct_case c = {FLASHCL_F32, 1, nq, nk, 2, 2, 64, 1, 0.0f, FCT_BNHD};
+  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
+  env->ctx = ctx;
+  fct_check_case(&c, &run);
+  env->ctx = group;
+}
+
 static int cfg_value(const flashcl_config *cfg, const char *name) {
   int v = -12345;
   FCT_CHECK_STATUS(flashcl_tuning_get(&cfg->tuning, name, &v), FLASHCL_SUCCESS, "config has no %s", name);
@@ -207,13 +219,7 @@ static void test_file_loaded(void **state) {
               flashcl_dtype_name(want[i].dt), want[i].n, cfg.block_c, cfg_value(&cfg, "bc"), want[i].bc);
   }
   /* A forward under the file: exact against the reference. */
-  fct_env *env = fct_env_get();
-  flashcl_context *group = env->ctx;
-  const fct_case c = {FLASHCL_F32, 1, 200, 300, 2, 2, 64, 1, 0.0f, FCT_BNHD};
-  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
-  env->ctx = ctx;
-  fct_check_case(&c, &run);
-  env->ctx = group;
+  check_forward_on(ctx, 200, 300);
   flashcl_context_destroy(ctx);
   /* The same file through the cache directory: source "user cache file";
    * with no_user_tuning the directory is not read. */
@@ -260,13 +266,7 @@ static void test_file_tiles_fall_back(void **state) {
             cfg.threads, cfg_value(&cfg, "map"), cfg_value(&cfg, "prefetch"));
   int v = 0;
   FCT_CHECK(flashcl_tuning_get(&cfg.set, "threads", &v) != FLASHCL_SUCCESS, "the dropped threads=7 is still reported as set");
-  fct_env *env = fct_env_get();
-  flashcl_context *group = env->ctx;
-  const fct_case c = {FLASHCL_F32, 1, 130, 190, 2, 2, 64, 1, 0.0f, FCT_BNHD};
-  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
-  env->ctx = ctx;
-  fct_check_case(&c, &run);
-  env->ctx = group;
+  check_forward_on(ctx, 130, 190);
   flashcl_tuning t;
   FCT_CHECK_STATUS(flashcl_tuning_parse(NULL, "fwd map=0 threads=7 br=32 bc=32", &t), FLASHCL_SUCCESS, "parse");
   FCT_CHECK_STATUS(fwd_config(ctx, 64, FLASHCL_F32, 256, &t, &cfg), FLASHCL_ERROR_UNSUPPORTED, "the same in a call");
