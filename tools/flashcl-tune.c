@@ -24,7 +24,7 @@
 
 typedef struct tune_opts {
   const char *device, *output, *params;
-  int pass[3], any_pass, fresh, csv, verbose, list, dry_run, quiet;
+  int pass[3], any_pass, fresh, csv, verbose, list, dry_run, quiet, gpu;
   tools_list d, dtype, causal, atomic, n, dec_n, families;
   int have_d, have_dtype, have_causal, have_atomic, have_n, have_dec_n, have_families;
   long budget_s, reps, warmup, passes, batch_tokens, hidden, dec_batch, dec_calls;
@@ -157,6 +157,7 @@ static int print_spaces(void) {
 
 /* The defaults that depend on the device (see usage). */
 static void device_defaults(tune_opts *o, int gpu) {
+  o->gpu = gpu;
   if (!o->have_d) tools_parse_int_list("64,128", &o->d);
   if (!o->have_causal) tools_parse_causal_list("0,1", &o->causal);
   if (!o->have_atomic) tools_parse_causal_list(gpu ? "0,1" : "0", &o->atomic);
@@ -176,9 +177,9 @@ static void device_defaults(tune_opts *o, int gpu) {
 static int make_shapes(const tune_opts *o, tune_shape *out) {
   int n = 0;
   tools_list fdt, bdt, ddt;
-  tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32,f16", &fdt);
-  tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32", &bdt);
-  tools_parse_dtype_list(o->hidden > 1024 ? "f16,f32" : "f32", &ddt);
+  tools_parse_dtype_list(o->gpu ? "f16,f32" : "f32,f16", &fdt);
+  tools_parse_dtype_list(o->gpu ? "f16,f32" : "f32", &bdt);
+  tools_parse_dtype_list(o->gpu ? "f16,f32" : "f32", &ddt);
   if (o->have_dtype) fdt = bdt = ddt = o->dtype;
   for (int pass = 0; pass < 3; ++pass) {
     if (!o->pass[pass]) continue;
@@ -203,7 +204,7 @@ static int make_shapes(const tune_opts *o, tune_shape *out) {
               s->q_len = 1, s->calls = o->dec_calls, s->force = FLASHCL_TUNE_NONE;
               /* On GPUs the 16-bit forward also in the mma.sync family, which runs
                * what the Hopper kernel does not cover (skipped where it cannot run). */
-              if (pass == TUNE_FORWARD && o->hidden > 1024 && s->dtype != FLASHCL_F32 && n < MAX_SHAPES)
+              if (pass == TUNE_FORWARD && o->gpu && s->dtype != FLASHCL_F32 && n < MAX_SHAPES)
                 out[n] = *s, out[n++].force = FLASHCL_TUNE_MMA_FWD;
             }
   }
@@ -293,7 +294,7 @@ static int family_wanted(const tune_opts *o, flashcl_tuning_family f) {
   return 0;
 }
 
-static void report(const run_state *rs, const tune_shape *s, const tune_result *r, const tune_done *d) {
+static void report(const run_state *rs, const tune_result *r, const tune_done *d) {
   const double ratio = r->best_ms / r->base_ms;
   if (rs->o->csv) {
     printf("\"%s\",\"%s\",%s,%s,%d,%.6f,%.6f,%.4f,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%d,\"%s\"\n", rs->devdesc,
@@ -309,7 +310,6 @@ static void report(const run_state *rs, const tune_shape *s, const tune_result *
            100 * r->base_noise, 100 * r->best_noise, r->best_wins, r->rounds, r->tried, r->wrong, r->infeasible,
            r->timed_out ? "; budget share spent" : "", d->entry);
   }
-  (void)s;
   fflush(stdout);
 }
 
@@ -348,7 +348,7 @@ static int run_problem(run_state *rs, const tune_shape *s, double deadline, tune
            d->problem, r.best_kernel, r.base_ms, r.base_origin, r.changed ? "tuned" : "unchanged, again", r.best_ms,
            r.best_ms / r.base_ms, 100 * r.base_noise,
            100 * r.best_noise, r.tried, r.wrong, rs->date);
-  report(rs, s, &r, d);
+  report(rs, &r, d);
   return 0;
 }
 
