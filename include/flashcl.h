@@ -721,8 +721,8 @@ FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const f
  */
 typedef enum flashcl_tuning_family {
   FLASHCL_TUNE_NONE = -1,     /* no flash kernel runs (the naive path) */
-  FLASHCL_TUNE_FWD = 0,       /* "fwd": the portable forward (cl/flash_fwd.cl) */
-  FLASHCL_TUNE_BWD = 1,       /* "bwd": the portable backward (cl/flash_bwd.cl) */
+  FLASHCL_TUNE_FWD = 0,       /* "fwd": the portable forward (cl/portable/flash_fwd.cl) */
+  FLASHCL_TUNE_BWD = 1,       /* "bwd": the portable backward (cl/portable/flash_bwd.cl) */
   FLASHCL_TUNE_MMA_FWD = 2,   /* "mma_fwd": tensor-core forward, mma.sync */
   FLASHCL_TUNE_MMA_BWD = 3,   /* "mma_bwd": tensor-core backward, mma.sync */
   FLASHCL_TUNE_WGMMA_FWD = 4, /* "wgmma_fwd": Hopper forward (wgmma) */

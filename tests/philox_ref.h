@@ -1,9 +1,9 @@
 /*
  * Philox4x32-10 (Salmon et al., SC'11) and flashcl's dropout keep-mask, in plain
- * C99, bit-exact with cl/philox.cl. The tests use it to regenerate the mask the
+ * C99, bit-exact with cl/common/philox.cl. The tests use it to regenerate the mask the
  * device applies, so the CPU reference can apply the same dropout.
  *
- * Counter layout (cl/philox.cl), for query head h of sequence b (heads_q query
+ * Counter layout (cl/common/philox.cl), for query head h of sequence b (heads_q query
  * heads; b is the batch index, or the sequence index for varlen), query row i and
  * key column j, both counted from the start of their sequence:
  *   key     = (lo32(seed), hi32(seed))
@@ -22,7 +22,7 @@ extern "C" {
 /* out = Philox4x32-10(ctr, key), Random123's word order. out may alias ctr. */
 void philox_ref_4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
-/* floor(p * 2^32) for p in [0, 1), computed exactly as src/dropout.c does from the
+/* floor(p * 2^32) for p in [0, 1), computed exactly as src/attention/dropout.c does from the
  * float the descriptor holds: 0 for p <= 0 (or NaN), saturating at 0xffffffff. */
 uint32_t philox_ref_threshold(float p);
 

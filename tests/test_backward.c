@@ -237,10 +237,10 @@ static const bwd_case CASES[] = {
      0.0f, OFS_RANDOM, 0, NULL, NULL, "64,32,128"},
     {"bf16_d192_plan_32x32x256_causal", K_BWD, BF16, 1, 70, 75, 2, 1, 192, 1, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "32,32,256"},
-    /* NVIDIA's plan at d = 128 (src/backward.c): 48 keys, 256 work-items. */
+    /* NVIDIA's plan at d = 128 (src/portable/backward.c): 48 keys, 256 work-items. */
     {"f16_d128_plan_48x32x256_gqa_4_2", K_BWD, F16, 1, 100, 70, 4, 2, 128, 0, 0.0f, R_DET | R_ATOMIC, SRC_REF,
      FCT_BNHD, 0.0f, OFS_RANDOM, 0, NULL, NULL, "48,32,256"},
-    /* NVIDIA's plans at d = 128 (src/backward.c): dK/dV on 48x32 at 128
+    /* NVIDIA's plans at d = 128 (src/portable/backward.c): dK/dV on 48x32 at 128
      * work-items, dQ on its own 32x64 at 128 (a second build); the atomic dQ
      * runs inside the dK/dV kernel's plan. */
     {"bf16_d128_plan_48x32x128_dq_32x64x128_causal_gqa_4_2", K_BWD, BF16, 1, 100, 90, 4, 2, 128, 1, 0.0f,
@@ -488,7 +488,7 @@ static void bwd_problem_create(bwd_problem *bp, const bwd_case *c, int need_back
   fct_tensor_create_lse(&bp->lse, c->layout, bp->B, bp->Nq, bp->Hq, 4);
   if (c->o_source != SRC_REF) {
     flashcl_algo algo = c->o_source == SRC_FWD_NAIVE ? FLASHCL_ALGO_NAIVE : FLASHCL_ALGO_FLASH;
-    /* The flash forward supports dropout (src/flash.c): no fallback to the naive
+    /* The flash forward supports dropout (src/portable/forward.c): no fallback to the naive
      * forward, an UNSUPPORTED answer fails the case. */
     flashcl_status st = bwd_device_forward(bp, algo, &bp->o, &bp->lse);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "forward (%s) producing the backward's o/lse: %s", fct_algo_str(algo),

@@ -1,5 +1,5 @@
 /*
- * The on-disk program cache (src/binary_cache.c): entries written by a first
+ * The on-disk program cache (src/core/binary_cache.c): entries written by a first
  * context are loaded by the next one, in this process and in fresh ones;
  * truncated, corrupt, stale or foreign entries are rejected, rebuilt and
  * rewritten; two processes filling one cache at once both succeed and leave
@@ -283,7 +283,7 @@ static void write_file(const char *path, const unsigned char *data, long len) {
   FCT_CHECK(f && fwrite(data, 1, (size_t)len, f) == (size_t)len && fclose(f) == 0, "cannot write %s", path);
 }
 
-/* ---- the entry checksum, as src/binary_cache.c documents it: forging a
+/* ---- the entry checksum, as src/core/binary_cache.c documents it: forging a
  * well-formed entry is the only way to reach the driver with a bad binary. */
 
 static void put_u64(unsigned char *p, uint64_t v) {

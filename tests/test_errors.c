@@ -159,7 +159,7 @@ static void test_null_arguments(void **state) {
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, "varlen with cu_seqlens_k = NULL");
   {
     /* A wait list count without a list: flashcl_attention_forward refuses it with
-     * INVALID_ARGUMENT before any OpenCL call (src/attention.c). */
+     * INVALID_ARGUMENT before any OpenCL call (src/attention/attention.c). */
     const int ok[1] = {FLASHCL_ERROR_INVALID_ARGUMENT};
     expect_codes(fct_env_get()->ctx, FD, FQ, FK, FV, FO, FL, NULL, 2, NULL, ok, 1,
                  "num_events_in_wait_list = 2 with event_wait_list = NULL");

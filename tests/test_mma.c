@@ -1,5 +1,5 @@
 /*
- * NVIDIA tensor-core forward (FLASHCL_KERNEL_NVIDIA_MMA, cl/flash_fwd_mma.cl).
+ * NVIDIA tensor-core forward (FLASHCL_KERNEL_NVIDIA_MMA, cl/nvidia/flash_fwd_mma.cl).
  *
  * On a device without the path (PoCL, other vendors, NVIDIA below compute
  * capability 8.0) an explicit request must fail with FLASHCL_ERROR_UNSUPPORTED

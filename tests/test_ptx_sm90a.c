@@ -1,4 +1,4 @@
-/* The PTX rewrite behind the Hopper wgmma forward (src/ptx_sm90a.c): markers
+/* The PTX rewrite behind the Hopper wgmma forward (src/nvidia/ptx_sm90a.c): markers
  * deleted, the target raised to sm_90a, everything else byte for byte, and a
  * refusal with a reason for modules it must not touch. No device needed: the
  * function is compiled into this test. */
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/ptx_sm90a.h"
+#include "../src/nvidia/ptx_sm90a.h"
 
 static void rewrites(const char *in, const char *want) {
   const char *why = NULL;

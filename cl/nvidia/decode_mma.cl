@@ -1,0 +1,340 @@
+/*
+ * decode_mma.cl: split-KV decode (cl/decode/decode.cl's decode_attn, same arguments,
+ * same partials) on NVIDIA tensor cores, for many rows per KV head: several new
+ * tokens times the GQA group (speculative verification). decode.cl gives each
+ * row 8 fp32 FMAs per key element and work-item, so its time grows with the
+ * rows; here Q K^T and P V are mma.sync products and a tile costs about the
+ * same for 1 or 16 rows of an m-tile.
+ *
+ * The PTX helpers (cp_async16, LDSM_*, MMA, shfl_xor, fast_exp2, pack2, SWZ)
+ * come from mma_ptx.cl, compiled first in the same program
+ * ("mma_ptx.cl+decode_mma.cl"); with USE_PTX = 0 the kernel has an empty body
+ * (the file builds anywhere; the host never launches it there).
+ *
+ * Work-group (split, kv head * row block, sequence), WR x WK warps. Rows as in
+ * decode.cl: r = gi * q_len + t for query head hk * G + gi and token t; a row
+ * block is 16 * WR rows, warp (wr, wk) owns the 16-row m-tile wr and the 16 keys
+ * [16 wk, 16 wk + 16) of every tile of BLOCK_C = 16 * WK keys. K and V tiles
+ * stream through local memory with cp.async, KV_STAGES deep (swizzled rows of
+ * 16-byte chunks: chunk c of row r at c ^ (r & 7)). Q stays in registers as A
+ * fragments, loaded straight from global memory. Each warp keeps its own
+ * online softmax (raw scores; p = exp2(s * scale_log2 - m * scale_log2)) over
+ * its keys; at the end the WK warps of an m-tile are merged through local
+ * memory, and warp wk = 0 writes the rows: SPLIT = 0 o and lse (natural log),
+ * SPLIT = 1 the partial (o normalised, fp32) and its log2-domain LSE at
+ * decode.cl's workspace layout, which decode.cl's decode_merge reads.
+ *
+ * Masks (decode.cl's rules): query t of a sequence of L keys sees key j iff
+ * j <= L - q_len + t, or with TREE_MASK every j < L - q_len and new token
+ * u = j - (L - q_len) iff bit u of tree_mask[b * q_len + t]; keys past the
+ * split's range are zero-filled and masked. Rows past G * q_len are computed
+ * on zero Q and never written. A row that sees no key in its range gets o = 0
+ * and LSE = -inf.
+ *
+ * Requirements (host, src/decode/decode.c): fp16/bf16; HEAD_DIM 64 or 128; q and the
+ * caches with 16-byte aligned rows (offsets and strides multiples of 8
+ * elements); o and lse any layout.
+ *
+ * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
+ * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
+ * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK.
+ */
+#ifndef USE_PTX
+#define USE_PTX 0
+#endif
+#ifndef DTYPE
+#define DTYPE 1
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef WR
+#define WR 1
+#endif
+#ifndef WK
+#define WK 1
+#endif
+#ifndef KV_STAGES
+#define KV_STAGES 2
+#endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#ifndef PAGED
+#define PAGED 0
+#endif
+#ifndef PAGE_SHIFT
+#define PAGE_SHIFT -1
+#endif
+#ifndef TREE_MASK
+#define TREE_MASK 0
+#endif
+
+#define NTHREADS (32 * WR * WK)
+#define BLOCK_C (16 * WK)
+#define CH (HEAD_DIM / 8)    /* 16-byte chunks per row */
+#define SWZ_ROW CH           /* HEAD_DIM is a multiple of 64: no padding */
+#define KT (HEAD_DIM / 16)   /* k-steps of Q K^T */
+#define DT (HEAD_DIM / 8)    /* 8-column n-tiles of O */
+#define TILE_BYTES (BLOCK_C * CH * 16)
+#define STAGE_BYTES (2 * TILE_BYTES) /* K | V */
+#define OBUF_FLOATS (WR * 16 * HEAD_DIM)
+#define SMEM_CHUNKS (KV_STAGES * STAGE_BYTES / 16 > OBUF_FLOATS / 4 ? KV_STAGES * STAGE_BYTES / 16 : OBUF_FLOATS / 4)
+
+#if HEAD_DIM % 64 || KV_STAGES < 2 || WR < 1 || WK < 1
+#error "inconsistent decode_mma parameters"
+#endif
+
+#if USE_PTX
+#if PAGED && PAGE_SHIFT >= 0 && (1 << PAGE_SHIFT) % BLOCK_C == 0
+/* Tiles start at multiples of BLOCK_C, so with a page size that is a multiple of
+ * it a tile never crosses a page: one block-table read per tile, made a tile
+ * ahead of the copies that need it (as in decode.cl), instead of one in front
+ * of every chunk's copy. */
+#define TILE_PAGE(KB) \
+  ((KB) < kend ? clamp(block_table[(long)b * max_pages + ((KB) >> PAGE_SHIFT)], 0, num_pages - 1) : 0)
+#define ROW_OFF(j, SB, SN) ((long)tpg * (SB) + (long)((j) & ((1 << PAGE_SHIFT) - 1)) * (SN))
+#elif PAGED
+#define TILE_PAGE(KB) 0
+#if PAGE_SHIFT >= 0
+#define PAGE_OF(j) ((j) >> PAGE_SHIFT)
+#else
+#define PAGE_OF(j) ((j) / page_size)
+#endif
+/* Element offset of key row j (page and slot) within a cache of strides (SB, SN). */
+#define ROW_OFF(j, SB, SN)                                                                  \
+  ((long)clamp(block_table[(long)b * max_pages + PAGE_OF(j)], 0, num_pages - 1) * (SB) + \
+   (long)((j) - PAGE_OF(j) * page_size) * (SN))
+#else
+#define TILE_PAGE(KB) 0
+#define ROW_OFF(j, SB, SN) ((long)b * (SB) + (long)(j) * (SN))
+#endif
+#endif /* USE_PTX */
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
+    __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
+    __global const ushort *k, long k_off, long k_sb, long k_sn, long k_sh,
+    __global const ushort *v, long v_off, long v_sb, long v_sn, long v_sh,
+    __global ushort *o, long o_off, long o_sb, long o_sn, long o_sh,
+    __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
+    __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
+    int page_size, int num_pages, int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits,
+    float scale_log2, __global float *work, long wo_off, long wl_off) {
+#if USE_PTX
+  __local uint4 smem[SMEM_CHUNKS];
+  __local float Ml[2][WK][WR * 16]; /* per key slice: row max and sum, for the final merge */
+  const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
+  const int wr = warp / WK, wk = warp - (warp / WK) * WK;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int split = get_group_id(0);
+  const int hk = get_group_id(1) / row_blocks;
+  const int rb = get_group_id(1) - hk * row_blocks;
+  const int b = get_group_id(2);
+  const int nrows = group * q_len;
+  const int row0 = rb * (WR * 16) + wr * 16; /* first row of this warp's m-tile */
+
+  const int L = clamp(seqlens[b], 0, capacity);
+  int kstart = 0, kend = L;
+#if SPLIT
+  {
+    int chunk = (L + num_splits - 1) / num_splits;
+    chunk = (chunk + BLOCK_C - 1) / BLOCK_C * BLOCK_C;
+    kstart = min(split * chunk, L);
+    kend = min(kstart + chunk, L);
+  }
+#endif
+  const int newk = L - q_len; /* the first new token's key */
+
+  /* Q A-fragments straight from global memory: a[0] row g, a[1] row g + 8,
+   * a[2] and a[3] the same rows 8 columns on; two elements per 32-bit word. */
+  uint qf[KT][4];
+  int trow[2]; /* token of rows g and g + 8, -1 past the rows */
+  for (int hh = 0; hh < 2; hh++) {
+    const int rg = row0 + g + 8 * hh;
+    trow[hh] = rg < nrows ? rg % q_len : -1;
+    __global const uint *qr = (__global const uint *)q;
+    long qi = 0;
+    if (rg < nrows) {
+      const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len;
+      qi = (q_off + b * q_sb + tt * q_sn + (long)(hk * group + gi) * q_sh) / 2 + t4;
+    }
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++) {
+      qf[ks][hh] = rg < nrows ? qr[qi + ks * 8] : 0u;
+      qf[ks][hh + 2] = rg < nrows ? qr[qi + ks * 8 + 4] : 0u;
+    }
+  }
+
+  float oacc[DT][4];
+  #pragma unroll
+  for (int dt = 0; dt < DT; dt++) oacc[dt][0] = oacc[dt][1] = oacc[dt][2] = oacc[dt][3] = 0.0f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
+
+  const uint sbase = SADDR(smem);
+  const long kb0 = k_off + (long)hk * k_sh, vb0 = v_off + (long)hk * v_sh;
+/* The tile at KB (on page tpg where tiles never cross pages) into stage ST:
+ * every work-item copies chunks tid, tid + NTHREADS, ... of K and of V; rows past
+ * kend are zero-filled (a source size of 0 reads nothing; the address stays in
+ * bounds). Always one commit group per call. */
+#define LOAD_TILE(KB, ST, TPG)                                                                         \
+  {                                                                                                    \
+    const uint sb_ = sbase + (uint)((ST) * STAGE_BYTES);                                               \
+    const int tpg = (TPG);                                                                             \
+    (void)tpg;                                                                                         \
+    if ((KB) < kend)                                                                                   \
+      for (int i = tid; i < BLOCK_C * CH; i += NTHREADS) {                                             \
+        const int r = i / CH, c = i - (i / CH) * CH, j = (KB) + r;                                     \
+        const int ok = j < kend;                                                                       \
+        const long ko = ok ? ROW_OFF(j, k_sb, k_sn) : 0, vo = ok ? ROW_OFF(j, v_sb, v_sn) : 0;        \
+        cp_async16(sb_ + SWZ(r, c), k + kb0 + ko + c * 8, ok ? 16u : 0u);                              \
+        cp_async16(sb_ + TILE_BYTES + SWZ(r, c), v + vb0 + vo + c * 8, ok ? 16u : 0u);                 \
+      }                                                                                                \
+    cp_commit();                                                                                       \
+  }
+
+  for (int s = 0; s < KV_STAGES - 1; s++) LOAD_TILE(kstart + s * BLOCK_C, s, TILE_PAGE(kstart + s * BLOCK_C))
+  int pga = TILE_PAGE(kstart + (KV_STAGES - 1) * BLOCK_C); /* page of the next tile to copy */
+  int stage = 0;
+  for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
+    CP_WAIT(KV_STAGES - 2);
+    /* This tile is in for every work-item, and everyone is done with the stage
+     * the next copy overwrites (the one read in the previous step). */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    {
+      const int ns = stage == 0 ? KV_STAGES - 1 : stage - 1, kb_ = k0 + (KV_STAGES - 1) * BLOCK_C, tp = pga;
+      pga = TILE_PAGE(kb_ + BLOCK_C);
+      LOAD_TILE(kb_, ns, tp)
+    }
+    const uint kb = sbase + (uint)(stage * STAGE_BYTES), vb = kb + TILE_BYTES;
+    stage = stage == KV_STAGES - 1 ? 0 : stage + 1;
+    const int j0 = k0 + wk * 16; /* this warp's first key */
+    if (j0 >= kend) continue;    /* no barrier until the loop head */
+
+    float s[2][4];
+    #pragma unroll
+    for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++) {
+      uint b0, b1, b2, b3;
+      const int r = wk * 16 + (lane & 7) + (lane >> 4) * 8;
+      LDSM_X4(b0, b1, b2, b3, kb + SWZ(r, 2 * ks + ((lane >> 3) & 1)));
+      MMA(s[0], qf[ks], b0, b1);
+      MMA(s[1], qf[ks], b2, b3);
+    }
+    /* Masks only where the slice reaches the new tokens or the range's end. */
+    if (j0 + 16 > kend || j0 + 16 > newk) {
+      #pragma unroll
+      for (int nt = 0; nt < 2; nt++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int j = j0 + nt * 8 + 2 * t4 + (e & 1), tt = trow[e >> 1];
+#if TREE_MASK
+          const int u = j - newk;
+          const int vis = j < kend && (u < 0 || (tt >= 0 && ((tree_mask[b * q_len + tt] >> u) & 1u)));
+#else
+          const int vis = j < kend && j <= newk + max(tt, 0);
+#endif
+          if (!vis) s[nt][e] = -INFINITY;
+        }
+    }
+    uint pf[4];
+    #pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float x = fmax(fmax(s[0][2 * hh], s[0][2 * hh + 1]), fmax(s[1][2 * hh], s[1][2 * hh + 1]));
+      x = fmax(x, shfl_xor(x, 1));
+      x = fmax(x, shfl_xor(x, 2));
+      const float mnew = fmax(m_r[hh], x);
+      /* A row that still sees no key keeps m = -inf: alpha 1, p 0, never NaN. */
+      const float alpha = mnew == m_r[hh] ? 1.0f : fast_exp2((m_r[hh] - mnew) * scale_log2);
+      const float ms = mnew == -INFINITY ? 0.0f : mnew * scale_log2;
+      m_r[hh] = mnew;
+      const float p0 = fast_exp2(fma(s[0][2 * hh], scale_log2, -ms));
+      const float p1 = fast_exp2(fma(s[0][2 * hh + 1], scale_log2, -ms));
+      const float p2 = fast_exp2(fma(s[1][2 * hh], scale_log2, -ms));
+      const float p3 = fast_exp2(fma(s[1][2 * hh + 1], scale_log2, -ms));
+      l_r[hh] = l_r[hh] * alpha + (p0 + p1 + p2 + p3);
+      #pragma unroll
+      for (int dt = 0; dt < DT; dt++) {
+        oacc[dt][2 * hh] *= alpha;
+        oacc[dt][2 * hh + 1] *= alpha;
+      }
+      /* The S accumulators of n-tiles 0 and 1 are the A fragment of the 16 keys. */
+      pf[hh] = pack2(p0, p1);
+      pf[hh + 2] = pack2(p2, p3);
+    }
+    #pragma unroll
+    for (int dp = 0; dp < DT / 2; dp++) {
+      uint b0, b1, b2, b3;
+      const int r = wk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      LDSM_X4_T(b0, b1, b2, b3, vb + SWZ(r, 2 * dp + (lane >> 4)));
+      MMA(oacc[2 * dp], pf, b0, b1);
+      MMA(oacc[2 * dp + 1], pf, b2, b3);
+    }
+  }
+  CP_WAIT(0);
+
+  /* Row sums over the quad; then the WK key slices of each m-tile merge through
+   * local memory (the stages are free now). */
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    l_r[hh] += shfl_xor(l_r[hh], 1);
+    l_r[hh] += shfl_xor(l_r[hh], 2);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  __local float *ob = (__local float *)smem + wr * 16 * HEAD_DIM;
+  if (t4 == 0)
+    for (int hh = 0; hh < 2; hh++) Ml[0][wk][wr * 16 + g + 8 * hh] = m_r[hh];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float w[2];
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    float mx = -INFINITY;
+    for (int i = 0; i < WK; i++) mx = fmax(mx, Ml[0][i][wr * 16 + g + 8 * hh]);
+    w[hh] = m_r[hh] == -INFINITY ? 0.0f : fast_exp2((m_r[hh] - mx) * scale_log2);
+    m_r[hh] = mx;
+    l_r[hh] *= w[hh];
+  }
+  if (t4 == 0)
+    for (int hh = 0; hh < 2; hh++) Ml[1][wk][wr * 16 + g + 8 * hh] = l_r[hh];
+  /* Slices add their weighted O into ob one after another (slice 0 first stores). */
+  for (int i = 0; i < WK; i++) {
+    if (wk == i)
+      #pragma unroll
+      for (int dt = 0; dt < DT; dt++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          __local float *p = ob + (g + 8 * (e >> 1)) * HEAD_DIM + dt * 8 + 2 * t4 + (e & 1);
+          const float x = oacc[dt][e] * w[e >> 1];
+          *p = i == 0 ? x : *p + x;
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (wk != 0) return;
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int r = g + 8 * hh, rg = row0 + r;
+    if (rg >= nrows) continue;
+    float ls = 0.0f;
+    for (int i = 0; i < WK; i++) ls += Ml[1][i][wr * 16 + r];
+    const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+    const float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * scale_log2;
+    const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
+#if SPLIT
+    const long id = ((long)b * q_len + tt) * heads_q + hq;
+    __global float *wo = work + wo_off + (id * num_splits + split) * HEAD_DIM;
+    for (int c = 2 * t4; c < HEAD_DIM; c += 8)
+      vstore2((float2)(ob[r * HEAD_DIM + c], ob[r * HEAD_DIM + c + 1]) * inv, 0, wo + c);
+    if (t4 == 0) work[wl_off + id * num_splits + split] = ls > 0.0f ? mx + log2(ls) : -INFINITY;
+#else
+    /* Pairs of 16-bit stores: o may sit at any element offset (the host plans
+     * before it sees o, in flashcl_attention_decode_workspace_size). */
+    __global ushort *orow = o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh;
+    for (int c = 2 * t4; c < HEAD_DIM; c += 8)
+      vstore2(as_ushort2(pack2(ob[r * HEAD_DIM + c] * inv, ob[r * HEAD_DIM + c + 1] * inv)), 0, orow + c);
+    if (has_lse && t4 == 0)
+      lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = ls > 0.0f ? (mx + log2(ls)) * M_LN2_F : -INFINITY;
+#endif
+  }
+#undef LOAD_TILE
+#endif /* USE_PTX */
+}

@@ -1,0 +1,133 @@
+/* Public attention entry points: validate, pick the algorithm, dispatch. */
+#include "core/internal.h"
+#include "core/tuning.h"
+#include "attention/attention.h"
+#include "naive/naive.h"
+#include "portable/portable.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
+  if (!desc) return;
+  memset(desc, 0, sizeof *desc);
+  desc->algo = FLASHCL_ALGO_AUTO;
+  desc->kernel = FLASHCL_KERNEL_AUTO;
+  desc->deterministic = 1;
+  desc->window_left = -1;
+  desc->window_right = -1;
+}
+
+flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+  (void)ctx;
+  return desc->algo == FLASHCL_ALGO_AUTO ? FLASHCL_ALGO_FLASH : desc->algo;
+}
+
+flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const fcl_problem *p, const flashcl_tensor *q, const flashcl_tensor *k,
+                                         const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse) {
+  /* Work-groups write o and lse while others still read q, k, v and the
+   * descriptor's buffers. */
+  flashcl_status st;
+  if ((st = fcl_check_output_distinct(ctx, o, "o")) || (st = fcl_check_output_distinct(ctx, lse, "lse"))) return st;
+  if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, k, 0) || fcl_views_conflict(o, v, 0) ||
+      fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, k, 0) || fcl_views_conflict(lse, v, 0) ||
+      fcl_views_conflict(lse, o, 0))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, k, v or each other");
+  fcl_aux aux[FCL_MAX_AUX];
+  const flashcl_tensor *outs[2] = {o, lse};
+  static const char *const names[2] = {"o", "lse"};
+  return fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(p, desc, aux), outs, names, 2);
+}
+
+flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                         const flashcl_tensor *o, const flashcl_tensor *lse,
+                                         cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                         cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  fcl_problem p;
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
+  if (st != FLASHCL_SUCCESS || (st = fcl_check_forward_outputs(ctx, desc, &p, q, k, v, o, lse)) != FLASHCL_SUCCESS)
+    return st;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
+  fcl_tuned tu;
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, NULL, FLASHCL_PASS_FORWARD, &tu)) != FLASHCL_SUCCESS) return st;
+  return fcl_forward_dispatch(ctx, &p, desc, &tu, q, k, v, o, lse, num_events_in_wait_list, event_wait_list,
+                              out_event);
+}
+
+/* The shared front of the query functions: a valid pass and problem (o may be
+ * NULL), and no paged K/V source in the backward. */
+flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 flashcl_pass pass, fcl_problem *p) {
+  if (pass != FLASHCL_PASS_FORWARD && pass != FLASHCL_PASS_BACKWARD)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pass %d is not a flashcl_pass", (int)pass);
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, NULL, p);
+  if (st != FLASHCL_SUCCESS || (o && pass == FLASHCL_PASS_FORWARD &&
+                                 (st = fcl_check_forward_outputs(ctx, desc, p, q, k, v, o, NULL)) != FLASHCL_SUCCESS))
+    return st;
+  if (pass == FLASHCL_PASS_BACKWARD && p->paged_kv)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                const flashcl_tensor *q, const flashcl_tensor *k,
+                                                const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  fcl_problem p;
+  flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, NULL, pass, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
+  if (pass == FLASHCL_PASS_BACKWARD) {
+    if (naive) return fcl_naive_backward_workspace(ctx, &p, bytes);
+    /* The tensor-core choice also depends on o, dO and the gradients being
+     * 16-byte aligned, which this query does not see; where the tensor cores may
+     * run, the figure is the larger of the two families', the most the call
+     * allocates. */
+    size_t portable_bytes = 0, mma_bytes = 0;
+    fcl_tuned tu;
+    if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS ||
+        (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
+        (tu.family == FLASHCL_TUNE_MMA_BWD &&
+         (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
+      return st;
+    *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
+    return FLASHCL_SUCCESS;
+  }
+  if (naive) return fcl_naive_workspace(ctx, &p, bytes);
+  *bytes = 0; /* the fused kernel keeps everything on chip */
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                               const flashcl_tensor *q, const flashcl_tensor *k,
+                                               const flashcl_tensor *v, const flashcl_tensor *o, flashcl_pass pass,
+                                               flashcl_kernel_family *family) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!family) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "family is NULL");
+  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
+  fcl_problem p;
+  flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, o, pass, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) {
+    *family = FLASHCL_KERNEL_AUTO;
+    return FLASHCL_SUCCESS;
+  }
+  fcl_tuned tu;
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, NULL, pass, &tu)) != FLASHCL_SUCCESS) return st;
+  *family = tu.family == FLASHCL_TUNE_FWD || tu.family == FLASHCL_TUNE_BWD ? FLASHCL_KERNEL_PORTABLE
+                                                                          : FLASHCL_KERNEL_NVIDIA_MMA;
+  return FLASHCL_SUCCESS;
+}

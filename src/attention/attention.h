@@ -1,0 +1,39 @@
+/* The attention calls' front: validation of a call into an fcl_problem, the
+ * choice of algorithm and kernel family, and the forward's dispatch. */
+#ifndef FLASHCL_ATTENTION_H
+#define FLASHCL_ATTENTION_H
+
+#include "core/internal.h"
+
+flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                 const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                 const flashcl_tensor *o, const flashcl_tensor *lse, fcl_problem *p);
+
+flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+
+/* The family choice of a flash call and its configuration (src/choose.c);
+ * grads (dO, dQ, dK, dV; NULL for the forward) must be 16-byte aligned for the
+ * tensor-core backward. */
+flashcl_status fcl_choose(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
+                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                          const flashcl_tensor *o, const flashcl_tensor *const *grads, flashcl_pass pass,
+                          struct fcl_tuned *tu);
+/* Runs the forward family fcl_choose picked. */
+flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                    struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                    const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                    cl_uint nwait, const cl_event *wait, cl_event *out_event);
+/* The shared front of the query functions (src/attention.c). */
+flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 flashcl_pass pass, fcl_problem *p);
+
+/* The aux ranges of a validated forward/backward problem (at most FCL_MAX_AUX). */
+int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux);
+/* The forward's output rules: o and lse (lse may be NULL) name each element once
+ * and share no byte with q, k, v, each other or the descriptor's buffers. */
+flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const fcl_problem *p, const flashcl_tensor *q, const flashcl_tensor *k,
+                                         const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse);
+
+#endif

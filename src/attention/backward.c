@@ -1,0 +1,71 @@
+/* The public backward entry point: validation of the gradients on top of the
+ * forward's checks, then the naive or the flash backward. */
+#include "core/internal.h"
+#include "core/tuning.h"
+#include "attention/attention.h"
+#include "naive/naive.h"
+#include "portable/portable.h"
+
+static flashcl_status fcl_check_like(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
+                                     const flashcl_tensor *like) {
+  flashcl_status st = fcl_check_tensor(ctx, t, name, 1);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (t->dtype != like->dtype)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "%s must have dtype %s", name, flashcl_dtype_name(like->dtype));
+  for (int i = 0; i < 4; i++)
+    if (t->shape[i] != like->shape[i])
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s.shape[%d] is %lld, expected %lld", name, i,
+                      (long long)t->shape[i], (long long)like->shape[i]);
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                          const flashcl_tensor *o, const flashcl_tensor *lse,
+                                          const flashcl_tensor *d_o, const flashcl_tensor *dq,
+                                          const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                          cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                          cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!o || !lse || !d_o || !dq || !dk || !dv)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o, lse, d_o, dq, dk and dv must all be non-NULL");
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  fcl_problem p;
+  flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (p.paged_kv)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "the backward pass does not support a paged K/V source (desc.kv_block_table is forward-only)");
+  if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
+      (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
+    return st;
+  if ((st = fcl_check_output_distinct(ctx, dq, "dq")) || (st = fcl_check_output_distinct(ctx, dk, "dk")) ||
+      (st = fcl_check_output_distinct(ctx, dv, "dv")))
+    return st;
+  {
+    const flashcl_tensor *outs[3] = {dq, dk, dv}, *ins[6] = {q, k, v, o, lse, d_o};
+    static const char *on[3] = {"dq", "dk", "dv"}, *in_names[6] = {"q", "k", "v", "o", "lse", "d_o"};
+    for (int i = 0; i < 3; i++) {
+      for (int j = 0; j < 6; j++)
+        if (fcl_views_conflict(outs[i], ins[j], 0))
+          return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s: gradients need their own memory",
+                          on[i], in_names[j]);
+      for (int j = i + 1; j < 3; j++)
+        if (fcl_views_conflict(outs[i], outs[j], 0))
+          return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s", on[i], on[j]);
+    }
+    fcl_aux aux[FCL_MAX_AUX];
+    if ((st = fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(&p, desc, aux), outs, on, 3))) return st;
+  }
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
+                              event_wait_list, out_event);
+  fcl_tuned tu;
+  const flashcl_tensor *grads[4] = {d_o, dq, dk, dv};
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, grads, FLASHCL_PASS_BACKWARD, &tu)) != FLASHCL_SUCCESS) return st;
+  return fcl_flash_backward(ctx, &p, desc, &tu, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
+                            event_wait_list, out_event);
+}

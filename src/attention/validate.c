@@ -1,0 +1,243 @@
+/* The validation of an attention call (forward or backward) into an
+ * fcl_problem: shapes, heads, varlen, paged source, mask and score variants.
+ * Everything a kernel could trip over is checked here, before anything is
+ * enqueued, so a failed call has no side effects on the device. */
+#include "core/internal.h"
+#include "attention/attention.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux) {
+  int n = 0;
+  if (p->varlen) {
+    const size_t cu = ((size_t)p->batch + 1) * sizeof(cl_int);
+    aux[n++] = (fcl_aux){desc->cu_seqlens_q, 0, cu, "desc.cu_seqlens_q"};
+    if (!p->paged_kv) aux[n++] = (fcl_aux){desc->cu_seqlens_k, 0, cu, "desc.cu_seqlens_k"};
+  }
+  if (p->alibi) aux[n++] = (fcl_aux){p->alibi, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
+  if (p->mask_kind)
+    aux[n++] = (fcl_aux){p->mask, 0, (size_t)p->mask_bstride * (size_t)p->batch * sizeof(cl_uint), "desc.mask"};
+  if (p->paged_kv) {
+    aux[n++] = (fcl_aux){desc->kv_block_table, 0, (size_t)p->batch * (size_t)desc->kv_max_pages * sizeof(cl_int),
+                         "desc.kv_block_table"};
+    aux[n++] = (fcl_aux){desc->kv_seqlens, 0, (size_t)p->batch * sizeof(cl_int), "desc.kv_seqlens"};
+  }
+  return n;
+}
+
+static int fcl_same_shape(const flashcl_tensor *a, const flashcl_tensor *b) {
+  return a->shape[0] == b->shape[0] && a->shape[1] == b->shape[1] && a->shape[2] == b->shape[2] &&
+         a->shape[3] == b->shape[3];
+}
+
+/* The attention mask of desc against the validated sizes in p (batch, lengths,
+ * heads); fills p's mask fields. */
+static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attention_desc *desc, fcl_problem *p) {
+  if (desc->mask_kind == FLASHCL_MASK_NONE) return FLASHCL_SUCCESS;
+  if (desc->mask_kind != FLASHCL_MASK_BLOCK && desc->mask_kind != FLASHCL_MASK_BITS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.mask_kind %d is not a flashcl_mask_kind",
+                    desc->mask_kind);
+  if (!desc->mask) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.mask_kind is set but desc.mask is NULL");
+  int bq = 1, bk = 1;
+  if (desc->mask_kind == FLASHCL_MASK_BLOCK) {
+    if (desc->mask_block_q <= 0 || desc->mask_block_k <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                      "desc.mask_block_q/mask_block_k (%d, %d) must be >= 1 for FLASHCL_MASK_BLOCK", desc->mask_block_q,
+                      desc->mask_block_k);
+    bq = desc->mask_block_q;
+    bk = desc->mask_block_k;
+  }
+  const int rows = (int)(((int64_t)p->seqlen_q + bq - 1) / bq), cols = (int)(((int64_t)p->seqlen_k + bk - 1) / bk);
+  const int heads = desc->mask_per_head ? p->heads_q : 1;
+  const size_t words = ((size_t)cols + 31) / 32;
+  size_t per_seq, need, have = 0;
+  if (!fcl_mul_size(words, (size_t)rows, &per_seq) || per_seq > (size_t)INT64_MAX / 8 ||
+      !fcl_mul_size(per_seq, (size_t)heads * (size_t)p->batch, &need) || !fcl_mul_size(need, 4, &need))
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "the attention mask's size overflows size_t");
+  flashcl_status st = fcl_buffer_size(ctx, desc->mask, "desc.mask", &have);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                    "desc.mask needs %zu bytes (%d sequences x %d heads x %d rows x %zu words) but holds %zu", need,
+                    p->batch, heads, rows, words, have);
+  p->mask_kind = desc->mask_kind;
+  p->mask = desc->mask;
+  p->mask_bq = bq;
+  p->mask_bk = bk;
+  p->mask_words = (int)words;
+  p->mask_hstride = desc->mask_per_head ? (int64_t)per_seq : 0;
+  p->mask_bstride = (int64_t)per_seq * heads;
+  return FLASHCL_SUCCESS;
+}
+
+/* The paged K/V source of desc (k/v are page pools) against p's batch; fills p's
+ * paged fields and sets p->seqlen_k to the bound on the per-sequence key counts. */
+static flashcl_status fcl_check_paged_kv(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const flashcl_tensor *k, fcl_problem *p) {
+  if (desc->kv_page_size < 1 || desc->kv_page_size != k->shape[1])
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "desc.kv_page_size (%d) must be >= 1 and equal the pools' page dimension k.shape[1] (%lld)",
+                    desc->kv_page_size, (long long)k->shape[1]);
+  if (desc->kv_max_pages < 1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "desc.kv_max_pages (%d) must be >= 1", desc->kv_max_pages);
+  const int64_t capacity = (int64_t)desc->kv_max_pages * desc->kv_page_size;
+  if (capacity > INT_MAX)
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "desc.kv_max_pages x kv_page_size exceeds the int32 range");
+  if (desc->max_seqlen_k < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "desc.max_seqlen_k (%d) must be >= 0", desc->max_seqlen_k);
+  size_t need, have = 0;
+  if (!fcl_mul_size((size_t)p->batch * sizeof(cl_int), (size_t)desc->kv_max_pages, &need))
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "the block table's size overflows size_t");
+  flashcl_status st = fcl_buffer_size(ctx, desc->kv_block_table, "desc.kv_block_table", &have);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                    "desc.kv_block_table holds %zu bytes but batch %d x kv_max_pages %d int32 need %zu", have,
+                    p->batch, desc->kv_max_pages, need);
+  if (!desc->kv_seqlens)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kv_block_table is set but desc.kv_seqlens is NULL");
+  if ((st = fcl_buffer_size(ctx, desc->kv_seqlens, "desc.kv_seqlens", &have)) != FLASHCL_SUCCESS) return st;
+  if (have < (size_t)p->batch * sizeof(cl_int))
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.kv_seqlens holds %zu bytes but batch %d int32 need %zu",
+                    have, p->batch, (size_t)p->batch * sizeof(cl_int));
+  p->paged_kv = 1;
+  p->kv_page_size = desc->kv_page_size;
+  p->kv_max_pages = desc->kv_max_pages;
+  p->kv_num_pages = (int)k->shape[0];
+  p->kv_block_table = desc->kv_block_table;
+  p->kv_seqlens = desc->kv_seqlens;
+  p->seqlen_k = (desc->max_seqlen_k == 0 || desc->max_seqlen_k > capacity) ? (int)capacity : desc->max_seqlen_k;
+  return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 const flashcl_tensor *lse, fcl_problem *p) {
+  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  flashcl_status st;
+  if ((st = fcl_check_tensor(ctx, q, "q", 1)) || (st = fcl_check_tensor(ctx, k, "k", 1)) ||
+      (st = fcl_check_tensor(ctx, v, "v", 1)))
+    return st;
+  if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
+  if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
+
+  if (k->dtype != q->dtype || v->dtype != q->dtype || (o && o->dtype != q->dtype))
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "q, k, v and o must share one dtype (q %s, k %s, v %s%s%s)",
+                    flashcl_dtype_name(q->dtype), flashcl_dtype_name(k->dtype), flashcl_dtype_name(v->dtype),
+                    o ? ", o " : "", o ? flashcl_dtype_name(o->dtype) : "");
+  if (lse && lse->dtype != FLASHCL_F32)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
+  if (desc->algo < FLASHCL_ALGO_AUTO || desc->algo > FLASHCL_ALGO_NAIVE)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.algo %d is not a flashcl_algo", (int)desc->algo);
+  if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel %d is not a flashcl_kernel_family",
+                    (int)desc->kernel);
+  if (desc->block_r < 0 || desc->block_c < 0 || desc->block_r % 8 || desc->block_c % 8)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "desc.block_r/block_c (%d, %d) must be 0 (automatic) or positive multiples of 8", desc->block_r,
+                    desc->block_c);
+  if (!isfinite(desc->scale))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.scale must be finite");
+
+  if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1), got %g",
+                    (double)desc->dropout_p);
+
+  int64_t d = q->shape[3];
+  if (k->shape[3] != d || v->shape[3] != d)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
+                    (long long)k->shape[3], (long long)v->shape[3]);
+  if (d % 8 != 0 || d < 8 || d > 256)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
+  if (o && !fcl_same_shape(o, q))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
+  if (!fcl_same_shape(k, v))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k and v must have the same shape");
+  if (!desc->kv_block_table && k->shape[0] != q->shape[0]) /* paged: k's batch counts pages */
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q and k batch differ (%lld vs %lld)",
+                    (long long)q->shape[0], (long long)k->shape[0]);
+  int64_t hq = q->shape[2], hkv = k->shape[2];
+  if ((desc->heads_q && desc->heads_q != hq) || (desc->heads_kv && desc->heads_kv != hkv))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "desc.heads_q/heads_kv (%d, %d) do not match the tensors (%lld, %lld)", desc->heads_q,
+                    desc->heads_kv, (long long)hq, (long long)hkv);
+  if (desc->heads_q < 0 || desc->heads_kv < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "desc.heads_q/heads_kv must not be negative");
+  if (hq % hkv != 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
+                    (long long)hq, (long long)hkv);
+  if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q->shape[1] || lse->shape[2] != hq ||
+              lse->shape[3] != 1))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, seqlen_q, heads_q, 1)");
+
+  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes, hq)))
+    return st;
+
+  memset(p, 0, sizeof *p);
+  p->dtype = q->dtype;
+  p->heads_q = (int)hq;
+  p->heads_kv = (int)hkv;
+  p->head_dim = (int)d;
+  p->causal = desc->causal != 0;
+  p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
+  p->dropout = desc->dropout_p > 0.0f;
+  p->threshold = fcl_dropout_threshold(desc->dropout_p);
+  p->keep_scale = (float)(1.0 / (1.0 - (double)desc->dropout_p));
+  p->seed = desc->seed;
+  p->offset = desc->offset;
+
+  if (desc->cu_seqlens_q || desc->cu_seqlens_k) {
+    /* With a paged K/V source the key counts come from kv_seqlens and the keys from
+     * the page pools, so only the queries are packed. */
+    const int paged = desc->kv_block_table != NULL;
+    if (paged && desc->cu_seqlens_k)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                      "with a paged K/V source (desc.kv_block_table) the key counts come from desc.kv_seqlens: "
+                      "cu_seqlens_k must be NULL");
+    if (!desc->cu_seqlens_q || (!paged && !desc->cu_seqlens_k))
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
+    if (desc->num_seqs <= 0 || desc->max_seqlen_q <= 0 || (!paged && desc->max_seqlen_k <= 0))
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "varlen needs num_seqs, max_seqlen_q and max_seqlen_k >= 1 (got %d, %d, %d)", desc->num_seqs,
+                      desc->max_seqlen_q, desc->max_seqlen_k);
+    if (q->shape[0] != 1)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "varlen tensors must have batch 1 (packed tokens)");
+    if (desc->max_seqlen_q > q->shape[1] || (!paged && desc->max_seqlen_k > k->shape[1]))
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_q/k exceed the packed token counts");
+    size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = need;
+    flashcl_status st = fcl_buffer_size(ctx, desc->cu_seqlens_q, "desc.cu_seqlens_q", &have_q);
+    if (st == FLASHCL_SUCCESS && !paged) st = fcl_buffer_size(ctx, desc->cu_seqlens_k, "desc.cu_seqlens_k", &have_k);
+    if (st != FLASHCL_SUCCESS) return st;
+    if (have_q < need || have_k < need)
+      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cu_seqlens_q/k need %zu bytes (num_seqs + 1 int32)",
+                      need);
+    p->varlen = 1;
+    p->batch = desc->num_seqs;
+    p->seqlen_q = desc->max_seqlen_q;
+    p->seqlen_k = desc->max_seqlen_k; /* paged: replaced by the pools' bound below */
+  } else {
+    p->batch = (int)q->shape[0];
+    p->seqlen_q = (int)q->shape[1];
+    p->seqlen_k = (int)k->shape[1];
+  }
+  if (desc->kv_block_table && (st = fcl_check_paged_kv(ctx, desc, k, p))) return st;
+
+  /* Score variants. A window wider than any distance |j - (i + diag)| (at most
+   * max(Nq, Nk)) is the same as unbounded; clamping keeps the kernels' int bounds
+   * small. Causal is the right window 0, so with a window the kernels mask through
+   * the window alone. */
+  p->alibi = desc->alibi_slopes;
+  p->softcap = desc->softcap;
+  if (desc->window_left >= 0 || desc->window_right >= 0) {
+    const int wide = p->seqlen_q > p->seqlen_k ? p->seqlen_q : p->seqlen_k;
+    p->window = 1;
+    p->window_left = (desc->window_left < 0 || desc->window_left > wide) ? wide : desc->window_left;
+    p->window_right = (desc->window_right < 0 || desc->window_right > wide) ? wide : desc->window_right;
+    if (p->causal) p->window_right = 0;
+  }
+  return fcl_check_mask(ctx, desc, p);
+}

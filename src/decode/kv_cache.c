@@ -1,0 +1,82 @@
+/* flashcl_kv_cache_append: new K/V tokens into a paged or contiguous cache
+ * (cl/decode/kv_append.cl). */
+#include "core/internal.h"
+#include "core/kernel_args.h"
+#include "decode/decode.h"
+
+#include <stdio.h>
+
+flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                       const flashcl_tensor *k_new, const flashcl_tensor *v_new,
+                                       const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens,
+                                       cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                       cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  flashcl_status st;
+  if ((st = fcl_check_tensor(ctx, k_new, "k_new", 1)) || (st = fcl_check_tensor(ctx, v_new, "v_new", 1))) return st;
+  for (int i = 0; i < 4; i++)
+    if (k_new->shape[i] != v_new->shape[i])
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k_new and v_new must have the same shape");
+  const int batch = (int)k_new->shape[0];
+  fcl_kv_layout kv;
+  if ((st = fcl_check_kv_cache(ctx, desc, k_cache, v_cache, batch, &kv))) return st;
+  if (k_new->dtype != k_cache->dtype || v_new->dtype != k_cache->dtype)
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "k_new, v_new and the caches must share one dtype");
+  if (k_new->shape[2] != kv.heads_kv || k_new->shape[3] != kv.head_dim)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "k_new heads/head_dim (%lld, %lld) must match the cache (%d, %d)", (long long)k_new->shape[2],
+                    (long long)k_new->shape[3], kv.heads_kv, kv.head_dim);
+  /* The rule of decode and the forward, the cache's only readers: a cache they
+   * would refuse is refused here, before it is filled. */
+  if (kv.head_dim % 8 != 0 || kv.head_dim > 256)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "head_dim %d is not supported: it must be a multiple of 8 in [8, 256], as decode needs",
+                    kv.head_dim);
+  if ((int64_t)k_new->shape[1] * kv.heads_kv > 0x7fffffff)
+    return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "tokens * heads_kv exceeds the int32 range");
+  if ((st = fcl_check_seqlens(ctx, seqlens, "seqlens", batch))) return st;
+  if ((st = fcl_check_output_distinct(ctx, k_cache, "k_cache")) ||
+      (st = fcl_check_output_distinct(ctx, v_cache, "v_cache")))
+    return st;
+  if (fcl_views_conflict(k_cache, k_new, 0) || fcl_views_conflict(k_cache, v_new, 0) ||
+      fcl_views_conflict(v_cache, k_new, 0) || fcl_views_conflict(v_cache, v_new, 0) ||
+      fcl_views_conflict(k_cache, v_cache, 0))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the caches overlap each other or k_new/v_new");
+  {
+    /* The append writes the caches while it reads seqlens and the block table. */
+    const size_t b4 = (size_t)batch * sizeof(cl_int);
+    const fcl_aux aux[2] = {{seqlens, 0, b4, "seqlens"},
+                            {kv.paged ? desc->block_table : NULL, 0, b4 * (size_t)kv.max_pages, "desc.block_table"}};
+    const flashcl_tensor *outs[2] = {k_cache, v_cache};
+    static const char *const names[2] = {"k_cache", "v_cache"};
+    if ((st = fcl_check_aux_buffers(ctx, aux, 2, outs, names, 2))) return st;
+  }
+
+  char opts[128];
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DPAGED=%d", (int)k_cache->dtype, kv.head_dim,
+           kv.paged);
+  cl_kernel kern;
+  if ((st = fcl_get_kernel(ctx, "kv_append.cl", opts, "kv_append", &kern))) return st;
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, k_new);
+  fcl_arg_tensor(&a, v_new);
+  fcl_arg_tensor(&a, k_cache);
+  fcl_arg_tensor(&a, v_cache);
+  fcl_arg_mem(&a, seqlens);
+  fcl_arg_mem(&a, kv.paged ? desc->block_table : NULL);
+  fcl_arg_int(&a, kv.max_pages);
+  fcl_arg_int(&a, kv.page_size);
+  fcl_arg_int(&a, kv.num_pages);
+  fcl_arg_int(&a, kv.capacity);
+  fcl_arg_int(&a, kv.heads_kv);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(kv_append)");
+  size_t global[3] = {(size_t)kv.head_dim / 4, (size_t)k_new->shape[1] * (size_t)kv.heads_kv, (size_t)batch};
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, NULL, num_events_in_wait_list,
+                                      num_events_in_wait_list ? event_wait_list : NULL, out_event);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(kv_append)");
+  return FLASHCL_SUCCESS;
+}

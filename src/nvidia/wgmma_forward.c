@@ -1,0 +1,243 @@
+/* The Hopper tensor-core forward (cl/nvidia/flash_fwd_wgmma.cl): availability, probe,
+ * tiles and launch.
+ *
+ * It is a faster kernel inside the NVIDIA_MMA family, not a family of its own:
+ * fcl_forward_dispatch (src/attention/choose.c) hands a problem over when fcl_wgmma_covered says yes, and
+ * runs flash_fwd_mma.cl otherwise. Availability is decided once per context, on
+ * the first forward that could use it:
+ *   1. the tensor-core path is available (fcl_mma_available) and the compute
+ *      capability is exactly 9.0 (wgmma exists only in the sm_90a target);
+ *   2. the probe kernel builds through the sm_90a retargeting (src/core/program.c)
+ *      and computes two exact products of small integers, one with both
+ *      operands in local memory, one with A in registers and B read N-major.
+ * A failure is logged (fcl_log) with its reason, and the mma.sync forward runs.
+ * So does a later forward variant that fails to build: fcl_forward_dispatch then
+ * turns the path off for the context (fcl_wgmma_build_failed) and runs mma.sync.
+ *
+ * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged
+ * K/V, with head_dim 64 or 128 (the kernel's wgmma shapes).
+ *
+ * The wgmma_fwd tuning (src/core/tuning_space.c) sets use (0: mma.sync runs
+ * instead), nwg and block_c; a per-call tuning whose tiles do not fit is
+ * refused, a database entry's is ignored (logged) for the rule's.
+ */
+#include "core/internal.h"
+#include "core/kernel_args.h"
+#include "core/tuning.h"
+#include "nvidia/nvidia.h"
+#include "nvidia/ptx_sm90a.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const fcl_wgmma_probe_options = "-cl-std=CL1.2 -DUSE_PTX=1 -DPROBE_ONLY=1";
+
+/* The wgmma instructions exist only for sm_90a, which NVIDIA's OpenCL compiler
+ * does not target: its PTX for sm_90 is rewritten (src/nvidia/ptx_sm90a.c). */
+static const fcl_retarget fcl_sm90a_route = {"sm90a", FCL_PTX_SM90A_REVISION, fcl_ptx_to_sm90a};
+
+static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
+  snprintf(ctx->wgmma_reason, sizeof ctx->wgmma_reason, "%s", why);
+  ctx->wgmma_state = -1;
+  fcl_log(ctx, "Hopper wgmma forward disabled: %s", ctx->wgmma_reason);
+  return 0;
+}
+
+static int fcl_wgmma_run_probe(flashcl_context *ctx) {
+  cl_kernel kern;
+  flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
+                                           "wgmma_probe", &fcl_sm90a_route, &kern);
+  if (st != FLASHCL_SUCCESS) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "the probe kernel does not build: %.360s", ctx->errmsg);
+    fcl_clear_error(ctx);
+    return fcl_wgmma_disable(ctx, msg);
+  }
+  enum { N = 64 };
+  /* a, b: small integers, exact in fp16; d: the kernel's two products. */
+  int *ai = malloc(2 * N * N * sizeof *ai);
+  unsigned short *ah = malloc(2 * N * N * sizeof *ah);
+  float *d = malloc(2 * N * N * sizeof *d);
+  if (!ai || !ah || !d) {
+    free(ai);
+    free(ah);
+    free(d);
+    return fcl_wgmma_disable(ctx, "out of host memory for the probe");
+  }
+  int *bi = ai + N * N;
+  for (int i = 0; i < N * N; i++) {
+    ah[i] = fcl_small_int_half(ai[i] = (i * 7 + i / N) % 9 - 4);
+    ah[N * N + i] = fcl_small_int_half(bi[i] = (i * 5 + i / N) % 7 - 3);
+  }
+  const size_t half_bytes = N * N * sizeof *ah;
+  cl_int err = CL_SUCCESS, e2 = CL_SUCCESS, e3 = CL_SUCCESS;
+  cl_mem ba = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, half_bytes, ah, &err);
+  cl_mem bb = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, half_bytes, ah + N * N, &e2);
+  cl_mem bd = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, 2 * N * N * sizeof *d, NULL, &e3);
+  if (err == CL_SUCCESS) err = e2;
+  if (err == CL_SUCCESS) err = e3;
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 0, sizeof ba, &ba);
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 1, sizeof bb, &bb);
+  if (err == CL_SUCCESS) err = clSetKernelArg(kern, 2, sizeof bd, &bd);
+  if (err == CL_SUCCESS) err = fcl_probe_run(ctx, kern, 128, bd, 2 * N * N * sizeof *d, d);
+  if (ba) clReleaseMemObject(ba);
+  if (bb) clReleaseMemObject(bb);
+  if (bd) clReleaseMemObject(bd);
+  const char *wrong = NULL;
+  for (int m = 0; m < N && err == CL_SUCCESS && !wrong; m++)
+    for (int n = 0; n < N && !wrong; n++) {
+      int abt = 0, ab = 0;
+      for (int x = 0; x < N; x++) {
+        abt += ai[m * N + x] * bi[n * N + x];
+        ab += ai[m * N + x] * bi[x * N + n];
+      }
+      if (d[m * N + n] != (float)abt) wrong = "the probe's A B^T (local-memory operands) is wrong";
+      else if (d[N * N + m * N + n] != (float)ab) wrong = "the probe's A B (A in registers, B N-major) is wrong";
+    }
+  free(ai);
+  free(ah);
+  free(d);
+  if (err != CL_SUCCESS) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
+    return fcl_wgmma_disable(ctx, msg);
+  }
+  if (wrong) return fcl_wgmma_disable(ctx, wrong);
+  return 1;
+}
+
+static int fcl_wgmma_available(flashcl_context *ctx) {
+  if (ctx->wgmma_state) return ctx->wgmma_state > 0;
+  if (!fcl_mma_available(ctx)) return fcl_wgmma_disable(ctx, "the tensor-core path is unavailable");
+  if (ctx->mma_cc != 90) return fcl_wgmma_disable(ctx, "the compute capability is not 9.0 (wgmma is sm_90a only)");
+  if (!fcl_wgmma_run_probe(ctx)) return 0;
+  ctx->wgmma_state = 1;
+  fcl_log(ctx, "Hopper wgmma forward available");
+  return 1;
+}
+
+typedef struct fcl_wgmma_config {
+  int nwg, block_c;
+} fcl_wgmma_config;
+
+/* Local bytes of flash_fwd_wgmma: Q, two K | V stages, and up to 1008 bytes
+ * that the kernel skips to align its tiles to 1024 bytes. */
+static size_t fcl_wgmma_local(const fcl_wgmma_config *c, int d) {
+  return ((size_t)c->nwg * 64 + 4 * (size_t)c->block_c) * (size_t)d * 2 + 1008;
+}
+
+static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 || bc == 128; }
+
+/* 1 and *out if some tile fits the budget. Three warpgroups (192 query rows)
+ * and the widest key tile that fits: 128 at d = 64 (89 KiB), 96 at d = 128
+ * (145 KiB of the 160 KiB the H100's probe grants). Measured on the H100 (fp16,
+ * N = 2K/8K, BENCHMARKS.md): three warpgroups beat two by 13% (d = 128, 8K) and
+ * 34% (d = 64, 8K); with one barrier per tile for all of them, more warpgroups
+ * are what keeps the tensor cores busy while some run their softmax. */
+static int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu,
+                          fcl_wgmma_config *out) {
+  static const int bcs[4] = {128, 112, 96, 64};
+  fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, 3) : 3, 0};
+  if (tu && fcl_tuned_has(tu, FCL_WG_BLOCK_C)) {
+    c.block_c = tu->val[FCL_WG_BLOCK_C];
+    if (!fcl_wgmma_bc_ok(c.block_c) || fcl_wgmma_local(&c, p->head_dim) > ctx->mma_local_bytes) return 0;
+    *out = c;
+    return 1;
+  }
+  for (int i = 0; i < 4; i++) {
+    c.block_c = bcs[i];
+    if (fcl_wgmma_local(&c, p->head_dim) <= ctx->mma_local_bytes) {
+      *out = c;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
+  if (p->head_dim != 64 && p->head_dim != 128) return 0;
+  if (p->dropout || p->mask_kind || p->paged_kv) return 0;
+  if (!fcl_wgmma_available(ctx)) return 0;
+  fcl_wgmma_config c;
+  if (fcl_wgmma_pick(ctx, p, NULL, &c)) return 1;
+  fcl_log(ctx, "wgmma forward: no tile fits %zu bytes of local memory at d = %d: running mma.sync",
+          ctx->mma_local_bytes, p->head_dim);
+  return 0;
+}
+
+/* The tuned tiles where they fit, else (a database entry) the rule's, else
+ * (a per-call tuning) FLASHCL_ERROR_UNSUPPORTED. Records what runs in tu. */
+static flashcl_status fcl_wgmma_config_of(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu,
+                                          fcl_wgmma_config *c) {
+  if (!fcl_wgmma_pick(ctx, p, tu, c)) {
+    if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "wgmma_fwd tuning refused: its tiles do not fit %zu bytes "
+                      "of local memory (block_c must be 64, 96, 112 or 128)", ctx->mma_local_bytes);
+    fcl_log(ctx, "wgmma_fwd tuning from %s ignored (its tiles do not fit): the default rule runs", tu->origin);
+    if (!fcl_wgmma_pick(ctx, p, NULL, c)) return fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "flash_fwd_wgmma: no tile fits");
+  }
+  fcl_tuned_ran(tu, FCL_WG_USE, 1);
+  fcl_tuned_ran(tu, FCL_WG_NWG, c->nwg);
+  fcl_tuned_ran(tu, FCL_WG_BLOCK_C, c->block_c);
+  return fcl_tuned_honoured(ctx, tu);
+}
+
+flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, flashcl_config *cfg) {
+  fcl_wgmma_config c = {0, 0};
+  flashcl_status st = fcl_wgmma_config_of(ctx, p, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  fcl_tuned_report(tu, cfg);
+  snprintf(cfg->kernel, sizeof cfg->kernel, "flash_fwd_wgmma");
+  cfg->block_r = c.nwg * 64;
+  cfg->block_c = c.block_c;
+  cfg->threads = c.nwg * 128;
+  cfg->local_bytes = fcl_wgmma_local(&c, p->head_dim);
+  return FLASHCL_SUCCESS;
+}
+
+void fcl_wgmma_build_failed(flashcl_context *ctx) {
+  char msg[sizeof ctx->wgmma_reason];
+  snprintf(msg, sizeof msg, "a forward kernel does not build: %.440s", ctx->errmsg);
+  fcl_clear_error(ctx);
+  fcl_wgmma_disable(ctx, msg);
+}
+
+flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
+                                 fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
+                                 const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
+                                 cl_uint nwait, const cl_event *wait, cl_event *out_event) {
+  fcl_wgmma_config c = {0, 0};
+  flashcl_status st = fcl_wgmma_config_of(ctx, p, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  const int threads = c.nwg * 128, block_r = c.nwg * 64;
+  const char *extra = ctx->build_options;
+  char opts[640], variants[64];
+  fcl_variant_options(p, variants, sizeof variants);
+  const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWG=%d -DCAUSAL=%d -DVARLEN=%d%s%s%s",
+           (int)p->dtype, p->head_dim, c.block_c, c.nwg, causal, p->varlen, variants, extra ? " " : "",
+           extra ? extra : "");
+  cl_kernel kern;
+  char src[96];
+  fcl_mma_sources(p, "flash_fwd_wgmma.cl", src, sizeof src);
+  st = fcl_get_kernel_retargeted(ctx, src, opts, "flash_fwd_wgmma", &fcl_sm90a_route, &kern);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);
+  /* No CL_KERNEL_WORK_GROUP_SIZE check here (flash_fwd_mma has one): for this
+   * program, built from PTX, NVIDIA's driver reports 256 while the kernel's
+   * reqd_work_group_size of 384 launches and runs correctly (H100). */
+
+  fcl_args a = {kern, 0, CL_SUCCESS};
+  fcl_arg_forward(&a, p, desc, q, k, v, o, lse);
+  fcl_arg_variants(&a, p);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_wgmma)");
+
+  size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;
+  size_t global[3] = {qblocks * threads, (size_t)p->heads_q, (size_t)p->batch};
+  size_t local[3] = {(size_t)threads, 1, 1};
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, nwait, nwait ? wait : NULL, out_event);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(flash_fwd_wgmma)");
+  return FLASHCL_SUCCESS;
+}
