@@ -37,11 +37,11 @@ extern "C" {
 #endif
 
 #define FLASHCL_VERSION_MAJOR 0
-#define FLASHCL_VERSION_MINOR 1
+#define FLASHCL_VERSION_MINOR 2
 #define FLASHCL_VERSION_PATCH 0
 #define FLASHCL_VERSION_NUMBER \
   (FLASHCL_VERSION_MAJOR * 10000 + FLASHCL_VERSION_MINOR * 100 + FLASHCL_VERSION_PATCH)
-#define FLASHCL_VERSION_STRING "0.1.0"
+#define FLASHCL_VERSION_STRING "0.2.0"
 
 #if defined(_WIN32) && defined(FLASHCL_SHARED_BUILD)
 #define FLASHCL_API __declspec(dllexport)
@@ -168,6 +168,12 @@ FLASHCL_API flashcl_status flashcl_tensor_init_lse(flashcl_tensor *t, cl_mem buf
 typedef struct flashcl_context flashcl_context;
 
 typedef struct flashcl_context_options {
+  /* The size of this struct in the header the caller was compiled with, set
+   * by flashcl_context_options_init(): a library built with a newer header, whose struct has
+   * more fields at the end, reads only these bytes and gives the rest their
+   * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
+   * it otherwise. */
+  size_t struct_size;
   /* Device choice: NULL uses $FLASHCL_DEVICE, and if that is unset the first GPU,
    * else the first device of any type. Syntax: "<platform>:<device>" indices
    * (e.g. "0:1"), or a case-insensitive substring of "<platform name> <device name>
@@ -196,7 +202,12 @@ typedef struct flashcl_context_options {
   const char *build_options;
 } flashcl_context_options;
 
-FLASHCL_API void flashcl_context_options_init(flashcl_context_options *options);
+/* The library fills the first `size` bytes (sizeof the caller's struct) with
+ * the defaults and sets struct_size; flashcl_context_options_init() passes the size. */
+FLASHCL_API flashcl_status flashcl_context_options_init_size(flashcl_context_options *options, size_t size);
+static inline void flashcl_context_options_init(flashcl_context_options *options) {
+  (void)flashcl_context_options_init_size(options, sizeof *options);
+}
 
 /* options may be NULL (defaults). */
 FLASHCL_API flashcl_status flashcl_context_create(const flashcl_context_options *options,
@@ -258,7 +269,37 @@ FLASHCL_API flashcl_status flashcl_context_local_memory(flashcl_context *ctx, si
 
 /* ------------------------------------------------------------- attention -- */
 
+/*
+ * Mask layouts. With Lq, Lk the per-sequence lengths (seqlen_q / seqlen_k of the
+ * tensors, or max_seqlen_q / max_seqlen_k for varlen, where sequence s of the
+ * packed batch takes the place of batch entry s and its query i / key j count
+ * from the start of the sequence), H = heads_q if mask_per_head else 1:
+ *   FLASHCL_MASK_BLOCK: rows R = ceil(Lq / mask_block_q), columns
+ *     C = ceil(Lk / mask_block_k); block (r, c) covers queries
+ *     [r * mask_block_q, (r + 1) * mask_block_q) and keys
+ *     [c * mask_block_k, (c + 1) * mask_block_k).
+ *   FLASHCL_MASK_BITS: R = Lq, C = Lk, one bit per (query, key) (tree masks of
+ *     speculative decoding, arbitrary sparsity).
+ * Both are row-major bit matrices of W = ceil(C / 32) uint32 words per row:
+ *   bit (c % 32) of word [((b * H + h) * R + r) * W + c / 32]
+ * (b: batch entry or varlen sequence, h: query head or 0). The buffer needs at
+ * least batch * H * R * W * 4 bytes (FLASHCL_ERROR_BUFFER_TOO_SMALL otherwise).
+ * Bits past column C - 1 are ignored; a sequence shorter than Lq / Lk uses the
+ * leading rows / columns of its matrix.
+ */
+typedef enum flashcl_mask_kind {
+  FLASHCL_MASK_NONE = 0,
+  FLASHCL_MASK_BLOCK = 1,
+  FLASHCL_MASK_BITS = 2
+} flashcl_mask_kind;
+
 typedef struct flashcl_attention_desc {
+  /* The size of this struct in the header the caller was compiled with, set
+   * by flashcl_attention_desc_init(): a library built with a newer header, whose struct has
+   * more fields at the end, reads only these bytes and gives the rest their
+   * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
+   * it otherwise. */
+  size_t struct_size;
   /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim). */
   float scale;
   /* Causal mask, aligned to the bottom-right corner (FlashAttention-2): query i of
@@ -341,7 +382,7 @@ typedef struct flashcl_attention_desc {
    * backward skips all-0 tiles too; hidden pairs get P = 0, so empty rows get
    * dQ = 0 and unseen keys dK = dV = 0); the tensor-core kernels skip all-0 tiles
    * the same way. */
-  int mask_kind;       /* a flashcl_mask_kind */
+  flashcl_mask_kind mask_kind;
   cl_mem mask;         /* uint32 words, the layout of mask_kind, from byte 0 */
   int mask_block_q;    /* FLASHCL_MASK_BLOCK: queries per mask block (>= 1) */
   int mask_block_k;    /* FLASHCL_MASK_BLOCK: keys per mask block (>= 1) */
@@ -382,29 +423,6 @@ typedef struct flashcl_attention_desc {
   const struct flashcl_tuning *tuning;
 } flashcl_attention_desc;
 
-/*
- * Mask layouts. With Lq, Lk the per-sequence lengths (seqlen_q / seqlen_k of the
- * tensors, or max_seqlen_q / max_seqlen_k for varlen, where sequence s of the
- * packed batch takes the place of batch entry s and its query i / key j count
- * from the start of the sequence), H = heads_q if mask_per_head else 1:
- *   FLASHCL_MASK_BLOCK: rows R = ceil(Lq / mask_block_q), columns
- *     C = ceil(Lk / mask_block_k); block (r, c) covers queries
- *     [r * mask_block_q, (r + 1) * mask_block_q) and keys
- *     [c * mask_block_k, (c + 1) * mask_block_k).
- *   FLASHCL_MASK_BITS: R = Lq, C = Lk, one bit per (query, key) (tree masks of
- *     speculative decoding, arbitrary sparsity).
- * Both are row-major bit matrices of W = ceil(C / 32) uint32 words per row:
- *   bit (c % 32) of word [((b * H + h) * R + r) * W + c / 32]
- * (b: batch entry or varlen sequence, h: query head or 0). The buffer needs at
- * least batch * H * R * W * 4 bytes (FLASHCL_ERROR_BUFFER_TOO_SMALL otherwise).
- * Bits past column C - 1 are ignored; a sequence shorter than Lq / Lk uses the
- * leading rows / columns of its matrix.
- */
-typedef enum flashcl_mask_kind {
-  FLASHCL_MASK_NONE = 0,
-  FLASHCL_MASK_BLOCK = 1,
-  FLASHCL_MASK_BITS = 2
-} flashcl_mask_kind;
 
 /* Host-side block layouts for FLASHCL_MASK_BLOCK (pure C, no device), over an
  * nbq x nbk block matrix with block (i, j) (i: query block, j: key block):
@@ -436,7 +454,12 @@ FLASHCL_API flashcl_status flashcl_mask_words(int nrows, int ncols, size_t *word
 FLASHCL_API flashcl_status flashcl_block_mask_fill(flashcl_block_layout layout, int nbq, int nbk, int param,
                                                    uint32_t *words, size_t capacity);
 
-FLASHCL_API void flashcl_attention_desc_init(flashcl_attention_desc *desc);
+/* The library fills the first `size` bytes (sizeof the caller's struct) with
+ * the defaults and sets struct_size; flashcl_attention_desc_init() passes the size. */
+FLASHCL_API flashcl_status flashcl_attention_desc_init_size(flashcl_attention_desc *desc, size_t size);
+static inline void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
+  (void)flashcl_attention_desc_init_size(desc, sizeof *desc);
+}
 
 /*
  * O = softmax(scale * Q K^T + mask) V, per batch and query head.
@@ -580,6 +603,12 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * Capacity of a sequence: max_len (contiguous) or max_pages * page_size (paged).
  */
 typedef struct flashcl_decode_desc {
+  /* The size of this struct in the header the caller was compiled with, set
+   * by flashcl_decode_desc_init(): a library built with a newer header, whose struct has
+   * more fields at the end, reads only these bytes and gives the rest their
+   * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
+   * it otherwise. */
+  size_t struct_size;
   /* Softmax scale. 0 means 1/sqrt(head_dim). */
   float scale;
   /* 0 takes them from q and k_cache; if set they must match. heads_q must be a
@@ -647,7 +676,12 @@ typedef struct flashcl_decode_desc {
   const struct flashcl_tuning *tuning;
 } flashcl_decode_desc;
 
-FLASHCL_API void flashcl_decode_desc_init(flashcl_decode_desc *desc);
+/* The library fills the first `size` bytes (sizeof the caller's struct) with
+ * the defaults and sets struct_size; flashcl_decode_desc_init() passes the size. */
+FLASHCL_API flashcl_status flashcl_decode_desc_init_size(flashcl_decode_desc *desc, size_t size);
+static inline void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
+  (void)flashcl_decode_desc_init_size(desc, sizeof *desc);
+}
 
 /*
  * Attention of a few new query tokens per sequence against a (paged or contiguous)

@@ -147,6 +147,84 @@ static void test_desc_and_options_init(void **state) {
             "flashcl_context_options_init left non-default fields");
 }
 
+/* Descriptor sizes (src/core/abi.c): *_init() records the caller's sizeof; a
+ * struct from a newer header (struct_size larger than the library's) is
+ * refused with UNSUPPORTED and writes nothing; one smaller than the first
+ * sized layout is INVALID_ARGUMENT; 0 (zeroed by hand) is this header's size. */
+static void test_struct_size(void **state) {
+  fct_env *env = fct_env_get();
+  const size_t n = 64, bytes = n * 64 * 4;
+  cl_mem buf = fct_create_buffer(bytes, NULL), obuf = fct_create_buffer(bytes, NULL);
+  flashcl_tensor q, o;
+  flashcl_attention_desc desc;
+  size_t ws = 777;
+  (void)state;
+  flashcl_tensor_init_bnhd(&q, buf, 0, FLASHCL_F32, 1, (int64_t)n, 1, 64);
+  flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F32, 1, (int64_t)n, 1, 64);
+  flashcl_attention_desc_init(&desc);
+  FCT_CHECK(desc.struct_size == sizeof desc, "desc.struct_size %zu, sizeof %zu", desc.struct_size, sizeof desc);
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_SUCCESS, "workspace_size with an initialised desc");
+
+  /* A caller built against a newer header: the library fills what it knows. */
+  unsigned char big[sizeof(flashcl_attention_desc) + 64];
+  memset(big, 0x5a, sizeof big);
+  FCT_CHECK_STATUS(flashcl_attention_desc_init_size((flashcl_attention_desc *)(void *)big, sizeof big),
+                   FLASHCL_SUCCESS, "desc_init_size(larger struct)");
+  flashcl_attention_desc newer;
+  memcpy(&newer, big, sizeof newer);
+  FCT_CHECK(newer.struct_size == sizeof big && newer.deterministic == 1 && newer.window_left == -1 &&
+                big[sizeof big - 1] == 0,
+            "desc_init_size(larger): struct_size %zu deterministic %d window_left %d last byte %d",
+            newer.struct_size, newer.deterministic, newer.window_left, big[sizeof big - 1]);
+  ws = 777;
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &newer, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_ERROR_UNSUPPORTED, "workspace_size with a newer header's desc");
+  FCT_CHECK(ws == 777, "a refused call wrote *bytes = %zu", ws);
+  FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "newer flashcl.h") != NULL, "message: %s",
+            flashcl_context_last_error(env->ctx));
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &newer, &q, &q, &q, &o, NULL, 0, NULL, NULL),
+                   FLASHCL_ERROR_UNSUPPORTED, "forward with a newer header's desc");
+
+  flashcl_attention_desc tiny = desc;
+  tiny.struct_size = 8;
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &tiny, &q, &q, &q, &o, NULL, 0, NULL, NULL),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "forward with struct_size 8");
+  FCT_CHECK_STATUS(flashcl_attention_desc_init_size(&desc, 2), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "desc_init_size(size 2)");
+  FCT_CHECK_STATUS(flashcl_attention_desc_init_size(NULL, sizeof desc), FLASHCL_ERROR_INVALID_ARGUMENT,
+                   "desc_init_size(NULL)");
+  flashcl_attention_desc_init(NULL); /* a no-op */
+
+  /* Zeroed by hand, then the defaults that are not 0 set: taken as this header's. */
+  flashcl_attention_desc hand;
+  memset(&hand, 0, sizeof hand);
+  hand.window_left = hand.window_right = -1;
+  hand.deterministic = 1;
+  ws = 0;
+  FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &hand, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                   FLASHCL_SUCCESS, "workspace_size with struct_size 0");
+
+  /* The same for the decode descriptor and the context options. */
+  flashcl_decode_desc dd;
+  flashcl_decode_desc_init(&dd);
+  FCT_CHECK(dd.struct_size == sizeof dd && dd.window_left == -1, "decode desc init: struct_size %zu window %d",
+            dd.struct_size, dd.window_left);
+  dd.struct_size = sizeof dd + 16;
+  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &dd, &q, &q, &q, &q, buf, 0, NULL, NULL),
+                   FLASHCL_ERROR_UNSUPPORTED, "kv_cache_append with a newer header's decode desc");
+  flashcl_context_options opt;
+  flashcl_context_options_init(&opt);
+  FCT_CHECK(opt.struct_size == sizeof opt, "options struct_size %zu", opt.struct_size);
+  opt.struct_size = sizeof opt + 16;
+  flashcl_context *ctx2 = (flashcl_context *)&opt;
+  FCT_CHECK_STATUS(flashcl_context_create(&opt, &ctx2), FLASHCL_ERROR_UNSUPPORTED,
+                   "context_create with a newer header's options");
+  FCT_CHECK(ctx2 == NULL, "a refused context_create left *out = %p", (void *)ctx2);
+  clReleaseMemObject(buf);
+  clReleaseMemObject(obuf);
+}
+
 /* --------------------------------------------------------------- context -- */
 
 static void test_destroy_null(void **state) {
@@ -811,6 +889,7 @@ int main(void) {
       cmocka_unit_test(test_version),
       cmocka_unit_test(test_tensor_init),
       cmocka_unit_test(test_desc_and_options_init),
+      cmocka_unit_test(test_struct_size),
       cmocka_unit_test(test_destroy_null),
       cmocka_unit_test_setup_teardown(test_bad_device, save_device_env, restore_device_env),
       cmocka_unit_test_setup_teardown(test_device_by_vendor, save_device_env, restore_device_env),

@@ -8,14 +8,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
-  if (!desc) return;
+/* The smallest flashcl_attention_desc taken: 0.2's, the first layout with
+ * struct_size. Fields added later go at the end, and this stays. */
+#define FCL_ATTENTION_DESC_FIRST sizeof(flashcl_attention_desc)
+
+static void fcl_attention_desc_defaults(flashcl_attention_desc *desc) {
   memset(desc, 0, sizeof *desc);
+  desc->struct_size = sizeof *desc;
   desc->algo = FLASHCL_ALGO_AUTO;
   desc->kernel = FLASHCL_KERNEL_AUTO;
   desc->deterministic = 1;
   desc->window_left = -1;
   desc->window_right = -1;
+}
+
+flashcl_status flashcl_attention_desc_init_size(flashcl_attention_desc *desc, size_t size) {
+  flashcl_attention_desc d;
+  fcl_attention_desc_defaults(&d);
+  return fcl_struct_init(desc, size, &d, sizeof d);
+}
+
+flashcl_status fcl_attention_desc_import(flashcl_context *ctx, const flashcl_attention_desc **desc,
+                                         flashcl_attention_desc *full) {
+  if (!*desc) return FLASHCL_SUCCESS;
+  fcl_attention_desc_defaults(full);
+  flashcl_status st = fcl_struct_import(ctx, *desc, FCL_ATTENTION_DESC_FIRST, full, sizeof *full,
+                                        "flashcl_attention_desc");
+  if (st == FLASHCL_SUCCESS) *desc = full;
+  return st;
 }
 
 flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
@@ -47,6 +67,9 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
                                          cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_attention_desc desc_full;
+  flashcl_status imp = fcl_attention_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
   if (num_events_in_wait_list && !event_wait_list)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
@@ -84,6 +107,9 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
                                                 const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_attention_desc desc_full;
+  flashcl_status imp = fcl_attention_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
   fcl_problem p;
   flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, NULL, pass, &p);
@@ -116,6 +142,9 @@ flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flash
                                                flashcl_kernel_family *family) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_attention_desc desc_full;
+  flashcl_status imp = fcl_attention_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!family) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "family is NULL");
   if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
   fcl_problem p;

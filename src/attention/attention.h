@@ -36,4 +36,11 @@ flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_att
                                          const fcl_problem *p, const flashcl_tensor *q, const flashcl_tensor *k,
                                          const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse);
 
+/* A caller's descriptor, whatever header it was built with, as this library's
+ * struct: *desc then points at full (a NULL *desc is left for the checks that
+ * report it). Every public function taking a flashcl_attention_desc calls it
+ * first, and reads nothing from the caller's struct afterwards. */
+flashcl_status fcl_attention_desc_import(flashcl_context *ctx, const flashcl_attention_desc **desc,
+                                         flashcl_attention_desc *full);
+
 #endif

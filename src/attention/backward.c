@@ -28,6 +28,9 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
                                           cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_attention_desc desc_full;
+  flashcl_status imp = fcl_attention_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!o || !lse || !d_o || !dq || !dk || !dv)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o, lse, d_o, dq, dk and dv must all be non-NULL");
   if (num_events_in_wait_list && !event_wait_list)

@@ -98,6 +98,9 @@ flashcl_status flashcl_attention_config(flashcl_context *ctx, const flashcl_atte
                                         const flashcl_tensor *o, flashcl_pass pass, flashcl_config *config) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_attention_desc desc_full;
+  flashcl_status imp = fcl_attention_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!config || !o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "config and o must be non-NULL");
   fcl_problem p;
   flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, o, pass, &p);

@@ -1,6 +1,7 @@
 /* Dropout: the threshold rule and flashcl_dropout_mask, which materialises the
  * mask that forward and backward regenerate (see cl/common/philox.cl for the layout). */
 #include "core/internal.h"
+#include "attention/attention.h"
 
 #include <math.h>
 
@@ -15,6 +16,9 @@ flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flashcl_attentio
                                     const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_attention_desc desc_full;
+  flashcl_status imp = fcl_attention_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!desc || !mask) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc and mask must be non-NULL");
   if (batch <= 0 || heads_q <= 0 || seqlen_q <= 0 || seqlen_k <= 0)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "batch, heads_q, seqlen_q and seqlen_k must be >= 1");

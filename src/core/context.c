@@ -7,9 +7,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-void flashcl_context_options_init(flashcl_context_options *options) {
-  if (!options) return;
-  memset(options, 0, sizeof *options);
+/* The smallest flashcl_context_options taken: 0.2's, the first layout with
+ * struct_size (src/core/abi.c). Fields added later go at the end. */
+#define FCL_OPTIONS_FIRST sizeof(flashcl_context_options)
+
+flashcl_status flashcl_context_options_init_size(flashcl_context_options *options, size_t size) {
+  flashcl_context_options d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = sizeof d;
+  return fcl_struct_init(options, size, &d, sizeof d);
+}
+
+/* A caller's options as this library's struct; *options then points at full. */
+static flashcl_status fcl_options_import(const flashcl_context_options **options, flashcl_context_options *full) {
+  if (!*options) return FLASHCL_SUCCESS;
+  memset(full, 0, sizeof *full);
+  flashcl_status st = fcl_struct_import(NULL, *options, FCL_OPTIONS_FIRST, full, sizeof *full,
+                                        "flashcl_context_options");
+  if (st == FLASHCL_SUCCESS) *options = full;
+  return st;
 }
 
 char *fcl_strdup(const char *s) {
@@ -223,6 +239,9 @@ static flashcl_status fcl_alloc_context(const flashcl_context_options *options, 
 flashcl_status flashcl_context_create(const flashcl_context_options *options, flashcl_context **out) {
   if (!out) return FLASHCL_ERROR_INVALID_ARGUMENT;
   *out = NULL;
+  flashcl_context_options options_full;
+  flashcl_status imp = fcl_options_import(&options, &options_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   flashcl_context *ctx = NULL;
   flashcl_status st = fcl_alloc_context(options, &ctx);
   if (st != FLASHCL_SUCCESS) return st;
@@ -270,6 +289,9 @@ flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id d
   if (!out) return FLASHCL_ERROR_INVALID_ARGUMENT;
   *out = NULL;
   if (!context || !device || !queue) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  flashcl_context_options options_full;
+  flashcl_status imp = fcl_options_import(&options, &options_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   cl_context qctx = NULL;
   cl_device_id qdev = NULL;
   if (clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL) != CL_SUCCESS ||

@@ -89,6 +89,16 @@ struct flashcl_context {
 
 char *fcl_strdup(const char *s);
 
+/* Descriptor sizes (src/core/abi.c). fcl_struct_init fills the first size bytes
+ * of a caller's struct from defaults (the library's full_size-byte default
+ * struct) and sets its struct_size. fcl_struct_import copies a caller's struct
+ * into full, which holds the defaults, after checking its struct_size against
+ * first_size (the smallest layout with struct_size, taken for 0) and
+ * full_size. */
+flashcl_status fcl_struct_init(void *user, size_t size, const void *defaults, size_t full_size);
+flashcl_status fcl_struct_import(flashcl_context *ctx, const void *user, size_t first_size, void *full,
+                                 size_t full_size, const char *type);
+
 /* src/core/tuning_db.c: loads the context's tuning sources (after the device is known)
  * and frees them. Loading never fails the context: what it skipped and why
  * goes to ctx->tuning_log. */

@@ -89,13 +89,6 @@
  * keys a call takes ~20 us, near the launch cost, and the runs disagree. */
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
 
-void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
-  if (!desc) return;
-  memset(desc, 0, sizeof *desc);
-  desc->window_left = -1;
-  desc->window_right = -1;
-}
-
 flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
                                   const flashcl_tensor *vc, int batch, fcl_kv_layout *out) {
   flashcl_status st;

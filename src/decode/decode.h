@@ -21,4 +21,10 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
 /* An int32 buffer of at least batch entries. */
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch);
 
+/* A caller's descriptor as this library's struct (see
+ * fcl_attention_desc_import): every public function taking a
+ * flashcl_decode_desc calls it first. */
+flashcl_status fcl_decode_desc_import(flashcl_context *ctx, const flashcl_decode_desc **desc,
+                                      flashcl_decode_desc *full);
+
 #endif

@@ -13,6 +13,9 @@ flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decod
                                        cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_decode_desc desc_full;
+  flashcl_status imp = fcl_decode_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (num_events_in_wait_list && !event_wait_list)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
                     num_events_in_wait_list);

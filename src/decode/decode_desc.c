@@ -1,0 +1,32 @@
+/* flashcl_decode_desc's defaults and the import of a caller's struct
+ * (src/core/abi.c says why descriptors carry their size). */
+#include "core/internal.h"
+#include "decode/decode.h"
+
+#include <string.h>
+
+/* The smallest flashcl_decode_desc taken: 0.2's, the first layout with
+ * struct_size. Fields added later go at the end, and this stays. */
+#define FCL_DECODE_DESC_FIRST sizeof(flashcl_decode_desc)
+
+static void fcl_decode_desc_defaults(flashcl_decode_desc *desc) {
+  memset(desc, 0, sizeof *desc);
+  desc->struct_size = sizeof *desc;
+  desc->window_left = -1;
+  desc->window_right = -1;
+}
+
+flashcl_status flashcl_decode_desc_init_size(flashcl_decode_desc *desc, size_t size) {
+  flashcl_decode_desc d;
+  fcl_decode_desc_defaults(&d);
+  return fcl_struct_init(desc, size, &d, sizeof d);
+}
+
+flashcl_status fcl_decode_desc_import(flashcl_context *ctx, const flashcl_decode_desc **desc,
+                                      flashcl_decode_desc *full) {
+  if (!*desc) return FLASHCL_SUCCESS;
+  fcl_decode_desc_defaults(full);
+  flashcl_status st = fcl_struct_import(ctx, *desc, FCL_DECODE_DESC_FIRST, full, sizeof *full, "flashcl_decode_desc");
+  if (st == FLASHCL_SUCCESS) *desc = full;
+  return st;
+}
