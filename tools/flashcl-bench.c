@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "bench_first_call.h"
 #include "common.h"
 
@@ -164,9 +165,71 @@ static double visible_pairs(long n, int causal, long window) {
   return pairs;
 }
 
-static int parse_args(int argc, char **argv, bench_opts *o) {
-  const char *val = NULL;
-  int i, r;
+/* strtod over the whole string; like the options always did, "" reads as 0. */
+static int parse_double(const char *s, double *v) {
+  char *end = NULL;
+  *v = strtod(s, &end);
+  return !end || *end ? -1 : 0;
+}
+
+static int parse_dropout(const char *s, void *dest) {
+  double *v = (double *)dest;
+  return parse_double(s, v) || !(*v >= 0.0 && *v < 1.0) ? -1 : 0;
+}
+
+static int parse_positive_double(const char *s, void *dest) {
+  double *v = (double *)dest;
+  return parse_double(s, v) || !(*v > 0.0) ? -1 : 0;
+}
+
+/* --deterministic takes exactly "0" or "1". */
+static int parse_bit(const char *s, void *dest) {
+  if (strcmp(s, "0") && strcmp(s, "1")) return -1;
+  *(int *)dest = s[0] == '1';
+  return 0;
+}
+
+static int parse_layout(const char *s, void *dest) { return tools_parse_layout(s, (int *)dest); }
+
+static args_status parse_table(int argc, char **argv, bench_opts *o) {
+  const args_opt table[] = {
+      {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
+      {.name = "--n", .kind = ARG_INT_LIST, .dest = &o->n, .seen = &o->have_n},
+      {.name = "--d", .kind = ARG_INT_LIST, .dest = &o->d, .seen = &o->have_d},
+      {.name = "--dtype", .kind = ARG_DTYPE_LIST, .dest = &o->dtype, .seen = &o->have_dtype},
+      {.name = "--causal", .kind = ARG_CAUSAL_LIST, .dest = &o->causal, .seen = &o->have_causal},
+      {.name = "--algo", .kind = ARG_ALGO_LIST, .dest = &o->algo, .hi = MAX_ALGOS},
+      {.name = "--batch-tokens", .kind = ARG_LONG, .dest = &o->batch_tokens, .seen = &o->have_batch_tokens, .lo = 1,
+       .hi = LONG_MAX},
+      {.name = "--hidden", .kind = ARG_LONG, .dest = &o->hidden, .seen = &o->have_hidden, .lo = 1, .hi = LONG_MAX},
+      {.name = "--gqa", .kind = ARG_LONG, .dest = &o->gqa, .lo = 1, .hi = LONG_MAX},
+      {.name = "--layout", .kind = ARG_CUSTOM, .dest = &o->bhnd, .parse = parse_layout},
+      {.name = "--kernel", .kind = ARG_KERNEL, .dest = &o->kernel},
+      {.name = "--deterministic", .kind = ARG_CUSTOM, .dest = &o->deterministic, .parse = parse_bit},
+      {.name = "--dropout", .kind = ARG_CUSTOM, .dest = &o->dropout, .parse = parse_dropout},
+      {.name = "--window", .kind = ARG_LONG, .dest = &o->window, .lo = 0, .hi = LONG_MAX},
+      {.name = "--softcap", .kind = ARG_CUSTOM, .dest = &o->softcap, .parse = parse_positive_double},
+      {.name = "--alibi", .kind = ARG_FLAG, .dest = &o->alibi},
+      {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .seen = &o->have_reps, .lo = 1, .hi = LONG_MAX},
+      {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .seen = &o->have_warmup, .lo = 0, .hi = LONG_MAX},
+      {.name = "--budget", .kind = ARG_CUSTOM, .dest = &o->budget_s, .parse = parse_positive_double},
+      {.name = "--decode-batch", .kind = ARG_INT_LIST, .dest = &o->decode_batch, .seen = &o->have_decode_batch},
+      {.name = "--page-size", .kind = ARG_LONG, .dest = &o->page_size, .lo = 0, .hi = LONG_MAX},
+      {.name = "--calls", .kind = ARG_LONG, .dest = &o->calls, .lo = 1, .hi = 1000},
+      {.name = "--q-len", .kind = ARG_LONG, .dest = &o->q_len, .lo = 1, .hi = FLASHCL_DECODE_MAX_Q_LEN},
+      {.name = "--tree", .kind = ARG_FLAG, .dest = &o->tree},
+      {.name = "--block-sparse", .kind = ARG_STRING, .dest = &o->block_sparse},
+      {.name = "--decode", .kind = ARG_FLAG, .dest = &o->decode},
+      {.name = "--bwd", .kind = ARG_FLAG, .dest = &o->bwd},
+      {.name = "--no-check", .kind = ARG_CLEAR, .dest = &o->check},
+      {.name = "--csv", .kind = ARG_FLAG, .dest = &o->csv},
+      {.name = "--verbose", .alias = "-v", .kind = ARG_FLAG, .dest = &o->verbose},
+      {.name = "--help", .alias = "-h", .kind = ARG_HELP},
+  };
+  return args_parse(argc, argv, "flashcl-bench", table, ARGS_COUNT(table));
+}
+
+static args_status parse_args(int argc, char **argv, bench_opts *o) {
   memset(o, 0, sizeof *o);
   o->calls = 1;
   o->q_len = 1;
@@ -177,105 +240,13 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   o->kernel = FLASHCL_KERNEL_AUTO;
   o->window = -1;
   tools_parse_algo_list("flash,naive", &o->algo);
-  for (i = 1; i < argc; ++i) {
-    val = NULL;
-#define OPT(name) ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0 && (r > 0 || (exit(1), 0)))
-    if (OPT("--device")) {
-      o->device = val;
-    } else if (OPT("--n")) {
-      if (tools_parse_int_list(val, &o->n)) goto bad;
-      o->have_n = 1;
-    } else if (OPT("--d")) {
-      if (tools_parse_int_list(val, &o->d)) goto bad;
-      o->have_d = 1;
-    } else if (OPT("--dtype")) {
-      if (tools_parse_dtype_list(val, &o->dtype)) goto bad;
-      o->have_dtype = 1;
-    } else if (OPT("--causal")) {
-      if (tools_parse_causal_list(val, &o->causal)) goto bad;
-      o->have_causal = 1;
-    } else if (OPT("--algo")) {
-      if (tools_parse_algo_list(val, &o->algo) || o->algo.count > MAX_ALGOS) goto bad;
-    } else if (OPT("--batch-tokens")) {
-      if (tools_parse_long(val, &o->batch_tokens) || o->batch_tokens < 1) goto bad;
-      o->have_batch_tokens = 1;
-    } else if (OPT("--hidden")) {
-      if (tools_parse_long(val, &o->hidden) || o->hidden < 1) goto bad;
-      o->have_hidden = 1;
-    } else if (OPT("--gqa")) {
-      if (tools_parse_long(val, &o->gqa) || o->gqa < 1) goto bad;
-    } else if (OPT("--layout")) {
-      if (tools_parse_layout(val, &o->bhnd)) goto bad;
-    } else if (OPT("--kernel")) {
-      if (tools_parse_kernel(val, &o->kernel)) goto bad;
-    } else if (OPT("--deterministic")) {
-      if (strcmp(val, "0") && strcmp(val, "1")) goto bad;
-      o->deterministic = val[0] == '1';
-    } else if (OPT("--dropout")) {
-      char *end = NULL;
-      o->dropout = strtod(val, &end);
-      if (!end || *end || !(o->dropout >= 0.0 && o->dropout < 1.0)) goto bad;
-    } else if (OPT("--window")) {
-      if (tools_parse_long(val, &o->window) || o->window < 0) goto bad;
-    } else if (OPT("--softcap")) {
-      char *end = NULL;
-      o->softcap = strtod(val, &end);
-      if (!end || *end || !(o->softcap > 0.0)) goto bad;
-    } else if (tools_opt_flag(argv, i, "--alibi")) {
-      o->alibi = 1;
-    } else if (OPT("--reps")) {
-      if (tools_parse_long(val, &o->reps) || o->reps < 1) goto bad;
-      o->have_reps = 1;
-    } else if (OPT("--warmup")) {
-      if (tools_parse_long(val, &o->warmup) || o->warmup < 0) goto bad;
-      o->have_warmup = 1;
-    } else if (OPT("--budget")) {
-      char *end = NULL;
-      o->budget_s = strtod(val, &end);
-      if (!end || *end || !(o->budget_s > 0)) goto bad;
-    } else if (OPT("--decode-batch")) {
-      if (tools_parse_int_list(val, &o->decode_batch)) goto bad;
-      o->have_decode_batch = 1;
-    } else if (OPT("--page-size")) {
-      if (tools_parse_long(val, &o->page_size) || o->page_size < 0) goto bad;
-    } else if (OPT("--calls")) {
-      if (tools_parse_long(val, &o->calls) || o->calls < 1 || o->calls > 1000) goto bad;
-    } else if (OPT("--q-len")) {
-      if (tools_parse_long(val, &o->q_len) || o->q_len < 1 || o->q_len > FLASHCL_DECODE_MAX_Q_LEN) goto bad;
-    } else if (tools_opt_flag(argv, i, "--tree")) {
-      o->tree = 1;
-
-    } else if (OPT("--block-sparse")) {
-      o->block_sparse = val;
-    } else if (tools_opt_flag(argv, i, "--decode")) {
-      o->decode = 1;
-    } else if (tools_opt_flag(argv, i, "--bwd")) {
-      o->bwd = 1;
-    } else if (tools_opt_flag(argv, i, "--no-check")) {
-      o->check = 0;
-    } else if (tools_opt_flag(argv, i, "--csv")) {
-      o->csv = 1;
-    } else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) {
-      o->verbose = 1;
-    } else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
-      usage(stdout);
-      exit(0);
-    } else {
-      fprintf(stderr, "flashcl-bench: unknown argument '%s'\n\n", argv[i]);
-      usage(stderr);
-      return -1;
-    }
-#undef OPT
-  }
-  if (o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
+  const args_status st = parse_table(argc, argv, o);
+  if (st == ARGS_OK && o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
     fprintf(stderr, "flashcl-bench: --page-size without --decode times the paged forward: it does not combine "
                     "with --bwd, --layout bhnd or --block-sparse\n");
-    return -1;
+    return ARGS_BAD_VALUE;
   }
-  return 0;
-bad:
-  fprintf(stderr, "flashcl-bench: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
-  return -1;
+  return st;
 }
 
 /* Defaults depend on the device: a full sweep on GPUs, a short one elsewhere
@@ -853,7 +824,16 @@ int main(int argc, char **argv) {
 
   for (int i = 1; i < argc; ++i)
     if (!strcmp(argv[i], "--first-call")) return bench_first_call_main(argc, argv);
-  if (parse_args(argc, argv, &o) != 0) return 1;
+  const args_status parsed = parse_args(argc, argv, &o);
+  if (parsed == ARGS_HELP) {
+    usage(stdout);
+    return 0;
+  }
+  if (parsed == ARGS_UNKNOWN) {
+    fputc('\n', stderr);
+    usage(stderr);
+  }
+  if (parsed != ARGS_OK) return 1;
 
   if (tools_open_context("flashcl-bench", o.device, o.verbose, &options, &ctx, &info)) return 2;
   if (o.block_sparse) {
