@@ -366,96 +366,95 @@ static int read_output(cl_command_queue queue, const flashcl_tensor *t, size_t c
   return 0;
 }
 
-/* Times one (pass, algo) row on allocated buffers; fills r. */
-static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, int causal, cl_ulong global_mem,
-                    void *scratch, row *r) {
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
-  flashcl_attention_desc desc;
-  tools_attention_args args;
-  double times[1000], ms = 0.0, spent = 0.0;
-  long reps = o->reps < 1000 ? o->reps : 1000, i;
-  size_t io;
-  int st, host_timer = 0;
-
-  flashcl_attention_desc_init(&desc);
-  desc.causal = causal;
-  desc.algo = (flashcl_algo)r->algo;
-  desc.kernel = o->kernel;
-  desc.deterministic = o->deterministic;
-  desc.dropout_p = (float)o->dropout;
-  desc.seed = 0x5eedu;
-  desc.offset = 0;
-  if (o->window >= 0) desc.window_left = (int)o->window;
-  desc.softcap = (float)o->softcap;
-  desc.alibi_slopes = b->mem[9];
+/* The row's call: desc (which points at b's slopes and block table) and the
+ * tensors it reads and writes. */
+static void row_call(const bench_opts *o, const config_bufs *b, int causal, const row *r, flashcl_attention_desc *desc,
+                     tools_attention_args *args) {
+  flashcl_attention_desc_init(desc);
+  desc->causal = causal;
+  desc->algo = (flashcl_algo)r->algo;
+  desc->kernel = o->kernel;
+  desc->deterministic = o->deterministic;
+  desc->dropout_p = (float)o->dropout;
+  desc->seed = 0x5eedu;
+  desc->offset = 0;
+  if (o->window >= 0) desc->window_left = (int)o->window;
+  desc->softcap = (float)o->softcap;
+  desc->alibi_slopes = b->mem[9];
   if (o->gqa > 1) {
-    desc.heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
-    desc.heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
+    desc->heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
+    desc->heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
   }
-  const flashcl_tensor *kt = &b->k, *vt = &b->v;
+  memset(args, 0, sizeof *args);
+  args->desc = desc;
+  args->q = &b->q;
+  args->k = &b->k;
+  args->v = &b->v;
+  args->o = &b->o;
   if (o->page_size) {
-    desc.kv_block_table = b->mem[10];
-    desc.kv_page_size = (int)o->page_size;
-    desc.kv_max_pages = (int)b->pages_per_seq;
-    desc.kv_seqlens = b->mem[11];
-    kt = &b->kp;
-    vt = &b->vp;
+    desc->kv_block_table = b->mem[10];
+    desc->kv_page_size = (int)o->page_size;
+    desc->kv_max_pages = (int)b->pages_per_seq;
+    desc->kv_seqlens = b->mem[11];
+    args->k = &b->kp;
+    args->v = &b->vp;
   }
-  memset(&args, 0, sizeof args);
-  args.desc = &desc;
-  args.q = &b->q;
-  args.k = kt;
-  args.v = vt;
-  args.o = &b->o;
   if (r->pass == FLASHCL_PASS_BACKWARD) {
-    args.lse = &b->lse;
-    args.d_o = &b->d_o;
-    args.dq = &b->dq;
-    args.dk = &b->dk;
-    args.dv = &b->dv;
+    args->lse = &b->lse;
+    args->d_o = &b->d_o;
+    args->dq = &b->dq;
+    args->dk = &b->dk;
+    args->dv = &b->dv;
   }
+}
 
-  st = flashcl_attention_workspace_size(ctx, &desc, &b->q, kt, vt, r->pass, &r->workspace);
-  if (st != FLASHCL_SUCCESS) goto failed;
+/* What the row will run (workspace, tiles, kernel family, tuning) before it runs. */
+static int describe_row(flashcl_context *ctx, const tools_attention_args *a, row *r) {
+  int st = flashcl_attention_workspace_size(ctx, a->desc, a->q, a->k, a->v, r->pass, &r->workspace);
+  if (st != FLASHCL_SUCCESS) return st;
   if (r->algo == FLASHCL_ALGO_FLASH && r->pass == FLASHCL_PASS_FORWARD &&
-      flashcl_attention_block_plan(ctx, (int)b->q.shape[FLASHCL_DIM_HEADDIM], b->q.dtype, 0, 0, &r->plan) ==
+      flashcl_attention_block_plan(ctx, (int)a->q->shape[FLASHCL_DIM_HEADDIM], a->q->dtype, 0, 0, &r->plan) ==
           FLASHCL_SUCCESS)
     r->have_plan = 1;
   if (r->algo == FLASHCL_ALGO_FLASH) {
     flashcl_kernel_family fam;
-    if (flashcl_attention_kernel_family(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &fam) == FLASHCL_SUCCESS)
+    if (flashcl_attention_kernel_family(ctx, a->desc, a->q, a->k, a->v, a->o, r->pass, &fam) == FLASHCL_SUCCESS)
       r->family = (int)fam;
-    r->have_cfg = flashcl_attention_config(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &r->cfg) == FLASHCL_SUCCESS;
+    r->have_cfg = flashcl_attention_config(ctx, a->desc, a->q, a->k, a->v, a->o, r->pass, &r->cfg) == FLASHCL_SUCCESS;
   }
-  io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
-  if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
-    r->status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
-    r->oom = 1;
-    return;
-  }
-  if (r->pass == FLASHCL_PASS_BACKWARD) { /* o and lse from this algorithm's forward */
-    st = flashcl_attention_forward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
-    if (st == FLASHCL_SUCCESS) st = clFinish(queue);
-    if (st != FLASHCL_SUCCESS) {
-      r->status = st;
-      r->oom = tools_is_oom(st);
-      if (!r->oom) {
-        char what[128];
-        snprintf(what, sizeof what, "  %s flashcl_attention_forward (o and lse for the backward)",
-                 tools_algo_name(r->algo));
-        tools_print_error(stderr, ctx, what, st);
-      }
-      return;
-    }
-  }
+  return FLASHCL_SUCCESS;
+}
 
+/* The backward reads o and lse from this algorithm's own forward. 0, or the
+ * status after recording it in r. */
+static int forward_for_backward(flashcl_context *ctx, const flashcl_attention_desc *desc, config_bufs *b, row *r) {
+  int st = flashcl_attention_forward(ctx, desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
+  if (st == FLASHCL_SUCCESS) st = clFinish(flashcl_context_cl_queue(ctx));
+  if (st == FLASHCL_SUCCESS) return 0;
+  r->status = st;
+  r->oom = tools_is_oom(st);
+  if (!r->oom) {
+    char what[128];
+    snprintf(what, sizeof what, "  %s flashcl_attention_forward (o and lse for the backward)",
+             tools_algo_name(r->algo));
+    tools_print_error(stderr, ctx, what, st);
+  }
+  return st;
+}
+
+/* --warmup untimed runs, then up to --reps timed ones within --budget. */
+static int time_row(flashcl_context *ctx, const bench_opts *o, const tools_attention_args *args, row *r) {
+  double times[1000], ms = 0.0, spent = 0.0;
+  const long reps = o->reps < 1000 ? o->reps : 1000;
+  long i;
+  int st, host_timer = 0;
   for (i = 0; i < o->warmup; ++i) {
-    st = tools_timed_call(ctx, r->pass, &args, &ms, &host_timer);
-    if (st != FLASHCL_SUCCESS) goto failed;
+    st = tools_timed_call(ctx, r->pass, args, &ms, &host_timer);
+    if (st != FLASHCL_SUCCESS) return st;
   }
   for (i = 0; i < reps;) {
-    st = tools_timed_call(ctx, r->pass, &args, &ms, &host_timer);
-    if (st != FLASHCL_SUCCESS) goto failed;
+    st = tools_timed_call(ctx, r->pass, args, &ms, &host_timer);
+    if (st != FLASHCL_SUCCESS) return st;
     if (host_timer) g_host_timer = 1;
     times[i++] = ms;
     spent += ms;
@@ -465,20 +464,45 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
   r->min_ms = tools_min(times, r->reps);
   r->median_ms = tools_median(times, r->reps);
   r->ran = 1;
+  return FLASHCL_SUCCESS;
+}
 
-  if (o->check) {
-    int bad = 0;
-    if (r->pass == FLASHCL_PASS_BACKWARD) {
-      bad |= read_output(queue, &b->dq, b->q_count, scratch, r);
-      bad |= read_output(queue, &b->dk, b->kv_count, scratch, r);
-      bad |= read_output(queue, &b->dv, b->kv_count, scratch, r);
-    } else {
-      bad |= read_output(queue, &b->o, b->q_count, scratch, r);
-    }
-    if (bad) fprintf(stderr, "  (could not read the outputs back for the comparison)\n");
+/* The outputs as floats, for the flash-vs-naive comparison. */
+static void read_outputs(cl_command_queue queue, const config_bufs *b, void *scratch, row *r) {
+  int bad = 0;
+  if (r->pass == FLASHCL_PASS_BACKWARD) {
+    bad |= read_output(queue, &b->dq, b->q_count, scratch, r);
+    bad |= read_output(queue, &b->dk, b->kv_count, scratch, r);
+    bad |= read_output(queue, &b->dv, b->kv_count, scratch, r);
+  } else {
+    bad |= read_output(queue, &b->o, b->q_count, scratch, r);
   }
-  return;
-failed:
+  if (bad) fprintf(stderr, "  (could not read the outputs back for the comparison)\n");
+}
+
+/* Times one (pass, algo) row on allocated buffers; fills r. */
+static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, int causal, cl_ulong global_mem,
+                    void *scratch, row *r) {
+  flashcl_attention_desc desc;
+  tools_attention_args args;
+  int st;
+
+  row_call(o, b, causal, r, &desc, &args);
+  st = describe_row(ctx, &args, r);
+  if (st == FLASHCL_SUCCESS) {
+    const size_t io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
+    if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
+      r->status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
+      r->oom = 1;
+      return;
+    }
+    if (r->pass == FLASHCL_PASS_BACKWARD && forward_for_backward(ctx, &desc, b, r)) return;
+    st = time_row(ctx, o, &args, r);
+  }
+  if (st == FLASHCL_SUCCESS) {
+    if (o->check) read_outputs(flashcl_context_cl_queue(ctx), b, scratch, r);
+    return;
+  }
   r->status = st;
   r->oom = tools_is_oom(st);
   if (!r->oom) {
