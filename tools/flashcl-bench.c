@@ -526,13 +526,228 @@ static void free_row(row *r) {
  * (2 * B * L * Hkv * d * dtype size) / median time. Cache contents are a constant
  * fill (timing does not depend on the values). */
 
-static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
+/* One decode config: its sizes, and the K/V bytes its GB/s counts. */
+typedef struct decode_shape {
+  flashcl_dtype dt;
+  long d, b, n, T, hq, hkv;
+  long P, pages_per, rows; /* page size (0: contiguous), pages per sequence, cache tokens */
+  size_t es, kv_elems, kv_read;
+  uint64_t seed;
+} decode_shape;
+
+/* Device buffers of one decode config; desc owns its slopes, tree mask and block table. */
+typedef struct decode_bufs {
+  cl_mem mem[6]; /* q, k cache, v cache, out, lse, key counts */
+  flashcl_tensor q, kc, vc, out, lse;
+  flashcl_decode_desc desc;
+  void *scratch;
+} decode_bufs;
+
+static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, long d, long b, long n, long hq,
+                                      long hkv, int li) {
+  decode_shape s;
+  s.dt = dt, s.d = d, s.b = b, s.n = n, s.T = o->q_len, s.hq = hq, s.hkv = hkv;
+  s.es = flashcl_dtype_size(dt);
+  s.P = o->page_size;
+  s.pages_per = s.P ? (n + s.P - 1) / s.P : 0;
+  s.rows = s.P ? b * s.pages_per * s.P : b * n;
+  /* With a left window a call reads only the window's keys (and the new tokens). */
+  const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
+  s.kv_elems = (size_t)s.rows * hkv * d;
+  s.kv_read = 2 * (size_t)b * n_read * hkv * d * s.es;
+  s.seed = 7 + (uint64_t)li;
+  return s;
+}
+
+/* Token t of a binary draft tree sees itself and its ancestors (parent (t - 1) / 2). */
+static cl_mem tree_mask_buffer(cl_context clctx, long b, long T, cl_int *err) {
+  cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
+  cl_mem m;
+  for (long i = 0; w && i < b * T; ++i) {
+    long a = i % T;
+    w[i] = 0;
+    for (;;) {
+      w[i] |= 1u << a;
+      if (a == 0) break;
+      a = (a - 1) / 2;
+    }
+  }
+  m = w ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_uint) * (size_t)(b * T), w, err)
+        : NULL;
+  free(w);
+  return m;
+}
+
+/* count ints: each `value`, or 0, 1, 2, ... when identity (a block table). */
+static cl_mem int_buffer(cl_context clctx, cl_mem_flags flags, long count, long value, int identity, cl_int *err) {
+  cl_int *host = malloc(sizeof(cl_int) * (size_t)count);
+  cl_mem m;
+  for (long i = 0; host && i < count; ++i) host[i] = (cl_int)(identity ? i : value);
+  m = host ? clCreateBuffer(clctx, flags | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * count, host, err) : NULL;
+  free(host);
+  return m;
+}
+
+/* Creates the buffers and the desc's; 0 or the status that stopped it. */
+static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_shape *s, decode_bufs *u) {
   cl_context clctx = flashcl_context_cl_context(ctx);
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  const size_t q_elems = (size_t)s->b * s->T * s->hq * s->d;
+  cl_int err = CL_SUCCESS;
+  u->scratch = malloc(q_elems * 4);
+  u->mem[0] = u->scratch ? tools_random_buffer(clctx, flashcl_context_cl_queue(ctx), s->dt, q_elems, s->seed,
+                                               u->scratch, &err)
+                         : NULL;
+  if (u->mem[0]) u->mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
+  if (u->mem[1]) u->mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
+  if (u->mem[2]) u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems * s->es, NULL, &err);
+  if (u->mem[3]) u->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)s->b * s->T * s->hq * 4, NULL, &err);
+  flashcl_decode_desc_init(&u->desc);
+  u->desc.kernel = o->kernel;
+  if (o->window >= 0) u->desc.window_left = (int)o->window;
+  u->desc.softcap = (float)o->softcap;
+  if (o->alibi && u->scratch) {
+    float *slopes = (float *)u->scratch; /* holds b * T * hq * d >= hq floats */
+    for (long h = 0; h < s->hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)s->hq);
+    u->desc.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq,
+                                          slopes, &err);
+  }
+  if (o->tree && u->mem[4]) u->desc.tree_mask = tree_mask_buffer(clctx, s->b, s->T, &err);
+  if (u->mem[4]) u->mem[5] = int_buffer(clctx, CL_MEM_READ_WRITE, s->b, s->n, 0, &err);
+  if (s->P && u->mem[5] && err == CL_SUCCESS) {
+    u->desc.block_table = int_buffer(clctx, CL_MEM_READ_ONLY, s->b * s->pages_per, 0, 1, &err);
+    u->desc.page_size = (int)s->P;
+    u->desc.max_pages = (int)s->pages_per;
+  }
+  if (!u->mem[5] || err != CL_SUCCESS || (s->P && !u->desc.block_table) || (o->tree && !u->desc.tree_mask) ||
+      (o->alibi && !u->desc.alibi_slopes))
+    return err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  return 0;
+}
+
+/* Small constants in the caches: timing does not depend on the values. */
+static int decode_fill(cl_command_queue queue, const decode_shape *s, const decode_bufs *u) {
+  /* 16-bit data is filled with a 4-byte pattern of two elements: NVIDIA's
+   * driver never finished a 2-byte-pattern fill of a 4 GiB buffer (the batch
+   * 64, 32K-token caches), a 4-byte one takes 3 ms. kv_elems is even (d is a
+   * multiple of 8). */
+  const cl_ushort h = s->dt == FLASHCL_F16 ? 0x2000 : 0x3c00;
+  const cl_uint pat16 = (cl_uint)h | ((cl_uint)h << 16);
+  const cl_float pat32 = 0.01f;
+  const void *pat = s->es == 2 ? (const void *)&pat16 : (const void *)&pat32;
+  cl_int err = clEnqueueFillBuffer(queue, u->mem[1], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
+  if (!err) err = clEnqueueFillBuffer(queue, u->mem[2], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
+  return err;
+}
+
+/* The caches are page pools of P-token pages when paged. */
+static int decode_tensors(const decode_shape *s, decode_bufs *u) {
+  const long seqs = s->P ? s->b * s->pages_per : s->b, len = s->P ? s->P : s->n;
+  int st = flashcl_tensor_init_bnhd(&u->q, u->mem[0], 0, s->dt, s->b, s->T, s->hq, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->dt, seqs, len, s->hkv, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->dt, seqs, len, s->hkv, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->out, u->mem[3], 0, s->dt, s->b, s->T, s->hq, s->d);
+  if (!st) st = flashcl_tensor_init_lse(&u->lse, u->mem[4], 0, s->b, s->T, s->hq);
+  return st;
+}
+
+static void decode_release(decode_bufs *u) {
+  for (int r = 0; r < 6; ++r)
+    if (u->mem[r]) clReleaseMemObject(u->mem[r]);
+  if (u->desc.block_table) clReleaseMemObject(u->desc.block_table);
+  if (u->desc.tree_mask) clReleaseMemObject(u->desc.tree_mask);
+  if (u->desc.alibi_slopes) clReleaseMemObject(u->desc.alibi_slopes);
+  free(u->scratch);
+}
+
+/* A row without timings: OOM (not tried) or an error. */
+static void print_decode_unrun(const bench_opts *o, const flashcl_device_info *info, const decode_shape *s,
+                               const char *csv_status, const char *text_status) {
+  if (o->csv)
+    printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, s->n, s->b, s->d,
+           flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, s->kv_read, csv_status);
+  else
+    printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", s->n, s->b, s->d, flashcl_dtype_name(s->dt), "-", "-",
+           text_status, mib(s->kv_read), "-");
+}
+
+static void print_decode_row(const bench_opts *o, const flashcl_device_info *info, const decode_shape *s, int splits,
+                             double *times, double *hosts, int nrep) {
+  const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
+  const double gbps = (double)s->kv_read / (med * 1e-3) / 1e9;
+  const double hmed = tools_median(hosts, nrep);
+  if (o->csv)
+    printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n", info->device_name,
+           s->n, s->b, s->d, flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
+           s->kv_read, gbps, o->calls, hmed);
+  else
+    printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", s->n, s->b, s->d, flashcl_dtype_name(s->dt),
+           splits, nrep, med, mib(s->kv_read), gbps, hmed);
+}
+
+/* Times one decode config and prints its row; 1 when it failed. */
+static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info,
+                         const decode_shape *s, long reps, long warmup) {
+  decode_bufs u;
+  double times[1000], hosts[1000], ms = 0, hus = 0;
+  int st, splits = 0, r, nrep = 0;
+  if (s->kv_elems * s->es > info->max_mem_alloc_size || 2 * s->kv_elems * s->es > info->global_mem_size) {
+    print_decode_unrun(o, info, s, "OOM", "OOM");
+    return 0;
+  }
+  memset(&u, 0, sizeof u);
+  st = decode_alloc(ctx, o, s, &u);
+  if (!st) st = decode_fill(flashcl_context_cl_queue(ctx), s, &u);
+  if (!st) st = decode_tensors(s, &u);
+  if (!st) {
+    size_t ws = 0;
+    u.desc.max_seqlen_k = (int)s->n;
+    st = flashcl_attention_decode_workspace_size(ctx, &u.desc, &u.q, &u.kc, &u.vc, &ws, &splits);
+  }
+  for (r = 0; !st && r < warmup; ++r)
+    st = tools_timed_decode(ctx, &u.desc, &u.q, &u.kc, &u.vc, u.mem[5], &u.out, &u.lse, o->calls, &ms, &hus,
+                            &g_host_timer);
+  for (r = 0; !st && r < reps && r < 1000; ++r) {
+    st = tools_timed_decode(ctx, &u.desc, &u.q, &u.kc, &u.vc, u.mem[5], &u.out, &u.lse, o->calls, &ms, &hus,
+                            &g_host_timer);
+    if (!st) hosts[nrep] = hus, times[nrep++] = ms;
+  }
+  if (st || nrep == 0) {
+    tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
+    print_decode_unrun(o, info, s, flashcl_status_string(st), "error");
+  } else {
+    print_decode_row(o, info, s, splits, times, hosts, nrep);
+  }
+  fflush(stdout);
+  decode_release(&u);
+  return st || nrep == 0;
+}
+
+static void print_decode_header(flashcl_context *ctx, const bench_opts *o, long hq, long hkv, long warmup,
+                                long reps) {
+  char devdesc[512];
+  if (o->csv) {
+    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,"
+           "calls,host_us,status\n");
+    return;
+  }
+  tools_describe_device(ctx, devdesc, sizeof devdesc);
+  printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
+         " runs of %ld back-to-back call(s) (time per call)\n",
+         FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
+         o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
+  if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
+  if (o->softcap > 0) printf("softcap %g\n", o->softcap);
+  if (o->alibi) printf("ALiBi\n");
+  printf("\n");
+  printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
+         "KV_MiB", "GB/s", "host_us");
+}
+
+static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
   const long hq = 32, hkv = o->gqa > 1 ? 32 / o->gqa : 8;
   const long reps = o->have_reps ? o->reps : (info->is_gpu ? 20 : 3), warmup = o->have_warmup ? o->warmup : 2;
   tools_list lens_list, batches, ds, dts;
-  int failures = 0, li, bi, di, ti;
+  int failures = 0;
   if (hkv < 1 || hq % hkv) {
     fprintf(stderr, "flashcl-bench --decode: --gqa must divide 32\n");
     return 1;
@@ -545,164 +760,14 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   else tools_parse_int_list("128", &ds);
   if (o->have_dtype) dts = o->dtype;
   else tools_parse_dtype_list("f16", &dts);
-  if (o->csv)
-    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,"
-           "calls,host_us,status\n");
-  else {
-    char devdesc[512];
-    tools_describe_device(ctx, devdesc, sizeof devdesc);
-    printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
-           " runs of %ld back-to-back call(s) (time per call)\n",
-           FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
-           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
-    if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
-    if (o->softcap > 0) printf("softcap %g\n", o->softcap);
-    if (o->alibi) printf("ALiBi\n");
-    printf("\n");
-    printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
-           "KV_MiB", "GB/s", "host_us");
-  }
-  for (ti = 0; ti < dts.count; ++ti)
-    for (di = 0; di < ds.count; ++di)
-      for (bi = 0; bi < batches.count; ++bi)
-        for (li = 0; li < lens_list.count; ++li) {
-          const flashcl_dtype dt = (flashcl_dtype)dts.v[ti];
-          const long d = ds.v[di], b = batches.v[bi], n = lens_list.v[li], T = o->q_len;
-          const size_t es = flashcl_dtype_size(dt);
-          const long P = o->page_size, pages_per = P ? (n + P - 1) / P : 0;
-          const long rows = P ? b * pages_per * P : b * n; /* cache tokens */
-          /* With a left window a call reads only the window's keys (and the new tokens). */
-          const long n_read = o->window >= 0 && o->window + T < n ? o->window + T : n;
-          const size_t kv_elems = (size_t)rows * hkv * d, kv_read = 2 * (size_t)b * n_read * hkv * d * es;
-          cl_mem mem[6] = {0};
-          flashcl_tensor q, kc, vc, out, lse;
-          flashcl_decode_desc desc;
-          double times[1000], hosts[1000], ms = 0, hus = 0;
-          int st = 0, splits = 0, r, nrep = 0;
-          cl_int err = CL_SUCCESS;
-          void *scratch = NULL;
-          if (kv_elems * es > info->max_mem_alloc_size || 2 * kv_elems * es > info->global_mem_size) {
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"OOM\"\n", info->device_name, n, b, d,
-                               flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, kv_read);
-            else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
-                        "OOM", mib(kv_read), "-");
-            continue;
-          }
-          scratch = malloc((size_t)b * T * hq * d * 4);
-          mem[0] = scratch ? tools_random_buffer(clctx, queue, dt, (size_t)b * T * hq * d, 7 + (uint64_t)li, scratch,
-                                                 &err)
-                           : NULL;
-          if (mem[0]) mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
-          if (mem[1]) mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
-          if (mem[2]) mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * d * es, NULL, &err);
-          if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * 4, NULL, &err);
-          flashcl_decode_desc_init(&desc);
-          desc.kernel = o->kernel;
-          if (o->window >= 0) desc.window_left = (int)o->window;
-          desc.softcap = (float)o->softcap;
-          if (o->alibi && scratch) {
-            float *slopes = (float *)scratch; /* holds b * T * hq * d >= hq floats */
-            long h;
-            for (h = 0; h < hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)hq);
-            desc.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * hq,
-                                               slopes, &err);
-          }
-          if (o->tree && mem[4]) {
-            cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
-            long i;
-            for (i = 0; w && i < b * T; ++i) {
-              long a = i % T;
-              w[i] = 0;
-              for (;;) {
-                w[i] |= 1u << a;
-                if (a == 0) break;
-                a = (a - 1) / 2;
-              }
-            }
-            desc.tree_mask = w ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                                sizeof(cl_uint) * (size_t)(b * T), w, &err)
-                               : NULL;
-            free(w);
-          }
-          if (mem[4]) {
-            cl_int *host = malloc(sizeof(cl_int) * (size_t)b);
-            long i;
-            for (i = 0; host && i < b; ++i) host[i] = (cl_int)n;
-            if (host) mem[5] = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * b, host, &err);
-            free(host);
-          }
-          if (P && mem[5] && err == CL_SUCCESS) {
-            cl_int *host = malloc(sizeof(cl_int) * (size_t)(b * pages_per));
-            long i;
-            for (i = 0; host && i < b * pages_per; ++i) host[i] = (cl_int)i;
-            desc.block_table = host ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                                     sizeof(cl_int) * b * pages_per, host, &err)
-                                    : NULL;
-            free(host);
-            desc.page_size = (int)P;
-            desc.max_pages = (int)pages_per;
-          }
-          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table) || (o->tree && !desc.tree_mask) ||
-              (o->alibi && !desc.alibi_slopes))
-            st = err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-          if (!st) {
-            /* Small constants. 16-bit data is filled with a 4-byte pattern of two
-             * elements: NVIDIA's driver never finished a 2-byte-pattern fill of
-             * a 4 GiB buffer (the batch 64, 32K-token caches), a 4-byte one takes
-             * 3 ms. kv_elems is even (d is a multiple of 8). */
-            const cl_ushort h = dt == FLASHCL_F16 ? 0x2000 : 0x3c00;
-            const cl_uint pat16 = (cl_uint)h | ((cl_uint)h << 16);
-            const cl_float pat32 = 0.01f;
-            const void *pat = es == 2 ? (const void *)&pat16 : (const void *)&pat32;
-            err = clEnqueueFillBuffer(queue, mem[1], pat, 4, 0, kv_elems * es, 0, NULL, NULL);
-            if (!err) err = clEnqueueFillBuffer(queue, mem[2], pat, 4, 0, kv_elems * es, 0, NULL, NULL);
-            st = err;
-          }
-          if (!st) st = flashcl_tensor_init_bnhd(&q, mem[0], 0, dt, b, T, hq, d);
-          if (!st) st = P ? flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b * pages_per, P, hkv, d)
-                          : flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b, n, hkv, d);
-          if (!st) st = P ? flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b * pages_per, P, hkv, d)
-                          : flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b, n, hkv, d);
-          if (!st) st = flashcl_tensor_init_bnhd(&out, mem[3], 0, dt, b, T, hq, d);
-          if (!st) st = flashcl_tensor_init_lse(&lse, mem[4], 0, b, T, hq);
-          if (!st) {
-            size_t ws = 0;
-            desc.max_seqlen_k = (int)n;
-            st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
-          }
-          for (r = 0; !st && r < warmup; ++r)
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
-                                    &g_host_timer);
-          for (r = 0; !st && r < reps && r < 1000; ++r) {
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
-                                    &g_host_timer);
-            if (!st) hosts[nrep] = hus, times[nrep++] = ms;
-          }
-          if (st || nrep == 0) {
-            ++failures;
-            tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, n, b, d,
-                               flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, kv_read, flashcl_status_string(st));
-            else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
-                        "error", mib(kv_read), "-");
-          } else {
-            const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
-            const double gbps = (double)kv_read / (med * 1e-3) / 1e9;
-            const double hmed = tools_median(hosts, nrep);
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n",
-                               info->device_name, n, b, d, flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, splits, nrep,
-                               med, mn,
-                               kv_read, gbps, o->calls, hmed);
-            else printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", n, b, d, flashcl_dtype_name(dt),
-                        splits, nrep, med, mib(kv_read), gbps, hmed);
-          }
-          fflush(stdout);
-          for (r = 0; r < 6; ++r)
-            if (mem[r]) clReleaseMemObject(mem[r]);
-          if (desc.block_table) clReleaseMemObject(desc.block_table);
-          if (desc.tree_mask) clReleaseMemObject(desc.tree_mask);
-          if (desc.alibi_slopes) clReleaseMemObject(desc.alibi_slopes);
-          free(scratch);
+  print_decode_header(ctx, o, hq, hkv, warmup, reps);
+  for (int ti = 0; ti < dts.count; ++ti)
+    for (int di = 0; di < ds.count; ++di)
+      for (int bi = 0; bi < batches.count; ++bi)
+        for (int li = 0; li < lens_list.count; ++li) {
+          const decode_shape s = make_decode_shape(o, (flashcl_dtype)dts.v[ti], ds.v[di], batches.v[bi],
+                                                   lens_list.v[li], hq, hkv, li);
+          failures += decode_config(ctx, o, info, &s, reps, warmup);
         }
   if (!o->csv && g_host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
   return failures ? 1 : 0;
