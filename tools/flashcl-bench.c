@@ -780,126 +780,190 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
  * evenly strided ones, so every row holds exactly k blocks (density k / nb) and
  * the work-groups stay balanced. Times the median of --reps forwards by event
  * profiling; "x dense" is time / time at the first density. */
-static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
-  cl_context clctx = flashcl_context_cl_context(ctx);
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+/* What every density of a --block-sparse run shares. */
+typedef struct sparse_setup {
+  long d, reps, tokens, hidden;
+  flashcl_dtype dtype;
+  int mb, npass;
   double dens[TOOLS_MAX_LIST];
-  int nd = 0, failures = 0;
-  for (const char *p = o->block_sparse; *p && nd < TOOLS_MAX_LIST;) {
+  int nd;
+} sparse_setup;
+
+/* The --block-sparse list; 1 (reported) when a density is outside (0, 1]. */
+static int parse_densities(const char *list, sparse_setup *s) {
+  s->nd = 0;
+  for (const char *p = list; *p && s->nd < TOOLS_MAX_LIST;) {
     char *end = NULL;
     double x = strtod(p, &end);
     if (end == p || !(x > 0.0 && x <= 1.0)) {
       fprintf(stderr, "flashcl-bench: --block-sparse densities must be in (0, 1]\n");
       return 1;
     }
-    dens[nd++] = x;
+    s->dens[s->nd++] = x;
     p = *end == ',' ? end + 1 : end;
   }
+  return 0;
+}
+
+/* The options, else the defaults of the usage text (which depend on the device). */
+static void sparse_defaults(bench_opts *o, const flashcl_device_info *info, sparse_setup *s) {
   if (!o->have_n) tools_parse_int_list(info->is_gpu ? "16384" : "2048", &o->n);
-  const long d = o->have_d ? o->d.v[0] : 64;
-  const flashcl_dtype dtype = o->have_dtype ? (flashcl_dtype)o->dtype.v[0] : info->is_gpu ? FLASHCL_F16 : FLASHCL_F32;
-  const long reps = o->have_reps ? (o->reps > 0 ? o->reps : 1) : info->is_gpu ? 10 : 3;
-  const long tokens = o->have_batch_tokens ? o->batch_tokens : info->is_gpu ? 16384 : 2048;
-  const long hidden = o->have_hidden ? o->hidden : info->is_gpu ? 2048 : 256;
-  const int mb = info->is_gpu ? 128 : 64;
-  const int npass = o->bwd ? 2 : 1;
+  s->d = o->have_d ? o->d.v[0] : 64;
+  s->dtype = o->have_dtype ? (flashcl_dtype)o->dtype.v[0] : info->is_gpu ? FLASHCL_F16 : FLASHCL_F32;
+  s->reps = o->have_reps ? (o->reps > 0 ? o->reps : 1) : info->is_gpu ? 10 : 3;
+  s->tokens = o->have_batch_tokens ? o->batch_tokens : info->is_gpu ? 16384 : 2048;
+  s->hidden = o->have_hidden ? o->hidden : info->is_gpu ? 2048 : 256;
+  s->mb = info->is_gpu ? 128 : 64;
+  s->npass = o->bwd ? 2 : 1;
+}
+
+static void print_sparse_header(const bench_opts *o, const sparse_setup *s) {
   if (!o->csv) {
     printf("flashcl-bench --block-sparse: mask blocks %d x %d, %s, d = %ld, non-causal, median of %ld%s\n\n"
            "%6s %5s %5s %8s %9s %4s %10s %9s %11s\n",
-           mb, mb, flashcl_dtype_name(dtype), d, reps,
+           s->mb, s->mb, flashcl_dtype_name(s->dtype), s->d, s->reps,
            o->bwd ? (o->deterministic ? ", deterministic backward" : ", atomic-dQ backward") : "", "N", "batch",
            "heads", "density", "blocks/row", "pass", "median_ms", "x dense", "x/density");
   } else {
     printf("n,d,dtype,batch,heads,density,blocks_per_row,pass,median_ms,ratio_dense\n");
   }
-  for (int ni = 0; ni < o->n.count; ni++) {
-    const long n = o->n.v[ni], batch = tokens / n > 0 ? tokens / n : 1, heads = hidden / d > 0 ? hidden / d : 1;
-    const size_t count = (size_t)batch * n * heads * d, bytes = count * flashcl_dtype_size(dtype);
-    void *scratch = malloc(count * 4);
-    cl_int err = CL_SUCCESS;
-    /* q k v o, and for --bwd lse dO dQ dK dV */
-    cl_mem mem[9] = {NULL};
-    const int nmem = o->bwd ? 9 : 4;
-    for (int i = 0; i < nmem && err == CL_SUCCESS; i++) {
-      if (i < 3 || i == 5) mem[i] = tools_random_buffer(clctx, queue, dtype, count, 11 + i, scratch, &err);
-      else mem[i] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, i == 4 ? count / d * sizeof(float) : bytes, NULL, &err);
-      if (!mem[i] && err == CL_SUCCESS) err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+}
+
+/* q k v o, and for --bwd lse dO dQ dK dV; CL_SUCCESS or the error (mem then
+ * holds what was created). */
+static cl_int sparse_alloc(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, size_t count,
+                           cl_mem mem[9]) {
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  const size_t bytes = count * flashcl_dtype_size(s->dtype);
+  void *scratch = malloc(count * 4);
+  cl_int err = CL_SUCCESS;
+  for (int i = 0; i < (o->bwd ? 9 : 4) && err == CL_SUCCESS; i++) {
+    if (i < 3 || i == 5)
+      mem[i] = tools_random_buffer(clctx, flashcl_context_cl_queue(ctx), s->dtype, count, 11 + i, scratch, &err);
+    else mem[i] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, i == 4 ? count / s->d * sizeof(float) : bytes, NULL, &err);
+    if (!mem[i] && err == CL_SUCCESS) err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  }
+  free(scratch);
+  return err;
+}
+
+/* Row i keeps kk of the nb blocks, (i + t * (nb / kk)) mod nb; every batch the same. */
+static void sparse_mask_bits(uint32_t *bits, int nb, int kk, size_t words, long batch) {
+  const int wpr = (nb + 31) / 32;
+  memset(bits, 0, words * batch * sizeof *bits);
+  for (int i = 0; i < nb; i++)
+    for (int t = 0; t < kk; t++) {
+      const int j = (i + t * (nb / kk)) % nb;
+      bits[(size_t)i * wpr + j / 32] |= 1u << (j % 32);
     }
-    free(scratch);
-    if (err != CL_SUCCESS) {
-      fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
+  for (long b = 1; b < batch; b++) memcpy(bits + b * words, bits, words * sizeof *bits);
+}
+
+/* Median of --reps timed calls after one untimed one: the first run builds
+ * the programs; the forward runs write the o and lse the backward reads. */
+static int time_sparse_pass(flashcl_context *ctx, const tools_attention_args *args, flashcl_pass pass, long reps,
+                            double *median) {
+  double times[1000];
+  int got = 0, host_timer = 0, st = FLASHCL_SUCCESS;
+  for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
+    double ms = 0.0;
+    st = tools_timed_call(ctx, pass, args, &ms, &host_timer);
+    if (st == FLASHCL_SUCCESS && r > 0) times[got++] = ms;
+  }
+  if (st != FLASHCL_SUCCESS || got == 0) {
+    tools_print_error(stderr, ctx, pass == FLASHCL_PASS_BACKWARD ? "flashcl_attention_backward (block-sparse)"
+                                                                  : "flashcl_attention_forward (block-sparse)", st);
+    return st != FLASHCL_SUCCESS ? st : -1;
+  }
+  *median = tools_median(times, got);
+  return FLASHCL_SUCCESS;
+}
+
+/* One N of a --block-sparse run: its shape and what the first density took. */
+typedef struct sparse_n {
+  long n, batch, heads;
+  int nb; /* mask blocks per row */
+  double dense_ms[2];
+} sparse_n;
+
+/* Times each pass at kk of nb blocks per row (density index di); returns the failures. */
+static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, sparse_n *sn,
+                        tools_attention_args *args, const uint32_t *bits, size_t words, int kk, int di) {
+  cl_int err = CL_SUCCESS;
+  cl_mem mm = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                             words * sn->batch * sizeof *bits, (void *)bits, &err);
+  flashcl_attention_desc desc;
+  int failures = 0, st = mm ? FLASHCL_SUCCESS : err;
+  flashcl_attention_desc_init(&desc);
+  desc.kernel = o->kernel;
+  desc.mask_kind = FLASHCL_MASK_BLOCK;
+  desc.mask = mm;
+  desc.mask_block_q = desc.mask_block_k = s->mb;
+  desc.deterministic = o->deterministic;
+  args->desc = &desc;
+  for (int pi = 0; pi < s->npass && st == FLASHCL_SUCCESS; pi++) {
+    double med = 0.0;
+    if (time_sparse_pass(ctx, args, pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, s->reps, &med)) {
       failures++;
-      for (int i = 0; i < 9; i++)
-        if (mem[i]) clReleaseMemObject(mem[i]);
-      continue;
+      break;
     }
-    flashcl_tensor t[9];
-    for (int i = 0; i < nmem; i++)
-      if (i == 4) flashcl_tensor_init_lse(&t[i], mem[i], 0, batch, n, heads);
-      else flashcl_tensor_init_bnhd(&t[i], mem[i], 0, dtype, batch, n, heads, d);
+    const double real = (double)kk / sn->nb;
+    if (di == 0) sn->dense_ms[pi] = med;
+    if (o->csv)
+      printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", sn->n, s->d, flashcl_dtype_name(s->dtype), sn->batch,
+             sn->heads, real, kk, pi ? "bwd" : "fwd", med, med / sn->dense_ms[pi]);
+    else
+      printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", sn->n, sn->batch, sn->heads, real, kk,
+             pi ? "bwd" : "fwd", med, med / sn->dense_ms[pi], med / sn->dense_ms[pi] / real);
+    fflush(stdout);
+  }
+  if (mm) clReleaseMemObject(mm);
+  return failures;
+}
+
+/* Every density at one sequence length n; returns the failures. */
+static int sparse_at_n(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, long n) {
+  sparse_n sn = {n, s->tokens / n > 0 ? s->tokens / n : 1, s->hidden / s->d > 0 ? s->hidden / s->d : 1,
+                 (int)((n + s->mb - 1) / s->mb), {0.0, 0.0}};
+  const size_t count = (size_t)sn.batch * n * sn.heads * s->d;
+  cl_mem mem[9] = {NULL};
+  flashcl_tensor t[9];
+  size_t words = 0;
+  int failures = 0;
+  const cl_int err = sparse_alloc(ctx, o, s, count, mem);
+  if (err != CL_SUCCESS) {
+    fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
+    failures++;
+  } else {
+    for (int i = 0; i < (o->bwd ? 9 : 4); i++)
+      if (i == 4) flashcl_tensor_init_lse(&t[i], mem[i], 0, sn.batch, n, sn.heads);
+      else flashcl_tensor_init_bnhd(&t[i], mem[i], 0, s->dtype, sn.batch, n, sn.heads, s->d);
     tools_attention_args args = {NULL, &t[0], &t[1], &t[2], &t[3], o->bwd ? &t[4] : NULL,
                                  o->bwd ? &t[5] : NULL, o->bwd ? &t[6] : NULL, o->bwd ? &t[7] : NULL,
                                  o->bwd ? &t[8] : NULL};
-    const int nb = (int)((n + mb - 1) / mb);
-    size_t words = 0;
-    flashcl_mask_words(nb, nb, &words);
-    uint32_t *bits = malloc(words * batch * sizeof *bits);
-    double dense_ms[2] = {0.0, 0.0};
-    for (int di = 0; di < nd; di++) {
-      int kk = (int)(dens[di] * nb + 0.5);
+    flashcl_mask_words(sn.nb, sn.nb, &words);
+    uint32_t *bits = malloc(words * sn.batch * sizeof *bits);
+    for (int di = 0; di < s->nd; di++) {
+      int kk = (int)(s->dens[di] * sn.nb + 0.5);
       if (kk < 1) kk = 1;
-      if (kk > nb) kk = nb;
-      memset(bits, 0, words * batch * sizeof *bits);
-      const int wpr = (nb + 31) / 32;
-      for (int i = 0; i < nb; i++)
-        for (int t = 0; t < kk; t++) {
-          const int j = (i + t * (nb / kk)) % nb;
-          bits[(size_t)i * wpr + j / 32] |= 1u << (j % 32);
-        }
-      for (long b = 1; b < batch; b++) memcpy(bits + b * words, bits, words * sizeof *bits);
-      cl_mem mm = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, words * batch * sizeof *bits, bits,
-                                 &err);
-      flashcl_attention_desc desc;
-      flashcl_attention_desc_init(&desc);
-      desc.kernel = o->kernel;
-      desc.mask_kind = FLASHCL_MASK_BLOCK;
-      desc.mask = mm;
-      desc.mask_block_q = desc.mask_block_k = mb;
-      desc.deterministic = o->deterministic;
-      args.desc = &desc;
-      int st = mm ? FLASHCL_SUCCESS : err;
-      for (int pi = 0; pi < npass && st == FLASHCL_SUCCESS; pi++) {
-        const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
-        double times[1000];
-        int got = 0, host_timer = 0;
-        /* The first run builds the programs; the forward runs write the o and lse the backward reads. */
-        for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
-          double ms = 0.0;
-          st = tools_timed_call(ctx, pass, &args, &ms, &host_timer);
-          if (st == FLASHCL_SUCCESS && r > 0) times[got++] = ms;
-        }
-        if (st != FLASHCL_SUCCESS || got == 0) {
-          tools_print_error(stderr, ctx, pi ? "flashcl_attention_backward (block-sparse)"
-                                            : "flashcl_attention_forward (block-sparse)", st);
-          failures++;
-          break;
-        }
-        const double med = tools_median(times, got), real = (double)kk / nb;
-        if (di == 0) dense_ms[pi] = med;
-        if (o->csv)
-          printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", n, d, flashcl_dtype_name(dtype), batch, heads, real, kk,
-                 pi ? "bwd" : "fwd", med, med / dense_ms[pi]);
-        else
-          printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", n, batch, heads, real, kk, pi ? "bwd" : "fwd",
-                 med, med / dense_ms[pi], med / dense_ms[pi] / real);
-        fflush(stdout);
-      }
-      if (mm) clReleaseMemObject(mm);
+      if (kk > sn.nb) kk = sn.nb;
+      sparse_mask_bits(bits, sn.nb, kk, words, sn.batch);
+      failures += time_density(ctx, o, s, &sn, &args, bits, words, kk, di);
     }
     free(bits);
-    for (int i = 0; i < 9; i++)
-      if (mem[i]) clReleaseMemObject(mem[i]);
   }
+  for (int i = 0; i < 9; i++)
+    if (mem[i]) clReleaseMemObject(mem[i]);
+  return failures;
+}
+
+static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
+  sparse_setup s;
+  int failures = 0;
+  if (parse_densities(o->block_sparse, &s)) return 1;
+  sparse_defaults(o, info, &s);
+  print_sparse_header(o, &s);
+  for (int ni = 0; ni < o->n.count; ni++) failures += sparse_at_n(ctx, o, &s, o->n.v[ni]);
   return failures ? 1 : 0;
 }
 
