@@ -967,13 +967,229 @@ static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const fla
   return failures ? 1 : 0;
 }
 
+static void print_bench_header(const bench_opts *o, const char *devdesc) {
+  if (o->csv) {
+    printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
+           "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status,family,kernel,tuning_source\n");
+  } else {
+    printf("flashcl-bench %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
+    printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
+           o->batch_tokens, o->hidden, o->gqa > 1 ? " (GQA)" : "", o->bhnd ? "BHND" : "BNHD", o->warmup, o->reps);
+    if (o->dropout > 0) printf(", dropout %g", o->dropout);
+    if (o->window >= 0) printf(", window %ld", o->window);
+    if (o->softcap > 0) printf(", softcap %g", o->softcap);
+    if (o->alibi) printf(", ALiBi");
+    if (o->page_size) printf(", K/V in pages of %ld (identity block table)", o->page_size);
+    if (o->bwd) printf(", %s backward", o->deterministic ? "deterministic" : "atomic-dQ");
+    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", "N", "d", "dtype",
+           "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
+           "ws_MiB", "total_MiB", "speedup", "relL2", "tuning (family, source)");
+  }
+  fflush(stdout);
+}
+
+/* One (N, d, dtype, causal) config of the sweep. */
+typedef struct bench_config {
+  long n, d, batch, heads, heads_kv;
+  flashcl_dtype dtype;
+  int causal;
+  uint64_t seed;
+} bench_config;
+
+/* The columns of one printed row that come from more than the row itself. */
+typedef struct row_stats {
+  flashcl_pass pass;
+  size_t io;
+  double tflops, speedup, rel;
+  int have_rel;
+} row_stats;
+
+/* Flash rows only: naive median / flash median, and the largest relL2 of
+ * their outputs (NaN as soon as one is NaN). */
+static void compare_with_naive(const row *r, const row *nv, row_stats *rs) {
+  rs->speedup = NAN;
+  rs->rel = NAN;
+  rs->have_rel = 0;
+  if (!nv || !nv->ran || !r->ran) return;
+  rs->speedup = nv->median_ms / r->median_ms;
+  if (r->nout == 0 || r->nout != nv->nout) return;
+  rs->have_rel = 1;
+  rs->rel = 0.0;
+  for (int j = 0; j < r->nout; ++j) {
+    const double e = tools_rel_l2(r->out[j], nv->out[j], r->out_count[j]);
+    if (isnan(e) || e > rs->rel) rs->rel = e;
+    if (isnan(e)) break;
+  }
+}
+
+static void print_row_csv(const bench_opts *o, const flashcl_device_info *info, const bench_config *c, const row *r,
+                          const row_stats *rs) {
+  const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
+  printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info->device_name,
+         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd", c->n, c->d, flashcl_dtype_name(c->dtype), c->causal,
+         o->bhnd ? "bhnd" : "bnhd", c->batch, c->heads, c->heads_kv, tools_algo_name(r->algo),
+         r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
+         r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
+  if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, rs->tflops);
+  else printf(",,,");
+  printf("%zu,%zu,%zu,", rs->io, r->workspace, rs->io + r->workspace);
+  if (!isnan(rs->speedup)) printf("%.4f", rs->speedup);
+  printf(",");
+  if (rs->have_rel) printf("%.3e", rs->rel);
+  printf(",\"%s\",%s,%s,\"%s\"\n", stxt, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
+         r->have_cfg ? r->cfg.kernel : "", r->have_cfg ? r->cfg.origin : "");
+}
+
+static void print_row_text(const bench_config *c, const row *r, const row_stats *rs) {
+  char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
+  if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
+  else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
+  else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
+  else snprintf(blocks, sizeof blocks, "-");
+  if (r->oom) snprintf(ms, sizeof ms, "OOM");
+  else if (r->status) snprintf(ms, sizeof ms, "error %d", r->status);
+  else snprintf(ms, sizeof ms, "%.3f", r->median_ms);
+  if (r->ran) snprintf(reps, sizeof reps, "%d", r->reps);
+  else snprintf(reps, sizeof reps, "-");
+  if (r->ran) snprintf(tf, sizeof tf, "%.4f", rs->tflops);
+  else snprintf(tf, sizeof tf, "-");
+  if (!isnan(rs->speedup)) snprintf(spd, sizeof spd, "%.2fx", rs->speedup);
+  else snprintf(spd, sizeof spd, "-");
+  if (rs->have_rel) snprintf(rl, sizeof rl, "%.2e", rs->rel);
+  else snprintf(rl, sizeof rl, "-");
+  printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n", c->n, c->d,
+         flashcl_dtype_name(c->dtype), c->causal, c->batch, c->heads, rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd",
+         tools_algo_name(r->algo), blocks, reps, ms, tf, mib(rs->io), mib(r->workspace), mib(rs->io + r->workspace),
+         spd, rl, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "", r->have_cfg ? " from " : "",
+         r->have_cfg ? r->cfg.origin : "");
+}
+
+/* Runs and prints every --algo row of one pass. Counts the rows that failed
+ * other than by OOM; returns 1 when one of them may have broken the context. */
+static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, const bench_config *c,
+                    config_bufs *bufs, int alloc_status, void *scratch, flashcl_pass pass, int *failures) {
+  const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * visible_pairs(c->n, c->causal, o->window) *
+                       (double)c->d * (double)c->batch * (double)c->heads;
+  row rows[MAX_ALGOS];
+  int flash_i = -1, naive_i = -1, need_reset = 0;
+  memset(rows, 0, sizeof rows);
+  for (int ai = 0; ai < o->algo.count; ++ai) {
+    rows[ai].algo = (int)o->algo.v[ai];
+    rows[ai].pass = pass;
+    if (rows[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
+    if (rows[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
+    if (alloc_status) {
+      rows[ai].status = alloc_status;
+      rows[ai].oom = tools_is_oom(alloc_status);
+    } else {
+      run_row(ctx, o, bufs, c->causal, info->global_mem_size, scratch, &rows[ai]);
+    }
+  }
+  for (int ai = 0; ai < o->algo.count; ++ai) {
+    const row *r = &rows[ai];
+    row_stats rs = {pass, pass == FLASHCL_PASS_BACKWARD ? bufs->bwd_io : bufs->fwd_io,
+                    r->ran ? flops / (r->median_ms * 1e-3) / 1e12 : NAN, NAN, NAN, 0};
+    if (!r->ran && !r->oom) {
+      ++*failures;
+      if (!tools_is_validation_error(r->status)) need_reset = 1;
+    }
+    if (ai == flash_i) compare_with_naive(r, naive_i >= 0 ? &rows[naive_i] : NULL, &rs);
+    if (o->csv) print_row_csv(o, info, c, r, &rs);
+    else print_row_text(c, r, &rs);
+  }
+  fflush(stdout);
+  for (int ai = 0; ai < o->algo.count; ++ai) free_row(&rows[ai]);
+  return need_reset;
+}
+
+/* Allocates one config's buffers and runs its passes; returns 1 when the
+ * context should be recreated. */
+static int run_config(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info,
+                      const bench_config *c, int *failures) {
+  const size_t esize = flashcl_dtype_size(c->dtype);
+  const size_t max_count = (size_t)c->batch * (size_t)c->n * (size_t)c->heads * (size_t)c->d;
+  config_bufs bufs;
+  int alloc_status, need_reset = 0;
+  memset(&bufs, 0, sizeof bufs);
+  void *scratch = malloc(max_count * (esize > sizeof(float) ? esize : sizeof(float)));
+  if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  else alloc_status = alloc_bufs(ctx, o, info, c->batch, c->n, c->heads, c->heads_kv, c->d, c->dtype, c->seed,
+                                 scratch, &bufs);
+  if (alloc_status && !tools_is_oom(alloc_status))
+    fprintf(stderr, "  allocating N=%ld d=%ld %s: %s (%d)\n", c->n, c->d, flashcl_dtype_name(c->dtype),
+            flashcl_status_string(alloc_status), alloc_status);
+  for (int pi = 0; pi < (o->bwd ? 2 : 1); ++pi)
+    need_reset |= run_pass(ctx, o, info, c, &bufs, alloc_status, scratch,
+                           pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, failures);
+  release_bufs(&bufs);
+  free(scratch);
+  return need_reset;
+}
+
+/* A device-side failure (e.g. an illegal memory access) can poison the
+ * OpenCL context: the next config starts on a fresh one. 0, or the exit status. */
+static int recreate_context(const flashcl_context_options *options, flashcl_context **ctx) {
+  fprintf(stderr, "flashcl-bench: recreating the context after a device error\n");
+  flashcl_context_destroy(*ctx);
+  *ctx = NULL;
+  const int st = flashcl_context_create(options, ctx);
+  if (st == FLASHCL_SUCCESS) return 0;
+  fprintf(stderr,
+          "flashcl-bench: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
+          "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
+          flashcl_status_string(st), st);
+  return 2;
+}
+
+/* The config of sweep indices (ni, di, ti, ci); 0 when it is skipped (reported). */
+static int make_config(const bench_opts *o, int ni, int di, int ti, int ci, bench_config *c) {
+  c->n = o->n.v[ni], c->d = o->d.v[di];
+  c->dtype = (flashcl_dtype)o->dtype.v[ti];
+  c->causal = (int)o->causal.v[ci];
+  c->batch = o->batch_tokens / c->n > 0 ? o->batch_tokens / c->n : 1;
+  c->heads = o->hidden / c->d > 0 ? o->hidden / c->d : 1;
+  c->heads_kv = c->heads / o->gqa;
+  c->seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
+  if (o->page_size && c->n % o->page_size) {
+    fprintf(stderr, "skipping N=%ld: not a multiple of --page-size %ld\n", c->n, o->page_size);
+    return 0;
+  }
+  if (c->heads_kv < 1 || c->heads % o->gqa != 0) {
+    fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", c->n, c->d, c->heads,
+            o->gqa);
+    return 0;
+  }
+  return 1;
+}
+
+/* The forward (and backward) sweep; counts the rows that failed. 0, or 2 when
+ * the context could not be recreated. */
+static int run_sweep(flashcl_context **ctx, const flashcl_context_options *options, bench_opts *o,
+                     const flashcl_device_info *info, int *failures) {
+  char devdesc[512];
+  apply_defaults(o, info->is_gpu);
+  tools_describe_device(*ctx, devdesc, sizeof devdesc);
+  print_bench_header(o, devdesc);
+  for (int di = 0; di < o->d.count; ++di)
+    for (int ti = 0; ti < o->dtype.count; ++ti)
+      for (int ci = 0; ci < o->causal.count; ++ci)
+        for (int ni = 0; ni < o->n.count; ++ni) {
+          bench_config c;
+          if (make_config(o, ni, di, ti, ci, &c) && run_config(*ctx, o, info, &c, failures) &&
+              recreate_context(options, ctx))
+            return 2;
+        }
+  if (!o->csv && g_host_timer)
+    printf("\nnote: the queue gave no usable profiling timestamps; times are host wall-clock.\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   bench_opts o;
   flashcl_context_options options;
   flashcl_context *ctx = NULL;
   flashcl_device_info info;
-  char devdesc[512];
-  int st, ni, di, ti, ci, failures = 0;
+  int st, failures = 0;
 
   for (int i = 1; i < argc; ++i)
     if (!strcmp(argv[i], "--first-call")) return bench_first_call_main(argc, argv);
@@ -989,189 +1205,14 @@ int main(int argc, char **argv) {
   if (parsed != ARGS_OK) return 1;
 
   if (tools_open_context("flashcl-bench", o.device, o.verbose, &options, &ctx, &info)) return 2;
-  if (o.block_sparse) {
-    st = run_block_sparse_bench(ctx, &o, &info);
-    flashcl_context_destroy(ctx);
-    return st;
-  }
-  if (o.decode) {
-    st = run_decode_bench(ctx, &o, &info);
-    flashcl_context_destroy(ctx);
-    return st;
-  }
-  apply_defaults(&o, info.is_gpu);
-  tools_describe_device(ctx, devdesc, sizeof devdesc);
-
-  if (o.csv) {
-    printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
-           "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status,family,kernel,tuning_source\n");
-  } else {
-    printf("flashcl-bench %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
-    printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
-           o.batch_tokens, o.hidden, o.gqa > 1 ? " (GQA)" : "", o.bhnd ? "BHND" : "BNHD", o.warmup, o.reps);
-    if (o.dropout > 0) printf(", dropout %g", o.dropout);
-    if (o.window >= 0) printf(", window %ld", o.window);
-    if (o.softcap > 0) printf(", softcap %g", o.softcap);
-    if (o.alibi) printf(", ALiBi");
-    if (o.page_size) printf(", K/V in pages of %ld (identity block table)", o.page_size);
-    if (o.bwd) printf(", %s backward", o.deterministic ? "deterministic" : "atomic-dQ");
-    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", "N", "d", "dtype",
-           "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
-           "ws_MiB", "total_MiB", "speedup", "relL2", "tuning (family, source)");
-  }
-  fflush(stdout);
-
-  for (di = 0; di < o.d.count; ++di)
-    for (ti = 0; ti < o.dtype.count; ++ti)
-      for (ci = 0; ci < o.causal.count; ++ci)
-        for (ni = 0; ni < o.n.count; ++ni) {
-          const long n = o.n.v[ni], d = o.d.v[di];
-          const flashcl_dtype dtype = (flashcl_dtype)o.dtype.v[ti];
-          const int causal = (int)o.causal.v[ci];
-          const long batch = o.batch_tokens / n > 0 ? o.batch_tokens / n : 1;
-          const long heads = o.hidden / d > 0 ? o.hidden / d : 1;
-          const long heads_kv = heads / o.gqa;
-          const size_t esize = flashcl_dtype_size(dtype);
-          const size_t max_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
-          const int npass = o.bwd ? 2 : 1;
-          const int nalgo = o.algo.count;
-          const uint64_t seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
-          config_bufs bufs;
-          void *scratch = NULL;
-          int alloc_status, pi, ai, need_reset = 0;
-
-          if (o.page_size && n % o.page_size) {
-            fprintf(stderr, "skipping N=%ld: not a multiple of --page-size %ld\n", n, o.page_size);
-            continue;
-          }
-          if (heads_kv < 1 || heads % o.gqa != 0) {
-            fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", n, d, heads,
-                    o.gqa);
-            continue;
-          }
-          memset(&bufs, 0, sizeof bufs);
-          scratch = malloc(max_count * (esize > sizeof(float) ? esize : sizeof(float)));
-          if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-          else alloc_status = alloc_bufs(ctx, &o, &info, batch, n, heads, heads_kv, d, dtype, seed, scratch, &bufs);
-          if (alloc_status && !tools_is_oom(alloc_status))
-            fprintf(stderr, "  allocating N=%ld d=%ld %s: %s (%d)\n", n, d, flashcl_dtype_name(dtype),
-                    flashcl_status_string(alloc_status), alloc_status);
-
-          for (pi = 0; pi < npass; ++pi) {
-            const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
-            const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * visible_pairs(n, causal, o.window) *
-                                 (double)d * (double)batch * (double)heads;
-            const size_t io = pass == FLASHCL_PASS_BACKWARD ? bufs.bwd_io : bufs.fwd_io;
-            row rows[MAX_ALGOS];
-            int flash_i = -1, naive_i = -1;
-
-            memset(rows, 0, sizeof rows);
-            for (ai = 0; ai < nalgo; ++ai) {
-              rows[ai].algo = (int)o.algo.v[ai];
-              rows[ai].pass = pass;
-              if (rows[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
-              if (rows[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
-              if (alloc_status) {
-                rows[ai].status = alloc_status;
-                rows[ai].oom = tools_is_oom(alloc_status);
-              } else {
-                run_row(ctx, &o, &bufs, causal, info.global_mem_size, scratch, &rows[ai]);
-              }
-            }
-
-            for (ai = 0; ai < nalgo; ++ai) {
-              const row *r = &rows[ai];
-              const row *nv = naive_i >= 0 ? &rows[naive_i] : NULL;
-              const char *pname = pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd";
-              double tflops = r->ran ? flops / (r->median_ms * 1e-3) / 1e12 : NAN;
-              double speedup = NAN, rel = NAN;
-              int have_rel = 0, j;
-              char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
-
-              if (!r->ran && !r->oom) {
-                ++failures;
-                if (!tools_is_validation_error(r->status)) need_reset = 1;
-              }
-              if (ai == flash_i && nv && nv->ran && r->ran) {
-                speedup = nv->median_ms / r->median_ms;
-                if (r->nout > 0 && r->nout == nv->nout) {
-                  have_rel = 1;
-                  rel = 0.0;
-                  for (j = 0; j < r->nout; ++j) {
-                    double e = tools_rel_l2(r->out[j], nv->out[j], r->out_count[j]);
-                    if (isnan(e) || e > rel) rel = e;
-                    if (isnan(e)) break;
-                  }
-                }
-              }
-              if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
-              else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
-              else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
-              else snprintf(blocks, sizeof blocks, "-");
-
-              if (o.csv) {
-                const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
-                printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info.device_name, pname, n, d,
-                       flashcl_dtype_name(dtype), causal, o.bhnd ? "bhnd" : "bnhd", batch, heads, heads_kv,
-                       tools_algo_name(r->algo),
-                       r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
-                       r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
-                if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, tflops);
-                else printf(",,,");
-                printf("%zu,%zu,%zu,", io, r->workspace, io + r->workspace);
-                if (!isnan(speedup)) printf("%.4f", speedup);
-                printf(",");
-                if (have_rel) printf("%.3e", rel);
-                printf(",\"%s\",%s,%s,\"%s\"\n", stxt, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
-                       r->have_cfg ? r->cfg.kernel : "", r->have_cfg ? r->cfg.origin : "");
-              } else {
-                if (r->oom) snprintf(ms, sizeof ms, "OOM");
-                else if (r->status) snprintf(ms, sizeof ms, "error %d", r->status);
-                else snprintf(ms, sizeof ms, "%.3f", r->median_ms);
-                if (r->ran) snprintf(reps, sizeof reps, "%d", r->reps);
-                else snprintf(reps, sizeof reps, "-");
-                if (r->ran) snprintf(tf, sizeof tf, "%.4f", tflops);
-                else snprintf(tf, sizeof tf, "-");
-                if (!isnan(speedup)) snprintf(spd, sizeof spd, "%.2fx", speedup);
-                else snprintf(spd, sizeof spd, "-");
-                if (have_rel) snprintf(rl, sizeof rl, "%.2e", rel);
-                else snprintf(rl, sizeof rl, "-");
-                printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n",
-                       n, d, flashcl_dtype_name(dtype), causal, batch, heads, pname, tools_algo_name(r->algo), blocks,
-                       reps, ms, tf, mib(io), mib(r->workspace), mib(io + r->workspace), spd, rl,
-                       r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
-                       r->have_cfg ? " from " : "", r->have_cfg ? r->cfg.origin : "");
-              }
-            }
-            fflush(stdout);
-            for (ai = 0; ai < nalgo; ++ai) free_row(&rows[ai]);
-          }
-          release_bufs(&bufs);
-          free(scratch);
-          if (need_reset) {
-            /* A device-side failure (e.g. an illegal memory access) can poison the
-             * OpenCL context: start the next config on a fresh one. */
-            fprintf(stderr, "flashcl-bench: recreating the context after a device error\n");
-            flashcl_context_destroy(ctx);
-            ctx = NULL;
-            st = flashcl_context_create(&options, &ctx);
-            if (st != FLASHCL_SUCCESS) {
-              fprintf(stderr,
-                      "flashcl-bench: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
-                      "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
-                      flashcl_status_string(st), st);
-              return 2;
-            }
-          }
-        }
-
-  if (!o.csv && g_host_timer)
-    printf("\nnote: the queue gave no usable profiling timestamps; times are host wall-clock.\n");
+  if (o.block_sparse) st = run_block_sparse_bench(ctx, &o, &info);
+  else if (o.decode) st = run_decode_bench(ctx, &o, &info);
+  else if ((st = run_sweep(&ctx, &options, &o, &info, &failures)) != 0) return st; /* no context left */
   flashcl_context_destroy(ctx);
   if (failures) {
     fprintf(stderr, "flashcl-bench: %d row(s) failed with an error other than out-of-memory (see above)\n",
             failures);
     return 1;
   }
-  return 0;
+  return st;
 }
