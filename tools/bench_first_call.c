@@ -8,9 +8,12 @@
  */
 #include "bench_first_call.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "args.h"
 
 typedef struct fc_opts {
   const char *device;
@@ -20,33 +23,23 @@ typedef struct fc_opts {
 } fc_opts;
 
 static int fc_parse(int argc, char **argv, fc_opts *o) {
-  tools_list l;
-  const char *val = NULL;
-  int r;
+  const args_opt table[] = {
+      {.name = "--first-call", .kind = ARG_FLAG}, /* what brought us here */
+      {.name = "--driver-first", .kind = ARG_FLAG, .dest = &o->driver_first},
+      {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
+      {.name = "--n", .kind = ARG_LONG, .dest = &o->n, .lo = 1, .hi = LONG_MAX},
+      {.name = "--d", .kind = ARG_LONG, .dest = &o->d, .lo = 8, .hi = LONG_MAX},
+      {.name = "--batch", .kind = ARG_LONG, .dest = &o->batch, .lo = 1, .hi = LONG_MAX},
+      {.name = "--heads", .kind = ARG_LONG, .dest = &o->heads, .lo = 1, .hi = LONG_MAX},
+      {.name = "--causal", .kind = ARG_CAUSAL, .dest = &o->causal},
+      {.name = "--dtype", .kind = ARG_DTYPE, .dest = &o->dtype},
+  };
   o->device = NULL, o->n = 4096, o->d = 128, o->batch = 0, o->heads = 0, o->causal = 0, o->dtype = FLASHCL_F16;
   o->driver_first = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (tools_opt_flag(argv, i, "--first-call")) continue;
-    if (tools_opt_flag(argv, i, "--driver-first")) {
-      o->driver_first = 1;
-      continue;
-    }
-#define OPT(name) ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0 && (r > 0 || (exit(1), 0)))
-    if (OPT("--device")) o->device = val;
-    else if (OPT("--n")) { if (tools_parse_long(val, &o->n) || o->n < 1) return -1; }
-    else if (OPT("--d")) { if (tools_parse_long(val, &o->d) || o->d < 8) return -1; }
-    else if (OPT("--batch")) { if (tools_parse_long(val, &o->batch) || o->batch < 1) return -1; }
-    else if (OPT("--heads")) { if (tools_parse_long(val, &o->heads) || o->heads < 1) return -1; }
-    else if (OPT("--causal")) { if (tools_parse_causal_list(val, &l) || l.count != 1) return -1; o->causal = (int)l.v[0]; }
-    else if (OPT("--dtype")) { if (tools_parse_dtype_list(val, &l) || l.count != 1) return -1; o->dtype = (flashcl_dtype)l.v[0]; }
-    else {
-      fprintf(stderr, "flashcl-bench --first-call: unknown argument '%s' (takes --device, --n, --d, --batch, "
-                      "--heads, --causal, --dtype)\n", argv[i]);
-      return -1;
-    }
-#undef OPT
-  }
-  return 0;
+  const args_status st = args_parse(argc, argv, "flashcl-bench --first-call", table, ARGS_COUNT(table));
+  if (st == ARGS_UNKNOWN)
+    fprintf(stderr, "flashcl-bench --first-call takes --device, --n, --d, --batch, --heads, --causal, --dtype\n");
+  return st == ARGS_OK ? 0 : -1;
 }
 
 /* q, k, v filled with a non-zero pattern and o, on the device. */

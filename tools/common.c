@@ -16,25 +16,6 @@
 
 /* ------------------------------------------------------------ command line */
 
-int tools_opt_value(int argc, char **argv, int *i, const char *name, const char **value) {
-  const char *a = argv[*i];
-  size_t len = strlen(name);
-  if (strncmp(a, name, len) != 0) return 0;
-  if (a[len] == '=') {
-    *value = a + len + 1;
-    return 1;
-  }
-  if (a[len] != '\0') return 0;
-  if (*i + 1 >= argc) {
-    fprintf(stderr, "option %s needs a value\n", name);
-    return -1;
-  }
-  *value = argv[++*i];
-  return 1;
-}
-
-int tools_opt_flag(char **argv, int i, const char *name) { return strcmp(argv[i], name) == 0; }
-
 static int ieq(const char *a, const char *b) {
   for (; *a && *b; ++a, ++b)
     if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return 0;

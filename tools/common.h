@@ -18,14 +18,7 @@ typedef struct tools_list {
   long v[TOOLS_MAX_LIST];
 } tools_list;
 
-/* ---- command line ---- */
-
-/* If argv[*i] is "--name" (value in argv[*i+1]) or "--name=value", stores the
- * value, advances *i past what it used and returns 1. Returns -1 when the value
- * is missing, 0 when argv[*i] is another option. */
-int tools_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
-/* 1 if argv[i] is exactly "--name". */
-int tools_opt_flag(char **argv, int i, const char *name);
+/* ---- command line values (the option walk itself is in args.h) ---- */
 
 /* "128,256,1k,16K" -> list (k/K multiplies by 1024). 0 on success. */
 int tools_parse_int_list(const char *s, tools_list *out);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "bench_first_call.h"
 #include "common.h"
 
@@ -69,88 +70,88 @@ typedef struct row {
 
 static int g_host_timer = 0;
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: flashcl-bench [options]\n"
-          "\n"
-          "Times flashcl_attention_forward (and with --bwd flashcl_attention_backward),\n"
-          "flash and naive, on one device.\n"
-          "Per config: batch = max(1, batch_tokens / N), heads = max(1, hidden / d).\n"
-          "\n"
-          "  --device SPEC        \"<platform>:<device>\" or a name substring (default:\n"
-          "                       $FLASHCL_DEVICE, else first GPU, else first device)\n"
-          "  --n LIST             sequence lengths, e.g. 128,256,1k,16k\n"
-          "                       (default GPU: 128..16384, other devices: 128..4096)\n"
-          "  --d LIST             head dims (default 64,128 on GPU, 64 otherwise)\n"
-          "  --dtype LIST         f32,f16,bf16 (default f16,f32)\n"
-          "  --causal 0|1|both    (default both)\n"
-          "  --algo LIST          flash,naive (default both)\n"
-          "  --batch-tokens T     batch * N (default 16384 on GPU, 2048 otherwise)\n"
-          "  --hidden H           heads * d (default 2048 on GPU, 256 otherwise)\n"
-          "  --gqa G              query heads per key/value head (default 1)\n"
-          "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
-          "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto; with\n"
-          "                       --decode, nvidia_mma is the cp.async decode path)\n"
-          "  --decode             time flashcl_attention_decode instead (q_len from --q-len, 32 query\n"
-          "                       heads, 32/gqa kv heads (default 8), d from --d (default\n"
-          "                       128), dtype from --dtype (default f16), KV lengths from\n"
-          "                       --n (default GPU 1k..128k, other devices 256,1k,4k));\n"
-          "                       reports GB/s = K+V bytes read / median time\n"
-          "  --decode-batch LIST  batches for --decode (default GPU 1,8,64, else 1,8)\n"
-          "  --first-call         time from main() to the first forward result instead: context,\n"
-          "                       device inputs, first call (builds or cache loads), second call\n"
-          "                       (takes --n, --d, --dtype, --causal, --batch, --heads; default\n"
-          "                       d=128 f16 N=4096; --driver-first times a bare OpenCL context\n"
-          "                       first, apart from flashcl's)\n"
-          "  --calls C            --decode: time C back-to-back calls between two markers and\n"
-          "                       report the time per call (default 1: one call, so the\n"
-          "                       host's enqueue time is inside the timed span); host_us\n"
-          "                       is the host time of one flashcl_attention_decode call\n"
+static const char usage_text[] =
+    "usage: flashcl-bench [options]\n"
+    "\n"
+    "Times flashcl_attention_forward (and with --bwd flashcl_attention_backward),\n"
+    "flash and naive, on one device.\n"
+    "Per config: batch = max(1, batch_tokens / N), heads = max(1, hidden / d).\n"
+    "\n"
+    "  --device SPEC        \"<platform>:<device>\" or a name substring (default:\n"
+    "                       $FLASHCL_DEVICE, else first GPU, else first device)\n"
+    "  --n LIST             sequence lengths, e.g. 128,256,1k,16k\n"
+    "                       (default GPU: 128..16384, other devices: 128..4096)\n"
+    "  --d LIST             head dims (default 64,128 on GPU, 64 otherwise)\n"
+    "  --dtype LIST         f32,f16,bf16 (default f16,f32)\n"
+    "  --causal 0|1|both    (default both)\n"
+    "  --algo LIST          flash,naive (default both)\n"
+    "  --batch-tokens T     batch * N (default 16384 on GPU, 2048 otherwise)\n"
+    "  --hidden H           heads * d (default 2048 on GPU, 256 otherwise)\n"
+    "  --gqa G              query heads per key/value head (default 1)\n"
+    "  --layout bnhd|bhnd   tensor layout (default bnhd)\n"
+    "  --kernel auto|portable|nvidia_mma  flash kernel family (default auto; with\n"
+    "                       --decode, nvidia_mma is the cp.async decode path)\n"
+    "  --decode             time flashcl_attention_decode instead (q_len from --q-len, 32 query\n"
+    "                       heads, 32/gqa kv heads (default 8), d from --d (default\n"
+    "                       128), dtype from --dtype (default f16), KV lengths from\n"
+    "                       --n (default GPU 1k..128k, other devices 256,1k,4k));\n"
+    "                       reports GB/s = K+V bytes read / median time\n"
+    "  --decode-batch LIST  batches for --decode (default GPU 1,8,64, else 1,8)\n"
+    "  --first-call         time from main() to the first forward result instead: context,\n"
+    "                       device inputs, first call (builds or cache loads), second call\n"
+    "                       (takes --n, --d, --dtype, --causal, --batch, --heads; default\n"
+    "                       d=128 f16 N=4096; --driver-first times a bare OpenCL context\n"
+    "                       first, apart from flashcl's)\n"
+    "  --calls C            --decode: time C back-to-back calls between two markers and\n"
+    "                       report the time per call (default 1: one call, so the\n"
+    "                       host's enqueue time is inside the timed span); host_us\n"
+    "                       is the host time of one flashcl_attention_decode call\n"
 
-          "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
-          "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
-          "                       q_len tokens (token t sees t and its ancestors, parent\n"
-          "                       (t - 1) / 2) instead of the causal rule\n"
-          "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
-          "                       contiguous); without --decode, the forward reads K and V\n"
-          "                       as page pools of P-token pages through an identity block\n"
-          "                       table (desc.kv_block_table: chunked prefill over a paged\n"
-          "                       cache; BNHD, forward only, N a multiple of P)\n"
-          "  --block-sparse LIST  time the flash forward with a FLASHCL_MASK_BLOCK mask at\n"
-          "                       each density in LIST (e.g. 1,0.5,0.25,0.125): N from --n\n"
-          "                       (default GPU 16k, else 2k), first --d (64) and --dtype\n"
-          "                       (GPU f16, else f32), non-causal, 128 x 128 mask blocks\n"
-          "                       (64 x 64 off GPU); time vs density (with --bwd, the\n"
-          "                       backward's too)\n"
-          "  --bwd                also time the backward pass (after one untimed forward\n"
-          "                       that writes o and lse)\n"
-          "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
-          "  --dropout P          dropout probability for both passes (default 0)\n"
-          "  --window L           sliding window: each query sees the L keys before its\n"
-          "                       diagonal and, unless causal, every key after it\n"
-          "                       (desc.window_left = L); TFLOP/s then counts the\n"
-          "                       visible (query, key) pairs exactly; --decode: GB/s\n"
-          "                       counts the K/V rows of the window only\n"
-          "  --softcap C          logit soft-capping C * tanh(s / C) (desc.softcap)\n"
-          "  --alibi              ALiBi with the geometric slopes 2^(-8 (h + 1) / heads)\n"
-          "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
-          "  --warmup W           untimed runs first (default 2 on GPU, 1 otherwise)\n"
-          "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
-          "                       when a run is slow (default 10)\n"
-          "  --no-check           skip the flash-vs-naive output comparison (relL2 column)\n"
-          "  --csv                machine-readable CSV on stdout\n"
-          "  --verbose            library diagnostics on stderr\n"
-          "\n"
-          "TFLOP/s counts 4*N*N*d (forward) or 10*N*N*d (backward, FlashAttention's\n"
-          "convention) per head and batch, half of that when causal.\n"
-          "Br x Bc shows the portable kernel's tiles, or \"mma\" when the NVIDIA\n"
-          "tensor-core kernels ran (flashcl_attention_kernel_family).\n"
-          "speedup (on flash rows) = naive median / flash median.\n"
-          "relL2 (on flash rows) = ||x_flash - x_naive|| / ||x_naive|| for x = o, or the\n"
-          "largest of the three for x = dq, dk, dv.\n"
-          "A row that runs out of device memory prints OOM; other errors print the\n"
-          "status and the library's message on stderr and make the exit status 1.\n");
-}
+    "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
+    "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
+    "                       q_len tokens (token t sees t and its ancestors, parent\n"
+    "                       (t - 1) / 2) instead of the causal rule\n"
+    "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
+    "                       contiguous); without --decode, the forward reads K and V\n"
+    "                       as page pools of P-token pages through an identity block\n"
+    "                       table (desc.kv_block_table: chunked prefill over a paged\n"
+    "                       cache; BNHD, forward only, N a multiple of P)\n"
+    "  --block-sparse LIST  time the flash forward with a FLASHCL_MASK_BLOCK mask at\n"
+    "                       each density in LIST (e.g. 1,0.5,0.25,0.125): N from --n\n"
+    "                       (default GPU 16k, else 2k), first --d (64) and --dtype\n"
+    "                       (GPU f16, else f32), non-causal, 128 x 128 mask blocks\n"
+    "                       (64 x 64 off GPU); time vs density (with --bwd, the\n"
+    "                       backward's too)\n"
+    "  --bwd                also time the backward pass (after one untimed forward\n"
+    "                       that writes o and lse)\n"
+    "  --deterministic 0|1  backward dQ mode (default 1, see flashcl.h)\n"
+    "  --dropout P          dropout probability for both passes (default 0)\n"
+    "  --window L           sliding window: each query sees the L keys before its\n"
+    "                       diagonal and, unless causal, every key after it\n"
+    "                       (desc.window_left = L); TFLOP/s then counts the\n"
+    "                       visible (query, key) pairs exactly; --decode: GB/s\n"
+    "                       counts the K/V rows of the window only\n"
+    "  --softcap C          logit soft-capping C * tanh(s / C) (desc.softcap)\n"
+    "  --alibi              ALiBi with the geometric slopes 2^(-8 (h + 1) / heads)\n"
+    "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
+    "  --warmup W           untimed runs first (default 2 on GPU, 1 otherwise)\n"
+    "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
+    "                       when a run is slow (default 10)\n"
+    "  --no-check           skip the flash-vs-naive output comparison (relL2 column)\n"
+    "  --csv                machine-readable CSV on stdout\n"
+    "  --verbose            library diagnostics on stderr\n"
+    "\n"
+    "TFLOP/s counts 4*N*N*d (forward) or 10*N*N*d (backward, FlashAttention's\n"
+    "convention) per head and batch, half of that when causal.\n"
+    "Br x Bc shows the portable kernel's tiles, or \"mma\" when the NVIDIA\n"
+    "tensor-core kernels ran (flashcl_attention_kernel_family).\n"
+    "speedup (on flash rows) = naive median / flash median.\n"
+    "relL2 (on flash rows) = ||x_flash - x_naive|| / ||x_naive|| for x = o, or the\n"
+    "largest of the three for x = dq, dk, dv.\n"
+    "A row that runs out of device memory prints OOM; other errors print the\n"
+    "status and the library's message on stderr and make the exit status 1.\n";
+
+static void usage(FILE *f) { fputs(usage_text, f); }
 
 /* (query, key) pairs the FLOP count covers: N^2, half of it when causal
  * (FlashAttention's convention), and with a window exactly the visible ones. */
@@ -164,9 +165,71 @@ static double visible_pairs(long n, int causal, long window) {
   return pairs;
 }
 
-static int parse_args(int argc, char **argv, bench_opts *o) {
-  const char *val = NULL;
-  int i, r;
+/* strtod over the whole string; like the options always did, "" reads as 0. */
+static int parse_double(const char *s, double *v) {
+  char *end = NULL;
+  *v = strtod(s, &end);
+  return !end || *end ? -1 : 0;
+}
+
+static int parse_dropout(const char *s, void *dest) {
+  double *v = (double *)dest;
+  return parse_double(s, v) || !(*v >= 0.0 && *v < 1.0) ? -1 : 0;
+}
+
+static int parse_positive_double(const char *s, void *dest) {
+  double *v = (double *)dest;
+  return parse_double(s, v) || !(*v > 0.0) ? -1 : 0;
+}
+
+/* --deterministic takes exactly "0" or "1". */
+static int parse_bit(const char *s, void *dest) {
+  if (strcmp(s, "0") && strcmp(s, "1")) return -1;
+  *(int *)dest = s[0] == '1';
+  return 0;
+}
+
+static int parse_layout(const char *s, void *dest) { return tools_parse_layout(s, (int *)dest); }
+
+static args_status parse_table(int argc, char **argv, bench_opts *o) {
+  const args_opt table[] = {
+      {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
+      {.name = "--n", .kind = ARG_INT_LIST, .dest = &o->n, .seen = &o->have_n},
+      {.name = "--d", .kind = ARG_INT_LIST, .dest = &o->d, .seen = &o->have_d},
+      {.name = "--dtype", .kind = ARG_DTYPE_LIST, .dest = &o->dtype, .seen = &o->have_dtype},
+      {.name = "--causal", .kind = ARG_CAUSAL_LIST, .dest = &o->causal, .seen = &o->have_causal},
+      {.name = "--algo", .kind = ARG_ALGO_LIST, .dest = &o->algo, .hi = MAX_ALGOS},
+      {.name = "--batch-tokens", .kind = ARG_LONG, .dest = &o->batch_tokens, .seen = &o->have_batch_tokens, .lo = 1,
+       .hi = LONG_MAX},
+      {.name = "--hidden", .kind = ARG_LONG, .dest = &o->hidden, .seen = &o->have_hidden, .lo = 1, .hi = LONG_MAX},
+      {.name = "--gqa", .kind = ARG_LONG, .dest = &o->gqa, .lo = 1, .hi = LONG_MAX},
+      {.name = "--layout", .kind = ARG_CUSTOM, .dest = &o->bhnd, .parse = parse_layout},
+      {.name = "--kernel", .kind = ARG_KERNEL, .dest = &o->kernel},
+      {.name = "--deterministic", .kind = ARG_CUSTOM, .dest = &o->deterministic, .parse = parse_bit},
+      {.name = "--dropout", .kind = ARG_CUSTOM, .dest = &o->dropout, .parse = parse_dropout},
+      {.name = "--window", .kind = ARG_LONG, .dest = &o->window, .lo = 0, .hi = LONG_MAX},
+      {.name = "--softcap", .kind = ARG_CUSTOM, .dest = &o->softcap, .parse = parse_positive_double},
+      {.name = "--alibi", .kind = ARG_FLAG, .dest = &o->alibi},
+      {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .seen = &o->have_reps, .lo = 1, .hi = LONG_MAX},
+      {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .seen = &o->have_warmup, .lo = 0, .hi = LONG_MAX},
+      {.name = "--budget", .kind = ARG_CUSTOM, .dest = &o->budget_s, .parse = parse_positive_double},
+      {.name = "--decode-batch", .kind = ARG_INT_LIST, .dest = &o->decode_batch, .seen = &o->have_decode_batch},
+      {.name = "--page-size", .kind = ARG_LONG, .dest = &o->page_size, .lo = 0, .hi = LONG_MAX},
+      {.name = "--calls", .kind = ARG_LONG, .dest = &o->calls, .lo = 1, .hi = 1000},
+      {.name = "--q-len", .kind = ARG_LONG, .dest = &o->q_len, .lo = 1, .hi = FLASHCL_DECODE_MAX_Q_LEN},
+      {.name = "--tree", .kind = ARG_FLAG, .dest = &o->tree},
+      {.name = "--block-sparse", .kind = ARG_STRING, .dest = &o->block_sparse},
+      {.name = "--decode", .kind = ARG_FLAG, .dest = &o->decode},
+      {.name = "--bwd", .kind = ARG_FLAG, .dest = &o->bwd},
+      {.name = "--no-check", .kind = ARG_CLEAR, .dest = &o->check},
+      {.name = "--csv", .kind = ARG_FLAG, .dest = &o->csv},
+      {.name = "--verbose", .alias = "-v", .kind = ARG_FLAG, .dest = &o->verbose},
+      {.name = "--help", .alias = "-h", .kind = ARG_HELP},
+  };
+  return args_parse(argc, argv, "flashcl-bench", table, ARGS_COUNT(table));
+}
+
+static args_status parse_args(int argc, char **argv, bench_opts *o) {
   memset(o, 0, sizeof *o);
   o->calls = 1;
   o->q_len = 1;
@@ -177,105 +240,13 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   o->kernel = FLASHCL_KERNEL_AUTO;
   o->window = -1;
   tools_parse_algo_list("flash,naive", &o->algo);
-  for (i = 1; i < argc; ++i) {
-    val = NULL;
-#define OPT(name) ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0 && (r > 0 || (exit(1), 0)))
-    if (OPT("--device")) {
-      o->device = val;
-    } else if (OPT("--n")) {
-      if (tools_parse_int_list(val, &o->n)) goto bad;
-      o->have_n = 1;
-    } else if (OPT("--d")) {
-      if (tools_parse_int_list(val, &o->d)) goto bad;
-      o->have_d = 1;
-    } else if (OPT("--dtype")) {
-      if (tools_parse_dtype_list(val, &o->dtype)) goto bad;
-      o->have_dtype = 1;
-    } else if (OPT("--causal")) {
-      if (tools_parse_causal_list(val, &o->causal)) goto bad;
-      o->have_causal = 1;
-    } else if (OPT("--algo")) {
-      if (tools_parse_algo_list(val, &o->algo) || o->algo.count > MAX_ALGOS) goto bad;
-    } else if (OPT("--batch-tokens")) {
-      if (tools_parse_long(val, &o->batch_tokens) || o->batch_tokens < 1) goto bad;
-      o->have_batch_tokens = 1;
-    } else if (OPT("--hidden")) {
-      if (tools_parse_long(val, &o->hidden) || o->hidden < 1) goto bad;
-      o->have_hidden = 1;
-    } else if (OPT("--gqa")) {
-      if (tools_parse_long(val, &o->gqa) || o->gqa < 1) goto bad;
-    } else if (OPT("--layout")) {
-      if (tools_parse_layout(val, &o->bhnd)) goto bad;
-    } else if (OPT("--kernel")) {
-      if (tools_parse_kernel(val, &o->kernel)) goto bad;
-    } else if (OPT("--deterministic")) {
-      if (strcmp(val, "0") && strcmp(val, "1")) goto bad;
-      o->deterministic = val[0] == '1';
-    } else if (OPT("--dropout")) {
-      char *end = NULL;
-      o->dropout = strtod(val, &end);
-      if (!end || *end || !(o->dropout >= 0.0 && o->dropout < 1.0)) goto bad;
-    } else if (OPT("--window")) {
-      if (tools_parse_long(val, &o->window) || o->window < 0) goto bad;
-    } else if (OPT("--softcap")) {
-      char *end = NULL;
-      o->softcap = strtod(val, &end);
-      if (!end || *end || !(o->softcap > 0.0)) goto bad;
-    } else if (tools_opt_flag(argv, i, "--alibi")) {
-      o->alibi = 1;
-    } else if (OPT("--reps")) {
-      if (tools_parse_long(val, &o->reps) || o->reps < 1) goto bad;
-      o->have_reps = 1;
-    } else if (OPT("--warmup")) {
-      if (tools_parse_long(val, &o->warmup) || o->warmup < 0) goto bad;
-      o->have_warmup = 1;
-    } else if (OPT("--budget")) {
-      char *end = NULL;
-      o->budget_s = strtod(val, &end);
-      if (!end || *end || !(o->budget_s > 0)) goto bad;
-    } else if (OPT("--decode-batch")) {
-      if (tools_parse_int_list(val, &o->decode_batch)) goto bad;
-      o->have_decode_batch = 1;
-    } else if (OPT("--page-size")) {
-      if (tools_parse_long(val, &o->page_size) || o->page_size < 0) goto bad;
-    } else if (OPT("--calls")) {
-      if (tools_parse_long(val, &o->calls) || o->calls < 1 || o->calls > 1000) goto bad;
-    } else if (OPT("--q-len")) {
-      if (tools_parse_long(val, &o->q_len) || o->q_len < 1 || o->q_len > FLASHCL_DECODE_MAX_Q_LEN) goto bad;
-    } else if (tools_opt_flag(argv, i, "--tree")) {
-      o->tree = 1;
-
-    } else if (OPT("--block-sparse")) {
-      o->block_sparse = val;
-    } else if (tools_opt_flag(argv, i, "--decode")) {
-      o->decode = 1;
-    } else if (tools_opt_flag(argv, i, "--bwd")) {
-      o->bwd = 1;
-    } else if (tools_opt_flag(argv, i, "--no-check")) {
-      o->check = 0;
-    } else if (tools_opt_flag(argv, i, "--csv")) {
-      o->csv = 1;
-    } else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) {
-      o->verbose = 1;
-    } else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
-      usage(stdout);
-      exit(0);
-    } else {
-      fprintf(stderr, "flashcl-bench: unknown argument '%s'\n\n", argv[i]);
-      usage(stderr);
-      return -1;
-    }
-#undef OPT
-  }
-  if (o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
+  const args_status st = parse_table(argc, argv, o);
+  if (st == ARGS_OK && o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
     fprintf(stderr, "flashcl-bench: --page-size without --decode times the paged forward: it does not combine "
                     "with --bwd, --layout bhnd or --block-sparse\n");
-    return -1;
+    return ARGS_BAD_VALUE;
   }
-  return 0;
-bad:
-  fprintf(stderr, "flashcl-bench: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
-  return -1;
+  return st;
 }
 
 /* Defaults depend on the device: a full sweep on GPUs, a short one elsewhere
@@ -395,96 +366,95 @@ static int read_output(cl_command_queue queue, const flashcl_tensor *t, size_t c
   return 0;
 }
 
-/* Times one (pass, algo) row on allocated buffers; fills r. */
-static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, int causal, cl_ulong global_mem,
-                    void *scratch, row *r) {
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
-  flashcl_attention_desc desc;
-  tools_attention_args args;
-  double times[1000], ms = 0.0, spent = 0.0;
-  long reps = o->reps < 1000 ? o->reps : 1000, i;
-  size_t io;
-  int st, host_timer = 0;
-
-  flashcl_attention_desc_init(&desc);
-  desc.causal = causal;
-  desc.algo = (flashcl_algo)r->algo;
-  desc.kernel = o->kernel;
-  desc.deterministic = o->deterministic;
-  desc.dropout_p = (float)o->dropout;
-  desc.seed = 0x5eedu;
-  desc.offset = 0;
-  if (o->window >= 0) desc.window_left = (int)o->window;
-  desc.softcap = (float)o->softcap;
-  desc.alibi_slopes = b->mem[9];
+/* The row's call: desc (which points at b's slopes and block table) and the
+ * tensors it reads and writes. */
+static void row_call(const bench_opts *o, const config_bufs *b, int causal, const row *r, flashcl_attention_desc *desc,
+                     tools_attention_args *args) {
+  flashcl_attention_desc_init(desc);
+  desc->causal = causal;
+  desc->algo = (flashcl_algo)r->algo;
+  desc->kernel = o->kernel;
+  desc->deterministic = o->deterministic;
+  desc->dropout_p = (float)o->dropout;
+  desc->seed = 0x5eedu;
+  desc->offset = 0;
+  if (o->window >= 0) desc->window_left = (int)o->window;
+  desc->softcap = (float)o->softcap;
+  desc->alibi_slopes = b->mem[9];
   if (o->gqa > 1) {
-    desc.heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
-    desc.heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
+    desc->heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
+    desc->heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
   }
-  const flashcl_tensor *kt = &b->k, *vt = &b->v;
+  memset(args, 0, sizeof *args);
+  args->desc = desc;
+  args->q = &b->q;
+  args->k = &b->k;
+  args->v = &b->v;
+  args->o = &b->o;
   if (o->page_size) {
-    desc.kv_block_table = b->mem[10];
-    desc.kv_page_size = (int)o->page_size;
-    desc.kv_max_pages = (int)b->pages_per_seq;
-    desc.kv_seqlens = b->mem[11];
-    kt = &b->kp;
-    vt = &b->vp;
+    desc->kv_block_table = b->mem[10];
+    desc->kv_page_size = (int)o->page_size;
+    desc->kv_max_pages = (int)b->pages_per_seq;
+    desc->kv_seqlens = b->mem[11];
+    args->k = &b->kp;
+    args->v = &b->vp;
   }
-  memset(&args, 0, sizeof args);
-  args.desc = &desc;
-  args.q = &b->q;
-  args.k = kt;
-  args.v = vt;
-  args.o = &b->o;
   if (r->pass == FLASHCL_PASS_BACKWARD) {
-    args.lse = &b->lse;
-    args.d_o = &b->d_o;
-    args.dq = &b->dq;
-    args.dk = &b->dk;
-    args.dv = &b->dv;
+    args->lse = &b->lse;
+    args->d_o = &b->d_o;
+    args->dq = &b->dq;
+    args->dk = &b->dk;
+    args->dv = &b->dv;
   }
+}
 
-  st = flashcl_attention_workspace_size(ctx, &desc, &b->q, kt, vt, r->pass, &r->workspace);
-  if (st != FLASHCL_SUCCESS) goto failed;
+/* What the row will run (workspace, tiles, kernel family, tuning) before it runs. */
+static int describe_row(flashcl_context *ctx, const tools_attention_args *a, row *r) {
+  int st = flashcl_attention_workspace_size(ctx, a->desc, a->q, a->k, a->v, r->pass, &r->workspace);
+  if (st != FLASHCL_SUCCESS) return st;
   if (r->algo == FLASHCL_ALGO_FLASH && r->pass == FLASHCL_PASS_FORWARD &&
-      flashcl_attention_block_plan(ctx, (int)b->q.shape[FLASHCL_DIM_HEADDIM], b->q.dtype, 0, 0, &r->plan) ==
+      flashcl_attention_block_plan(ctx, (int)a->q->shape[FLASHCL_DIM_HEADDIM], a->q->dtype, 0, 0, &r->plan) ==
           FLASHCL_SUCCESS)
     r->have_plan = 1;
   if (r->algo == FLASHCL_ALGO_FLASH) {
     flashcl_kernel_family fam;
-    if (flashcl_attention_kernel_family(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &fam) == FLASHCL_SUCCESS)
+    if (flashcl_attention_kernel_family(ctx, a->desc, a->q, a->k, a->v, a->o, r->pass, &fam) == FLASHCL_SUCCESS)
       r->family = (int)fam;
-    r->have_cfg = flashcl_attention_config(ctx, &desc, &b->q, kt, vt, &b->o, r->pass, &r->cfg) == FLASHCL_SUCCESS;
+    r->have_cfg = flashcl_attention_config(ctx, a->desc, a->q, a->k, a->v, a->o, r->pass, &r->cfg) == FLASHCL_SUCCESS;
   }
-  io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
-  if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
-    r->status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
-    r->oom = 1;
-    return;
-  }
-  if (r->pass == FLASHCL_PASS_BACKWARD) { /* o and lse from this algorithm's forward */
-    st = flashcl_attention_forward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
-    if (st == FLASHCL_SUCCESS) st = clFinish(queue);
-    if (st != FLASHCL_SUCCESS) {
-      r->status = st;
-      r->oom = tools_is_oom(st);
-      if (!r->oom) {
-        char what[128];
-        snprintf(what, sizeof what, "  %s flashcl_attention_forward (o and lse for the backward)",
-                 tools_algo_name(r->algo));
-        tools_print_error(stderr, ctx, what, st);
-      }
-      return;
-    }
-  }
+  return FLASHCL_SUCCESS;
+}
 
+/* The backward reads o and lse from this algorithm's own forward. 0, or the
+ * status after recording it in r. */
+static int forward_for_backward(flashcl_context *ctx, const flashcl_attention_desc *desc, config_bufs *b, row *r) {
+  int st = flashcl_attention_forward(ctx, desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
+  if (st == FLASHCL_SUCCESS) st = clFinish(flashcl_context_cl_queue(ctx));
+  if (st == FLASHCL_SUCCESS) return 0;
+  r->status = st;
+  r->oom = tools_is_oom(st);
+  if (!r->oom) {
+    char what[128];
+    snprintf(what, sizeof what, "  %s flashcl_attention_forward (o and lse for the backward)",
+             tools_algo_name(r->algo));
+    tools_print_error(stderr, ctx, what, st);
+  }
+  return st;
+}
+
+/* --warmup untimed runs, then up to --reps timed ones within --budget. */
+static int time_row(flashcl_context *ctx, const bench_opts *o, const tools_attention_args *args, row *r) {
+  double times[1000], ms = 0.0, spent = 0.0;
+  const long reps = o->reps < 1000 ? o->reps : 1000;
+  long i;
+  int st, host_timer = 0;
   for (i = 0; i < o->warmup; ++i) {
-    st = tools_timed_call(ctx, r->pass, &args, &ms, &host_timer);
-    if (st != FLASHCL_SUCCESS) goto failed;
+    st = tools_timed_call(ctx, r->pass, args, &ms, &host_timer);
+    if (st != FLASHCL_SUCCESS) return st;
   }
   for (i = 0; i < reps;) {
-    st = tools_timed_call(ctx, r->pass, &args, &ms, &host_timer);
-    if (st != FLASHCL_SUCCESS) goto failed;
+    st = tools_timed_call(ctx, r->pass, args, &ms, &host_timer);
+    if (st != FLASHCL_SUCCESS) return st;
     if (host_timer) g_host_timer = 1;
     times[i++] = ms;
     spent += ms;
@@ -494,20 +464,45 @@ static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, i
   r->min_ms = tools_min(times, r->reps);
   r->median_ms = tools_median(times, r->reps);
   r->ran = 1;
+  return FLASHCL_SUCCESS;
+}
 
-  if (o->check) {
-    int bad = 0;
-    if (r->pass == FLASHCL_PASS_BACKWARD) {
-      bad |= read_output(queue, &b->dq, b->q_count, scratch, r);
-      bad |= read_output(queue, &b->dk, b->kv_count, scratch, r);
-      bad |= read_output(queue, &b->dv, b->kv_count, scratch, r);
-    } else {
-      bad |= read_output(queue, &b->o, b->q_count, scratch, r);
-    }
-    if (bad) fprintf(stderr, "  (could not read the outputs back for the comparison)\n");
+/* The outputs as floats, for the flash-vs-naive comparison. */
+static void read_outputs(cl_command_queue queue, const config_bufs *b, void *scratch, row *r) {
+  int bad = 0;
+  if (r->pass == FLASHCL_PASS_BACKWARD) {
+    bad |= read_output(queue, &b->dq, b->q_count, scratch, r);
+    bad |= read_output(queue, &b->dk, b->kv_count, scratch, r);
+    bad |= read_output(queue, &b->dv, b->kv_count, scratch, r);
+  } else {
+    bad |= read_output(queue, &b->o, b->q_count, scratch, r);
   }
-  return;
-failed:
+  if (bad) fprintf(stderr, "  (could not read the outputs back for the comparison)\n");
+}
+
+/* Times one (pass, algo) row on allocated buffers; fills r. */
+static void run_row(flashcl_context *ctx, const bench_opts *o, config_bufs *b, int causal, cl_ulong global_mem,
+                    void *scratch, row *r) {
+  flashcl_attention_desc desc;
+  tools_attention_args args;
+  int st;
+
+  row_call(o, b, causal, r, &desc, &args);
+  st = describe_row(ctx, &args, r);
+  if (st == FLASHCL_SUCCESS) {
+    const size_t io = r->pass == FLASHCL_PASS_BACKWARD ? b->bwd_io : b->fwd_io;
+    if ((cl_ulong)io + r->workspace > global_mem) { /* cannot fit: do not even try */
+      r->status = FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
+      r->oom = 1;
+      return;
+    }
+    if (r->pass == FLASHCL_PASS_BACKWARD && forward_for_backward(ctx, &desc, b, r)) return;
+    st = time_row(ctx, o, &args, r);
+  }
+  if (st == FLASHCL_SUCCESS) {
+    if (o->check) read_outputs(flashcl_context_cl_queue(ctx), b, scratch, r);
+    return;
+  }
   r->status = st;
   r->oom = tools_is_oom(st);
   if (!r->oom) {
@@ -531,13 +526,228 @@ static void free_row(row *r) {
  * (2 * B * L * Hkv * d * dtype size) / median time. Cache contents are a constant
  * fill (timing does not depend on the values). */
 
-static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
+/* One decode config: its sizes, and the K/V bytes its GB/s counts. */
+typedef struct decode_shape {
+  flashcl_dtype dt;
+  long d, b, n, T, hq, hkv;
+  long P, pages_per, rows; /* page size (0: contiguous), pages per sequence, cache tokens */
+  size_t es, kv_elems, kv_read;
+  uint64_t seed;
+} decode_shape;
+
+/* Device buffers of one decode config; desc owns its slopes, tree mask and block table. */
+typedef struct decode_bufs {
+  cl_mem mem[6]; /* q, k cache, v cache, out, lse, key counts */
+  flashcl_tensor q, kc, vc, out, lse;
+  flashcl_decode_desc desc;
+  void *scratch;
+} decode_bufs;
+
+static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, long d, long b, long n, long hq,
+                                      long hkv, int li) {
+  decode_shape s;
+  s.dt = dt, s.d = d, s.b = b, s.n = n, s.T = o->q_len, s.hq = hq, s.hkv = hkv;
+  s.es = flashcl_dtype_size(dt);
+  s.P = o->page_size;
+  s.pages_per = s.P ? (n + s.P - 1) / s.P : 0;
+  s.rows = s.P ? b * s.pages_per * s.P : b * n;
+  /* With a left window a call reads only the window's keys (and the new tokens). */
+  const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
+  s.kv_elems = (size_t)s.rows * hkv * d;
+  s.kv_read = 2 * (size_t)b * n_read * hkv * d * s.es;
+  s.seed = 7 + (uint64_t)li;
+  return s;
+}
+
+/* Token t of a binary draft tree sees itself and its ancestors (parent (t - 1) / 2). */
+static cl_mem tree_mask_buffer(cl_context clctx, long b, long T, cl_int *err) {
+  cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
+  cl_mem m;
+  for (long i = 0; w && i < b * T; ++i) {
+    long a = i % T;
+    w[i] = 0;
+    for (;;) {
+      w[i] |= 1u << a;
+      if (a == 0) break;
+      a = (a - 1) / 2;
+    }
+  }
+  m = w ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_uint) * (size_t)(b * T), w, err)
+        : NULL;
+  free(w);
+  return m;
+}
+
+/* count ints: each `value`, or 0, 1, 2, ... when identity (a block table). */
+static cl_mem int_buffer(cl_context clctx, cl_mem_flags flags, long count, long value, int identity, cl_int *err) {
+  cl_int *host = malloc(sizeof(cl_int) * (size_t)count);
+  cl_mem m;
+  for (long i = 0; host && i < count; ++i) host[i] = (cl_int)(identity ? i : value);
+  m = host ? clCreateBuffer(clctx, flags | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * count, host, err) : NULL;
+  free(host);
+  return m;
+}
+
+/* Creates the buffers and the desc's; 0 or the status that stopped it. */
+static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_shape *s, decode_bufs *u) {
   cl_context clctx = flashcl_context_cl_context(ctx);
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+  const size_t q_elems = (size_t)s->b * s->T * s->hq * s->d;
+  cl_int err = CL_SUCCESS;
+  u->scratch = malloc(q_elems * 4);
+  u->mem[0] = u->scratch ? tools_random_buffer(clctx, flashcl_context_cl_queue(ctx), s->dt, q_elems, s->seed,
+                                               u->scratch, &err)
+                         : NULL;
+  if (u->mem[0]) u->mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
+  if (u->mem[1]) u->mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
+  if (u->mem[2]) u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems * s->es, NULL, &err);
+  if (u->mem[3]) u->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)s->b * s->T * s->hq * 4, NULL, &err);
+  flashcl_decode_desc_init(&u->desc);
+  u->desc.kernel = o->kernel;
+  if (o->window >= 0) u->desc.window_left = (int)o->window;
+  u->desc.softcap = (float)o->softcap;
+  if (o->alibi && u->scratch) {
+    float *slopes = (float *)u->scratch; /* holds b * T * hq * d >= hq floats */
+    for (long h = 0; h < s->hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)s->hq);
+    u->desc.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq,
+                                          slopes, &err);
+  }
+  if (o->tree && u->mem[4]) u->desc.tree_mask = tree_mask_buffer(clctx, s->b, s->T, &err);
+  if (u->mem[4]) u->mem[5] = int_buffer(clctx, CL_MEM_READ_WRITE, s->b, s->n, 0, &err);
+  if (s->P && u->mem[5] && err == CL_SUCCESS) {
+    u->desc.block_table = int_buffer(clctx, CL_MEM_READ_ONLY, s->b * s->pages_per, 0, 1, &err);
+    u->desc.page_size = (int)s->P;
+    u->desc.max_pages = (int)s->pages_per;
+  }
+  if (!u->mem[5] || err != CL_SUCCESS || (s->P && !u->desc.block_table) || (o->tree && !u->desc.tree_mask) ||
+      (o->alibi && !u->desc.alibi_slopes))
+    return err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  return 0;
+}
+
+/* Small constants in the caches: timing does not depend on the values. */
+static int decode_fill(cl_command_queue queue, const decode_shape *s, const decode_bufs *u) {
+  /* 16-bit data is filled with a 4-byte pattern of two elements: NVIDIA's
+   * driver never finished a 2-byte-pattern fill of a 4 GiB buffer (the batch
+   * 64, 32K-token caches), a 4-byte one takes 3 ms. kv_elems is even (d is a
+   * multiple of 8). */
+  const cl_ushort h = s->dt == FLASHCL_F16 ? 0x2000 : 0x3c00;
+  const cl_uint pat16 = (cl_uint)h | ((cl_uint)h << 16);
+  const cl_float pat32 = 0.01f;
+  const void *pat = s->es == 2 ? (const void *)&pat16 : (const void *)&pat32;
+  cl_int err = clEnqueueFillBuffer(queue, u->mem[1], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
+  if (!err) err = clEnqueueFillBuffer(queue, u->mem[2], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
+  return err;
+}
+
+/* The caches are page pools of P-token pages when paged. */
+static int decode_tensors(const decode_shape *s, decode_bufs *u) {
+  const long seqs = s->P ? s->b * s->pages_per : s->b, len = s->P ? s->P : s->n;
+  int st = flashcl_tensor_init_bnhd(&u->q, u->mem[0], 0, s->dt, s->b, s->T, s->hq, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->dt, seqs, len, s->hkv, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->dt, seqs, len, s->hkv, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->out, u->mem[3], 0, s->dt, s->b, s->T, s->hq, s->d);
+  if (!st) st = flashcl_tensor_init_lse(&u->lse, u->mem[4], 0, s->b, s->T, s->hq);
+  return st;
+}
+
+static void decode_release(decode_bufs *u) {
+  for (int r = 0; r < 6; ++r)
+    if (u->mem[r]) clReleaseMemObject(u->mem[r]);
+  if (u->desc.block_table) clReleaseMemObject(u->desc.block_table);
+  if (u->desc.tree_mask) clReleaseMemObject(u->desc.tree_mask);
+  if (u->desc.alibi_slopes) clReleaseMemObject(u->desc.alibi_slopes);
+  free(u->scratch);
+}
+
+/* A row without timings: OOM (not tried) or an error. */
+static void print_decode_unrun(const bench_opts *o, const flashcl_device_info *info, const decode_shape *s,
+                               const char *csv_status, const char *text_status) {
+  if (o->csv)
+    printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, s->n, s->b, s->d,
+           flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, s->kv_read, csv_status);
+  else
+    printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", s->n, s->b, s->d, flashcl_dtype_name(s->dt), "-", "-",
+           text_status, mib(s->kv_read), "-");
+}
+
+static void print_decode_row(const bench_opts *o, const flashcl_device_info *info, const decode_shape *s, int splits,
+                             double *times, double *hosts, int nrep) {
+  const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
+  const double gbps = (double)s->kv_read / (med * 1e-3) / 1e9;
+  const double hmed = tools_median(hosts, nrep);
+  if (o->csv)
+    printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n", info->device_name,
+           s->n, s->b, s->d, flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
+           s->kv_read, gbps, o->calls, hmed);
+  else
+    printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", s->n, s->b, s->d, flashcl_dtype_name(s->dt),
+           splits, nrep, med, mib(s->kv_read), gbps, hmed);
+}
+
+/* Times one decode config and prints its row; 1 when it failed. */
+static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info,
+                         const decode_shape *s, long reps, long warmup) {
+  decode_bufs u;
+  double times[1000], hosts[1000], ms = 0, hus = 0;
+  int st, splits = 0, r, nrep = 0;
+  if (s->kv_elems * s->es > info->max_mem_alloc_size || 2 * s->kv_elems * s->es > info->global_mem_size) {
+    print_decode_unrun(o, info, s, "OOM", "OOM");
+    return 0;
+  }
+  memset(&u, 0, sizeof u);
+  st = decode_alloc(ctx, o, s, &u);
+  if (!st) st = decode_fill(flashcl_context_cl_queue(ctx), s, &u);
+  if (!st) st = decode_tensors(s, &u);
+  if (!st) {
+    size_t ws = 0;
+    u.desc.max_seqlen_k = (int)s->n;
+    st = flashcl_attention_decode_workspace_size(ctx, &u.desc, &u.q, &u.kc, &u.vc, &ws, &splits);
+  }
+  for (r = 0; !st && r < warmup; ++r)
+    st = tools_timed_decode(ctx, &u.desc, &u.q, &u.kc, &u.vc, u.mem[5], &u.out, &u.lse, o->calls, &ms, &hus,
+                            &g_host_timer);
+  for (r = 0; !st && r < reps && r < 1000; ++r) {
+    st = tools_timed_decode(ctx, &u.desc, &u.q, &u.kc, &u.vc, u.mem[5], &u.out, &u.lse, o->calls, &ms, &hus,
+                            &g_host_timer);
+    if (!st) hosts[nrep] = hus, times[nrep++] = ms;
+  }
+  if (st || nrep == 0) {
+    tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
+    print_decode_unrun(o, info, s, flashcl_status_string(st), "error");
+  } else {
+    print_decode_row(o, info, s, splits, times, hosts, nrep);
+  }
+  fflush(stdout);
+  decode_release(&u);
+  return st || nrep == 0;
+}
+
+static void print_decode_header(flashcl_context *ctx, const bench_opts *o, long hq, long hkv, long warmup,
+                                long reps) {
+  char devdesc[512];
+  if (o->csv) {
+    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,"
+           "calls,host_us,status\n");
+    return;
+  }
+  tools_describe_device(ctx, devdesc, sizeof devdesc);
+  printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
+         " runs of %ld back-to-back call(s) (time per call)\n",
+         FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
+         o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
+  if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
+  if (o->softcap > 0) printf("softcap %g\n", o->softcap);
+  if (o->alibi) printf("ALiBi\n");
+  printf("\n");
+  printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
+         "KV_MiB", "GB/s", "host_us");
+}
+
+static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
   const long hq = 32, hkv = o->gqa > 1 ? 32 / o->gqa : 8;
   const long reps = o->have_reps ? o->reps : (info->is_gpu ? 20 : 3), warmup = o->have_warmup ? o->warmup : 2;
   tools_list lens_list, batches, ds, dts;
-  int failures = 0, li, bi, di, ti;
+  int failures = 0;
   if (hkv < 1 || hq % hkv) {
     fprintf(stderr, "flashcl-bench --decode: --gqa must divide 32\n");
     return 1;
@@ -550,164 +760,14 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   else tools_parse_int_list("128", &ds);
   if (o->have_dtype) dts = o->dtype;
   else tools_parse_dtype_list("f16", &dts);
-  if (o->csv)
-    printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,"
-           "calls,host_us,status\n");
-  else {
-    char devdesc[512];
-    tools_describe_device(ctx, devdesc, sizeof devdesc);
-    printf("flashcl-bench --decode %s on %s\nq_len %ld%s, %ld query / %ld kv heads, %s cache, warmup %ld, median of %ld"
-           " runs of %ld back-to-back call(s) (time per call)\n",
-           FLASHCL_VERSION_STRING, devdesc, o->q_len, o->tree ? " (binary tree mask)" : "", hq, hkv,
-           o->page_size ? "paged" : "contiguous", warmup, reps, o->calls);
-    if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
-    if (o->softcap > 0) printf("softcap %g\n", o->softcap);
-    if (o->alibi) printf("ALiBi\n");
-    printf("\n");
-    printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
-           "KV_MiB", "GB/s", "host_us");
-  }
-  for (ti = 0; ti < dts.count; ++ti)
-    for (di = 0; di < ds.count; ++di)
-      for (bi = 0; bi < batches.count; ++bi)
-        for (li = 0; li < lens_list.count; ++li) {
-          const flashcl_dtype dt = (flashcl_dtype)dts.v[ti];
-          const long d = ds.v[di], b = batches.v[bi], n = lens_list.v[li], T = o->q_len;
-          const size_t es = flashcl_dtype_size(dt);
-          const long P = o->page_size, pages_per = P ? (n + P - 1) / P : 0;
-          const long rows = P ? b * pages_per * P : b * n; /* cache tokens */
-          /* With a left window a call reads only the window's keys (and the new tokens). */
-          const long n_read = o->window >= 0 && o->window + T < n ? o->window + T : n;
-          const size_t kv_elems = (size_t)rows * hkv * d, kv_read = 2 * (size_t)b * n_read * hkv * d * es;
-          cl_mem mem[6] = {0};
-          flashcl_tensor q, kc, vc, out, lse;
-          flashcl_decode_desc desc;
-          double times[1000], hosts[1000], ms = 0, hus = 0;
-          int st = 0, splits = 0, r, nrep = 0;
-          cl_int err = CL_SUCCESS;
-          void *scratch = NULL;
-          if (kv_elems * es > info->max_mem_alloc_size || 2 * kv_elems * es > info->global_mem_size) {
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"OOM\"\n", info->device_name, n, b, d,
-                               flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, kv_read);
-            else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
-                        "OOM", mib(kv_read), "-");
-            continue;
-          }
-          scratch = malloc((size_t)b * T * hq * d * 4);
-          mem[0] = scratch ? tools_random_buffer(clctx, queue, dt, (size_t)b * T * hq * d, 7 + (uint64_t)li, scratch,
-                                                 &err)
-                           : NULL;
-          if (mem[0]) mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
-          if (mem[1]) mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, kv_elems * es, NULL, &err);
-          if (mem[2]) mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * d * es, NULL, &err);
-          if (mem[3]) mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)b * T * hq * 4, NULL, &err);
-          flashcl_decode_desc_init(&desc);
-          desc.kernel = o->kernel;
-          if (o->window >= 0) desc.window_left = (int)o->window;
-          desc.softcap = (float)o->softcap;
-          if (o->alibi && scratch) {
-            float *slopes = (float *)scratch; /* holds b * T * hq * d >= hq floats */
-            long h;
-            for (h = 0; h < hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)hq);
-            desc.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * hq,
-                                               slopes, &err);
-          }
-          if (o->tree && mem[4]) {
-            cl_uint *w = malloc(sizeof(cl_uint) * (size_t)(b * T));
-            long i;
-            for (i = 0; w && i < b * T; ++i) {
-              long a = i % T;
-              w[i] = 0;
-              for (;;) {
-                w[i] |= 1u << a;
-                if (a == 0) break;
-                a = (a - 1) / 2;
-              }
-            }
-            desc.tree_mask = w ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                                sizeof(cl_uint) * (size_t)(b * T), w, &err)
-                               : NULL;
-            free(w);
-          }
-          if (mem[4]) {
-            cl_int *host = malloc(sizeof(cl_int) * (size_t)b);
-            long i;
-            for (i = 0; host && i < b; ++i) host[i] = (cl_int)n;
-            if (host) mem[5] = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * b, host, &err);
-            free(host);
-          }
-          if (P && mem[5] && err == CL_SUCCESS) {
-            cl_int *host = malloc(sizeof(cl_int) * (size_t)(b * pages_per));
-            long i;
-            for (i = 0; host && i < b * pages_per; ++i) host[i] = (cl_int)i;
-            desc.block_table = host ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                                     sizeof(cl_int) * b * pages_per, host, &err)
-                                    : NULL;
-            free(host);
-            desc.page_size = (int)P;
-            desc.max_pages = (int)pages_per;
-          }
-          if (!mem[5] || err != CL_SUCCESS || (P && !desc.block_table) || (o->tree && !desc.tree_mask) ||
-              (o->alibi && !desc.alibi_slopes))
-            st = err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-          if (!st) {
-            /* Small constants. 16-bit data is filled with a 4-byte pattern of two
-             * elements: NVIDIA's driver never finished a 2-byte-pattern fill of
-             * a 4 GiB buffer (the batch 64, 32K-token caches), a 4-byte one takes
-             * 3 ms. kv_elems is even (d is a multiple of 8). */
-            const cl_ushort h = dt == FLASHCL_F16 ? 0x2000 : 0x3c00;
-            const cl_uint pat16 = (cl_uint)h | ((cl_uint)h << 16);
-            const cl_float pat32 = 0.01f;
-            const void *pat = es == 2 ? (const void *)&pat16 : (const void *)&pat32;
-            err = clEnqueueFillBuffer(queue, mem[1], pat, 4, 0, kv_elems * es, 0, NULL, NULL);
-            if (!err) err = clEnqueueFillBuffer(queue, mem[2], pat, 4, 0, kv_elems * es, 0, NULL, NULL);
-            st = err;
-          }
-          if (!st) st = flashcl_tensor_init_bnhd(&q, mem[0], 0, dt, b, T, hq, d);
-          if (!st) st = P ? flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b * pages_per, P, hkv, d)
-                          : flashcl_tensor_init_bnhd(&kc, mem[1], 0, dt, b, n, hkv, d);
-          if (!st) st = P ? flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b * pages_per, P, hkv, d)
-                          : flashcl_tensor_init_bnhd(&vc, mem[2], 0, dt, b, n, hkv, d);
-          if (!st) st = flashcl_tensor_init_bnhd(&out, mem[3], 0, dt, b, T, hq, d);
-          if (!st) st = flashcl_tensor_init_lse(&lse, mem[4], 0, b, T, hq);
-          if (!st) {
-            size_t ws = 0;
-            desc.max_seqlen_k = (int)n;
-            st = flashcl_attention_decode_workspace_size(ctx, &desc, &q, &kc, &vc, &ws, &splits);
-          }
-          for (r = 0; !st && r < warmup; ++r)
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
-                                    &g_host_timer);
-          for (r = 0; !st && r < reps && r < 1000; ++r) {
-            st = tools_timed_decode(ctx, &desc, &q, &kc, &vc, mem[5], &out, &lse, o->calls, &ms, &hus,
-                                    &g_host_timer);
-            if (!st) hosts[nrep] = hus, times[nrep++] = ms;
-          }
-          if (st || nrep == 0) {
-            ++failures;
-            tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, n, b, d,
-                               flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, kv_read, flashcl_status_string(st));
-            else printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", n, b, d, flashcl_dtype_name(dt), "-", "-",
-                        "error", mib(kv_read), "-");
-          } else {
-            const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
-            const double gbps = (double)kv_read / (med * 1e-3) / 1e9;
-            const double hmed = tools_median(hosts, nrep);
-            if (o->csv) printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n",
-                               info->device_name, n, b, d, flashcl_dtype_name(dt), hq, hkv, P, T, o->tree, splits, nrep,
-                               med, mn,
-                               kv_read, gbps, o->calls, hmed);
-            else printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", n, b, d, flashcl_dtype_name(dt),
-                        splits, nrep, med, mib(kv_read), gbps, hmed);
-          }
-          fflush(stdout);
-          for (r = 0; r < 6; ++r)
-            if (mem[r]) clReleaseMemObject(mem[r]);
-          if (desc.block_table) clReleaseMemObject(desc.block_table);
-          if (desc.tree_mask) clReleaseMemObject(desc.tree_mask);
-          if (desc.alibi_slopes) clReleaseMemObject(desc.alibi_slopes);
-          free(scratch);
+  print_decode_header(ctx, o, hq, hkv, warmup, reps);
+  for (int ti = 0; ti < dts.count; ++ti)
+    for (int di = 0; di < ds.count; ++di)
+      for (int bi = 0; bi < batches.count; ++bi)
+        for (int li = 0; li < lens_list.count; ++li) {
+          const decode_shape s = make_decode_shape(o, (flashcl_dtype)dts.v[ti], ds.v[di], batches.v[bi],
+                                                   lens_list.v[li], hq, hkv, li);
+          failures += decode_config(ctx, o, info, &s, reps, warmup);
         }
   if (!o->csv && g_host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
   return failures ? 1 : 0;
@@ -720,127 +780,408 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
  * evenly strided ones, so every row holds exactly k blocks (density k / nb) and
  * the work-groups stay balanced. Times the median of --reps forwards by event
  * profiling; "x dense" is time / time at the first density. */
-static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
-  cl_context clctx = flashcl_context_cl_context(ctx);
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
+/* What every density of a --block-sparse run shares. */
+typedef struct sparse_setup {
+  long d, reps, tokens, hidden;
+  flashcl_dtype dtype;
+  int mb, npass;
   double dens[TOOLS_MAX_LIST];
-  int nd = 0, failures = 0;
-  for (const char *p = o->block_sparse; *p && nd < TOOLS_MAX_LIST;) {
+  int nd;
+} sparse_setup;
+
+/* The --block-sparse list; 1 (reported) when a density is outside (0, 1]. */
+static int parse_densities(const char *list, sparse_setup *s) {
+  s->nd = 0;
+  for (const char *p = list; *p && s->nd < TOOLS_MAX_LIST;) {
     char *end = NULL;
     double x = strtod(p, &end);
     if (end == p || !(x > 0.0 && x <= 1.0)) {
       fprintf(stderr, "flashcl-bench: --block-sparse densities must be in (0, 1]\n");
       return 1;
     }
-    dens[nd++] = x;
+    s->dens[s->nd++] = x;
     p = *end == ',' ? end + 1 : end;
   }
+  return 0;
+}
+
+/* The options, else the defaults of the usage text (which depend on the device). */
+static void sparse_defaults(bench_opts *o, const flashcl_device_info *info, sparse_setup *s) {
   if (!o->have_n) tools_parse_int_list(info->is_gpu ? "16384" : "2048", &o->n);
-  const long d = o->have_d ? o->d.v[0] : 64;
-  const flashcl_dtype dtype = o->have_dtype ? (flashcl_dtype)o->dtype.v[0] : info->is_gpu ? FLASHCL_F16 : FLASHCL_F32;
-  const long reps = o->have_reps ? (o->reps > 0 ? o->reps : 1) : info->is_gpu ? 10 : 3;
-  const long tokens = o->have_batch_tokens ? o->batch_tokens : info->is_gpu ? 16384 : 2048;
-  const long hidden = o->have_hidden ? o->hidden : info->is_gpu ? 2048 : 256;
-  const int mb = info->is_gpu ? 128 : 64;
-  const int npass = o->bwd ? 2 : 1;
+  s->d = o->have_d ? o->d.v[0] : 64;
+  s->dtype = o->have_dtype ? (flashcl_dtype)o->dtype.v[0] : info->is_gpu ? FLASHCL_F16 : FLASHCL_F32;
+  s->reps = o->have_reps ? (o->reps > 0 ? o->reps : 1) : info->is_gpu ? 10 : 3;
+  s->tokens = o->have_batch_tokens ? o->batch_tokens : info->is_gpu ? 16384 : 2048;
+  s->hidden = o->have_hidden ? o->hidden : info->is_gpu ? 2048 : 256;
+  s->mb = info->is_gpu ? 128 : 64;
+  s->npass = o->bwd ? 2 : 1;
+}
+
+static void print_sparse_header(const bench_opts *o, const sparse_setup *s) {
   if (!o->csv) {
     printf("flashcl-bench --block-sparse: mask blocks %d x %d, %s, d = %ld, non-causal, median of %ld%s\n\n"
            "%6s %5s %5s %8s %9s %4s %10s %9s %11s\n",
-           mb, mb, flashcl_dtype_name(dtype), d, reps,
+           s->mb, s->mb, flashcl_dtype_name(s->dtype), s->d, s->reps,
            o->bwd ? (o->deterministic ? ", deterministic backward" : ", atomic-dQ backward") : "", "N", "batch",
            "heads", "density", "blocks/row", "pass", "median_ms", "x dense", "x/density");
   } else {
     printf("n,d,dtype,batch,heads,density,blocks_per_row,pass,median_ms,ratio_dense\n");
   }
-  for (int ni = 0; ni < o->n.count; ni++) {
-    const long n = o->n.v[ni], batch = tokens / n > 0 ? tokens / n : 1, heads = hidden / d > 0 ? hidden / d : 1;
-    const size_t count = (size_t)batch * n * heads * d, bytes = count * flashcl_dtype_size(dtype);
-    void *scratch = malloc(count * 4);
-    cl_int err = CL_SUCCESS;
-    /* q k v o, and for --bwd lse dO dQ dK dV */
-    cl_mem mem[9] = {NULL};
-    const int nmem = o->bwd ? 9 : 4;
-    for (int i = 0; i < nmem && err == CL_SUCCESS; i++) {
-      if (i < 3 || i == 5) mem[i] = tools_random_buffer(clctx, queue, dtype, count, 11 + i, scratch, &err);
-      else mem[i] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, i == 4 ? count / d * sizeof(float) : bytes, NULL, &err);
-      if (!mem[i] && err == CL_SUCCESS) err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+}
+
+/* q k v o, and for --bwd lse dO dQ dK dV; CL_SUCCESS or the error (mem then
+ * holds what was created). */
+static cl_int sparse_alloc(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, size_t count,
+                           cl_mem mem[9]) {
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  const size_t bytes = count * flashcl_dtype_size(s->dtype);
+  void *scratch = malloc(count * 4);
+  cl_int err = CL_SUCCESS;
+  for (int i = 0; i < (o->bwd ? 9 : 4) && err == CL_SUCCESS; i++) {
+    if (i < 3 || i == 5)
+      mem[i] = tools_random_buffer(clctx, flashcl_context_cl_queue(ctx), s->dtype, count, 11 + i, scratch, &err);
+    else mem[i] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, i == 4 ? count / s->d * sizeof(float) : bytes, NULL, &err);
+    if (!mem[i] && err == CL_SUCCESS) err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  }
+  free(scratch);
+  return err;
+}
+
+/* Row i keeps kk of the nb blocks, (i + t * (nb / kk)) mod nb; every batch the same. */
+static void sparse_mask_bits(uint32_t *bits, int nb, int kk, size_t words, long batch) {
+  const int wpr = (nb + 31) / 32;
+  memset(bits, 0, words * batch * sizeof *bits);
+  for (int i = 0; i < nb; i++)
+    for (int t = 0; t < kk; t++) {
+      const int j = (i + t * (nb / kk)) % nb;
+      bits[(size_t)i * wpr + j / 32] |= 1u << (j % 32);
     }
-    free(scratch);
-    if (err != CL_SUCCESS) {
-      fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
+  for (long b = 1; b < batch; b++) memcpy(bits + b * words, bits, words * sizeof *bits);
+}
+
+/* Median of --reps timed calls after one untimed one: the first run builds
+ * the programs; the forward runs write the o and lse the backward reads. */
+static int time_sparse_pass(flashcl_context *ctx, const tools_attention_args *args, flashcl_pass pass, long reps,
+                            double *median) {
+  double times[1000];
+  int got = 0, host_timer = 0, st = FLASHCL_SUCCESS;
+  for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
+    double ms = 0.0;
+    st = tools_timed_call(ctx, pass, args, &ms, &host_timer);
+    if (st == FLASHCL_SUCCESS && r > 0) times[got++] = ms;
+  }
+  if (st != FLASHCL_SUCCESS || got == 0) {
+    tools_print_error(stderr, ctx, pass == FLASHCL_PASS_BACKWARD ? "flashcl_attention_backward (block-sparse)"
+                                                                  : "flashcl_attention_forward (block-sparse)", st);
+    return st != FLASHCL_SUCCESS ? st : -1;
+  }
+  *median = tools_median(times, got);
+  return FLASHCL_SUCCESS;
+}
+
+/* One N of a --block-sparse run: its shape and what the first density took. */
+typedef struct sparse_n {
+  long n, batch, heads;
+  int nb; /* mask blocks per row */
+  double dense_ms[2];
+} sparse_n;
+
+/* Times each pass at kk of nb blocks per row (density index di); returns the failures. */
+static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, sparse_n *sn,
+                        tools_attention_args *args, const uint32_t *bits, size_t words, int kk, int di) {
+  cl_int err = CL_SUCCESS;
+  cl_mem mm = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                             words * sn->batch * sizeof *bits, (void *)bits, &err);
+  flashcl_attention_desc desc;
+  int failures = 0, st = mm ? FLASHCL_SUCCESS : err;
+  flashcl_attention_desc_init(&desc);
+  desc.kernel = o->kernel;
+  desc.mask_kind = FLASHCL_MASK_BLOCK;
+  desc.mask = mm;
+  desc.mask_block_q = desc.mask_block_k = s->mb;
+  desc.deterministic = o->deterministic;
+  args->desc = &desc;
+  for (int pi = 0; pi < s->npass && st == FLASHCL_SUCCESS; pi++) {
+    double med = 0.0;
+    if (time_sparse_pass(ctx, args, pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, s->reps, &med)) {
       failures++;
-      for (int i = 0; i < 9; i++)
-        if (mem[i]) clReleaseMemObject(mem[i]);
-      continue;
+      break;
     }
-    flashcl_tensor t[9];
-    for (int i = 0; i < nmem; i++)
-      if (i == 4) flashcl_tensor_init_lse(&t[i], mem[i], 0, batch, n, heads);
-      else flashcl_tensor_init_bnhd(&t[i], mem[i], 0, dtype, batch, n, heads, d);
+    const double real = (double)kk / sn->nb;
+    if (di == 0) sn->dense_ms[pi] = med;
+    if (o->csv)
+      printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", sn->n, s->d, flashcl_dtype_name(s->dtype), sn->batch,
+             sn->heads, real, kk, pi ? "bwd" : "fwd", med, med / sn->dense_ms[pi]);
+    else
+      printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", sn->n, sn->batch, sn->heads, real, kk,
+             pi ? "bwd" : "fwd", med, med / sn->dense_ms[pi], med / sn->dense_ms[pi] / real);
+    fflush(stdout);
+  }
+  if (mm) clReleaseMemObject(mm);
+  return failures;
+}
+
+/* Every density at one sequence length n; returns the failures. */
+static int sparse_at_n(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, long n) {
+  sparse_n sn = {n, s->tokens / n > 0 ? s->tokens / n : 1, s->hidden / s->d > 0 ? s->hidden / s->d : 1,
+                 (int)((n + s->mb - 1) / s->mb), {0.0, 0.0}};
+  const size_t count = (size_t)sn.batch * n * sn.heads * s->d;
+  cl_mem mem[9] = {NULL};
+  flashcl_tensor t[9];
+  size_t words = 0;
+  int failures = 0;
+  const cl_int err = sparse_alloc(ctx, o, s, count, mem);
+  if (err != CL_SUCCESS) {
+    fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
+    failures++;
+  } else {
+    for (int i = 0; i < (o->bwd ? 9 : 4); i++)
+      if (i == 4) flashcl_tensor_init_lse(&t[i], mem[i], 0, sn.batch, n, sn.heads);
+      else flashcl_tensor_init_bnhd(&t[i], mem[i], 0, s->dtype, sn.batch, n, sn.heads, s->d);
     tools_attention_args args = {NULL, &t[0], &t[1], &t[2], &t[3], o->bwd ? &t[4] : NULL,
                                  o->bwd ? &t[5] : NULL, o->bwd ? &t[6] : NULL, o->bwd ? &t[7] : NULL,
                                  o->bwd ? &t[8] : NULL};
-    const int nb = (int)((n + mb - 1) / mb);
-    size_t words = 0;
-    flashcl_mask_words(nb, nb, &words);
-    uint32_t *bits = malloc(words * batch * sizeof *bits);
-    double dense_ms[2] = {0.0, 0.0};
-    for (int di = 0; di < nd; di++) {
-      int kk = (int)(dens[di] * nb + 0.5);
+    flashcl_mask_words(sn.nb, sn.nb, &words);
+    uint32_t *bits = malloc(words * sn.batch * sizeof *bits);
+    for (int di = 0; di < s->nd; di++) {
+      int kk = (int)(s->dens[di] * sn.nb + 0.5);
       if (kk < 1) kk = 1;
-      if (kk > nb) kk = nb;
-      memset(bits, 0, words * batch * sizeof *bits);
-      const int wpr = (nb + 31) / 32;
-      for (int i = 0; i < nb; i++)
-        for (int t = 0; t < kk; t++) {
-          const int j = (i + t * (nb / kk)) % nb;
-          bits[(size_t)i * wpr + j / 32] |= 1u << (j % 32);
-        }
-      for (long b = 1; b < batch; b++) memcpy(bits + b * words, bits, words * sizeof *bits);
-      cl_mem mm = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, words * batch * sizeof *bits, bits,
-                                 &err);
-      flashcl_attention_desc desc;
-      flashcl_attention_desc_init(&desc);
-      desc.kernel = o->kernel;
-      desc.mask_kind = FLASHCL_MASK_BLOCK;
-      desc.mask = mm;
-      desc.mask_block_q = desc.mask_block_k = mb;
-      desc.deterministic = o->deterministic;
-      args.desc = &desc;
-      int st = mm ? FLASHCL_SUCCESS : err;
-      for (int pi = 0; pi < npass && st == FLASHCL_SUCCESS; pi++) {
-        const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
-        double times[1000];
-        int got = 0, host_timer = 0;
-        /* The first run builds the programs; the forward runs write the o and lse the backward reads. */
-        for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
-          double ms = 0.0;
-          st = tools_timed_call(ctx, pass, &args, &ms, &host_timer);
-          if (st == FLASHCL_SUCCESS && r > 0) times[got++] = ms;
-        }
-        if (st != FLASHCL_SUCCESS || got == 0) {
-          tools_print_error(stderr, ctx, pi ? "flashcl_attention_backward (block-sparse)"
-                                            : "flashcl_attention_forward (block-sparse)", st);
-          failures++;
-          break;
-        }
-        const double med = tools_median(times, got), real = (double)kk / nb;
-        if (di == 0) dense_ms[pi] = med;
-        if (o->csv)
-          printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", n, d, flashcl_dtype_name(dtype), batch, heads, real, kk,
-                 pi ? "bwd" : "fwd", med, med / dense_ms[pi]);
-        else
-          printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", n, batch, heads, real, kk, pi ? "bwd" : "fwd",
-                 med, med / dense_ms[pi], med / dense_ms[pi] / real);
-        fflush(stdout);
-      }
-      if (mm) clReleaseMemObject(mm);
+      if (kk > sn.nb) kk = sn.nb;
+      sparse_mask_bits(bits, sn.nb, kk, words, sn.batch);
+      failures += time_density(ctx, o, s, &sn, &args, bits, words, kk, di);
     }
     free(bits);
-    for (int i = 0; i < 9; i++)
-      if (mem[i]) clReleaseMemObject(mem[i]);
   }
+  for (int i = 0; i < 9; i++)
+    if (mem[i]) clReleaseMemObject(mem[i]);
+  return failures;
+}
+
+static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const flashcl_device_info *info) {
+  sparse_setup s;
+  int failures = 0;
+  if (parse_densities(o->block_sparse, &s)) return 1;
+  sparse_defaults(o, info, &s);
+  print_sparse_header(o, &s);
+  for (int ni = 0; ni < o->n.count; ni++) failures += sparse_at_n(ctx, o, &s, o->n.v[ni]);
   return failures ? 1 : 0;
+}
+
+static void print_bench_header(const bench_opts *o, const char *devdesc) {
+  if (o->csv) {
+    printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
+           "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status,family,kernel,tuning_source\n");
+  } else {
+    printf("flashcl-bench %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
+    printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
+           o->batch_tokens, o->hidden, o->gqa > 1 ? " (GQA)" : "", o->bhnd ? "BHND" : "BNHD", o->warmup, o->reps);
+    if (o->dropout > 0) printf(", dropout %g", o->dropout);
+    if (o->window >= 0) printf(", window %ld", o->window);
+    if (o->softcap > 0) printf(", softcap %g", o->softcap);
+    if (o->alibi) printf(", ALiBi");
+    if (o->page_size) printf(", K/V in pages of %ld (identity block table)", o->page_size);
+    if (o->bwd) printf(", %s backward", o->deterministic ? "deterministic" : "atomic-dQ");
+    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", "N", "d", "dtype",
+           "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
+           "ws_MiB", "total_MiB", "speedup", "relL2", "tuning (family, source)");
+  }
+  fflush(stdout);
+}
+
+/* One (N, d, dtype, causal) config of the sweep. */
+typedef struct bench_config {
+  long n, d, batch, heads, heads_kv;
+  flashcl_dtype dtype;
+  int causal;
+  uint64_t seed;
+} bench_config;
+
+/* The columns of one printed row that come from more than the row itself. */
+typedef struct row_stats {
+  flashcl_pass pass;
+  size_t io;
+  double tflops, speedup, rel;
+  int have_rel;
+} row_stats;
+
+/* Flash rows only: naive median / flash median, and the largest relL2 of
+ * their outputs (NaN as soon as one is NaN). */
+static void compare_with_naive(const row *r, const row *nv, row_stats *rs) {
+  rs->speedup = NAN;
+  rs->rel = NAN;
+  rs->have_rel = 0;
+  if (!nv || !nv->ran || !r->ran) return;
+  rs->speedup = nv->median_ms / r->median_ms;
+  if (r->nout == 0 || r->nout != nv->nout) return;
+  rs->have_rel = 1;
+  rs->rel = 0.0;
+  for (int j = 0; j < r->nout; ++j) {
+    const double e = tools_rel_l2(r->out[j], nv->out[j], r->out_count[j]);
+    if (isnan(e) || e > rs->rel) rs->rel = e;
+    if (isnan(e)) break;
+  }
+}
+
+static void print_row_csv(const bench_opts *o, const flashcl_device_info *info, const bench_config *c, const row *r,
+                          const row_stats *rs) {
+  const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
+  printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info->device_name,
+         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd", c->n, c->d, flashcl_dtype_name(c->dtype), c->causal,
+         o->bhnd ? "bhnd" : "bnhd", c->batch, c->heads, c->heads_kv, tools_algo_name(r->algo),
+         r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
+         r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
+  if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, rs->tflops);
+  else printf(",,,");
+  printf("%zu,%zu,%zu,", rs->io, r->workspace, rs->io + r->workspace);
+  if (!isnan(rs->speedup)) printf("%.4f", rs->speedup);
+  printf(",");
+  if (rs->have_rel) printf("%.3e", rs->rel);
+  printf(",\"%s\",%s,%s,\"%s\"\n", stxt, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
+         r->have_cfg ? r->cfg.kernel : "", r->have_cfg ? r->cfg.origin : "");
+}
+
+static void print_row_text(const bench_config *c, const row *r, const row_stats *rs) {
+  char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
+  if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
+  else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
+  else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
+  else snprintf(blocks, sizeof blocks, "-");
+  if (r->oom) snprintf(ms, sizeof ms, "OOM");
+  else if (r->status) snprintf(ms, sizeof ms, "error %d", r->status);
+  else snprintf(ms, sizeof ms, "%.3f", r->median_ms);
+  if (r->ran) snprintf(reps, sizeof reps, "%d", r->reps);
+  else snprintf(reps, sizeof reps, "-");
+  if (r->ran) snprintf(tf, sizeof tf, "%.4f", rs->tflops);
+  else snprintf(tf, sizeof tf, "-");
+  if (!isnan(rs->speedup)) snprintf(spd, sizeof spd, "%.2fx", rs->speedup);
+  else snprintf(spd, sizeof spd, "-");
+  if (rs->have_rel) snprintf(rl, sizeof rl, "%.2e", rs->rel);
+  else snprintf(rl, sizeof rl, "-");
+  printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n", c->n, c->d,
+         flashcl_dtype_name(c->dtype), c->causal, c->batch, c->heads, rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd",
+         tools_algo_name(r->algo), blocks, reps, ms, tf, mib(rs->io), mib(r->workspace), mib(rs->io + r->workspace),
+         spd, rl, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "", r->have_cfg ? " from " : "",
+         r->have_cfg ? r->cfg.origin : "");
+}
+
+/* Runs and prints every --algo row of one pass. Counts the rows that failed
+ * other than by OOM; returns 1 when one of them may have broken the context. */
+static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, const bench_config *c,
+                    config_bufs *bufs, int alloc_status, void *scratch, flashcl_pass pass, int *failures) {
+  const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * visible_pairs(c->n, c->causal, o->window) *
+                       (double)c->d * (double)c->batch * (double)c->heads;
+  row rows[MAX_ALGOS];
+  int flash_i = -1, naive_i = -1, need_reset = 0;
+  memset(rows, 0, sizeof rows);
+  for (int ai = 0; ai < o->algo.count; ++ai) {
+    rows[ai].algo = (int)o->algo.v[ai];
+    rows[ai].pass = pass;
+    if (rows[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
+    if (rows[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
+    if (alloc_status) {
+      rows[ai].status = alloc_status;
+      rows[ai].oom = tools_is_oom(alloc_status);
+    } else {
+      run_row(ctx, o, bufs, c->causal, info->global_mem_size, scratch, &rows[ai]);
+    }
+  }
+  for (int ai = 0; ai < o->algo.count; ++ai) {
+    const row *r = &rows[ai];
+    row_stats rs = {pass, pass == FLASHCL_PASS_BACKWARD ? bufs->bwd_io : bufs->fwd_io,
+                    r->ran ? flops / (r->median_ms * 1e-3) / 1e12 : NAN, NAN, NAN, 0};
+    if (!r->ran && !r->oom) {
+      ++*failures;
+      if (!tools_is_validation_error(r->status)) need_reset = 1;
+    }
+    if (ai == flash_i) compare_with_naive(r, naive_i >= 0 ? &rows[naive_i] : NULL, &rs);
+    if (o->csv) print_row_csv(o, info, c, r, &rs);
+    else print_row_text(c, r, &rs);
+  }
+  fflush(stdout);
+  for (int ai = 0; ai < o->algo.count; ++ai) free_row(&rows[ai]);
+  return need_reset;
+}
+
+/* Allocates one config's buffers and runs its passes; returns 1 when the
+ * context should be recreated. */
+static int run_config(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info,
+                      const bench_config *c, int *failures) {
+  const size_t esize = flashcl_dtype_size(c->dtype);
+  const size_t max_count = (size_t)c->batch * (size_t)c->n * (size_t)c->heads * (size_t)c->d;
+  config_bufs bufs;
+  int alloc_status, need_reset = 0;
+  memset(&bufs, 0, sizeof bufs);
+  void *scratch = malloc(max_count * (esize > sizeof(float) ? esize : sizeof(float)));
+  if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  else alloc_status = alloc_bufs(ctx, o, info, c->batch, c->n, c->heads, c->heads_kv, c->d, c->dtype, c->seed,
+                                 scratch, &bufs);
+  if (alloc_status && !tools_is_oom(alloc_status))
+    fprintf(stderr, "  allocating N=%ld d=%ld %s: %s (%d)\n", c->n, c->d, flashcl_dtype_name(c->dtype),
+            flashcl_status_string(alloc_status), alloc_status);
+  for (int pi = 0; pi < (o->bwd ? 2 : 1); ++pi)
+    need_reset |= run_pass(ctx, o, info, c, &bufs, alloc_status, scratch,
+                           pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, failures);
+  release_bufs(&bufs);
+  free(scratch);
+  return need_reset;
+}
+
+/* A device-side failure (e.g. an illegal memory access) can poison the
+ * OpenCL context: the next config starts on a fresh one. 0, or the exit status. */
+static int recreate_context(const flashcl_context_options *options, flashcl_context **ctx) {
+  fprintf(stderr, "flashcl-bench: recreating the context after a device error\n");
+  flashcl_context_destroy(*ctx);
+  *ctx = NULL;
+  const int st = flashcl_context_create(options, ctx);
+  if (st == FLASHCL_SUCCESS) return 0;
+  fprintf(stderr,
+          "flashcl-bench: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
+          "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
+          flashcl_status_string(st), st);
+  return 2;
+}
+
+/* The config of sweep indices (ni, di, ti, ci); 0 when it is skipped (reported). */
+static int make_config(const bench_opts *o, int ni, int di, int ti, int ci, bench_config *c) {
+  c->n = o->n.v[ni], c->d = o->d.v[di];
+  c->dtype = (flashcl_dtype)o->dtype.v[ti];
+  c->causal = (int)o->causal.v[ci];
+  c->batch = o->batch_tokens / c->n > 0 ? o->batch_tokens / c->n : 1;
+  c->heads = o->hidden / c->d > 0 ? o->hidden / c->d : 1;
+  c->heads_kv = c->heads / o->gqa;
+  c->seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
+  if (o->page_size && c->n % o->page_size) {
+    fprintf(stderr, "skipping N=%ld: not a multiple of --page-size %ld\n", c->n, o->page_size);
+    return 0;
+  }
+  if (c->heads_kv < 1 || c->heads % o->gqa != 0) {
+    fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", c->n, c->d, c->heads,
+            o->gqa);
+    return 0;
+  }
+  return 1;
+}
+
+/* The forward (and backward) sweep; counts the rows that failed. 0, or 2 when
+ * the context could not be recreated. */
+static int run_sweep(flashcl_context **ctx, const flashcl_context_options *options, bench_opts *o,
+                     const flashcl_device_info *info, int *failures) {
+  char devdesc[512];
+  apply_defaults(o, info->is_gpu);
+  tools_describe_device(*ctx, devdesc, sizeof devdesc);
+  print_bench_header(o, devdesc);
+  for (int di = 0; di < o->d.count; ++di)
+    for (int ti = 0; ti < o->dtype.count; ++ti)
+      for (int ci = 0; ci < o->causal.count; ++ci)
+        for (int ni = 0; ni < o->n.count; ++ni) {
+          bench_config c;
+          if (make_config(o, ni, di, ti, ci, &c) && run_config(*ctx, o, info, &c, failures) &&
+              recreate_context(options, ctx))
+            return 2;
+        }
+  if (!o->csv && g_host_timer)
+    printf("\nnote: the queue gave no usable profiling timestamps; times are host wall-clock.\n");
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -848,197 +1189,30 @@ int main(int argc, char **argv) {
   flashcl_context_options options;
   flashcl_context *ctx = NULL;
   flashcl_device_info info;
-  char devdesc[512];
-  int st, ni, di, ti, ci, failures = 0;
+  int st, failures = 0;
 
   for (int i = 1; i < argc; ++i)
     if (!strcmp(argv[i], "--first-call")) return bench_first_call_main(argc, argv);
-  if (parse_args(argc, argv, &o) != 0) return 1;
+  const args_status parsed = parse_args(argc, argv, &o);
+  if (parsed == ARGS_HELP) {
+    usage(stdout);
+    return 0;
+  }
+  if (parsed == ARGS_UNKNOWN) {
+    fputc('\n', stderr);
+    usage(stderr);
+  }
+  if (parsed != ARGS_OK) return 1;
 
   if (tools_open_context("flashcl-bench", o.device, o.verbose, &options, &ctx, &info)) return 2;
-  if (o.block_sparse) {
-    st = run_block_sparse_bench(ctx, &o, &info);
-    flashcl_context_destroy(ctx);
-    return st;
-  }
-  if (o.decode) {
-    st = run_decode_bench(ctx, &o, &info);
-    flashcl_context_destroy(ctx);
-    return st;
-  }
-  apply_defaults(&o, info.is_gpu);
-  tools_describe_device(ctx, devdesc, sizeof devdesc);
-
-  if (o.csv) {
-    printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
-           "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status,family,kernel,tuning_source\n");
-  } else {
-    printf("flashcl-bench %s on %s\n", FLASHCL_VERSION_STRING, devdesc);
-    printf("batch = max(1, %ld / N), heads = max(1, %ld / d)%s, layout %s, warmup %ld, median of up to %ld runs",
-           o.batch_tokens, o.hidden, o.gqa > 1 ? " (GQA)" : "", o.bhnd ? "BHND" : "BNHD", o.warmup, o.reps);
-    if (o.dropout > 0) printf(", dropout %g", o.dropout);
-    if (o.window >= 0) printf(", window %ld", o.window);
-    if (o.softcap > 0) printf(", softcap %g", o.softcap);
-    if (o.alibi) printf(", ALiBi");
-    if (o.page_size) printf(", K/V in pages of %ld (identity block table)", o.page_size);
-    if (o.bwd) printf(", %s backward", o.deterministic ? "deterministic" : "atomic-dQ");
-    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", "N", "d", "dtype",
-           "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
-           "ws_MiB", "total_MiB", "speedup", "relL2", "tuning (family, source)");
-  }
-  fflush(stdout);
-
-  for (di = 0; di < o.d.count; ++di)
-    for (ti = 0; ti < o.dtype.count; ++ti)
-      for (ci = 0; ci < o.causal.count; ++ci)
-        for (ni = 0; ni < o.n.count; ++ni) {
-          const long n = o.n.v[ni], d = o.d.v[di];
-          const flashcl_dtype dtype = (flashcl_dtype)o.dtype.v[ti];
-          const int causal = (int)o.causal.v[ci];
-          const long batch = o.batch_tokens / n > 0 ? o.batch_tokens / n : 1;
-          const long heads = o.hidden / d > 0 ? o.hidden / d : 1;
-          const long heads_kv = heads / o.gqa;
-          const size_t esize = flashcl_dtype_size(dtype);
-          const size_t max_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
-          const int npass = o.bwd ? 2 : 1;
-          const int nalgo = o.algo.count;
-          const uint64_t seed = 1000u * (uint64_t)(ni + 1) + 100u * (uint64_t)di + 10u * (uint64_t)ti;
-          config_bufs bufs;
-          void *scratch = NULL;
-          int alloc_status, pi, ai, need_reset = 0;
-
-          if (o.page_size && n % o.page_size) {
-            fprintf(stderr, "skipping N=%ld: not a multiple of --page-size %ld\n", n, o.page_size);
-            continue;
-          }
-          if (heads_kv < 1 || heads % o.gqa != 0) {
-            fprintf(stderr, "skipping N=%ld d=%ld: %ld heads are not divisible by --gqa %ld\n", n, d, heads,
-                    o.gqa);
-            continue;
-          }
-          memset(&bufs, 0, sizeof bufs);
-          scratch = malloc(max_count * (esize > sizeof(float) ? esize : sizeof(float)));
-          if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-          else alloc_status = alloc_bufs(ctx, &o, &info, batch, n, heads, heads_kv, d, dtype, seed, scratch, &bufs);
-          if (alloc_status && !tools_is_oom(alloc_status))
-            fprintf(stderr, "  allocating N=%ld d=%ld %s: %s (%d)\n", n, d, flashcl_dtype_name(dtype),
-                    flashcl_status_string(alloc_status), alloc_status);
-
-          for (pi = 0; pi < npass; ++pi) {
-            const flashcl_pass pass = pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD;
-            const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * visible_pairs(n, causal, o.window) *
-                                 (double)d * (double)batch * (double)heads;
-            const size_t io = pass == FLASHCL_PASS_BACKWARD ? bufs.bwd_io : bufs.fwd_io;
-            row rows[MAX_ALGOS];
-            int flash_i = -1, naive_i = -1;
-
-            memset(rows, 0, sizeof rows);
-            for (ai = 0; ai < nalgo; ++ai) {
-              rows[ai].algo = (int)o.algo.v[ai];
-              rows[ai].pass = pass;
-              if (rows[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
-              if (rows[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
-              if (alloc_status) {
-                rows[ai].status = alloc_status;
-                rows[ai].oom = tools_is_oom(alloc_status);
-              } else {
-                run_row(ctx, &o, &bufs, causal, info.global_mem_size, scratch, &rows[ai]);
-              }
-            }
-
-            for (ai = 0; ai < nalgo; ++ai) {
-              const row *r = &rows[ai];
-              const row *nv = naive_i >= 0 ? &rows[naive_i] : NULL;
-              const char *pname = pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd";
-              double tflops = r->ran ? flops / (r->median_ms * 1e-3) / 1e12 : NAN;
-              double speedup = NAN, rel = NAN;
-              int have_rel = 0, j;
-              char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
-
-              if (!r->ran && !r->oom) {
-                ++failures;
-                if (!tools_is_validation_error(r->status)) need_reset = 1;
-              }
-              if (ai == flash_i && nv && nv->ran && r->ran) {
-                speedup = nv->median_ms / r->median_ms;
-                if (r->nout > 0 && r->nout == nv->nout) {
-                  have_rel = 1;
-                  rel = 0.0;
-                  for (j = 0; j < r->nout; ++j) {
-                    double e = tools_rel_l2(r->out[j], nv->out[j], r->out_count[j]);
-                    if (isnan(e) || e > rel) rel = e;
-                    if (isnan(e)) break;
-                  }
-                }
-              }
-              if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
-              else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
-              else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
-              else snprintf(blocks, sizeof blocks, "-");
-
-              if (o.csv) {
-                const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
-                printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info.device_name, pname, n, d,
-                       flashcl_dtype_name(dtype), causal, o.bhnd ? "bhnd" : "bnhd", batch, heads, heads_kv,
-                       tools_algo_name(r->algo),
-                       r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
-                       r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
-                if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, tflops);
-                else printf(",,,");
-                printf("%zu,%zu,%zu,", io, r->workspace, io + r->workspace);
-                if (!isnan(speedup)) printf("%.4f", speedup);
-                printf(",");
-                if (have_rel) printf("%.3e", rel);
-                printf(",\"%s\",%s,%s,\"%s\"\n", stxt, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
-                       r->have_cfg ? r->cfg.kernel : "", r->have_cfg ? r->cfg.origin : "");
-              } else {
-                if (r->oom) snprintf(ms, sizeof ms, "OOM");
-                else if (r->status) snprintf(ms, sizeof ms, "error %d", r->status);
-                else snprintf(ms, sizeof ms, "%.3f", r->median_ms);
-                if (r->ran) snprintf(reps, sizeof reps, "%d", r->reps);
-                else snprintf(reps, sizeof reps, "-");
-                if (r->ran) snprintf(tf, sizeof tf, "%.4f", tflops);
-                else snprintf(tf, sizeof tf, "-");
-                if (!isnan(speedup)) snprintf(spd, sizeof spd, "%.2fx", speedup);
-                else snprintf(spd, sizeof spd, "-");
-                if (have_rel) snprintf(rl, sizeof rl, "%.2e", rel);
-                else snprintf(rl, sizeof rl, "-");
-                printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n",
-                       n, d, flashcl_dtype_name(dtype), causal, batch, heads, pname, tools_algo_name(r->algo), blocks,
-                       reps, ms, tf, mib(io), mib(r->workspace), mib(io + r->workspace), spd, rl,
-                       r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "",
-                       r->have_cfg ? " from " : "", r->have_cfg ? r->cfg.origin : "");
-              }
-            }
-            fflush(stdout);
-            for (ai = 0; ai < nalgo; ++ai) free_row(&rows[ai]);
-          }
-          release_bufs(&bufs);
-          free(scratch);
-          if (need_reset) {
-            /* A device-side failure (e.g. an illegal memory access) can poison the
-             * OpenCL context: start the next config on a fresh one. */
-            fprintf(stderr, "flashcl-bench: recreating the context after a device error\n");
-            flashcl_context_destroy(ctx);
-            ctx = NULL;
-            st = flashcl_context_create(&options, &ctx);
-            if (st != FLASHCL_SUCCESS) {
-              fprintf(stderr,
-                      "flashcl-bench: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
-                      "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
-                      flashcl_status_string(st), st);
-              return 2;
-            }
-          }
-        }
-
-  if (!o.csv && g_host_timer)
-    printf("\nnote: the queue gave no usable profiling timestamps; times are host wall-clock.\n");
+  if (o.block_sparse) st = run_block_sparse_bench(ctx, &o, &info);
+  else if (o.decode) st = run_decode_bench(ctx, &o, &info);
+  else if ((st = run_sweep(&ctx, &options, &o, &info, &failures)) != 0) return st; /* no context left */
   flashcl_context_destroy(ctx);
   if (failures) {
     fprintf(stderr, "flashcl-bench: %d row(s) failed with an error other than out-of-memory (see above)\n",
             failures);
     return 1;
   }
-  return 0;
+  return st;
 }

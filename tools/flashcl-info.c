@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "common.h"
 
 #define MAX_PLATFORMS 16
@@ -96,69 +97,34 @@ static void print_tuning_and_cache(flashcl_context *ctx) {
            "written)\n", stats.programs_built, stats.programs_from_cache, stats.cache_rejected, stats.cache_written);
 }
 
-int main(int argc, char **argv) {
-  static const int head_dims[] = {32, 64, 80, 96, 128, 256};
-  static const flashcl_dtype dtypes[] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
-  const char *device = NULL;
-  int check = 0, verbose = 0, i, status;
-  cl_platform_id platforms[MAX_PLATFORMS];
-  cl_uint nplat = 0, p, total_devices = 0;
-  cl_int err;
-  flashcl_context_options options;
-  flashcl_context *ctx = NULL;
-  cl_device_id chosen = NULL;
-  const char *env;
+typedef struct info_opts {
+  const char *device;
+  int check, verbose;
+} info_opts;
 
-  for (i = 1; i < argc; ++i) {
-    const char *val = NULL;
-    int r;
-    if ((r = tools_opt_value(argc, argv, &i, "--device", &val)) != 0) {
-      if (r < 0) return 1;
-      device = val;
-    } else if (tools_opt_flag(argv, i, "--check")) {
-      check = 1;
-    } else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) {
-      verbose = 1;
-    } else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
-      usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "flashcl-info: unknown argument '%s'\n", argv[i]);
-      usage(stderr);
-      return 1;
-    }
-  }
+static args_status parse_args(int argc, char **argv, info_opts *o) {
+  const args_opt table[] = {
+      {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
+      {.name = "--check", .kind = ARG_FLAG, .dest = &o->check},
+      {.name = "--verbose", .alias = "-v", .kind = ARG_FLAG, .dest = &o->verbose},
+      {.name = "--help", .alias = "-h", .kind = ARG_HELP},
+  };
+  memset(o, 0, sizeof *o);
+  return args_parse(argc, argv, "flashcl-info", table, ARGS_COUNT(table));
+}
 
-  err = clGetPlatformIDs(MAX_PLATFORMS, platforms, &nplat);
-  if (err != CL_SUCCESS || nplat == 0) {
-    fprintf(stderr,
-            "flashcl-info: no OpenCL platform found (%s, %d).\n"
-            "Install an OpenCL driver (ICD), e.g. pocl-opencl-icd for CPUs; see /etc/OpenCL/vendors/.\n",
-            flashcl_status_string(err), (int)err);
-    return 2;
-  }
-
-  flashcl_context_options_init(&options);
-  options.device = device;
-  options.verbose = verbose;
-  status = flashcl_context_create(&options, &ctx);
-  if (status == FLASHCL_SUCCESS) chosen = flashcl_context_cl_device(ctx);
-
-  if (!check) {
-    printf("flashcl %s\n\n", FLASHCL_VERSION_STRING);
-    printf("OpenCL devices (* = %s):\n",
-           device ? "selected by --device"
-                  : ((env = getenv("FLASHCL_DEVICE")) && *env ? "selected by $FLASHCL_DEVICE" : "default"));
-  }
-  for (p = 0; p < nplat; ++p) {
+/* One line per OpenCL device ('*' on the one flashcl chose), or with --check
+ * only the chosen one's; returns how many devices there are. */
+static cl_uint list_devices(const cl_platform_id *platforms, cl_uint nplat, cl_device_id chosen, int check) {
+  cl_uint total_devices = 0;
+  for (cl_uint p = 0; p < nplat; ++p) {
     char pname[256] = "", dname[256] = "", dver[128] = "";
     cl_device_id devices[MAX_DEVICES];
-    cl_uint ndev = 0, d;
+    cl_uint ndev = 0;
     clGetPlatformInfo(platforms[p], CL_PLATFORM_NAME, sizeof pname, pname, NULL);
-    err = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devices, &ndev);
-    if (err != CL_SUCCESS) ndev = 0;
+    if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devices, &ndev) != CL_SUCCESS) ndev = 0;
     if (!check && ndev == 0) printf("      %u:-  (%s: no devices)\n", (unsigned)p, pname);
-    for (d = 0; d < ndev; ++d) {
+    for (cl_uint d = 0; d < ndev; ++d) {
       cl_device_type type = 0;
       clGetDeviceInfo(devices[d], CL_DEVICE_NAME, sizeof dname, dname, NULL);
       clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
@@ -172,51 +138,40 @@ int main(int argc, char **argv) {
                (unsigned)d, dname, pname, tools_device_type_string(type));
     }
   }
+  return total_devices;
+}
 
-  if (total_devices == 0) {
-    fprintf(stderr, "flashcl-info: OpenCL platforms exist but none has a device.\n");
-    flashcl_context_destroy(ctx);
-    return 2;
-  }
+/* 0, or the exit status when the device info cannot be read. */
+static int print_chosen_device(flashcl_context *ctx) {
+  flashcl_device_info info;
+  size_t usable = 0;
+  int status = flashcl_context_device_info(ctx, &info);
   if (status != FLASHCL_SUCCESS) {
-    fprintf(stderr, "flashcl-info: flashcl_context_create(%s) failed: %s (%d)\n", device ? device : "default",
-            flashcl_status_string(status), status);
-    return 2;
+    tools_print_error(stderr, ctx, "flashcl_context_device_info", status);
+    return 1;
   }
-  if (check) {
-    flashcl_context_destroy(ctx);
-    return 0;
-  }
+  printf("\nChosen device\n");
+  printf("  platform            %s\n", info.platform_name);
+  printf("  device              %s\n", info.device_name);
+  printf("  version             %s\n", info.device_version);
+  printf("  type                %s\n", info.is_gpu ? "GPU" : "not a GPU");
+  printf("  compute units       %u\n", (unsigned)info.compute_units);
+  printf("  local memory (M)    %zu bytes (%.1f KiB)\n", info.local_mem_size, info.local_mem_size / 1024.0);
+  status = flashcl_context_local_memory(ctx, &usable);
+  if (status == FLASHCL_SUCCESS)
+    printf("  local memory usable %zu bytes (%.1f KiB)%s\n", usable, usable / 1024.0,
+           usable > info.local_mem_size ? ", above M: tiles are planned against it" : "");
+  else
+    printf("  local memory usable %s (%d)\n", flashcl_status_string(status), status);
+  printf("  max work-group size %zu\n", info.max_work_group_size);
+  printf("  global memory       %.1f MiB\n", (double)info.global_mem_size / (1024.0 * 1024.0));
+  printf("  max allocation      %.1f MiB\n", (double)info.max_mem_alloc_size / (1024.0 * 1024.0));
+  printf("  cl_khr_fp16         %s\n", info.has_fp16 ? "yes" : "no");
+  return 0;
+}
 
-  {
-    flashcl_device_info info;
-    status = flashcl_context_device_info(ctx, &info);
-    if (status != FLASHCL_SUCCESS) {
-      tools_print_error(stderr, ctx, "flashcl_context_device_info", status);
-      flashcl_context_destroy(ctx);
-      return 1;
-    }
-    printf("\nChosen device\n");
-    printf("  platform            %s\n", info.platform_name);
-    printf("  device              %s\n", info.device_name);
-    printf("  version             %s\n", info.device_version);
-    printf("  type                %s\n", info.is_gpu ? "GPU" : "not a GPU");
-    printf("  compute units       %u\n", (unsigned)info.compute_units);
-    printf("  local memory (M)    %zu bytes (%.1f KiB)\n", info.local_mem_size, info.local_mem_size / 1024.0);
-    {
-      size_t usable = 0;
-      status = flashcl_context_local_memory(ctx, &usable);
-      if (status == FLASHCL_SUCCESS)
-        printf("  local memory usable %zu bytes (%.1f KiB)%s\n", usable, usable / 1024.0,
-               usable > info.local_mem_size ? ", above M: tiles are planned against it" : "");
-      else
-        printf("  local memory usable %s (%d)\n", flashcl_status_string(status), status);
-    }
-    printf("  max work-group size %zu\n", info.max_work_group_size);
-    printf("  global memory       %.1f MiB\n", (double)info.global_mem_size / (1024.0 * 1024.0));
-    printf("  max allocation      %.1f MiB\n", (double)info.max_mem_alloc_size / (1024.0 * 1024.0));
-    printf("  cl_khr_fp16         %s\n", info.has_fp16 ? "yes" : "no");
-  }
+static void print_environment(void) {
+  const char *env;
   printf("\nEnvironment\n");
   env = getenv("FLASHCL_DEVICE");
   printf("  FLASHCL_DEVICE      %s\n", env && *env ? env : "(unset)");
@@ -228,15 +183,18 @@ int main(int argc, char **argv) {
   printf("  FLASHCL_TUNING      %s\n", env && *env ? env : "(unset)");
   env = getenv("FLASHCL_CACHE_DIR");
   printf("  FLASHCL_CACHE_DIR   %s\n", env && *env ? env : "(unset: $XDG_CACHE_HOME/flashcl, else ~/.cache/flashcl)");
+}
 
+static void print_block_plans(flashcl_context *ctx) {
+  static const int head_dims[] = {32, 64, 80, 96, 128, 256};
+  static const flashcl_dtype dtypes[] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
   printf("\nDefault block plan (flashcl_attention_block_plan with block_r = block_c = 0)\n");
   printf("  %-5s %4s %5s %5s %8s %12s\n", "dtype", "d", "Br", "Bc", "threads", "local bytes");
-  for (i = 0; i < (int)(sizeof dtypes / sizeof dtypes[0]); ++i) {
-    size_t j;
-    for (j = 0; j < sizeof head_dims / sizeof head_dims[0]; ++j) {
+  for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; ++i) {
+    for (size_t j = 0; j < sizeof head_dims / sizeof head_dims[0]; ++j) {
       flashcl_block_plan plan;
       memset(&plan, 0, sizeof plan);
-      status = flashcl_attention_block_plan(ctx, head_dims[j], dtypes[i], 0, 0, &plan);
+      const int status = flashcl_attention_block_plan(ctx, head_dims[j], dtypes[i], 0, 0, &plan);
       if (status == FLASHCL_SUCCESS)
         printf("  %-5s %4d %5d %5d %8d %12zu\n", flashcl_dtype_name(dtypes[i]), head_dims[j], plan.block_r,
                plan.block_c, plan.threads, plan.local_bytes);
@@ -245,8 +203,63 @@ int main(int argc, char **argv) {
                flashcl_status_string(status), status);
     }
   }
-  print_configs(ctx);
-  print_tuning_and_cache(ctx);
+}
+
+int main(int argc, char **argv) {
+  info_opts o;
+  cl_platform_id platforms[MAX_PLATFORMS];
+  cl_uint nplat = 0;
+  flashcl_context_options options;
+  flashcl_context *ctx = NULL;
+  cl_device_id chosen = NULL;
+  const char *env;
+
+  const args_status parsed = parse_args(argc, argv, &o);
+  if (parsed == ARGS_HELP) usage(stdout);
+  if (parsed == ARGS_UNKNOWN) usage(stderr);
+  if (parsed != ARGS_OK) return parsed == ARGS_HELP ? 0 : 1;
+
+  const cl_int err = clGetPlatformIDs(MAX_PLATFORMS, platforms, &nplat);
+  if (err != CL_SUCCESS || nplat == 0) {
+    fprintf(stderr,
+            "flashcl-info: no OpenCL platform found (%s, %d).\n"
+            "Install an OpenCL driver (ICD), e.g. pocl-opencl-icd for CPUs; see /etc/OpenCL/vendors/.\n",
+            flashcl_status_string(err), (int)err);
+    return 2;
+  }
+
+  flashcl_context_options_init(&options);
+  options.device = o.device;
+  options.verbose = o.verbose;
+  const int status = flashcl_context_create(&options, &ctx);
+  if (status == FLASHCL_SUCCESS) chosen = flashcl_context_cl_device(ctx);
+
+  if (!o.check) {
+    printf("flashcl %s\n\n", FLASHCL_VERSION_STRING);
+    printf("OpenCL devices (* = %s):\n",
+           o.device ? "selected by --device"
+                    : ((env = getenv("FLASHCL_DEVICE")) && *env ? "selected by $FLASHCL_DEVICE" : "default"));
+  }
+  if (list_devices(platforms, nplat, chosen, o.check) == 0) {
+    fprintf(stderr, "flashcl-info: OpenCL platforms exist but none has a device.\n");
+    flashcl_context_destroy(ctx);
+    return 2;
+  }
+  if (status != FLASHCL_SUCCESS) {
+    fprintf(stderr, "flashcl-info: flashcl_context_create(%s) failed: %s (%d)\n", o.device ? o.device : "default",
+            flashcl_status_string(status), status);
+    return 2;
+  }
+  if (!o.check && print_chosen_device(ctx)) {
+    flashcl_context_destroy(ctx);
+    return 1;
+  }
+  if (!o.check) {
+    print_environment();
+    print_block_plans(ctx);
+    print_configs(ctx);
+    print_tuning_and_cache(ctx);
+  }
   flashcl_context_destroy(ctx);
   return 0;
 }

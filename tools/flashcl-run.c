@@ -9,6 +9,7 @@
  * (flashcl_tensor_init_lse, as FlashAttention), and with
  * --bwd dq, dk, dv (like q, k, v). Uses only the public API.
  */
+#include "args.h"
 #include "common.h"
 
 #include <stdio.h>
@@ -56,128 +57,172 @@ static int write_file(const char *dir, const char *name, const void *buf, size_t
   return fclose(f) != 0;
 }
 
-int main(int argc, char **argv) {
-  const char *dir = NULL, *device = NULL, *val;
-  long B = 0, NQ = 0, NK = 0, HQ = 0, HKV = 0, D = 0, causal = 0, det = 1;
-  int bwd = 0, i;
-  flashcl_dtype dtype = FLASHCL_F16;
-  flashcl_kernel_family kernel = FLASHCL_KERNEL_AUTO;
-  flashcl_algo algo = FLASHCL_ALGO_FLASH;
-  for (i = 1; i < argc; i++) {
-    int r;
-#define LONGOPT(name, var)                                                             \
-  if ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0) {                        \
-    if (r < 0 || tools_parse_long(val, &var)) goto bad;                                \
-    continue;                                                                          \
-  }
-    LONGOPT("--batch", B)
-    LONGOPT("--nq", NQ)
-    LONGOPT("--nk", NK)
-    LONGOPT("--hq", HQ)
-    LONGOPT("--hkv", HKV)
-    LONGOPT("--d", D)
-    LONGOPT("--causal", causal)
-    LONGOPT("--deterministic", det)
-#undef LONGOPT
-    if ((r = tools_opt_value(argc, argv, &i, "--dir", &val)) != 0) {
-      if (r < 0) goto bad;
-      dir = val;
-    } else if ((r = tools_opt_value(argc, argv, &i, "--device", &val)) != 0) {
-      if (r < 0) goto bad;
-      device = val;
-    } else if ((r = tools_opt_value(argc, argv, &i, "--dtype", &val)) != 0) {
-      tools_list l;
-      if (r < 0 || tools_parse_dtype_list(val, &l) || l.count != 1) goto bad;
-      dtype = (flashcl_dtype)l.v[0];
-    } else if ((r = tools_opt_value(argc, argv, &i, "--kernel", &val)) != 0) {
-      if (r < 0 || tools_parse_kernel(val, &kernel)) goto bad;
-    } else if ((r = tools_opt_value(argc, argv, &i, "--algo", &val)) != 0) {
-      tools_list l;
-      if (r < 0 || tools_parse_algo_list(val, &l) || l.count != 1) goto bad;
-      algo = (flashcl_algo)l.v[0];
-    } else if (tools_opt_flag(argv, i, "--bwd")) {
-      bwd = 1;
-    } else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
-      usage(stdout);
-      return 0;
-    } else {
-      goto bad;
-    }
-  }
-  if (!dir || B < 1 || NQ < 1 || NK < 1 || HQ < 1 || HKV < 1 || D < 1) goto bad;
+typedef struct run_opts {
+  const char *dir, *device;
+  long B, NQ, NK, HQ, HKV, D, causal, det;
+  int bwd;
+  flashcl_dtype dtype;
+  flashcl_kernel_family kernel;
+  flashcl_algo algo;
+} run_opts;
 
+/* The sizes are checked after parsing (they are required), so any long is taken here. */
+#define RUN_LONG(opt, field) {.name = opt, .kind = ARG_LONG, .dest = &o->field, .lo = LONG_MIN, .hi = LONG_MAX}
+
+static args_status parse_args(int argc, char **argv, run_opts *o) {
+  const args_opt table[] = {
+      RUN_LONG("--batch", B),
+      RUN_LONG("--nq", NQ),
+      RUN_LONG("--nk", NK),
+      RUN_LONG("--hq", HQ),
+      RUN_LONG("--hkv", HKV),
+      RUN_LONG("--d", D),
+      RUN_LONG("--causal", causal),
+      RUN_LONG("--deterministic", det),
+      {.name = "--dir", .kind = ARG_STRING, .dest = &o->dir},
+      {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
+      {.name = "--dtype", .kind = ARG_DTYPE, .dest = &o->dtype},
+      {.name = "--kernel", .kind = ARG_KERNEL, .dest = &o->kernel},
+      {.name = "--algo", .kind = ARG_ALGO, .dest = &o->algo},
+      {.name = "--bwd", .kind = ARG_FLAG, .dest = &o->bwd},
+      {.name = "--help", .alias = "-h", .kind = ARG_HELP},
+  };
+  memset(o, 0, sizeof *o);
+  o->det = 1;
+  o->dtype = FLASHCL_F16;
+  o->kernel = FLASHCL_KERNEL_AUTO;
+  o->algo = FLASHCL_ALGO_FLASH;
+  return args_parse(argc, argv, "flashcl-run", table, ARGS_COUNT(table));
+}
+
+#undef RUN_LONG
+
+/* Device buffers: q k v d_o (inputs), then o lse dq dk dv (outputs). */
+typedef struct run_bufs {
+  cl_mem mem[9];
+  flashcl_tensor q, k, v, d_o, o, lse, dq, dk, dv;
+  size_t in_bytes[4], out_bytes[5];
+  void *host; /* holds the largest file */
+} run_bufs;
+
+static const char *const in_names[4] = {"q.bin", "k.bin", "v.bin", "do.bin"};
+static const char *const out_names[5] = {"o.bin", "lse.bin", "dq.bin", "dk.bin", "dv.bin"};
+
+static int alloc_host(const run_opts *o, run_bufs *b) {
+  const size_t es = flashcl_dtype_size(o->dtype);
+  const size_t nq = (size_t)o->B * o->NQ * o->HQ * o->D, nk = (size_t)o->B * o->NK * o->HKV * o->D;
+  const size_t nl = (size_t)o->B * o->NQ * o->HQ;
+  const size_t in_bytes[4] = {nq * es, nk * es, nk * es, nq * es};
+  const size_t out_bytes[5] = {nq * es, nl * 4, nq * es, nk * es, nk * es};
+  memcpy(b->in_bytes, in_bytes, sizeof in_bytes);
+  memcpy(b->out_bytes, out_bytes, sizeof out_bytes);
+  b->host = malloc(nq * es > nk * es ? (nq * es > nl * 4 ? nq * es : nl * 4) : (nk * es > nl * 4 ? nk * es : nl * 4));
+  return b->host ? 0 : 1;
+}
+
+/* Reads the input files into new device buffers and creates the outputs'; 0 or 1 (reported). */
+static int load_inputs(flashcl_context *ctx, const run_opts *o, run_bufs *b) {
+  cl_context clctx = flashcl_context_cl_context(ctx);
+  cl_int err = CL_SUCCESS;
+  for (int t = 0; t < (o->bwd ? 4 : 3); t++) {
+    if (read_file(o->dir, in_names[t], b->host, b->in_bytes[t])) return 1;
+    b->mem[t] = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, b->in_bytes[t], b->host, &err);
+    if (err != CL_SUCCESS) break;
+  }
+  for (int t = 0; err == CL_SUCCESS && t < (o->bwd ? 5 : 2); t++)
+    b->mem[4 + t] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->out_bytes[t], NULL, &err);
+  if (err == CL_SUCCESS) return 0;
+  fprintf(stderr, "flashcl-run: OpenCL error %d\n", (int)err);
+  return 1;
+}
+
+static int init_tensors(const run_opts *o, run_bufs *b) {
+  const flashcl_dtype dt = o->dtype;
+  int st;
+  if ((st = flashcl_tensor_init_bnhd(&b->q, b->mem[0], 0, dt, o->B, o->NQ, o->HQ, o->D)) ||
+      (st = flashcl_tensor_init_bnhd(&b->k, b->mem[1], 0, dt, o->B, o->NK, o->HKV, o->D)) ||
+      (st = flashcl_tensor_init_bnhd(&b->v, b->mem[2], 0, dt, o->B, o->NK, o->HKV, o->D)) ||
+      (st = flashcl_tensor_init_bnhd(&b->o, b->mem[4], 0, dt, o->B, o->NQ, o->HQ, o->D)) ||
+      (st = flashcl_tensor_init_lse(&b->lse, b->mem[5], 0, o->B, o->NQ, o->HQ)))
+    return st;
+  if (o->bwd && ((st = flashcl_tensor_init_bnhd(&b->d_o, b->mem[3], 0, dt, o->B, o->NQ, o->HQ, o->D)) ||
+                 (st = flashcl_tensor_init_bnhd(&b->dq, b->mem[6], 0, dt, o->B, o->NQ, o->HQ, o->D)) ||
+                 (st = flashcl_tensor_init_bnhd(&b->dk, b->mem[7], 0, dt, o->B, o->NK, o->HKV, o->D)) ||
+                 (st = flashcl_tensor_init_bnhd(&b->dv, b->mem[8], 0, dt, o->B, o->NK, o->HKV, o->D))))
+    return st;
+  return FLASHCL_SUCCESS;
+}
+
+static int run_attention(flashcl_context *ctx, const run_opts *o, const run_bufs *b) {
+  flashcl_attention_desc desc;
+  int st;
+  flashcl_attention_desc_init(&desc);
+  desc.causal = (int)o->causal;
+  desc.kernel = o->kernel;
+  desc.algo = o->algo;
+  desc.deterministic = (int)o->det;
+  st = flashcl_attention_forward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
+  if (!st && o->bwd)
+    st = flashcl_attention_backward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, &b->d_o, &b->dq, &b->dk,
+                                    &b->dv, 0, NULL, NULL);
+  return st;
+}
+
+/* Reads the outputs back into their files; 0 or 1 (reported). */
+static int save_outputs(flashcl_context *ctx, const run_opts *o, run_bufs *b) {
+  for (int t = 0; t < (o->bwd ? 5 : 2); t++) {
+    const cl_int err = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b->mem[4 + t], CL_TRUE, 0,
+                                           b->out_bytes[t], b->host, 0, NULL, NULL);
+    if (err != CL_SUCCESS) {
+      fprintf(stderr, "flashcl-run: OpenCL error %d\n", (int)err);
+      return 1;
+    }
+    if (write_file(o->dir, out_names[t], b->host, b->out_bytes[t])) return 1;
+  }
+  return 0;
+}
+
+/* The exit status of one problem on ctx. */
+static int run_problem(flashcl_context *ctx, const run_opts *o) {
+  run_bufs b;
+  int rc;
+  memset(&b, 0, sizeof b);
+  rc = alloc_host(o, &b);
+  if (!rc) rc = load_inputs(ctx, o, &b);
+  if (!rc) {
+    int st = init_tensors(o, &b);
+    if (!st) st = run_attention(ctx, o, &b);
+    if (st) tools_print_error(stderr, ctx, "flashcl-run", st);
+    rc = st ? 1 : save_outputs(ctx, o, &b);
+  }
+  for (int t = 0; t < 9; t++)
+    if (b.mem[t]) clReleaseMemObject(b.mem[t]);
+  free(b.host);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  run_opts o;
   flashcl_context_options opts;
-  flashcl_context_options_init(&opts);
-  opts.device = device;
   flashcl_context *ctx = NULL;
+  const args_status parsed = parse_args(argc, argv, &o);
+  if (parsed == ARGS_HELP) {
+    usage(stdout);
+    return 0;
+  }
+  if (parsed != ARGS_OK || !o.dir || o.B < 1 || o.NQ < 1 || o.NK < 1 || o.HQ < 1 || o.HKV < 1 || o.D < 1) {
+    usage(stderr);
+    return 2;
+  }
+  flashcl_context_options_init(&opts);
+  opts.device = o.device;
   int st = flashcl_context_create(&opts, &ctx);
   if (st != FLASHCL_SUCCESS) {
     tools_print_error(stderr, ctx, "flashcl_context_create", st);
     flashcl_context_destroy(ctx);
     return 1;
   }
-  cl_context clctx = flashcl_context_cl_context(ctx);
-  cl_command_queue queue = flashcl_context_cl_queue(ctx);
-  const size_t es = flashcl_dtype_size(dtype);
-  const size_t nq = (size_t)B * NQ * HQ * D, nk = (size_t)B * NK * HKV * D, nl = (size_t)B * NQ * HQ;
-  const char *in_names[4] = {"q.bin", "k.bin", "v.bin", "do.bin"};
-  const char *out_names[5] = {"o.bin", "lse.bin", "dq.bin", "dk.bin", "dv.bin"};
-  const size_t in_bytes[4] = {nq * es, nk * es, nk * es, nq * es};
-  const size_t out_bytes[5] = {nq * es, nl * 4, nq * es, nk * es, nk * es};
-  cl_mem mem[9] = {0};
-  void *host = malloc(nq * es > nk * es ? (nq * es > nl * 4 ? nq * es : nl * 4) : (nk * es > nl * 4 ? nk * es : nl * 4));
-  int rc = 1;
-  cl_int err = CL_SUCCESS;
-  if (!host) goto out;
-  for (int t = 0; t < (bwd ? 4 : 3); t++) {
-    if (read_file(dir, in_names[t], host, in_bytes[t])) goto out;
-    mem[t] = clCreateBuffer(clctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, in_bytes[t], host, &err);
-    if (err != CL_SUCCESS) goto cl_fail;
-  }
-  for (int t = 0; t < (bwd ? 5 : 2); t++) {
-    mem[4 + t] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, out_bytes[t], NULL, &err);
-    if (err != CL_SUCCESS) goto cl_fail;
-  }
-  flashcl_tensor q, k, v, d_o, o, lse, dq, dk, dv;
-  if ((st = flashcl_tensor_init_bnhd(&q, mem[0], 0, dtype, B, NQ, HQ, D)) ||
-      (st = flashcl_tensor_init_bnhd(&k, mem[1], 0, dtype, B, NK, HKV, D)) ||
-      (st = flashcl_tensor_init_bnhd(&v, mem[2], 0, dtype, B, NK, HKV, D)) ||
-      (st = flashcl_tensor_init_bnhd(&o, mem[4], 0, dtype, B, NQ, HQ, D)) ||
-      (st = flashcl_tensor_init_lse(&lse, mem[5], 0, B, NQ, HQ)))
-    goto fl_fail;
-  if (bwd && ((st = flashcl_tensor_init_bnhd(&d_o, mem[3], 0, dtype, B, NQ, HQ, D)) ||
-              (st = flashcl_tensor_init_bnhd(&dq, mem[6], 0, dtype, B, NQ, HQ, D)) ||
-              (st = flashcl_tensor_init_bnhd(&dk, mem[7], 0, dtype, B, NK, HKV, D)) ||
-              (st = flashcl_tensor_init_bnhd(&dv, mem[8], 0, dtype, B, NK, HKV, D))))
-    goto fl_fail;
-  flashcl_attention_desc desc;
-  flashcl_attention_desc_init(&desc);
-  desc.causal = (int)causal;
-  desc.kernel = kernel;
-  desc.algo = algo;
-  desc.deterministic = (int)det;
-  if ((st = flashcl_attention_forward(ctx, &desc, &q, &k, &v, &o, &lse, 0, NULL, NULL))) goto fl_fail;
-  if (bwd && (st = flashcl_attention_backward(ctx, &desc, &q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv, 0, NULL, NULL)))
-    goto fl_fail;
-  for (int t = 0; t < (bwd ? 5 : 2); t++) {
-    err = clEnqueueReadBuffer(queue, mem[4 + t], CL_TRUE, 0, out_bytes[t], host, 0, NULL, NULL);
-    if (err != CL_SUCCESS) goto cl_fail;
-    if (write_file(dir, out_names[t], host, out_bytes[t])) goto out;
-  }
-  rc = 0;
-  goto out;
-fl_fail:
-  tools_print_error(stderr, ctx, "flashcl-run", st);
-  goto out;
-cl_fail:
-  fprintf(stderr, "flashcl-run: OpenCL error %d\n", (int)err);
-out:
-  for (int t = 0; t < 9; t++)
-    if (mem[t]) clReleaseMemObject(mem[t]);
-  free(host);
+  st = run_problem(ctx, &o);
   flashcl_context_destroy(ctx);
-  return rc;
-bad:
-  usage(stderr);
-  return 2;
+  return st;
 }

@@ -18,13 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "common.h"
 #include "tune_decode.h"
 #include "tune_file.h"
 
 typedef struct tune_opts {
   const char *device, *output, *params;
-  int pass[3], any_pass, fresh, csv, verbose, list, dry_run, quiet, gpu;
+  int pass[3], all, any_pass, fresh, csv, verbose, list, dry_run, quiet, gpu;
   tools_list d, dtype, causal, atomic, n, dec_n, families;
   int have_d, have_dtype, have_causal, have_atomic, have_n, have_dec_n, have_families;
   long budget_s, reps, warmup, passes, batch_tokens, hidden, dec_batch, dec_calls;
@@ -75,7 +76,8 @@ static void usage(FILE *f) {
           "  --verbose             every candidate, and library diagnostics, on stderr\n");
 }
 
-static int parse_family_list(const char *s, tools_list *l) {
+static int parse_family_list(const char *s, void *dest) {
+  tools_list *l = (tools_list *)dest;
   char word[32];
   l->count = 0;
   while (*s) {
@@ -90,56 +92,42 @@ static int parse_family_list(const char *s, tools_list *l) {
   return l->count ? 0 : -1;
 }
 
-static int parse_args(int argc, char **argv, tune_opts *o) {
-  const char *val = NULL;
-  int i, r;
+static args_status parse_args(int argc, char **argv, tune_opts *o) {
+  const args_opt table[] = {
+      {.name = "--all", .kind = ARG_FLAG, .dest = &o->all, .seen = &o->any_pass},
+      {.name = "--forward", .kind = ARG_FLAG, .dest = &o->pass[TUNE_FORWARD], .seen = &o->any_pass},
+      {.name = "--backward", .kind = ARG_FLAG, .dest = &o->pass[TUNE_BACKWARD], .seen = &o->any_pass},
+      {.name = "--decode", .kind = ARG_FLAG, .dest = &o->pass[TUNE_DECODE], .seen = &o->any_pass},
+      {.name = "--d", .kind = ARG_INT_LIST, .dest = &o->d, .seen = &o->have_d},
+      {.name = "--dtype", .kind = ARG_DTYPE_LIST, .dest = &o->dtype, .seen = &o->have_dtype},
+      {.name = "--causal", .kind = ARG_CAUSAL_LIST, .dest = &o->causal, .seen = &o->have_causal},
+      {.name = "--atomic", .kind = ARG_CAUSAL_LIST, .dest = &o->atomic, .seen = &o->have_atomic},
+      {.name = "--n", .kind = ARG_INT_LIST, .dest = &o->n, .seen = &o->have_n},
+      {.name = "--decode-n", .kind = ARG_INT_LIST, .dest = &o->dec_n, .seen = &o->have_dec_n},
+      {.name = "--family", .kind = ARG_CUSTOM, .dest = &o->families, .seen = &o->have_families,
+       .parse = parse_family_list},
+      {.name = "--params", .kind = ARG_STRING, .dest = &o->params},
+      {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
+      {.name = "--output", .kind = ARG_STRING, .dest = &o->output},
+      {.name = "--kernel", .kind = ARG_KERNEL, .dest = &o->kernel},
+      {.name = "--budget", .kind = ARG_LONG, .dest = &o->budget_s, .lo = 1, .hi = LONG_MAX},
+      {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .lo = 1, .hi = 30},
+      {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .lo = 0, .hi = 100},
+      {.name = "--passes", .kind = ARG_LONG, .dest = &o->passes, .lo = 1, .hi = 10},
+      {.name = "--fresh", .kind = ARG_FLAG, .dest = &o->fresh},
+      {.name = "--dry-run", .kind = ARG_FLAG, .dest = &o->dry_run},
+      {.name = "--csv", .kind = ARG_FLAG, .dest = &o->csv},
+      {.name = "--quiet", .kind = ARG_FLAG, .dest = &o->quiet},
+      {.name = "--list", .kind = ARG_FLAG, .dest = &o->list},
+      {.name = "--verbose", .alias = "-v", .kind = ARG_FLAG, .dest = &o->verbose},
+      {.name = "--help", .alias = "-h", .kind = ARG_HELP},
+  };
   memset(o, 0, sizeof *o);
   o->warmup = 1, o->passes = 2, o->kernel = FLASHCL_KERNEL_AUTO;
-  for (i = 1; i < argc; ++i) {
-    val = NULL;
-#define OPT(name) ((r = tools_opt_value(argc, argv, &i, name, &val)) != 0 && (r > 0 || (exit(1), 0)))
-#define LIST(name, parse, field, have) else if (OPT(name)) { if (parse(val, &o->field)) goto bad; o->have = 1; }
-    if (tools_opt_flag(argv, i, "--all")) o->pass[0] = o->pass[1] = o->pass[2] = 1, o->any_pass = 1;
-    else if (tools_opt_flag(argv, i, "--forward")) o->pass[TUNE_FORWARD] = o->any_pass = 1;
-    else if (tools_opt_flag(argv, i, "--backward")) o->pass[TUNE_BACKWARD] = o->any_pass = 1;
-    else if (tools_opt_flag(argv, i, "--decode")) o->pass[TUNE_DECODE] = o->any_pass = 1;
-    LIST("--d", tools_parse_int_list, d, have_d)
-    LIST("--dtype", tools_parse_dtype_list, dtype, have_dtype)
-    LIST("--causal", tools_parse_causal_list, causal, have_causal)
-    LIST("--atomic", tools_parse_causal_list, atomic, have_atomic)
-    LIST("--n", tools_parse_int_list, n, have_n)
-    LIST("--decode-n", tools_parse_int_list, dec_n, have_dec_n)
-    LIST("--family", parse_family_list, families, have_families)
-    else if (OPT("--params")) o->params = val;
-    else if (OPT("--device")) o->device = val;
-    else if (OPT("--output")) o->output = val;
-    else if (OPT("--kernel")) { if (tools_parse_kernel(val, &o->kernel)) goto bad; }
-    else if (OPT("--budget")) { if (tools_parse_long(val, &o->budget_s) || o->budget_s < 1) goto bad; }
-    else if (OPT("--reps")) { if (tools_parse_long(val, &o->reps) || o->reps < 1 || o->reps > 30) goto bad; }
-    else if (OPT("--warmup")) { if (tools_parse_long(val, &o->warmup) || o->warmup < 0 || o->warmup > 100) goto bad; }
-    else if (OPT("--passes")) { if (tools_parse_long(val, &o->passes) || o->passes < 1 || o->passes > 10) goto bad; }
-    else if (tools_opt_flag(argv, i, "--fresh")) o->fresh = 1;
-    else if (tools_opt_flag(argv, i, "--dry-run")) o->dry_run = 1;
-    else if (tools_opt_flag(argv, i, "--csv")) o->csv = 1;
-    else if (tools_opt_flag(argv, i, "--quiet")) o->quiet = 1;
-    else if (tools_opt_flag(argv, i, "--list")) o->list = 1;
-    else if (tools_opt_flag(argv, i, "--verbose") || tools_opt_flag(argv, i, "-v")) o->verbose = 1;
-    else if (tools_opt_flag(argv, i, "--help") || tools_opt_flag(argv, i, "-h")) {
-      usage(stdout);
-      exit(0);
-    } else {
-      fprintf(stderr, "flashcl-tune: unknown argument '%s'\n\n", argv[i]);
-      usage(stderr);
-      return -1;
-    }
-#undef LIST
-#undef OPT
-  }
-  if (!o->any_pass) o->pass[0] = o->pass[1] = o->pass[2] = 1;
-  return 0;
-bad:
-  fprintf(stderr, "flashcl-tune: bad value '%s' for %s\n", val ? val : "", argv[i - (val == argv[i] ? 1 : 0)]);
-  return -1;
+  const args_status st = args_parse(argc, argv, "flashcl-tune", table, ARGS_COUNT(table));
+  /* Pass flags add up; --all, or none of them, means every pass. */
+  if (o->all || !o->any_pass) o->pass[0] = o->pass[1] = o->pass[2] = 1;
+  return st;
 }
 
 static int print_spaces(void) {
@@ -445,7 +433,16 @@ int main(int argc, char **argv) {
   int ndone = 0;
   for (int i = 1; i < argc; ++i)
     if (!strcmp(argv[i], "--decode-splits")) return tune_decode_main(argc, argv);
-  if (parse_args(argc, argv, &o)) return 1;
+  const args_status parsed = parse_args(argc, argv, &o);
+  if (parsed == ARGS_HELP) {
+    usage(stdout);
+    return 0;
+  }
+  if (parsed == ARGS_UNKNOWN) {
+    fputc('\n', stderr);
+    usage(stderr);
+  }
+  if (parsed != ARGS_OK) return 1;
   if (o.list) return print_spaces();
   memset(&rs, 0, sizeof rs);
   rs.o = &o;
