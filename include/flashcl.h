@@ -108,19 +108,14 @@ typedef enum flashcl_algo {
   FLASHCL_ALGO_NAIVE = 2  /* CLBlast GEMMs + softmax, O(N^2) extra memory */
 } flashcl_algo;
 
-/* Which flash kernel family runs. AUTO takes the fastest family this device
- * supports; PORTABLE is plain OpenCL C 1.2 and works everywhere. NVIDIA_MMA is
- * the tensor-core forward and backward (inline PTX mma.sync; on compute
- * capability 9.0 the forward at head_dim 64 and 128 uses Hopper's wgmma where
- * its own probe passes) for NVIDIA devices
- * of compute capability >= 8.0 that pass a compile-and-run probe; it covers
- * fp16/bf16 with head_dim 64 or 128 and 16-byte aligned rows, with causal, GQA,
- * varlen, dropout, the sliding window, ALiBi, softcap and attention masks; other
- * problems (a paged K/V source, other head dims or dtypes) run the portable
- * kernels, and flashcl_attention_kernel_family() says which family a call runs.
- * Requesting it on a device without it fails with FLASHCL_ERROR_UNSUPPORTED.
- * The FLASHCL_KERNEL environment variable ("portable" or "nvidia_mma")
- * overrides AUTO. */
+/* Which flash kernel family runs (docs/kernels.md has each one's devices and
+ * coverage). AUTO takes the fastest family this device supports for the
+ * problem; PORTABLE is plain OpenCL C 1.2 and works everywhere; NVIDIA_MMA is
+ * the tensor-core path of NVIDIA GPUs, and problems it does not cover run the
+ * portable kernels. flashcl_attention_kernel_family() says which family a
+ * call runs. Requesting NVIDIA_MMA on a device without it fails with
+ * FLASHCL_ERROR_UNSUPPORTED. The FLASHCL_KERNEL environment variable
+ * ("portable" or "nvidia_mma") overrides AUTO. */
 typedef enum flashcl_kernel_family {
   FLASHCL_KERNEL_AUTO = 0,
   FLASHCL_KERNEL_PORTABLE = 1,
@@ -256,15 +251,12 @@ typedef struct flashcl_device_info {
 FLASHCL_API flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_device_info *info);
 
 /* Local memory per work-group, in bytes, that the flash kernels plan their tiles
- * against (never less than local_mem_size, M): M, except where the device runs
- * work-groups with more than it reports. NVIDIA's driver reports 48 KiB but runs more, so on NVIDIA
- * GPUs the first call (or the first flash call) builds and runs a small probe
- * kernel; if it passes, this is 160 KiB. The tuning entry "context : local_probe=0"
- * skips the probe.
- * The automatic block plans and the explicit block sizes are checked against it
- * (see README, "Block sizes"). Where the probe passed, the portable forward may
- * add a second K/V tile past it if a second, larger probe shows that work-groups
- * run with that much (an H100: up to 227 KiB); a plan's local_bytes counts it. */
+ * against (never less than local_mem_size, M): M, except on devices whose
+ * driver runs work-groups with more than it reports, where the first call
+ * that plans tiles probes for more (docs/kernels.md). The tuning entry
+ * "context : local_probe=0" skips the probe. The automatic block plans and the
+ * explicit block sizes are checked against it (see README, "Block sizes"); a
+ * plan's local_bytes counts any extra tile a probe allowed. */
 FLASHCL_API flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes);
 
 /* ------------------------------------------------------------- attention -- */
@@ -647,15 +639,12 @@ typedef struct flashcl_decode_desc {
    * (bit u set for u <= t). Set bit t for a token to see itself; a query that
    * sees no key gets O = 0 and LSE = -inf. Bits at or above q_len are ignored. */
   cl_mem tree_mask;
-  /* Kernel family. AUTO (the default), on NVIDIA devices that pass the
-   * tensor-core probe, with fp16/bf16 caches whose rows are 16-byte aligned:
-   * the tensor-core decode kernel (head_dim 64 or 128, q rows aligned too),
-   * else a kernel that stages K and V through local memory with cp.async;
-   * the portable kernel otherwise (or when $FLASHCL_KERNEL is "portable").
-   * PORTABLE forces the portable kernel; NVIDIA_MMA fails with
+  /* Kernel family, as for the forward (docs/kernels.md, "Decode"): AUTO (the
+   * default) takes the device's tensor-core decode kernels where they cover
+   * the call, the portable kernel otherwise (or when $FLASHCL_KERNEL is
+   * "portable"). PORTABLE forces the portable kernel; NVIDIA_MMA fails with
    * FLASHCL_ERROR_UNSUPPORTED where the device lacks the path, and runs the
-   * portable kernel on problems it does not cover (fp32, unaligned rows), like
-   * the forward. */
+   * portable kernel on problems it does not cover (fp32, unaligned rows). */
   flashcl_kernel_family kernel;
   /* Score variants, with flashcl_attention_desc's meaning and checks: query t of
    * sequence b sits at position i = L_b - q_len + t, key j is hidden iff
@@ -665,9 +654,8 @@ typedef struct flashcl_decode_desc {
    * window_left / window_right -1 (the default of flashcl_decode_desc_init) is
    * unbounded; alibi_slopes NULL (off) or an fp32 buffer of >= heads_q floats;
    * softcap 0 (off) or finite > 0. A left window also narrows the keys the
-   * splits cover to the window. They run on the portable and the cp.async
-   * kernels (AUTO leaves such calls to those on NVIDIA; the tensor-core decode
-   * kernel does not implement them). */
+   * splits cover to the window. They run on every decode kernel except the
+   * tensor-core one, which AUTO then skips. */
   int window_left;
   int window_right;
   cl_mem alibi_slopes;
@@ -757,9 +745,9 @@ typedef enum flashcl_tuning_family {
   FLASHCL_TUNE_NONE = -1,     /* no flash kernel runs (the naive path) */
   FLASHCL_TUNE_FWD = 0,       /* "fwd": the portable forward (cl/portable/flash_fwd.cl) */
   FLASHCL_TUNE_BWD = 1,       /* "bwd": the portable backward (cl/portable/flash_bwd.cl) */
-  FLASHCL_TUNE_MMA_FWD = 2,   /* "mma_fwd": tensor-core forward, mma.sync */
-  FLASHCL_TUNE_MMA_BWD = 3,   /* "mma_bwd": tensor-core backward, mma.sync */
-  FLASHCL_TUNE_WGMMA_FWD = 4, /* "wgmma_fwd": Hopper forward (wgmma) */
+  FLASHCL_TUNE_MMA_FWD = 2,   /* "mma_fwd": tensor-core forward */
+  FLASHCL_TUNE_MMA_BWD = 3,   /* "mma_bwd": tensor-core backward */
+  FLASHCL_TUNE_WGMMA_FWD = 4, /* "wgmma_fwd": the Hopper forward (docs/kernels.md) */
   FLASHCL_TUNE_DECODE = 5,    /* "decode": decode and its split merge */
   FLASHCL_TUNE_CONTEXT = 6,   /* "context": context-wide (local memory, probes) */
   FLASHCL_TUNE_FAMILY_COUNT = 7
