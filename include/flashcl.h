@@ -227,7 +227,10 @@ typedef struct flashcl_context_stats {
 FLASHCL_API flashcl_status flashcl_context_stats_get(const flashcl_context *ctx, flashcl_context_stats *stats);
 
 /* The last error message for this context ("" if none); includes kernel build
- * logs. Valid until the next call on the context. */
+ * logs. Valid until the next call on the context. With ctx NULL: the calling
+ * thread's last message from a call that had no context to keep it in, such
+ * as a failed flashcl_context_create (why no device matched, which OpenCL
+ * call failed); valid until the thread's next such call. */
 FLASHCL_API const char *flashcl_context_last_error(const flashcl_context *ctx);
 
 /* The context's OpenCL objects (not retained for the caller). */

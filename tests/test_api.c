@@ -247,6 +247,11 @@ static void expect_device_not_found(const char *env_value, const char *option_va
             env_value ? env_value : "(unchanged)", option_value ? option_value : "(NULL)", (int)st,
             flashcl_status_string(st));
   FCT_CHECK(ctx == NULL, "flashcl_context_create failed but left *out = %p (want NULL)", (void *)ctx);
+  /* The failed creation's message stays readable without a context. */
+  const char *why = flashcl_context_last_error(NULL);
+  const char *spec = option_value ? option_value : env_value;
+  FCT_CHECK(spec && strstr(why, spec) != NULL, "last_error(NULL) after the failed create does not name \"%s\": \"%s\"",
+            spec ? spec : "", why);
 }
 
 /* Puts an environment variable back: value, or unset when value is NULL. */
@@ -316,10 +321,14 @@ static void test_bad_kernel_env(void **state) {
   const flashcl_status bad = flashcl_context_create(NULL, &ctx);
   FCT_CHECK(bad == FLASHCL_ERROR_INVALID_ARGUMENT && ctx == NULL, "FLASHCL_KERNEL=bogus: %s, ctx %p",
             flashcl_status_string(bad), (void *)ctx);
+  FCT_CHECK(strstr(flashcl_context_last_error(NULL), "bogus") != NULL, "last_error(NULL) after FLASHCL_KERNEL=bogus: %s",
+            flashcl_context_last_error(NULL));
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     setenv("FLASHCL_KERNEL", good[i], 1);
     const flashcl_status st = flashcl_context_create(NULL, &ctx);
     FCT_CHECK(st == FLASHCL_SUCCESS, "FLASHCL_KERNEL=\"%s\": %s", good[i], flashcl_status_string(st));
+    FCT_CHECK(flashcl_context_last_error(NULL)[0] == '\0', "a successful create left last_error(NULL) = %s",
+              flashcl_context_last_error(NULL));
     flashcl_context_destroy(ctx);
     ctx = NULL;
   }

@@ -209,18 +209,28 @@ static int fcl_env_kernel(const flashcl_context_options *options, flashcl_kernel
   return 0;
 }
 
+/* A creation that fails after the context was allocated: its message stays
+ * readable through flashcl_context_last_error(NULL). */
+static flashcl_status fcl_create_failed(flashcl_context *ctx, flashcl_status st) {
+  fcl_keep_create_error(ctx);
+  flashcl_context_destroy(ctx);
+  return st;
+}
+
 static flashcl_status fcl_alloc_context(const flashcl_context_options *options, flashcl_context **out) {
   flashcl_kernel_family env_kernel;
-  if (!fcl_env_kernel(options, &env_kernel)) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  if (!fcl_env_kernel(options, &env_kernel))
+    return fcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "FLASHCL_KERNEL=\"%s\" is not auto, portable or nvidia_mma",
+                    getenv("FLASHCL_KERNEL"));
   flashcl_context *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  if (!ctx) return fcl_fail(NULL, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
   ctx->env_kernel = env_kernel;
   const char *dir = options && options->kernel_dir ? options->kernel_dir : getenv("FLASHCL_KERNEL_DIR");
   if (dir && *dir) {
     ctx->kernel_dir = fcl_strdup(dir);
     if (!ctx->kernel_dir) {
       free(ctx);
-      return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+      return fcl_fail(NULL, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
     }
   }
   ctx->verbose = options ? options->verbose : 0;
@@ -228,16 +238,15 @@ static flashcl_status fcl_alloc_context(const flashcl_context_options *options, 
   const char *bo = options ? options->build_options : NULL;
   char *cache = fcl_cache_dir_resolve(options ? options->cache_dir : NULL);
   ctx->cache_dir = cache;
-  if ((bo && *bo && !(ctx->build_options = fcl_strdup(bo)))) {
-    flashcl_context_destroy(ctx);
-    return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-  }
+  if ((bo && *bo && !(ctx->build_options = fcl_strdup(bo))))
+    return fcl_create_failed(ctx, fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory"));
   *out = ctx;
   return FLASHCL_SUCCESS;
 }
 
 flashcl_status flashcl_context_create(const flashcl_context_options *options, flashcl_context **out) {
-  if (!out) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(NULL);
+  if (!out) return fcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "out is NULL");
   *out = NULL;
   flashcl_context_options options_full;
   flashcl_status imp = fcl_options_import(&options, &options_full);
@@ -249,8 +258,7 @@ flashcl_status flashcl_context_create(const flashcl_context_options *options, fl
   st = fcl_pick_device(ctx, spec, &ctx->platform, &ctx->device);
   if (st != FLASHCL_SUCCESS) {
     if (ctx->verbose) fprintf(stderr, "flashcl: %s\n", ctx->errmsg);
-    flashcl_context_destroy(ctx);
-    return st;
+    return fcl_create_failed(ctx, st);
   }
   cl_int err;
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)ctx->platform, 0};
@@ -267,16 +275,9 @@ flashcl_status flashcl_context_create(const flashcl_context_options *options, fl
 #pragma GCC diagnostic pop
 #endif
   }
-  if (err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, err, "creating the OpenCL context/queue");
-    flashcl_context_destroy(ctx);
-    return st;
-  }
+  if (err != CL_SUCCESS) return fcl_create_failed(ctx, fcl_cl_fail(ctx, err, "creating the OpenCL context/queue"));
   st = fcl_query_info(ctx);
-  if (st != FLASHCL_SUCCESS) {
-    flashcl_context_destroy(ctx);
-    return st;
-  }
+  if (st != FLASHCL_SUCCESS) return fcl_create_failed(ctx, st);
   fcl_apply_device_tuning(ctx, options);
   fcl_log(ctx, "device: %s / %s (local memory %zu bytes)", ctx->info.platform_name, ctx->info.device_name,
           ctx->info.local_mem_size);
@@ -286,9 +287,11 @@ flashcl_status flashcl_context_create(const flashcl_context_options *options, fl
 
 flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id device, cl_command_queue queue,
                                               const flashcl_context_options *options, flashcl_context **out) {
-  if (!out) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(NULL);
+  if (!out) return fcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "out is NULL");
   *out = NULL;
-  if (!context || !device || !queue) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  if (!context || !device || !queue)
+    return fcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "context, device and queue must be non-NULL");
   flashcl_context_options options_full;
   flashcl_status imp = fcl_options_import(&options, &options_full);
   if (imp != FLASHCL_SUCCESS) return imp;
@@ -297,7 +300,7 @@ flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id d
   if (clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL) != CL_SUCCESS ||
       clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL) != CL_SUCCESS || qctx != context ||
       qdev != device)
-    return FLASHCL_ERROR_INVALID_ARGUMENT;
+    return fcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "queue does not belong to context and device");
   flashcl_context *ctx = NULL;
   flashcl_status st = fcl_alloc_context(options, &ctx);
   if (st != FLASHCL_SUCCESS) return st;
@@ -309,10 +312,7 @@ flashcl_status flashcl_context_create_from_cl(cl_context context, cl_device_id d
   ctx->device = device;
   ctx->queue = queue;
   st = fcl_query_info(ctx);
-  if (st != FLASHCL_SUCCESS) {
-    flashcl_context_destroy(ctx);
-    return st;
-  }
+  if (st != FLASHCL_SUCCESS) return fcl_create_failed(ctx, st);
   fcl_apply_device_tuning(ctx, options);
   *out = ctx;
   return FLASHCL_SUCCESS;

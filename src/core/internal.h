@@ -114,7 +114,12 @@ flashcl_status fcl_fail(flashcl_context *ctx, flashcl_status status, const char 
     ;
 /* Maps an OpenCL error from `what` to a flashcl status and message. */
 flashcl_status fcl_cl_fail(flashcl_context *ctx, cl_int err, const char *what);
+/* Clears ctx's message, or with ctx NULL the calling thread's (see
+ * flashcl_context_last_error). */
 void fcl_clear_error(flashcl_context *ctx);
+/* Copies the message of a context that is about to be destroyed because its
+ * creation failed into the calling thread's, where the caller can read it. */
+void fcl_keep_create_error(const flashcl_context *ctx);
 void fcl_log(const flashcl_context *ctx, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))

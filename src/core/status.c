@@ -48,10 +48,33 @@ const char *fcl_cl_error_name(cl_int err) {
   }
 }
 
+/* Where a message goes when there is no context to keep it: a failed
+ * flashcl_context_create has none to return. Per thread, so that threads
+ * creating contexts at once read their own. */
+#if defined(_MSC_VER)
+#define FCL_THREAD_LOCAL __declspec(thread)
+#elif defined(__GNUC__) || defined(__clang__)
+#define FCL_THREAD_LOCAL __thread
+#else
+#define FCL_THREAD_LOCAL
+#endif
+static FCL_THREAD_LOCAL char fcl_thread_errmsg[4096];
+
 static void fcl_vset(flashcl_context *ctx, const char *fmt, va_list ap) {
-  if (!ctx) return;
+  if (!ctx) {
+    vsnprintf(fcl_thread_errmsg, sizeof fcl_thread_errmsg, fmt, ap);
+    return;
+  }
   vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
   if (ctx->verbose) fprintf(stderr, "flashcl: %s\n", ctx->errmsg);
+}
+
+void fcl_keep_create_error(const flashcl_context *ctx) {
+  if (!ctx) return;
+  size_t n = strlen(ctx->errmsg);
+  if (n >= sizeof fcl_thread_errmsg) n = sizeof fcl_thread_errmsg - 1;
+  memcpy(fcl_thread_errmsg, ctx->errmsg, n);
+  fcl_thread_errmsg[n] = '\0';
 }
 
 flashcl_status fcl_fail(flashcl_context *ctx, flashcl_status status, const char *fmt, ...) {
@@ -72,7 +95,10 @@ flashcl_status fcl_cl_fail(flashcl_context *ctx, cl_int err, const char *what) {
 }
 
 void fcl_clear_error(flashcl_context *ctx) {
-  if (ctx) ctx->errmsg[0] = '\0';
+  if (ctx)
+    ctx->errmsg[0] = '\0';
+  else
+    fcl_thread_errmsg[0] = '\0';
 }
 
 void fcl_log(const flashcl_context *ctx, const char *fmt, ...) {
@@ -86,7 +112,7 @@ void fcl_log(const flashcl_context *ctx, const char *fmt, ...) {
 }
 
 const char *flashcl_context_last_error(const flashcl_context *ctx) {
-  return ctx ? ctx->errmsg : "no context";
+  return ctx ? ctx->errmsg : fcl_thread_errmsg;
 }
 
 int fcl_mul_size(size_t a, size_t b, size_t *out) {
