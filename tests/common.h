@@ -136,6 +136,20 @@ int fct_group_teardown(void **state);
  * setup. Honors FLASHCL_TEST_FILTER (a cmocka test-name pattern, '*' and '?'). */
 int fct_run_group(const char *name, const struct CMUnitTest *tests, size_t count, int need_device);
 
+/* A test that cannot run on this device: counted, so that a program whose
+ * every test skipped exits with FCT_SKIP_STATUS, which CTest reports as
+ * skipped (SKIP_RETURN_CODE) rather than passed. */
+extern int fct_skipped;
+#define FCT_SKIP()     \
+  do {                 \
+    fct_skipped++;     \
+    skip();            \
+  } while (0)
+#define FCT_SKIP_STATUS 77
+/* The exit status of a test program that ran `count` tests (filtered by
+ * FLASHCL_TEST_FILTER) of which `failed` failed. */
+int fct_exit_status(const struct CMUnitTest *tests, size_t count, int failed);
+
 /* 1 when `device` must run flashcl's NVIDIA tensor-core kernels: its platform's
  * name contains "NVIDIA", it has cl_nv_device_attribute_query and its compute
  * capability (CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, 0x4000) is >= 8.0. Fills

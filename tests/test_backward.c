@@ -831,7 +831,7 @@ static void run_table_test(void **state) {
     /* A failure on an NVIDIA device of compute capability >= 8.0, else a skip. */
     fct_mma_unavailable(fct_env_get()->device, c->name,
                         mma_available < 0 ? "the availability probe failed" : "the device has no tensor-core path");
-    skip();
+    FCT_SKIP();
   }
 #endif
   if (c->kind == K_FWD_DROPOUT)

@@ -276,7 +276,7 @@ static void mt_both(void **state) {
                       (!c->backward || fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_BACKWARD));
     mt_inputs_release(&in);
     if (!ready) {
-      skip();
+      FCT_SKIP();
       return;
     }
     mt_run(c, FLASHCL_ALGO_FLASH);

@@ -284,7 +284,7 @@ static void test_accuracy(void **state) {
   if (!mma_available) {
     /* Fails on an NVIDIA device of compute capability >= 8.0, else a skip. */
     fct_mma_unavailable(flashcl_context_cl_device(ctx), "tensor-core accuracy", mma_reason);
-    skip();
+    FCT_SKIP();
     return;
   }
   static const tcase cs[] = {
@@ -353,5 +353,5 @@ int main(void) {
   if (failed)
     print_message("[ SEED     ] %d failure(s); reproduce with FLASHCL_TEST_SEED=%llu\n", failed,
                   (unsigned long long)fct_seed());
-  return failed;
+  return fct_exit_status(tests, sizeof tests / sizeof tests[0], failed);
 }

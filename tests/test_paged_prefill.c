@@ -189,7 +189,7 @@ static void run_case(const pp_case *pc) {
     fct_tensor_release(&o);
     fct_tensor_release(&lse);
     cache_release(&c);
-    skip();
+    FCT_SKIP();
     return;
   }
   if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
@@ -496,7 +496,7 @@ static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_
   fct_tensor *all[] = {&kf, &vf, &q, &op, &oc, &lp, &lc};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fct_tensor_release(all[i]);
   cache_release(&c);
-  if (no_mma) skip(); /* no tensor-core path (fct_mma_ready failed the test where one is required) */
+  if (no_mma) FCT_SKIP(); /* no tensor-core path (fct_mma_ready failed the test where one is required) */
 }
 
 /* Batched tree verification: each sequence's draft tokens (its last Nq_s keys,
@@ -611,7 +611,7 @@ static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_famil
   fct_tensor_release(&o);
   fct_tensor_release(&lse);
   cache_release(&c);
-  if (!run) skip(); /* no tensor-core path (fct_mma_ready failed the test where one is required) */
+  if (!run) FCT_SKIP(); /* no tensor-core path (fct_mma_ready failed the test where one is required) */
 }
 
 /* A comparison run once per kernel family: fp32 on AUTO (the portable kernels on

@@ -522,7 +522,7 @@ static void sp_case_run(void **state) {
         (c->backward && !fct_mma_ready(c->name, &desc, &in.q.t, &in.k.t, &in.v.t, FLASHCL_PASS_BACKWARD))) {
       sp_mask_release(&m);
       sp_inputs_release(&in);
-      skip();
+      FCT_SKIP();
       return;
     }
   }
