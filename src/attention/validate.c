@@ -113,10 +113,9 @@ static flashcl_status fcl_check_paged_kv(flashcl_context *ctx, const flashcl_att
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
-                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
-                                 const flashcl_tensor *lse, fcl_problem *p) {
-  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+/* The tensors themselves and their dtypes. */
+static flashcl_status fcl_check_inputs(flashcl_context *ctx, const flashcl_tensor *q, const flashcl_tensor *k,
+                                       const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse) {
   flashcl_status st;
   if ((st = fcl_check_tensor(ctx, q, "q", 1)) || (st = fcl_check_tensor(ctx, k, "k", 1)) ||
       (st = fcl_check_tensor(ctx, v, "v", 1)))
@@ -130,6 +129,11 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
                     o ? ", o " : "", o ? flashcl_dtype_name(o->dtype) : "");
   if (lse && lse->dtype != FLASHCL_F32)
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
+  return FLASHCL_SUCCESS;
+}
+
+/* desc's scalar fields that do not depend on the tensors. */
+static flashcl_status fcl_check_desc_fields(flashcl_context *ctx, const flashcl_attention_desc *desc) {
   if (desc->algo < FLASHCL_ALGO_AUTO || desc->algo > FLASHCL_ALGO_NAIVE)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.algo %d is not a flashcl_algo", (int)desc->algo);
   if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
@@ -145,7 +149,13 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1), got %g",
                     (double)desc->dropout_p);
+  return FLASHCL_SUCCESS;
+}
 
+/* Head dim, shapes against each other, and the head counts. */
+static flashcl_status fcl_check_shapes(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                       const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                       const flashcl_tensor *o, const flashcl_tensor *lse) {
   int64_t d = q->shape[3];
   if (k->shape[3] != d || v->shape[3] != d)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
@@ -173,14 +183,59 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q->shape[1] || lse->shape[2] != hq ||
               lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, seqlen_q, heads_q, 1)");
+  return FLASHCL_SUCCESS;
+}
 
-  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes, hq)))
-    return st;
+/* The packed (varlen) sequences of desc, else the tensors' batch and lengths;
+ * fills p's batch, lengths and varlen. */
+static flashcl_status fcl_check_varlen(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                       const flashcl_tensor *q, const flashcl_tensor *k, fcl_problem *p) {
+  if (!desc->cu_seqlens_q && !desc->cu_seqlens_k) {
+    p->batch = (int)q->shape[0];
+    p->seqlen_q = (int)q->shape[1];
+    p->seqlen_k = (int)k->shape[1];
+    return FLASHCL_SUCCESS;
+  }
+  /* With a paged K/V source the key counts come from kv_seqlens and the keys from
+   * the page pools, so only the queries are packed. */
+  const int paged = desc->kv_block_table != NULL;
+  if (paged && desc->cu_seqlens_k)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "with a paged K/V source (desc.kv_block_table) the key counts come from desc.kv_seqlens: "
+                    "cu_seqlens_k must be NULL");
+  if (!desc->cu_seqlens_q || (!paged && !desc->cu_seqlens_k))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
+  if (desc->num_seqs <= 0 || desc->max_seqlen_q <= 0 || (!paged && desc->max_seqlen_k <= 0))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "varlen needs num_seqs, max_seqlen_q and max_seqlen_k >= 1 (got %d, %d, %d)", desc->num_seqs,
+                    desc->max_seqlen_q, desc->max_seqlen_k);
+  if (q->shape[0] != 1)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "varlen tensors must have batch 1 (packed tokens)");
+  if (desc->max_seqlen_q > q->shape[1] || (!paged && desc->max_seqlen_k > k->shape[1]))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_q/k exceed the packed token counts");
+  size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = need;
+  flashcl_status st = fcl_buffer_size(ctx, desc->cu_seqlens_q, "desc.cu_seqlens_q", &have_q);
+  if (st == FLASHCL_SUCCESS && !paged) st = fcl_buffer_size(ctx, desc->cu_seqlens_k, "desc.cu_seqlens_k", &have_k);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (have_q < need || have_k < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cu_seqlens_q/k need %zu bytes (num_seqs + 1 int32)",
+                    need);
+  p->varlen = 1;
+  p->batch = desc->num_seqs;
+  p->seqlen_q = desc->max_seqlen_q;
+  p->seqlen_k = desc->max_seqlen_k; /* paged: replaced by the pools' bound */
+  return FLASHCL_SUCCESS;
+}
 
+/* p's fields that come straight from the validated tensors and desc: dtype,
+ * heads, scale, causal and dropout. */
+static void fcl_fill_problem(const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
+                             fcl_problem *p) {
+  const int64_t d = q->shape[3];
   memset(p, 0, sizeof *p);
   p->dtype = q->dtype;
-  p->heads_q = (int)hq;
-  p->heads_kv = (int)hkv;
+  p->heads_q = (int)q->shape[2];
+  p->heads_kv = (int)k->shape[2];
   p->head_dim = (int)d;
   p->causal = desc->causal != 0;
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
@@ -189,47 +244,13 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   p->keep_scale = (float)(1.0 / (1.0 - (double)desc->dropout_p));
   p->seed = desc->seed;
   p->offset = desc->offset;
+}
 
-  if (desc->cu_seqlens_q || desc->cu_seqlens_k) {
-    /* With a paged K/V source the key counts come from kv_seqlens and the keys from
-     * the page pools, so only the queries are packed. */
-    const int paged = desc->kv_block_table != NULL;
-    if (paged && desc->cu_seqlens_k)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                      "with a paged K/V source (desc.kv_block_table) the key counts come from desc.kv_seqlens: "
-                      "cu_seqlens_k must be NULL");
-    if (!desc->cu_seqlens_q || (!paged && !desc->cu_seqlens_k))
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
-    if (desc->num_seqs <= 0 || desc->max_seqlen_q <= 0 || (!paged && desc->max_seqlen_k <= 0))
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                      "varlen needs num_seqs, max_seqlen_q and max_seqlen_k >= 1 (got %d, %d, %d)", desc->num_seqs,
-                      desc->max_seqlen_q, desc->max_seqlen_k);
-    if (q->shape[0] != 1)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "varlen tensors must have batch 1 (packed tokens)");
-    if (desc->max_seqlen_q > q->shape[1] || (!paged && desc->max_seqlen_k > k->shape[1]))
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_q/k exceed the packed token counts");
-    size_t need = ((size_t)desc->num_seqs + 1) * sizeof(cl_int), have_q = 0, have_k = need;
-    flashcl_status st = fcl_buffer_size(ctx, desc->cu_seqlens_q, "desc.cu_seqlens_q", &have_q);
-    if (st == FLASHCL_SUCCESS && !paged) st = fcl_buffer_size(ctx, desc->cu_seqlens_k, "desc.cu_seqlens_k", &have_k);
-    if (st != FLASHCL_SUCCESS) return st;
-    if (have_q < need || have_k < need)
-      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cu_seqlens_q/k need %zu bytes (num_seqs + 1 int32)",
-                      need);
-    p->varlen = 1;
-    p->batch = desc->num_seqs;
-    p->seqlen_q = desc->max_seqlen_q;
-    p->seqlen_k = desc->max_seqlen_k; /* paged: replaced by the pools' bound below */
-  } else {
-    p->batch = (int)q->shape[0];
-    p->seqlen_q = (int)q->shape[1];
-    p->seqlen_k = (int)k->shape[1];
-  }
-  if (desc->kv_block_table && (st = fcl_check_paged_kv(ctx, desc, k, p))) return st;
-
-  /* Score variants. A window wider than any distance |j - (i + diag)| (at most
-   * max(Nq, Nk)) is the same as unbounded; clamping keeps the kernels' int bounds
-   * small. Causal is the right window 0, so with a window the kernels mask through
-   * the window alone. */
+/* Score variants. A window wider than any distance |j - (i + diag)| (at most
+ * max(Nq, Nk)) is the same as unbounded; clamping keeps the kernels' int bounds
+ * small. Causal is the right window 0, so with a window the kernels mask through
+ * the window alone. */
+static void fcl_fill_variants(const flashcl_attention_desc *desc, fcl_problem *p) {
   p->alibi = desc->alibi_slopes;
   p->softcap = desc->softcap;
   if (desc->window_left >= 0 || desc->window_right >= 0) {
@@ -239,5 +260,23 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
     p->window_right = (desc->window_right < 0 || desc->window_right > wide) ? wide : desc->window_right;
     if (p->causal) p->window_right = 0;
   }
+}
+
+flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                                 const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
+                                 const flashcl_tensor *lse, fcl_problem *p) {
+  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  flashcl_status st;
+  if ((st = fcl_check_inputs(ctx, q, k, v, o, lse)) || (st = fcl_check_desc_fields(ctx, desc)) ||
+      (st = fcl_check_shapes(ctx, desc, q, k, v, o, lse)))
+    return st;
+  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes,
+                               q->shape[2])))
+    return st;
+
+  fcl_fill_problem(desc, q, k, p);
+  if ((st = fcl_check_varlen(ctx, desc, q, k, p))) return st;
+  if (desc->kv_block_table && (st = fcl_check_paged_kv(ctx, desc, k, p))) return st;
+  fcl_fill_variants(desc, p);
   return fcl_check_mask(ctx, desc, p);
 }

@@ -345,22 +345,28 @@ static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_dec
   for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
 }
 
-static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                       const flashcl_tensor *q, const flashcl_tensor *kc, const flashcl_tensor *vc,
-                                       const flashcl_tensor *o, const flashcl_tensor *lse, fcl_decode_plan *p) {
+/* desc itself, the tensors and the cache, and their dtypes; fills p->kv. */
+static flashcl_status fcl_decode_check_inputs(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                              const flashcl_tensor *q, const flashcl_tensor *kc,
+                                              const flashcl_tensor *vc, const flashcl_tensor *o,
+                                              const flashcl_tensor *lse, fcl_decode_plan *p) {
   flashcl_status st;
   if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
   if ((st = fcl_check_tensor(ctx, q, "q", 1))) return st;
   if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
   if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
-  const int batch = (int)q->shape[0];
-  if ((st = fcl_check_kv_cache(ctx, desc, kc, vc, batch, &p->kv))) return st;
+  if ((st = fcl_check_kv_cache(ctx, desc, kc, vc, (int)q->shape[0], &p->kv))) return st;
   if (kc->dtype != q->dtype || (o && o->dtype != q->dtype))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "q, the caches and o must share one dtype (q %s, cache %s%s%s)",
                     flashcl_dtype_name(q->dtype), flashcl_dtype_name(kc->dtype), o ? ", o " : "",
                     o ? flashcl_dtype_name(o->dtype) : "");
   if (lse && lse->dtype != FLASHCL_F32)
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
+  return FLASHCL_SUCCESS;
+}
+
+/* desc's scalar fields that do not depend on the tensors. */
+static flashcl_status fcl_decode_check_desc(flashcl_context *ctx, const flashcl_decode_desc *desc) {
   if (!isfinite(desc->scale)) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.scale must be finite");
   if (desc->num_splits < 0 || desc->num_splits > FLASHCL_DECODE_MAX_SPLITS)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.num_splits must be in [0, %d], got %d",
@@ -368,6 +374,13 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if (desc->max_seqlen_k < 0)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.max_seqlen_k must be >= 0, got %d",
                     desc->max_seqlen_k);
+  return FLASHCL_SUCCESS;
+}
+
+/* Head dim, q_len and head counts, and o's and lse's shapes against q's. */
+static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                              const flashcl_tensor *q, const flashcl_tensor *kc,
+                                              const flashcl_tensor *o, const flashcl_tensor *lse) {
   const int64_t d = q->shape[3];
   if (kc->shape[3] != d)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, cache %lld", (long long)d,
@@ -392,6 +405,15 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
+  return FLASHCL_SUCCESS;
+}
+
+/* o and lse against each other and the inputs, and desc's buffers. */
+static flashcl_status fcl_decode_check_buffers(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                               const flashcl_tensor *q, const flashcl_tensor *kc,
+                                               const flashcl_tensor *vc, const flashcl_tensor *o,
+                                               const flashcl_tensor *lse) {
+  flashcl_status st;
   if ((st = fcl_check_output_distinct(ctx, o, "o")) || (st = fcl_check_output_distinct(ctx, lse, "lse"))) return st;
   if (fcl_views_conflict(o, q, 0) || fcl_views_conflict(o, kc, 0) || fcl_views_conflict(o, vc, 0) ||
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, kc, 0) || fcl_views_conflict(lse, vc, 0) ||
@@ -399,10 +421,13 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, the caches or each other");
   if (desc->workspace && desc->workspace_offset % sizeof(float))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
-  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes, hq)))
+  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes,
+                               q->shape[2])))
     return st;
   if (desc->tree_mask) {
     size_t have = 0;
+    const int batch = (int)q->shape[0];
+    const int64_t q_len = q->shape[1];
     const size_t need = (size_t)batch * (size_t)q_len * sizeof(cl_uint); /* q_len <= 16: no overflow */
     if ((st = fcl_buffer_size(ctx, desc->tree_mask, "desc.tree_mask", &have)) != FLASHCL_SUCCESS) return st;
     if (have < need)
@@ -410,9 +435,23 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
                       "desc.tree_mask holds %zu bytes; batch %d x q_len %lld uint32 words (%zu bytes) are needed",
                       have, batch, (long long)q_len, need);
   }
+  return FLASHCL_SUCCESS;
+}
 
-  p->batch = batch;
-  p->q_len = (int)q_len;
+/* Everything of the call that the plan does not choose: checked, then
+ * recorded in p (kv, sizes, scale, window). */
+static flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                          const flashcl_tensor *q, const flashcl_tensor *kc,
+                                          const flashcl_tensor *vc, const flashcl_tensor *o,
+                                          const flashcl_tensor *lse, fcl_decode_plan *p) {
+  flashcl_status st;
+  if ((st = fcl_decode_check_inputs(ctx, desc, q, kc, vc, o, lse, p)) || (st = fcl_decode_check_desc(ctx, desc)) ||
+      (st = fcl_decode_check_shapes(ctx, desc, q, kc, o, lse)) ||
+      (st = fcl_decode_check_buffers(ctx, desc, q, kc, vc, o, lse)))
+    return st;
+  const int64_t d = q->shape[3], hq = q->shape[2], hkv = kc->shape[2];
+  p->batch = (int)q->shape[0];
+  p->q_len = (int)q->shape[1];
   p->heads_q = (int)hq;
   p->heads_kv = (int)hkv;
   p->head_dim = (int)d;
@@ -422,6 +461,15 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel (%d) is not a flashcl_kernel_family",
                     (int)desc->kernel);
+  return FLASHCL_SUCCESS;
+}
+
+/* The tuning, the kernel plan, the split count and the workspace of a
+ * validated call. */
+static flashcl_status fcl_decode_plan_call(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                           const flashcl_tensor *q, const flashcl_tensor *kc,
+                                           const flashcl_tensor *vc, fcl_decode_plan *p) {
+  flashcl_status st;
   flashcl_tuning_family want;
   if ((st = fcl_tuning_call_family(ctx, desc->tuning, FLASHCL_PASS_FORWARD, 1, &want))) return st;
   const fcl_tune_key key = {p->head_dim, q->dtype, 0, -1, fcl_decode_lmax(desc, p, 0)};
@@ -431,13 +479,21 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   p->work_floats = 0;
   if (p->splits > 1) {
     size_t rows_total, f, f_bytes;
-    if (!fcl_mul_size((size_t)batch * (size_t)q_len, (size_t)hq, &rows_total) ||
-        !fcl_mul_size(rows_total, (size_t)p->splits, &f) || !fcl_mul_size(f, (size_t)d + 1, &f) ||
+    if (!fcl_mul_size((size_t)p->batch * (size_t)p->q_len, (size_t)p->heads_q, &rows_total) ||
+        !fcl_mul_size(rows_total, (size_t)p->splits, &f) || !fcl_mul_size(f, (size_t)p->head_dim + 1, &f) ||
         !fcl_mul_size(f, sizeof(float), &f_bytes))
       return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "decode workspace size overflows size_t");
     p->work_floats = f;
   }
   return fcl_tuned_honoured(ctx, &p->tu);
+}
+
+static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                       const flashcl_tensor *q, const flashcl_tensor *kc, const flashcl_tensor *vc,
+                                       const flashcl_tensor *o, const flashcl_tensor *lse, fcl_decode_plan *p) {
+  flashcl_status st = fcl_decode_validate(ctx, desc, q, kc, vc, o, lse, p);
+  if (st != FLASHCL_SUCCESS) return st;
+  return fcl_decode_plan_call(ctx, desc, q, kc, vc, p);
 }
 
 flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -510,152 +566,210 @@ static flashcl_status fcl_decode_scratch(flashcl_context *ctx, size_t need, cl_m
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                        const flashcl_tensor *q, const flashcl_tensor *k_cache,
-                                        const flashcl_tensor *v_cache, cl_mem seqlens_k, const flashcl_tensor *o,
-                                        const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
-                                        const cl_event *event_wait_list, cl_event *out_event) {
-  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
-  fcl_clear_error(ctx);
-  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
-  if (num_events_in_wait_list && !event_wait_list)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
-                    num_events_in_wait_list);
-  fcl_decode_plan p;
-  flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, o, lse, &p);
-  if (st != FLASHCL_SUCCESS) return st;
-  if ((st = fcl_check_seqlens(ctx, seqlens_k, "seqlens_k", p.batch))) return st;
-  const int split = p.splits > 1;
-  const size_t need = p.work_floats * sizeof(float);
-  cl_mem work = NULL;
-  if (split && desc->workspace) {
-    size_t have = 0;
-    if ((st = fcl_buffer_size(ctx, desc->workspace, "desc.workspace", &have)) != FLASHCL_SUCCESS) return st;
-    if (desc->workspace_offset > have || have - desc->workspace_offset < need)
-      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                      "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
-                      desc->workspace_offset, need);
-    work = desc->workspace;
-  }
-  {
-    /* The buffers the kernels read must not share bytes with o or lse; the split
-     * partials are written, so their range must not touch any tensor or buffer
-     * of the call. */
-    const size_t b4 = (size_t)p.batch * sizeof(cl_int);
-    fcl_aux aux[5];
-    int n = 0;
-    aux[n++] = (fcl_aux){seqlens_k, 0, b4, "seqlens_k"};
-    if (p.kv.paged) aux[n++] = (fcl_aux){desc->block_table, 0, b4 * (size_t)p.kv.max_pages, "desc.block_table"};
-    if (desc->tree_mask) aux[n++] = (fcl_aux){desc->tree_mask, 0, b4 * (size_t)p.q_len, "desc.tree_mask"};
-    if (desc->alibi_slopes)
-      aux[n++] = (fcl_aux){desc->alibi_slopes, 0, (size_t)p.heads_q * sizeof(float), "desc.alibi_slopes"};
-    const flashcl_tensor *outs[2] = {o, lse};
-    static const char *const out_names[2] = {"o", "lse"};
-    if ((st = fcl_check_aux_buffers(ctx, aux, n, outs, out_names, 2))) return st;
-    if (work) {
-      const fcl_aux w = {work, desc->workspace_offset, need, "desc.workspace"};
-      const flashcl_tensor *all[5] = {q, k_cache, v_cache, o, lse};
-      static const char *const all_names[5] = {"q", "k_cache", "v_cache", "o", "lse"};
-      if ((st = fcl_check_aux_buffers(ctx, &w, 1, all, all_names, 5))) return st;
-      for (int i = 0; i < n; i++)
-        if (aux[i].mem == work && aux[i].offset < desc->workspace_offset + need &&
-            desc->workspace_offset < aux[i].offset + aux[i].bytes)
-          return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace overlaps %s", aux[i].name);
-    }
-  }
-  /* 1: the partials go to the context's cached scratch. */
-  const int cached = split && !work;
-  const int in_order = fcl_decode_queue_in_order(ctx);
+/* What the stages of one decode launch share. */
+typedef struct fcl_decode_launch {
+  flashcl_context *ctx;
+  const flashcl_decode_desc *desc;
+  fcl_decode_plan *p;
+  const flashcl_tensor *q, *kc, *vc, *o, *lse;
+  cl_mem seqlens_k;
+  int split;    /* the partials of several splits are merged */
+  int cached;   /* 1: the partials go to the context's cached scratch */
+  int in_order; /* the context's queue orders the calls on the scratch itself */
+  size_t need;  /* bytes of split partials */
+  cl_kernel kern, merge;
+  int threads; /* work-items per work-group of kern */
+  cl_mem work;
+  int64_t wo_off, wl_off; /* floats: the partial outputs, then their LSEs, in work */
+} fcl_decode_launch;
 
-  const int page_shift = p.kv.paged ? fcl_page_shift(p.kv.page_size) : -1;
-  char opts[512];
-  const char *extra = ctx->build_options;
-  snprintf(opts, sizeof opts,
+/* desc.workspace where the call splits and the caller gave one. */
+static flashcl_status fcl_decode_caller_workspace(fcl_decode_launch *L) {
+  const flashcl_decode_desc *desc = L->desc;
+  L->work = NULL;
+  if (!L->split || !desc->workspace) return FLASHCL_SUCCESS;
+  size_t have = 0;
+  flashcl_status st = fcl_buffer_size(L->ctx, desc->workspace, "desc.workspace", &have);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (desc->workspace_offset > have || have - desc->workspace_offset < L->need)
+    return fcl_fail(L->ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
+                    "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
+                    desc->workspace_offset, L->need);
+  L->work = desc->workspace;
+  return FLASHCL_SUCCESS;
+}
+
+/* The buffers the kernels read must not share bytes with o or lse; the split
+ * partials are written, so their range must not touch any tensor or buffer
+ * of the call. */
+static flashcl_status fcl_decode_check_aux(const fcl_decode_launch *L) {
+  flashcl_context *ctx = L->ctx;
+  const flashcl_decode_desc *desc = L->desc;
+  const fcl_decode_plan *p = L->p;
+  const size_t b4 = (size_t)p->batch * sizeof(cl_int);
+  fcl_aux aux[5];
+  int n = 0;
+  flashcl_status st;
+  aux[n++] = (fcl_aux){L->seqlens_k, 0, b4, "seqlens_k"};
+  if (p->kv.paged) aux[n++] = (fcl_aux){desc->block_table, 0, b4 * (size_t)p->kv.max_pages, "desc.block_table"};
+  if (desc->tree_mask) aux[n++] = (fcl_aux){desc->tree_mask, 0, b4 * (size_t)p->q_len, "desc.tree_mask"};
+  if (desc->alibi_slopes)
+    aux[n++] = (fcl_aux){desc->alibi_slopes, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
+  const flashcl_tensor *outs[2] = {L->o, L->lse};
+  static const char *const out_names[2] = {"o", "lse"};
+  if ((st = fcl_check_aux_buffers(ctx, aux, n, outs, out_names, 2))) return st;
+  if (!L->work) return FLASHCL_SUCCESS;
+  const fcl_aux w = {L->work, desc->workspace_offset, L->need, "desc.workspace"};
+  const flashcl_tensor *all[5] = {L->q, L->kc, L->vc, L->o, L->lse};
+  static const char *const all_names[5] = {"q", "k_cache", "v_cache", "o", "lse"};
+  if ((st = fcl_check_aux_buffers(ctx, &w, 1, all, all_names, 5))) return st;
+  for (int i = 0; i < n; i++)
+    if (aux[i].mem == L->work && aux[i].offset < desc->workspace_offset + L->need &&
+        desc->workspace_offset < aux[i].offset + aux[i].bytes)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace overlaps %s", aux[i].name);
+  return FLASHCL_SUCCESS;
+}
+
+/* decode.cl's build options (decode_attn and decode_merge). */
+static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char *opts, size_t size) {
+  const flashcl_decode_desc *desc = L->desc;
+  const fcl_decode_plan *p = L->p;
+  const char *extra = L->ctx->build_options;
+  snprintf(opts, size,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
            "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d%s%s",
-           (int)q->dtype, p.head_dim, p.rows, p.threads, p.kpt, p.prefetch, p.vec_aligned, split, p.kv.paged,
-           page_shift, desc->tree_mask != NULL, p.merge_threads, FLASHCL_DECODE_MAX_SPLITS, p.stages,
-           p.stages > 0, p.window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, extra ? " " : "",
+           (int)L->q->dtype, p->head_dim, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
+           p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->stages,
+           p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, extra ? " " : "",
            extra ? extra : "");
-  /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
-  const char *file = p.stages ? "mma_ptx.cl+decode.cl" : "decode.cl";
-  cl_kernel kern, merge = NULL;
-  int threads = p.threads;
-  if (p.mma) {
-    char mopts[384];
-    threads = 32 * p.mma_wr * p.mma_wk;
-    snprintf(mopts, sizeof mopts,
-             "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
-             "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d%s%s",
-             (int)q->dtype, p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, split, p.kv.paged, page_shift,
-             desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
-    if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &kern))) return st;
-    if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "decode_mma", mopts);
-    size_t mwg = 0;
-    if (clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof mwg, &mwg, NULL) ==
-            CL_SUCCESS &&
-        mwg < (size_t)threads) {
-      /* Its registers do not allow that many warps (a tuning override): the
-       * cp.async kernel, planned for the same split count, takes the call. */
-      fcl_log(ctx, "decode_mma: %d work-items planned, %zu allowed; running decode_attn", threads, mwg);
-      p.mma = 0;
-      p.row_blocks = (p.group * p.q_len + p.rows - 1) / p.rows;
-      threads = p.threads;
-    }
+}
+
+/* decode_mma for a plan that chose it. */
+static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift) {
+  flashcl_context *ctx = L->ctx;
+  fcl_decode_plan *p = L->p;
+  const char *extra = ctx->build_options;
+  char mopts[384];
+  flashcl_status st;
+  L->threads = 32 * p->mma_wr * p->mma_wk;
+  snprintf(mopts, sizeof mopts,
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
+           "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d%s%s",
+           (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
+           L->desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
+  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &L->kern))) return st;
+  if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
+  size_t mwg = 0;
+  if (clGetKernelWorkGroupInfo(L->kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof mwg, &mwg, NULL) ==
+          CL_SUCCESS &&
+      mwg < (size_t)L->threads) {
+    /* Its registers do not allow that many warps (a tuning override): the
+     * cp.async kernel, planned for the same split count, takes the call. */
+    fcl_log(ctx, "decode_mma: %d work-items planned, %zu allowed; running decode_attn", L->threads, mwg);
+    p->mma = 0;
+    p->row_blocks = (p->group * p->q_len + p->rows - 1) / p->rows;
+    L->threads = p->threads;
   }
-  if (!p.mma && (st = fcl_get_kernel(ctx, file, opts, "decode_attn", &kern))) return st;
-  if (split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &merge))) return st;
+  return FLASHCL_SUCCESS;
+}
+
+/* The attention kernel (decode_mma, or decode_attn where it is not planned or
+ * cannot run as planned) and, when split, decode_merge. */
+static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_decode_plan *p = L->p;
+  const int page_shift = p->kv.paged ? fcl_page_shift(p->kv.page_size) : -1;
+  char opts[512];
+  flashcl_status st;
+  fcl_decode_options(L, page_shift, opts, sizeof opts);
+  /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
+  const char *file = p->stages ? "mma_ptx.cl+decode.cl" : "decode.cl";
+  L->merge = NULL;
+  L->threads = p->threads;
+  if (p->mma && (st = fcl_decode_mma_kernel(L, page_shift))) return st;
+  if (!p->mma && (st = fcl_get_kernel(ctx, file, opts, "decode_attn", &L->kern))) return st;
+  if (L->split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &L->merge))) return st;
   size_t kwg = 0;
   /* (decode_mma was checked above.) */
-  if (!p.mma &&
-      clGetKernelWorkGroupInfo(kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+  if (!p->mma &&
+      clGetKernelWorkGroupInfo(L->kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
           CL_SUCCESS &&
-      kwg < (size_t)threads)
+      kwg < (size_t)L->threads)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs %d work-items but the compiled kernel allows %zu",
-                    p.mma ? "decode_mma" : "decode_attn", threads, kwg);
+                    p->mma ? "decode_mma" : "decode_attn", L->threads, kwg);
+  return FLASHCL_SUCCESS;
+}
 
-  if (cached && (st = fcl_decode_scratch(ctx, need, &work))) return st;
-  const int64_t wo_off =
-      split ? (int64_t)((cached ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
-  const int64_t wl_off = wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim + 1) * (size_t)p.head_dim);
-
+static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
+  const flashcl_decode_desc *desc = L->desc;
+  const fcl_decode_plan *p = L->p;
   const float log2e = 1.4426950408889634f;
-  fcl_args a = {kern, 0, CL_SUCCESS};
-  fcl_arg_tensor(&a, q);
-  fcl_arg_tensor(&a, k_cache);
-  fcl_arg_tensor(&a, v_cache);
-  fcl_arg_tensor(&a, o);
-  fcl_arg_lse_or_null(&a, lse);
-  fcl_arg_mem(&a, seqlens_k);
+  fcl_args a = {L->kern, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, L->q);
+  fcl_arg_tensor(&a, L->kc);
+  fcl_arg_tensor(&a, L->vc);
+  fcl_arg_tensor(&a, L->o);
+  fcl_arg_lse_or_null(&a, L->lse);
+  fcl_arg_mem(&a, L->seqlens_k);
   fcl_arg_mem(&a, desc->tree_mask);
-  fcl_arg_mem(&a, p.kv.paged ? desc->block_table : NULL);
-  fcl_arg_int(&a, p.kv.max_pages);
-  fcl_arg_int(&a, p.kv.page_size);
-  fcl_arg_int(&a, p.kv.num_pages);
-  fcl_arg_int(&a, p.kv.capacity);
-  fcl_arg_int(&a, p.q_len);
-  fcl_arg_int(&a, p.group);
-  fcl_arg_int(&a, p.heads_q);
-  fcl_arg_int(&a, p.row_blocks);
-  fcl_arg_int(&a, p.splits);
-  fcl_arg_float(&a, p.scale * log2e);
-  fcl_arg_mem(&a, work);
-  fcl_arg_long(&a, wo_off);
-  fcl_arg_long(&a, wl_off);
-  if (!p.mma) { /* decode_attn's score variants (decode_mma never runs with them) */
+  fcl_arg_mem(&a, p->kv.paged ? desc->block_table : NULL);
+  fcl_arg_int(&a, p->kv.max_pages);
+  fcl_arg_int(&a, p->kv.page_size);
+  fcl_arg_int(&a, p->kv.num_pages);
+  fcl_arg_int(&a, p->kv.capacity);
+  fcl_arg_int(&a, p->q_len);
+  fcl_arg_int(&a, p->group);
+  fcl_arg_int(&a, p->heads_q);
+  fcl_arg_int(&a, p->row_blocks);
+  fcl_arg_int(&a, p->splits);
+  fcl_arg_float(&a, p->scale * log2e);
+  fcl_arg_mem(&a, L->work);
+  fcl_arg_long(&a, L->wo_off);
+  fcl_arg_long(&a, L->wl_off);
+  if (!p->mma) { /* decode_attn's score variants (decode_mma never runs with them) */
     fcl_arg_int(&a, desc->window_left);
     fcl_arg_int(&a, desc->window_right);
     fcl_arg_mem(&a, desc->alibi_slopes);
     fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
     fcl_arg_float(&a, desc->softcap * log2e);
   }
-  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(decode)");
+  return a.err;
+}
 
-  /* On an out-of-order queue a call on the cached scratch waits for the previous
-   * one (its merge still reads the partials); an in-order queue orders them. */
+/* decode_merge after the attention kernel (its event ev where the queue is
+ * out-of-order). The arguments are set once the attention kernel is on its
+ * way: a single call's latency includes the host time before that enqueue. */
+static cl_int fcl_decode_merge(const fcl_decode_launch *L, cl_event ev, cl_event *done, const char **failed) {
+  const fcl_decode_plan *p = L->p;
+  fcl_args m = {L->merge, 0, CL_SUCCESS};
+  fcl_arg_mem(&m, L->work);
+  fcl_arg_long(&m, L->wo_off);
+  fcl_arg_long(&m, L->wl_off);
+  fcl_arg_int(&m, p->splits);
+  fcl_arg_int(&m, p->q_len);
+  fcl_arg_int(&m, p->heads_q);
+  fcl_arg_tensor(&m, L->o);
+  fcl_arg_lse_or_null(&m, L->lse);
+  if (m.err != CL_SUCCESS) {
+    *failed = "clSetKernelArg(decode_merge)";
+    return m.err;
+  }
+  /* Out-of-order queues (flashcl_context_create_from_cl) order the merge by event. */
+  size_t mg[3] = {(size_t)p->merge_threads, (size_t)p->q_len * p->heads_q, (size_t)p->batch};
+  size_t ml[3] = {(size_t)p->merge_threads, 1, 1};
+  return clEnqueueNDRangeKernel(L->ctx->queue, L->merge, 3, NULL, mg, ml, ev ? 1 : 0, ev ? &ev : NULL, done);
+}
+
+/* The attention kernel, then the merge when split. On an out-of-order queue a
+ * call on the cached scratch waits for the previous one (its merge still
+ * reads the partials); an in-order queue orders them. */
+static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num_events_in_wait_list,
+                                         const cl_event *event_wait_list, cl_event *out_event) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_decode_plan *p = L->p;
   struct fcl_decode_scratch *sc = &ctx->decode_scratch;
-  const int chain = cached && !in_order;
+  const int chain = L->cached && !L->in_order, split = L->split;
   const cl_event *wait = num_events_in_wait_list ? event_wait_list : NULL;
   cl_uint nwait = num_events_in_wait_list;
   cl_event wait_buf[16], *wait_heap = NULL;
@@ -671,38 +785,17 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
     wait = w;
   }
 
-  size_t global[3] = {(size_t)threads * p.splits, (size_t)p.heads_kv * p.row_blocks, (size_t)p.batch};
-  size_t local[3] = {(size_t)threads, 1, 1};
+  size_t global[3] = {(size_t)L->threads * p->splits, (size_t)p->heads_kv * p->row_blocks, (size_t)p->batch};
+  size_t local[3] = {(size_t)L->threads, 1, 1};
   /* Events only where something waits on them: with profiling on, an event costs
    * the NVIDIA driver ~8 us of host time per enqueue (a third of a short call). */
   cl_event ev = NULL, done = NULL;
-  cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, local, nwait, wait,
-                                      split ? (in_order ? NULL : &ev) : out_event ? &done : NULL);
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->kern, 3, NULL, global, local, nwait, wait,
+                                      split ? (L->in_order ? NULL : &ev) : out_event ? &done : NULL);
   free(wait_heap);
   const char *failed = "clEnqueueNDRangeKernel(decode)";
-  if (err == CL_SUCCESS && split) {
-    /* The merge's arguments are set once the attention kernel is on its way
-     * (a single call's latency includes the host time before that enqueue). */
-    fcl_args m = {merge, 0, CL_SUCCESS};
-    fcl_arg_mem(&m, work);
-    fcl_arg_long(&m, wo_off);
-    fcl_arg_long(&m, wl_off);
-    fcl_arg_int(&m, p.splits);
-    fcl_arg_int(&m, p.q_len);
-    fcl_arg_int(&m, p.heads_q);
-    fcl_arg_tensor(&m, o);
-    fcl_arg_lse_or_null(&m, lse);
-    if ((err = m.err) != CL_SUCCESS) {
-      failed = "clSetKernelArg(decode_merge)";
-    } else {
-      /* Out-of-order queues (flashcl_context_create_from_cl) order the merge by event. */
-      size_t mg[3] = {(size_t)p.merge_threads, (size_t)p.q_len * p.heads_q, (size_t)p.batch};
-      size_t ml[3] = {(size_t)p.merge_threads, 1, 1};
-      err = clEnqueueNDRangeKernel(ctx->queue, merge, 3, NULL, mg, ml, ev ? 1 : 0, ev ? &ev : NULL,
-                                   (out_event || chain) ? &done : NULL);
-    }
-    /* If the merge cannot be enqueued the partials are lost, but o and lse are untouched. */
-  }
+  /* If the merge cannot be enqueued the partials are lost, but o and lse are untouched. */
+  if (err == CL_SUCCESS && split) err = fcl_decode_merge(L, ev, (out_event || chain) ? &done : NULL, &failed);
   if (chain && (done || ev)) {
     /* The scratch's last user: the merge, or the attention kernel if the merge
      * could not be enqueued. */
@@ -715,6 +808,38 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   if (ev) clReleaseEvent(ev);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, failed);
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                        const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                        const flashcl_tensor *v_cache, cl_mem seqlens_k, const flashcl_tensor *o,
+                                        const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                        const cl_event *event_wait_list, cl_event *out_event) {
+  if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_clear_error(ctx);
+  if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
+  if (num_events_in_wait_list && !event_wait_list)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
+                    num_events_in_wait_list);
+  fcl_decode_plan p;
+  flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, o, lse, &p);
+  if (st != FLASHCL_SUCCESS) return st;
+  if ((st = fcl_check_seqlens(ctx, seqlens_k, "seqlens_k", p.batch))) return st;
+  fcl_decode_launch L = {.ctx = ctx, .desc = desc, .p = &p, .q = q, .kc = k_cache, .vc = v_cache, .o = o,
+                         .lse = lse, .seqlens_k = seqlens_k};
+  L.split = p.splits > 1;
+  L.need = p.work_floats * sizeof(float);
+  if ((st = fcl_decode_caller_workspace(&L)) || (st = fcl_decode_check_aux(&L))) return st;
+  L.cached = L.split && !L.work;
+  L.in_order = fcl_decode_queue_in_order(ctx);
+  if ((st = fcl_decode_kernels(&L))) return st;
+
+  if (L.cached && (st = fcl_decode_scratch(ctx, L.need, &L.work))) return st;
+  L.wo_off = L.split ? (int64_t)((L.cached ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
+  L.wl_off = L.wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim + 1) * (size_t)p.head_dim);
+  cl_int err = fcl_decode_attn_args(&L);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clSetKernelArg(decode)");
+  return fcl_decode_enqueue(&L, num_events_in_wait_list, event_wait_list, out_event);
 }
 
 flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,

@@ -168,6 +168,166 @@ static flashcl_status fcl_dropout_apply(flashcl_context *ctx, const char *src, c
                      NULL, "enqueue naive_dropout");
 }
 
+/* Refuses a call whose scratch the device cannot hold, or whose GEMMs CLBlast
+ * cannot index, before anything is built or allocated. */
+static flashcl_status fcl_naive_fits(flashcl_context *ctx, const fcl_naive_sizes *z, size_t total_bytes,
+                                     int backward) {
+  const size_t largest = z->s > z->q ? z->s : z->q;
+  if (largest * sizeof(float) > ctx->info.max_mem_alloc_size || total_bytes > ctx->info.global_mem_size) {
+    if (backward)
+      return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
+                      "naive attention backward needs %zu bytes of scratch (two N x N matrices of %zu bytes each); "
+                      "the device allows %llu bytes per buffer and has %llu in all",
+                      total_bytes, z->s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
+                      (unsigned long long)ctx->info.global_mem_size);
+    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
+                    "naive attention needs %zu bytes of scratch (an N x N score matrix of %zu bytes); the device "
+                    "allows %llu bytes per buffer and has %llu in all",
+                    total_bytes, z->s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
+                    (unsigned long long)ctx->info.global_mem_size);
+  }
+  return fcl_blas_limit(ctx, z);
+}
+
+/* What the stages of one forward or backward call share. */
+typedef struct fcl_naive_call {
+  flashcl_context *ctx;
+  const fcl_problem *p;
+  int wg; /* work-items per softmax / dS row */
+  char opts[256];
+  const char *src;
+  cl_kernel pack, soft, unpack;
+  cl_kernel extra; /* naive_pack_paged (paged forward) or naive_ds (backward) */
+  int ooo;         /* CLBlast takes no wait list, so an out-of-order queue needs explicit barriers */
+  cl_mem cu_q, cu_k;
+  int tq, tk, d;
+  size_t g, lq, lk, groups; /* GQA group, lengths, and the GEMMs' batch of (sequence, kv-head) groups */
+} fcl_naive_call;
+
+/* The kernels every naive call runs, then `extra` (NULL: none). */
+static flashcl_status fcl_naive_kernels(fcl_naive_call *c, const char *extra) {
+  flashcl_context *ctx = c->ctx;
+  const fcl_problem *p = c->p;
+  c->wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
+  char variants[64];
+  snprintf(c->opts, sizeof c->opts,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s", (int)p->dtype,
+           p->head_dim, p->causal && !p->window, p->varlen, c->wg, p->dropout,
+           fcl_variant_options(p, variants, sizeof variants));
+  c->src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
+  c->extra = NULL;
+  flashcl_status st;
+  if ((st = fcl_get_kernel(ctx, c->src, c->opts, "naive_pack", &c->pack)) ||
+      (st = fcl_get_kernel(ctx, c->src, c->opts, "naive_softmax", &c->soft)) ||
+      (st = fcl_get_kernel(ctx, c->src, c->opts, "naive_unpack", &c->unpack)) ||
+      (extra && (st = fcl_get_kernel(ctx, c->src, c->opts, extra, &c->extra))))
+    return st;
+  return FLASHCL_SUCCESS;
+}
+
+/* counts[i] floats in buf[i], except buf[skip] (-1: none). On failure the
+ * caller releases the buffers already made. */
+static flashcl_status fcl_naive_alloc(flashcl_context *ctx, cl_mem *buf, const size_t *counts, int n, int skip,
+                                      const char *what) {
+  for (int i = 0; i < n; i++) {
+    cl_int err;
+    if (i == skip) continue;
+    buf[i] = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, counts[i] * sizeof(float), NULL, &err);
+    if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, what);
+  }
+  return FLASHCL_SUCCESS;
+}
+
+static void fcl_naive_layout(fcl_naive_call *c, const flashcl_attention_desc *desc, const flashcl_tensor *q,
+                             const flashcl_tensor *k) {
+  const fcl_problem *p = c->p;
+  cl_command_queue_properties qprops = 0;
+  clGetCommandQueueInfo(c->ctx->queue, CL_QUEUE_PROPERTIES, sizeof qprops, &qprops, NULL);
+  c->ooo = (qprops & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
+  c->cu_q = p->varlen ? desc->cu_seqlens_q : NULL;
+  c->cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
+  c->tq = (int)q->shape[1];
+  c->tk = (int)k->shape[1];
+  c->d = p->head_dim;
+  c->g = (size_t)(p->heads_q / p->heads_kv);
+  c->lq = (size_t)p->seqlen_q;
+  c->lk = (size_t)p->seqlen_k;
+  c->groups = (size_t)p->batch * (size_t)p->heads_kv;
+}
+
+/* Orders the next command after the previous ones on an out-of-order queue. */
+static void fcl_naive_order(const fcl_naive_call *c) {
+  if (c->ooo) clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, NULL);
+}
+
+/* Packs a query-side (q_side) or key-side tensor of the caller into dense fp32. */
+static flashcl_status fcl_naive_pack(const fcl_naive_call *c, const flashcl_tensor *t, cl_mem dst, int q_side,
+                                     cl_uint nwait, const cl_event *wait) {
+  const fcl_problem *p = c->p;
+  if (q_side)
+    return fcl_pack(c->ctx, c->pack, t, dst, p->heads_q, p->seqlen_q, p->batch, c->cu_q, c->tq, nwait, wait, c->d);
+  return fcl_pack(c->ctx, c->pack, t, dst, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk, nwait, wait, c->d);
+}
+
+/* Writes a dense fp32 query-side (q_side) or key-side result into a caller's tensor. */
+static flashcl_status fcl_naive_unpack(const fcl_naive_call *c, cl_mem src, cl_mem lse_ws, const flashcl_tensor *t,
+                                       const flashcl_tensor *lse, int q_side, cl_event *ev) {
+  const fcl_problem *p = c->p;
+  if (q_side)
+    return fcl_unpack(c->ctx, c->unpack, src, lse_ws, t, lse, p->heads_q, p->seqlen_q, p->batch, c->cu_q, c->tq,
+                      c->d, ev);
+  return fcl_unpack(c->ctx, c->unpack, src, lse_ws, t, lse, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk,
+                    c->d, ev);
+}
+
+enum { FWD_Q, FWD_K, FWD_V, FWD_S, FWD_LSE, FWD_NBUF }; /* FWD_Q is reused for O */
+
+/* Q, K and V in dense fp32, after the caller's wait list. */
+static flashcl_status fcl_naive_forward_pack(const fcl_naive_call *c, const flashcl_tensor *q,
+                                             const flashcl_tensor *k, const flashcl_tensor *v, const cl_mem *buf,
+                                             cl_uint nwait, const cl_event *wait) {
+  const fcl_problem *p = c->p;
+  flashcl_status st;
+  if ((st = fcl_naive_pack(c, q, buf[FWD_Q], 1, nwait, wait))) return st;
+  if (p->paged_kv) {
+    if ((st = fcl_pack_paged(c->ctx, c->extra, k, buf[FWD_K], p, nwait, wait)) ||
+        (st = fcl_pack_paged(c->ctx, c->extra, v, buf[FWD_V], p, nwait, wait)))
+      return st;
+  } else if ((st = fcl_naive_pack(c, k, buf[FWD_K], 0, nwait, wait)) ||
+             (st = fcl_naive_pack(c, v, buf[FWD_V], 0, nwait, wait)))
+    return st;
+  fcl_naive_order(c);
+  return FLASHCL_SUCCESS;
+}
+
+/* S = scale QK^T, P = softmax(S) (dropped), O = PV, then o and lse. */
+static flashcl_status fcl_naive_forward_run(const fcl_naive_call *c, const fcl_naive_sizes *z, const cl_mem *buf,
+                                            const flashcl_tensor *o, const flashcl_tensor *lse, cl_event *out_event) {
+  flashcl_context *ctx = c->ctx;
+  const fcl_problem *p = c->p;
+  const size_t g = c->g, lq = c->lq, lk = c->lk, d = (size_t)c->d;
+  flashcl_status st;
+  if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, g * lq, lk, d, p->scale, buf[FWD_Q], d, g * lq * d, buf[FWD_K], d,
+                     lk * d, buf[FWD_S], lk, g * lq * lk, c->groups)))
+    return st;
+  fcl_naive_order(c);
+
+  if ((st = fcl_softmax(ctx, c->soft, buf[FWD_S], buf[FWD_LSE], p, c->cu_q, c->cu_k, c->tq, c->tk, c->wg, z->lse)))
+    return st;
+  fcl_naive_order(c);
+  if (p->dropout) {
+    if ((st = fcl_dropout_apply(ctx, c->src, c->opts, buf[FWD_S], buf[FWD_S], p))) return st;
+    fcl_naive_order(c);
+  }
+
+  if ((st = fcl_gemm(ctx, "O = PV", 0, 0, g * lq, d, lk, 1.0f, buf[FWD_S], lk, g * lq * lk, buf[FWD_V], d, lk * d,
+                     buf[FWD_Q], d, g * lq * d, c->groups)))
+    return st;
+  fcl_naive_order(c);
+
+  return fcl_naive_unpack(c, buf[FWD_Q], buf[FWD_LSE], o, lse, 1, out_event);
+}
+
 flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                  const flashcl_tensor *o, const flashcl_tensor *lse, cl_uint nwait,
@@ -176,80 +336,19 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
   size_t total_bytes;
   flashcl_status st = fcl_naive_sizes_of(ctx, p, &z, &total_bytes);
   if (st != FLASHCL_SUCCESS) return st;
-  const size_t largest = z.s > z.q ? z.s : z.q;
-  if (largest * sizeof(float) > ctx->info.max_mem_alloc_size || total_bytes > ctx->info.global_mem_size)
-    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
-                    "naive attention needs %zu bytes of scratch (an N x N score matrix of %zu bytes); the device "
-                    "allows %llu bytes per buffer and has %llu in all",
-                    total_bytes, z.s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
-                    (unsigned long long)ctx->info.global_mem_size);
+  if ((st = fcl_naive_fits(ctx, &z, total_bytes, 0))) return st;
+  fcl_naive_call c = {.ctx = ctx, .p = p};
+  if ((st = fcl_naive_kernels(&c, p->paged_kv ? "naive_pack_paged" : NULL))) return st;
 
-  if ((st = fcl_blas_limit(ctx, &z))) return st;
-  const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
-  char opts[256], variants[64];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s",
-           (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
-           fcl_variant_options(p, variants, sizeof variants));
-  const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
-  cl_kernel k_pack, k_soft, k_unpack, k_paged = NULL;
-  if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "naive_unpack", &k_unpack)) ||
-      (p->paged_kv && (st = fcl_get_kernel(ctx, src, opts, "naive_pack_paged", &k_paged))))
-    return st;
-
-  cl_mem buf[5] = {NULL, NULL, NULL, NULL, NULL}; /* Q (reused for O), K, V, S, LSE */
-  const size_t counts[5] = {z.q, z.kv, z.kv, z.s, z.lse};
-  for (int i = 0; i < 5; i++) {
-    cl_int err;
-    buf[i] = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, counts[i] * sizeof(float), NULL, &err);
-    if (err != CL_SUCCESS) {
-      st = fcl_cl_fail(ctx, err, "allocating the naive workspace");
-      goto done;
-    }
+  cl_mem buf[FWD_NBUF] = {NULL, NULL, NULL, NULL, NULL};
+  const size_t counts[FWD_NBUF] = {z.q, z.kv, z.kv, z.s, z.lse};
+  if (!(st = fcl_naive_alloc(ctx, buf, counts, FWD_NBUF, -1, "allocating the naive workspace"))) {
+    fcl_naive_layout(&c, desc, q, k);
+    if (!(st = fcl_naive_forward_pack(&c, q, k, v, buf, nwait, wait)))
+      st = fcl_naive_forward_run(&c, &z, buf, o, lse, out_event);
   }
-  cl_command_queue_properties qprops = 0;
-  clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof qprops, &qprops, NULL);
-  /* CLBlast takes no wait list, so an out-of-order queue needs explicit barriers. */
-  const int ooo = (qprops & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
-
-  const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
-  const int tq = (int)q->shape[1], tk = (int)k->shape[1], d = p->head_dim;
-  if ((st = fcl_pack(ctx, k_pack, q, buf[0], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)))
-    goto done;
-  if (p->paged_kv) {
-    if ((st = fcl_pack_paged(ctx, k_paged, k, buf[1], p, nwait, wait)) ||
-        (st = fcl_pack_paged(ctx, k_paged, v, buf[2], p, nwait, wait)))
-      goto done;
-  } else if ((st = fcl_pack(ctx, k_pack, k, buf[1], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
-             (st = fcl_pack(ctx, k_pack, v, buf[2], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)))
-    goto done;
-  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-
-  const size_t g = (size_t)(p->heads_q / p->heads_kv), lq = (size_t)p->seqlen_q, lk = (size_t)p->seqlen_k;
-  const size_t groups = (size_t)p->batch * (size_t)p->heads_kv;
-  if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, g * lq, lk, (size_t)d, p->scale, buf[0], (size_t)d, g * lq * d, buf[1],
-                     (size_t)d, lk * d, buf[3], lk, g * lq * lk, groups)))
-    goto done;
-  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-
-  if ((st = fcl_softmax(ctx, k_soft, buf[3], buf[4], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
-  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-  if (p->dropout) {
-    if ((st = fcl_dropout_apply(ctx, src, opts, buf[3], buf[3], p))) goto done;
-    if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-  }
-
-  if ((st = fcl_gemm(ctx, "O = PV", 0, 0, g * lq, (size_t)d, lk, 1.0f, buf[3], lk, g * lq * lk, buf[2], (size_t)d,
-                     lk * d, buf[0], (size_t)d, g * lq * d, groups)))
-    goto done;
-  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-
-  st = fcl_unpack(ctx, k_unpack, buf[0], buf[4], o, lse, p->heads_q, p->seqlen_q, p->batch, cu_q, tq, d, out_event);
-
-done:
   /* Released objects live until the commands using them finish. */
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < FWD_NBUF; i++)
     if (buf[i]) clReleaseMemObject(buf[i]);
   return st;
 }
@@ -267,6 +366,113 @@ flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_prob
   return FLASHCL_SUCCESS;
 }
 
+
+enum { BWD_Q, BWD_K, BWD_V, BWD_DO, BWD_O, BWD_P, BWD_DP, BWD_DV, BWD_LSE, BWD_RAW, BWD_NBUF };
+
+/* Q, K, V, dO and O in dense fp32, after the caller's wait list. */
+static flashcl_status fcl_naive_backward_pack(const fcl_naive_call *c, const flashcl_tensor *q,
+                                              const flashcl_tensor *k, const flashcl_tensor *v,
+                                              const flashcl_tensor *d_o, const flashcl_tensor *o, const cl_mem *buf,
+                                              cl_uint nwait, const cl_event *wait) {
+  flashcl_status st;
+  if ((st = fcl_naive_pack(c, q, buf[BWD_Q], 1, nwait, wait)) ||
+      (st = fcl_naive_pack(c, k, buf[BWD_K], 0, nwait, wait)) ||
+      (st = fcl_naive_pack(c, v, buf[BWD_V], 0, nwait, wait)) ||
+      (st = fcl_naive_pack(c, d_o, buf[BWD_DO], 1, nwait, wait)) ||
+      (st = fcl_naive_pack(c, o, buf[BWD_O], 1, nwait, wait)))
+    return st;
+  fcl_naive_order(c);
+  return FLASHCL_SUCCESS;
+}
+
+/* P rebuilt: S = scale QK^T (a copy kept for softcap's tanh derivative),
+ * softmax, and with dropout the dropped P staged in dP's buffer for dV. */
+static flashcl_status fcl_naive_backward_probs(const fcl_naive_call *c, const fcl_naive_sizes *z, const cl_mem *buf) {
+  flashcl_context *ctx = c->ctx;
+  const fcl_problem *p = c->p;
+  const size_t gq = c->g * c->lq, lk = c->lk, d = (size_t)c->d;
+  flashcl_status st;
+  if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, gq, lk, d, p->scale, buf[BWD_Q], d, gq * d, buf[BWD_K], d, lk * d,
+                     buf[BWD_P], lk, gq * lk, c->groups)))
+    return st;
+  fcl_naive_order(c);
+  if (p->softcap > 0.0f) {
+    cl_int err = clEnqueueCopyBuffer(ctx->queue, buf[BWD_P], buf[BWD_RAW], 0, 0, z->s * sizeof(float), 0, NULL, NULL);
+    if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueCopyBuffer(scores)");
+    fcl_naive_order(c);
+  }
+  if ((st = fcl_softmax(ctx, c->soft, buf[BWD_P], buf[BWD_LSE], p, c->cu_q, c->cu_k, c->tq, c->tk, c->wg, z->lse)))
+    return st;
+  fcl_naive_order(c);
+  if (p->dropout) {
+    if ((st = fcl_dropout_apply(ctx, c->src, c->opts, buf[BWD_P], buf[BWD_DP], p))) return st;
+    fcl_naive_order(c);
+  }
+  return FLASHCL_SUCCESS;
+}
+
+/* dS = P * (dP - D) (naive_ds), in place of dP. */
+static flashcl_status fcl_naive_ds(const fcl_naive_call *c, const fcl_naive_sizes *z, const cl_mem *buf) {
+  const fcl_problem *p = c->p;
+  fcl_args a = {c->extra, 0, CL_SUCCESS};
+  fcl_arg_mem(&a, buf[BWD_P]);
+  fcl_arg_mem(&a, buf[BWD_DP]);
+  fcl_arg_mem(&a, buf[BWD_O]);
+  fcl_arg_mem(&a, buf[BWD_DO]);
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->seqlen_k);
+  fcl_arg_float(&a, p->scale);
+  fcl_arg_dropout(&a, p);
+  fcl_arg_mem(&a, buf[BWD_RAW]);
+  fcl_arg_float(&a, p->softcap);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(c->ctx, a.err, "clSetKernelArg(naive_ds)");
+  return fcl_enqueue(c->ctx, c->extra, z->lse * (size_t)c->wg, 1, 1, (size_t)c->wg, 0, NULL, NULL,
+                     "enqueue naive_ds");
+}
+
+/* dV = P^T dO, dP = dO V^T, dS, then dQ = dS K into O's copy and dK = dS^T Q
+ * into V's copy (neither is read again). */
+static flashcl_status fcl_naive_backward_grads(const fcl_naive_call *c, const fcl_naive_sizes *z, const cl_mem *buf) {
+  flashcl_context *ctx = c->ctx;
+  const fcl_problem *p = c->p;
+  const size_t gq = c->g * c->lq, lk = c->lk, d = (size_t)c->d, groups = c->groups;
+  flashcl_status st;
+  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, d, gq, 1.0f, buf[p->dropout ? BWD_DP : BWD_P], lk, gq * lk,
+                     buf[BWD_DO], d, gq * d, buf[BWD_DV], d, lk * d, groups)))
+    return st;
+  /* With dropout dV read dP's buffer, which dP = dO V^T now overwrites. */
+  if (p->dropout) fcl_naive_order(c);
+  if ((st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, d, 1.0f, buf[BWD_DO], d, gq * d, buf[BWD_V], d, lk * d,
+                     buf[BWD_DP], lk, gq * lk, groups)))
+    return st;
+  fcl_naive_order(c);
+  if ((st = fcl_naive_ds(c, z, buf))) return st;
+  fcl_naive_order(c);
+  if ((st = fcl_gemm(ctx, "dQ = dS K", 0, 0, gq, d, lk, 1.0f, buf[BWD_DP], lk, gq * lk, buf[BWD_K], d, lk * d,
+                     buf[BWD_O], d, gq * d, groups)) ||
+      (st = fcl_gemm(ctx, "dK = dS^T Q", 1, 0, lk, d, gq, 1.0f, buf[BWD_DP], lk, gq * lk, buf[BWD_Q], d, gq * d,
+                     buf[BWD_V], d, lk * d, groups)))
+    return st;
+  fcl_naive_order(c);
+  return FLASHCL_SUCCESS;
+}
+
+/* dq, dk and dv into the caller's tensors, then the caller's event. */
+static flashcl_status fcl_naive_backward_store(const fcl_naive_call *c, const cl_mem *buf, const flashcl_tensor *dq,
+                                               const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                               cl_event *out_event) {
+  flashcl_status st;
+  if ((st = fcl_naive_unpack(c, buf[BWD_O], buf[BWD_LSE], dq, NULL, 1, NULL)) ||
+      (st = fcl_naive_unpack(c, buf[BWD_V], buf[BWD_LSE], dk, NULL, 0, NULL)) ||
+      (st = fcl_naive_unpack(c, buf[BWD_DV], buf[BWD_LSE], dv, NULL, 0, NULL)))
+    return st;
+  if (out_event) {
+    cl_int err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, out_event);
+    if (err != CL_SUCCESS) st = fcl_cl_fail(c->ctx, err, "clEnqueueBarrierWithWaitList");
+  }
+  return st;
+}
+
 /* Standard attention backward (Algorithm 3): P is rebuilt with GEMM + softmax,
  * then dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = dS K, dK = dS^T Q, with
  * the N x N matrices P and dP in device memory. GQA groups are tall matrices, so
@@ -282,124 +488,20 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
   flashcl_status st = fcl_naive_sizes_of(ctx, p, &z, &total_bytes);
   if (st != FLASHCL_SUCCESS) return st;
   if ((st = fcl_naive_backward_workspace(ctx, p, &total_bytes))) return st;
-  const size_t largest = z.s > z.q ? z.s : z.q;
-  if (largest * sizeof(float) > ctx->info.max_mem_alloc_size || total_bytes > ctx->info.global_mem_size)
-    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
-                    "naive attention backward needs %zu bytes of scratch (two N x N matrices of %zu bytes each); "
-                    "the device allows %llu bytes per buffer and has %llu in all",
-                    total_bytes, z.s * sizeof(float), (unsigned long long)ctx->info.max_mem_alloc_size,
-                    (unsigned long long)ctx->info.global_mem_size);
+  if ((st = fcl_naive_fits(ctx, &z, total_bytes, 1))) return st;
+  fcl_naive_call c = {.ctx = ctx, .p = p};
+  if ((st = fcl_naive_kernels(&c, "naive_ds"))) return st;
 
-  if ((st = fcl_blas_limit(ctx, &z))) return st;
-  const int wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
-  char opts[256], variants[64];
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s",
-           (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
-           fcl_variant_options(p, variants, sizeof variants));
-  const char *src = p->dropout ? "philox.cl+naive.cl" : "naive.cl";
-  cl_kernel k_pack, k_soft, k_unpack, k_ds;
-  if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "naive_unpack", &k_unpack)) ||
-      (st = fcl_get_kernel(ctx, src, opts, "naive_ds", &k_ds)))
-    return st;
-
-  enum { Q, K, V, DO, O, P, DP, DV, LSE, RAW, NBUF };
-  cl_mem buf[NBUF] = {0};
-  const size_t counts[NBUF] = {z.q, z.kv, z.kv, z.q, z.q, z.s, z.s, z.kv, z.lse, z.s};
-  const int softcap = p->softcap > 0.0f;
-  for (int i = 0; i < NBUF; i++) {
-    cl_int err;
-    if (i == RAW && !softcap) continue;
-    buf[i] = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, counts[i] * sizeof(float), NULL, &err);
-    if (err != CL_SUCCESS) {
-      st = fcl_cl_fail(ctx, err, "allocating the naive backward workspace");
-      goto done;
-    }
+  cl_mem buf[BWD_NBUF] = {0};
+  const size_t counts[BWD_NBUF] = {z.q, z.kv, z.kv, z.q, z.q, z.s, z.s, z.kv, z.lse, z.s};
+  const int skip = p->softcap > 0.0f ? -1 : BWD_RAW; /* the raw scores only serve softcap */
+  if (!(st = fcl_naive_alloc(ctx, buf, counts, BWD_NBUF, skip, "allocating the naive backward workspace"))) {
+    fcl_naive_layout(&c, desc, q, k);
+    if (!(st = fcl_naive_backward_pack(&c, q, k, v, d_o, o, buf, nwait, wait)) &&
+        !(st = fcl_naive_backward_probs(&c, &z, buf)) && !(st = fcl_naive_backward_grads(&c, &z, buf)))
+      st = fcl_naive_backward_store(&c, buf, dq, dk, dv, out_event);
   }
-  cl_command_queue_properties qprops = 0;
-  clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof qprops, &qprops, NULL);
-  const int ooo = (qprops & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
-#define FCL_ORDER() \
-  if (ooo) clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL)
-
-  const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
-  const int tq = (int)q->shape[1], tk = (int)k->shape[1], d = p->head_dim;
-  if ((st = fcl_pack(ctx, k_pack, q, buf[Q], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)) ||
-      (st = fcl_pack(ctx, k_pack, k, buf[K], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
-      (st = fcl_pack(ctx, k_pack, v, buf[V], p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, nwait, wait, d)) ||
-      (st = fcl_pack(ctx, k_pack, d_o, buf[DO], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)) ||
-      (st = fcl_pack(ctx, k_pack, o, buf[O], p->heads_q, p->seqlen_q, p->batch, cu_q, tq, nwait, wait, d)))
-    goto done;
-  FCL_ORDER();
-  const size_t g = (size_t)(p->heads_q / p->heads_kv), lq = (size_t)p->seqlen_q, lk = (size_t)p->seqlen_k;
-  const size_t groups = (size_t)p->batch * (size_t)p->heads_kv, gq = g * lq;
-  if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, gq, lk, (size_t)d, p->scale, buf[Q], (size_t)d, gq * d, buf[K],
-                     (size_t)d, lk * d, buf[P], lk, gq * lk, groups)))
-    goto done;
-  FCL_ORDER();
-  if (softcap) { /* keep the scaled scores: dS needs tanh of them */
-    cl_int err = clEnqueueCopyBuffer(ctx->queue, buf[P], buf[RAW], 0, 0, z.s * sizeof(float), 0, NULL, NULL);
-    if (err != CL_SUCCESS) {
-      st = fcl_cl_fail(ctx, err, "clEnqueueCopyBuffer(scores)");
-      goto done;
-    }
-    FCL_ORDER();
-  }
-  if ((st = fcl_softmax(ctx, k_soft, buf[P], buf[LSE], p, cu_q, cu_k, tq, tk, wg, z.lse))) goto done;
-  FCL_ORDER();
-  /* With dropout, dV takes the dropped P, staged in dP's buffer before dP is computed. */
-  if (p->dropout) {
-    if ((st = fcl_dropout_apply(ctx, src, opts, buf[P], buf[DP], p))) goto done;
-    FCL_ORDER();
-  }
-  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, (size_t)d, gq, 1.0f, buf[p->dropout ? DP : P], lk, gq * lk, buf[DO], (size_t)d,
-                     gq * d, buf[DV], (size_t)d, lk * d, groups)))
-    goto done;
-  /* With dropout dV read dP's buffer, which dP = dO V^T now overwrites. */
-  if (p->dropout) FCL_ORDER();
-  if ((st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, (size_t)d, 1.0f, buf[DO], (size_t)d, gq * d, buf[V],
-                     (size_t)d, lk * d, buf[DP], lk, gq * lk, groups)))
-    goto done;
-  FCL_ORDER();
-  fcl_args a = {k_ds, 0, CL_SUCCESS};
-  fcl_arg_mem(&a, buf[P]);
-  fcl_arg_mem(&a, buf[DP]);
-  fcl_arg_mem(&a, buf[O]);
-  fcl_arg_mem(&a, buf[DO]);
-  fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_int(&a, p->seqlen_k);
-  fcl_arg_float(&a, p->scale);
-  fcl_arg_dropout(&a, p);
-  fcl_arg_mem(&a, buf[RAW]);
-  fcl_arg_float(&a, p->softcap);
-  if (a.err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_ds)");
-    goto done;
-  }
-  if ((st = fcl_enqueue(ctx, k_ds, z.lse * (size_t)wg, 1, 1, (size_t)wg, 0, NULL, NULL, "enqueue naive_ds"))) goto done;
-  FCL_ORDER();
-  /* O's copy becomes dQ and V's copy becomes dK: neither is read again. */
-  if ((st = fcl_gemm(ctx, "dQ = dS K", 0, 0, gq, (size_t)d, lk, 1.0f, buf[DP], lk, gq * lk, buf[K], (size_t)d, lk * d,
-                     buf[O], (size_t)d, gq * d, groups)) ||
-      (st = fcl_gemm(ctx, "dK = dS^T Q", 1, 0, lk, (size_t)d, gq, 1.0f, buf[DP], lk, gq * lk, buf[Q], (size_t)d,
-                     gq * d, buf[V], (size_t)d, lk * d, groups)))
-    goto done;
-  FCL_ORDER();
-  if ((st = fcl_unpack(ctx, k_unpack, buf[O], buf[LSE], dq, NULL, p->heads_q, p->seqlen_q, p->batch, cu_q, tq, d,
-                       NULL)) ||
-      (st = fcl_unpack(ctx, k_unpack, buf[V], buf[LSE], dk, NULL, p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, d,
-                       NULL)) ||
-      (st = fcl_unpack(ctx, k_unpack, buf[DV], buf[LSE], dv, NULL, p->heads_kv, p->seqlen_k, p->batch, cu_k, tk, d,
-                       NULL)))
-    goto done;
-  if (out_event) {
-    cl_int err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
-    if (err != CL_SUCCESS) st = fcl_cl_fail(ctx, err, "clEnqueueBarrierWithWaitList");
-  }
-#undef FCL_ORDER
-done:
-  for (int i = 0; i < NBUF; i++)
+  for (int i = 0; i < BWD_NBUF; i++)
     if (buf[i]) clReleaseMemObject(buf[i]);
   return st;
 }

@@ -419,6 +419,242 @@ flashcl_status fcl_bwd_config(flashcl_context *ctx, const fcl_problem *p, const 
   return FLASHCL_SUCCESS;
 }
 
+/* The caller's tensors of one backward call. */
+typedef struct fcl_bwd_io {
+  const flashcl_tensor *q, *k, *v, *o, *lse, *d_o, *dq, *dk, *dv;
+} fcl_bwd_io;
+
+/* What the stages of one backward launch share. */
+typedef struct fcl_bwd_launch {
+  flashcl_context *ctx;
+  const fcl_problem *p;
+  const flashcl_attention_desc *desc;
+  const fcl_bwd_run *r;
+  fcl_bwd_io t;
+  cl_kernel pre, dkdv, dq; /* dq: bwd_dq_store where acc_dq, else the dQ kernel */
+  fcl_mma_bwd_launch mma;
+  cl_mem dsum, acc; /* D, and the fp32 dQ accumulator(s) where acc_dq */
+  cl_mem cu_q, cu_k;
+  int tq, tk, group;
+} fcl_bwd_launch;
+
+/* Every portable kernel must take its planned work-group before anything is
+ * enqueued, so that a refusal never leaves dK/dV written and dQ not. */
+static flashcl_status fcl_bwd_check_work_groups(const fcl_bwd_launch *L) {
+  const fcl_bwd_run *r = L->r;
+  const int use_mma = r->use_mma, acc_dq = r->acc_dq;
+  const cl_kernel ks[3] = {L->pre, use_mma ? NULL : L->dkdv, use_mma && !acc_dq ? NULL : L->dq};
+  static const char *kn[3] = {"bwd_preprocess", "bwd_dkdv", "bwd_dq"};
+  const size_t want[3] = {64, (size_t)r->bp.threads, acc_dq ? 0 : (size_t)r->bq.threads};
+  for (int i = 0; i < 3; i++) {
+    size_t kwg = 0;
+    if (ks[i] && want[i] &&
+        clGetKernelWorkGroupInfo(ks[i], L->ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+            CL_SUCCESS &&
+        kwg < want[i])
+      return fcl_fail(L->ctx, FLASHCL_ERROR_UNSUPPORTED,
+                      "%s needs %zu work-items per work-group but the compiled kernel allows %zu", kn[i], want[i],
+                      kwg);
+  }
+  return FLASHCL_SUCCESS;
+}
+
+/* Builds (or finds) the call's kernels: the portable preprocess and, in
+ * atomic or split mode, dQ store beside either family's dK/dV and dQ. */
+static flashcl_status fcl_bwd_get_kernels(fcl_bwd_launch *L, fcl_tuned *tu) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_problem *p = L->p;
+  const fcl_bwd_run *r = L->r;
+  const fcl_bwd_io *t = &L->t;
+  const int acc_dq = r->acc_dq;
+  char opts[1024], opts_dq[1024];
+  const int vec = fcl_vec_aligned(t->q) && fcl_vec_aligned(t->k) && fcl_vec_aligned(t->v) && fcl_vec_aligned(t->d_o);
+  fcl_bwd_options(ctx, r->knobs, p, &r->bp, acc_dq, acc_dq && fcl_rows_aligned16(t->dq), vec, opts, sizeof opts);
+  fcl_bwd_options(ctx, r->knobs, p, &r->bq, acc_dq, acc_dq && fcl_rows_aligned16(t->dq), vec, opts_dq,
+                  sizeof opts_dq);
+  /* Dropout and masks bring their helper files into the program. */
+  static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
+                                      "philox.cl+mask.cl+flash_bwd.cl"};
+  const char *src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
+  flashcl_status st;
+  L->dkdv = L->dq = NULL;
+  if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &L->pre)) ||
+      (acc_dq && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_store", &L->dq))))
+    return st;
+  if (r->use_mma) {
+    if ((st = fcl_mma_backward_kernels(ctx, p, tu, r->atomic, r->atomic ? 0 : r->splits, &L->mma))) return st;
+    L->dkdv = L->mma.dkdv;
+    if (!acc_dq) L->dq = L->mma.dq;
+  } else if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &L->dkdv)) ||
+             (!acc_dq && (st = fcl_get_kernel(ctx, src, opts_dq, "bwd_dq", &L->dq)))) {
+    return st;
+  }
+  if (!r->use_mma && ctx->verbose >= 2) {
+    fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv", opts);
+    if (!acc_dq) fcl_print_build_log(ctx, L->dq, "bwd_dq", opts_dq);
+  }
+  return fcl_bwd_check_work_groups(L);
+}
+
+/* D, and the dQ accumulator(s) where acc_dq; nothing is left allocated on failure. */
+static flashcl_status fcl_bwd_alloc(fcl_bwd_launch *L, const fcl_bwd_sizes *z) {
+  flashcl_context *ctx = L->ctx;
+  cl_int err;
+  L->acc = NULL;
+  L->dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z->dsum * sizeof(float), NULL, &err);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "allocating the backward scratch (D)");
+  if (L->r->acc_dq) {
+    L->acc = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z->dq_acc * sizeof(float), NULL, &err);
+    if (err != CL_SUCCESS) {
+      clReleaseMemObject(L->dsum);
+      return fcl_cl_fail(ctx, err, "allocating the backward scratch (dQ accumulator)");
+    }
+  }
+  return FLASHCL_SUCCESS;
+}
+
+/* D = rowsum(dO * O), after the caller's wait list; *pre_done is set once enqueued. */
+static flashcl_status fcl_bwd_preprocess(const fcl_bwd_launch *L, cl_uint nwait, const cl_event *wait,
+                                         cl_event *pre_done) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_problem *p = L->p;
+  fcl_args a = {L->pre, 0, CL_SUCCESS};
+  fcl_arg_tensor(&a, L->t.o);
+  fcl_arg_tensor(&a, L->t.d_o);
+  fcl_arg_mem(&a, L->dsum);
+  fcl_arg_mem(&a, L->acc); /* zeroed by the preprocess (every split) */
+  fcl_arg_int(&a, p->seqlen_q);
+  fcl_arg_int(&a, p->heads_q);
+  fcl_arg_mem(&a, L->cu_q);
+  fcl_arg_int(&a, L->tq);
+  fcl_arg_int(&a, L->r->splits);
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_preprocess)");
+  /* cl/portable/flash_bwd.cl bwd_preprocess: 64 work-items, HEAD_DIM / 8 per row. */
+  const size_t pre_rows = (size_t)(64 / (p->head_dim / 8));
+  size_t g_pre[3] = {((size_t)p->seqlen_q + pre_rows - 1) / pre_rows * 64, (size_t)p->heads_q, (size_t)p->batch};
+  size_t l_pre[3] = {64, 1, 1};
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->pre, 3, NULL, g_pre, l_pre, nwait, nwait ? wait : NULL, pre_done);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "enqueue bwd_preprocess");
+  return FLASHCL_SUCCESS;
+}
+
+/* dK and dV (either family) after D. *side: the queue dQ will run on beside
+ * it (NULL: the caller's); *dkdv_done is made only where something waits on
+ * it (the dQ store, or the join of a side-queue dQ). */
+static flashcl_status fcl_bwd_dkdv(const fcl_bwd_launch *L, cl_event pre_done, cl_command_queue *side,
+                                   cl_event *dkdv_done) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_problem *p = L->p;
+  const fcl_bwd_run *r = L->r;
+  const fcl_bwd_io *t = &L->t;
+  fcl_args a = {L->dkdv, 0, CL_SUCCESS};
+  if (r->use_mma) {
+    a.err = fcl_mma_backward_args(&L->mma, p, L->desc, t->q, t->k, t->v, t->lse, t->d_o, t->dq, t->dk, t->dv,
+                                  L->dsum, L->acc);
+  } else {
+    fcl_arg_bwd_dkdv_head(&a, t->q, t->k, t->v, t->d_o, t->dk, t->dv, t->lse, L->dsum, L->acc);
+    fcl_bwd_shared_args(&a, p, L->group, L->cu_q, L->cu_k, L->tq, L->tk);
+  }
+  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
+  size_t local[3] = {(size_t)r->bp.threads, 1, 1};
+  size_t kblocks = ((size_t)p->seqlen_k + r->bp.bc - 1) / r->bp.bc;
+  size_t g_kv[3] = {kblocks * r->bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
+  *side = !r->acc_dq && r->concurrent ? fcl_side_queue(ctx) : NULL;
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->dkdv, 3, NULL, r->use_mma ? L->mma.global_dkdv : g_kv,
+                                      r->use_mma ? L->mma.local : local, 1, &pre_done,
+                                      r->acc_dq || *side ? dkdv_done : NULL);
+  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
+  return FLASHCL_SUCCESS;
+}
+
+static cl_int fcl_bwd_dq_args(const fcl_bwd_launch *L) {
+  const fcl_problem *p = L->p;
+  const fcl_bwd_io *t = &L->t;
+  fcl_args a = {L->dq, 0, CL_SUCCESS};
+  if (L->r->acc_dq) {
+    fcl_arg_mem(&a, L->acc);
+    fcl_arg_tensor(&a, t->dq);
+    fcl_arg_int(&a, p->seqlen_q);
+    fcl_arg_int(&a, p->heads_q);
+    fcl_arg_mem(&a, L->cu_q);
+    fcl_arg_int(&a, L->tq);
+    fcl_arg_int(&a, L->r->splits);
+  } else if (!L->r->use_mma) { /* bwd_dq_mma got its arguments with bwd_dkdv_mma's */
+    fcl_arg_bwd_dq_head(&a, t->q, t->k, t->v, t->d_o, t->dq, t->lse, L->dsum);
+    fcl_bwd_shared_args(&a, p, L->group, L->cu_q, L->cu_k, L->tq, L->tk);
+  }
+  return a.err;
+}
+
+/* bwd_dq_store: dQ from the accumulator(s) that dK/dV filled. Takes dkdv_done. */
+static cl_int fcl_bwd_dq_store(const fcl_bwd_launch *L, cl_event dkdv_done, cl_event *out_event) {
+  const fcl_problem *p = L->p;
+  size_t g[3] = {(size_t)p->head_dim / 8, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
+  /* The last command must cover dK/dV too: on an out-of-order queue waiting on
+   * the dK/dV event is what orders it. */
+  cl_int err = clEnqueueNDRangeKernel(L->ctx->queue, L->dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
+  clReleaseEvent(dkdv_done);
+  return err;
+}
+
+/* The separate dQ kernel (either family) after D, beside dK/dV where side is
+ * set. Takes dkdv_done. */
+static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_event dkdv_done,
+                                cl_command_queue side, cl_event *out_event) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_problem *p = L->p;
+  const fcl_bwd_plan *bq = &L->r->bq;
+  const int use_mma = L->r->use_mma;
+  size_t qblocks = ((size_t)p->seqlen_q + bq->br - 1) / bq->br;
+  size_t g[3] = {qblocks * bq->threads, (size_t)p->heads_q, (size_t)p->batch};
+  size_t local_dq[3] = {(size_t)bq->threads, 1, 1};
+  cl_event parts[2] = {NULL, dkdv_done};
+  cl_int err;
+  /* With a side queue, dQ runs beside dK/dV: the flushes make the events
+   * visible across the queues (OpenCL requires it), and the barrier joins dQ
+   * back into the caller's queue, so that its later commands and out_event
+   * come after all three gradients. */
+  if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
+  err = clEnqueueNDRangeKernel(side ? side : ctx->queue, L->dq, 3, NULL, use_mma ? L->mma.global_dq : g,
+                               use_mma ? L->mma.local : local_dq, 1, &pre_done, &parts[0]);
+  const int dq_on_side = side && err == CL_SUCCESS;
+  if (dq_on_side) err = clFlush(side);
+  if (err == CL_SUCCESS && (side || out_event)) {
+    /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
+    err = side ? clEnqueueBarrierWithWaitList(ctx->queue, 2, parts, out_event)
+               : clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
+  }
+  /* dQ was enqueued but could not be joined into the caller's queue: finish it
+   * here, so that it never writes dq after the caller's next commands. */
+  if (err != CL_SUCCESS && dq_on_side) clFinish(side);
+  if (parts[0]) clReleaseEvent(parts[0]);
+  if (dkdv_done) clReleaseEvent(dkdv_done);
+  return err;
+}
+
+/* D, then dK/dV, then dQ; every event made here is released here. */
+static flashcl_status fcl_bwd_enqueue(const fcl_bwd_launch *L, cl_uint nwait, const cl_event *wait,
+                                      cl_event *out_event) {
+  cl_event pre_done = NULL; /* D is ready (and the dQ accumulators zeroed) */
+  cl_event dkdv_done = NULL;
+  cl_command_queue side = NULL;
+  flashcl_status st = fcl_bwd_preprocess(L, nwait, wait, &pre_done);
+  if (st == FLASHCL_SUCCESS) st = fcl_bwd_dkdv(L, pre_done, &side, &dkdv_done);
+  if (st == FLASHCL_SUCCESS) {
+    cl_int err = fcl_bwd_dq_args(L);
+    if (err != CL_SUCCESS) {
+      if (dkdv_done) clReleaseEvent(dkdv_done);
+      st = fcl_cl_fail(L->ctx, err, "clSetKernelArg(dQ)");
+    } else {
+      err = L->r->acc_dq ? fcl_bwd_dq_store(L, dkdv_done, out_event)
+                         : fcl_bwd_dq_kernel(L, pre_done, dkdv_done, side, out_event);
+      if (err != CL_SUCCESS) st = fcl_cl_fail(L->ctx, err, "enqueue dQ");
+    }
+  }
+  if (pre_done) clReleaseEvent(pre_done);
+  return st;
+}
+
 flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                   fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
                                   const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
@@ -427,180 +663,23 @@ flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p, co
   fcl_bwd_run r;
   flashcl_status st = fcl_bwd_prepare(ctx, p, desc, tu, &r);
   if (st != FLASHCL_SUCCESS) return st;
-  (void)o;
-  const int use_mma = r.use_mma, atomic = r.atomic, splits = r.splits;
-  /* Whether dQ comes out of the fp32 accumulator(s) that bwd_dq_store converts. */
-  const int acc_dq = r.acc_dq;
-  const fcl_bwd_plan bp = r.bp, bq = r.bq;
   fcl_bwd_sizes z;
   size_t bytes;
-  st = fcl_bwd_sizes_of(ctx, p, splits, &z, &bytes);
+  st = fcl_bwd_sizes_of(ctx, p, r.splits, &z, &bytes);
   if (st != FLASHCL_SUCCESS) return st;
   if (bytes > ctx->info.max_mem_alloc_size)
     return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "backward scratch of %zu bytes exceeds the device's %llu-byte buffer limit",
                     bytes, (unsigned long long)ctx->info.max_mem_alloc_size);
 
-  char opts[1024], opts_dq[1024];
-  const int vec = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(d_o);
-  fcl_bwd_options(ctx, r.knobs, p, &bp, acc_dq, acc_dq && fcl_rows_aligned16(dq), vec, opts, sizeof opts);
-  fcl_bwd_options(ctx, r.knobs, p, &bq, acc_dq, acc_dq && fcl_rows_aligned16(dq), vec, opts_dq, sizeof opts_dq);
-  /* Dropout and masks bring their helper files into the program. */
-  static const char *const srcs[4] = {"flash_bwd.cl", "philox.cl+flash_bwd.cl", "mask.cl+flash_bwd.cl",
-                                      "philox.cl+mask.cl+flash_bwd.cl"};
-  const char *src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
-  /* The preprocess and the atomic-mode dQ store are shared by both families. */
-  cl_kernel k_pre, k_dkdv = NULL, k_dq = NULL;
-  fcl_mma_bwd_launch mma;
-  if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &k_pre)) ||
-      (acc_dq && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_store", &k_dq))))
-    return st;
-  if (use_mma) {
-    if ((st = fcl_mma_backward_kernels(ctx, p, tu, atomic, atomic ? 0 : splits, &mma))) return st;
-    k_dkdv = mma.dkdv;
-    if (!acc_dq) k_dq = mma.dq;
-  } else if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv", &k_dkdv)) ||
-             (!acc_dq && (st = fcl_get_kernel(ctx, src, opts_dq, "bwd_dq", &k_dq)))) {
-    return st;
-  }
-  if (!use_mma && ctx->verbose >= 2) {
-    fcl_print_build_log(ctx, k_dkdv, "bwd_dkdv", opts);
-    if (!acc_dq) fcl_print_build_log(ctx, k_dq, "bwd_dq", opts_dq);
-  }
-  /* Every portable kernel must take its planned work-group before anything is
-   * enqueued, so that a refusal never leaves dK/dV written and dQ not. */
-  {
-    const cl_kernel ks[3] = {k_pre, use_mma ? NULL : k_dkdv, use_mma && !acc_dq ? NULL : k_dq};
-    static const char *kn[3] = {"bwd_preprocess", "bwd_dkdv", "bwd_dq"};
-    const size_t want[3] = {64, (size_t)bp.threads, acc_dq ? 0 : (size_t)bq.threads};
-    for (int i = 0; i < 3; i++) {
-      size_t kwg = 0;
-      if (ks[i] && want[i] &&
-          clGetKernelWorkGroupInfo(ks[i], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
-              CL_SUCCESS &&
-          kwg < want[i])
-        return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                        "%s needs %zu work-items per work-group but the compiled kernel allows %zu", kn[i], want[i],
-                        kwg);
-    }
-  }
-
-  cl_int err;
-  cl_mem dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dsum * sizeof(float), NULL, &err);
-  if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "allocating the backward scratch (D)");
-  cl_mem acc = NULL;
-  if (acc_dq) {
-    acc = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, z.dq_acc * sizeof(float), NULL, &err);
-    if (err != CL_SUCCESS) {
-      clReleaseMemObject(dsum);
-      return fcl_cl_fail(ctx, err, "allocating the backward scratch (dQ accumulator)");
-    }
-  }
-  const cl_mem cu_q = p->varlen ? desc->cu_seqlens_q : NULL, cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
-  const int tq = (int)q->shape[1], tk = (int)k->shape[1], group = p->heads_q / p->heads_kv;
-  cl_event pre_done = NULL; /* D is ready (and the dQ accumulators zeroed) */
-  size_t local[3] = {(size_t)bp.threads, 1, 1};
-
-  fcl_args a = {k_pre, 0, CL_SUCCESS};
-  fcl_arg_tensor(&a, o);
-  fcl_arg_tensor(&a, d_o);
-  fcl_arg_mem(&a, dsum);
-  fcl_arg_mem(&a, acc); /* zeroed by the preprocess (every split) */
-  fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_int(&a, p->heads_q);
-  fcl_arg_mem(&a, cu_q);
-  fcl_arg_int(&a, tq);
-  fcl_arg_int(&a, splits);
-  if (a.err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_preprocess)");
-    goto done;
-  }
-  /* cl/portable/flash_bwd.cl bwd_preprocess: 64 work-items, HEAD_DIM / 8 per row. */
-  const size_t pre_rows = (size_t)(64 / (p->head_dim / 8));
-  size_t g_pre[3] = {((size_t)p->seqlen_q + pre_rows - 1) / pre_rows * 64, (size_t)p->heads_q, (size_t)p->batch};
-  size_t l_pre[3] = {64, 1, 1};
-  err = clEnqueueNDRangeKernel(ctx->queue, k_pre, 3, NULL, g_pre, l_pre, nwait, nwait ? wait : NULL, &pre_done);
-  if (err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, err, "enqueue bwd_preprocess");
-    goto done;
-  }
-
-  a = (fcl_args){k_dkdv, 0, CL_SUCCESS};
-  if (use_mma) {
-    a.err = fcl_mma_backward_args(&mma, p, desc, q, k, v, lse, d_o, dq, dk, dv, dsum, acc);
-  } else {
-    fcl_arg_bwd_dkdv_head(&a, q, k, v, d_o, dk, dv, lse, dsum, acc);
-    fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
-  }
-  if (a.err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_dkdv)");
-    goto done;
-  }
-  size_t kblocks = ((size_t)p->seqlen_k + bp.bc - 1) / bp.bc;
-  size_t g_kv[3] = {kblocks * bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
-  cl_event dkdv_done = NULL;
-  cl_command_queue side = !acc_dq && r.concurrent ? fcl_side_queue(ctx) : NULL;
-  err = clEnqueueNDRangeKernel(ctx->queue, k_dkdv, 3, NULL, use_mma ? mma.global_dkdv : g_kv,
-                               use_mma ? mma.local : local, 1, &pre_done,
-                               acc_dq || side ? &dkdv_done : NULL);
-  if (err != CL_SUCCESS) {
-    st = fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
-    goto done;
-  }
-
-  a = (fcl_args){k_dq, 0, CL_SUCCESS};
-  if (acc_dq) {
-    fcl_arg_mem(&a, acc);
-    fcl_arg_tensor(&a, dq);
-    fcl_arg_int(&a, p->seqlen_q);
-    fcl_arg_int(&a, p->heads_q);
-    fcl_arg_mem(&a, cu_q);
-    fcl_arg_int(&a, tq);
-    fcl_arg_int(&a, splits);
-  } else if (!use_mma) { /* bwd_dq_mma got its arguments with bwd_dkdv_mma's */
-    fcl_arg_bwd_dq_head(&a, q, k, v, d_o, dq, lse, dsum);
-    fcl_bwd_shared_args(&a, p, group, cu_q, cu_k, tq, tk);
-  }
-  if (a.err != CL_SUCCESS) {
-    if (dkdv_done) clReleaseEvent(dkdv_done);
-    st = fcl_cl_fail(ctx, a.err, "clSetKernelArg(dQ)");
-    goto done;
-  }
-  if (acc_dq) {
-    size_t g[3] = {(size_t)p->head_dim / 8, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
-    /* The last command must cover dK/dV too: on an out-of-order queue waiting on
-     * the dK/dV event is what orders it. */
-    err = clEnqueueNDRangeKernel(ctx->queue, k_dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
-    clReleaseEvent(dkdv_done);
-  } else {
-    size_t qblocks = ((size_t)p->seqlen_q + bq.br - 1) / bq.br;
-    size_t g[3] = {qblocks * bq.threads, (size_t)p->heads_q, (size_t)p->batch};
-    size_t local_dq[3] = {(size_t)bq.threads, 1, 1};
-    cl_event parts[2] = {NULL, dkdv_done};
-    /* With a side queue, dQ runs beside dK/dV: the flushes make the events
-     * visible across the queues (OpenCL requires it), and the barrier joins dQ
-     * back into the caller's queue, so that its later commands and out_event
-     * come after all three gradients. */
-    if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
-    err = clEnqueueNDRangeKernel(side ? side : ctx->queue, k_dq, 3, NULL, use_mma ? mma.global_dq : g,
-                                 use_mma ? mma.local : local_dq, 1, &pre_done, &parts[0]);
-    const int dq_on_side = side && err == CL_SUCCESS;
-    if (dq_on_side) err = clFlush(side);
-    if (err == CL_SUCCESS && (side || out_event)) {
-      /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
-      err = side ? clEnqueueBarrierWithWaitList(ctx->queue, 2, parts, out_event)
-                 : clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
-    }
-    /* dQ was enqueued but could not be joined into the caller's queue: finish it
-     * here, so that it never writes dq after the caller's next commands. */
-    if (err != CL_SUCCESS && dq_on_side) clFinish(side);
-    if (parts[0]) clReleaseEvent(parts[0]);
-    if (dkdv_done) clReleaseEvent(dkdv_done);
-  }
-  if (err != CL_SUCCESS) st = fcl_cl_fail(ctx, err, "enqueue dQ");
-
-done:
-  if (pre_done) clReleaseEvent(pre_done);
-  if (acc) clReleaseMemObject(acc);
-  clReleaseMemObject(dsum);
+  fcl_bwd_launch L = {.ctx = ctx, .p = p, .desc = desc, .r = &r, .t = {q, k, v, o, lse, d_o, dq, dk, dv}};
+  if ((st = fcl_bwd_get_kernels(&L, tu)) || (st = fcl_bwd_alloc(&L, &z))) return st;
+  L.cu_q = p->varlen ? desc->cu_seqlens_q : NULL;
+  L.cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
+  L.tq = (int)q->shape[1];
+  L.tk = (int)k->shape[1];
+  L.group = p->heads_q / p->heads_kv;
+  st = fcl_bwd_enqueue(&L, nwait, wait, out_event);
+  if (L.acc) clReleaseMemObject(L.acc);
+  clReleaseMemObject(L.dsum);
   return st;
 }
