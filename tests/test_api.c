@@ -213,6 +213,11 @@ static void test_struct_size(void **state) {
   dd.struct_size = sizeof dd + 16;
   FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &dd, &q, &q, &q, &q, buf, 0, NULL, NULL),
                    FLASHCL_ERROR_UNSUPPORTED, "kv_cache_append with a newer header's decode desc");
+  int splits = -7;
+  ws = 777;
+  FCT_CHECK_STATUS(flashcl_attention_decode_workspace_size(env->ctx, &dd, &q, &q, &q, &ws, &splits),
+                   FLASHCL_ERROR_UNSUPPORTED, "decode_workspace_size with a newer header's decode desc");
+  FCT_CHECK(ws == 777 && splits == -7, "a refused decode_workspace_size wrote %zu / %d", ws, splits);
   flashcl_context_options opt;
   flashcl_context_options_init(&opt);
   FCT_CHECK(opt.struct_size == sizeof opt, "options struct_size %zu", opt.struct_size);

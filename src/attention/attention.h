@@ -11,7 +11,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
 
 flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc);
 
-/* The family choice of a flash call and its configuration (src/choose.c);
+/* The family choice of a flash call and its configuration (src/attention/choose.c);
  * grads (dO, dQ, dK, dV; NULL for the forward) must be 16-byte aligned for the
  * tensor-core backward. */
 flashcl_status fcl_choose(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
@@ -23,7 +23,7 @@ flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, 
                                     struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
                                     const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
                                     cl_uint nwait, const cl_event *wait, cl_event *out_event);
-/* The shared front of the query functions (src/attention.c). */
+/* The shared front of the query functions (src/attention/attention.c). */
 flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                  const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
                                  flashcl_pass pass, fcl_problem *p);

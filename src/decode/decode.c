@@ -502,6 +502,9 @@ flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, con
                                                        int *num_splits) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_decode_desc desc_full;
+  flashcl_status imp = fcl_decode_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
   fcl_decode_plan p;
   flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, NULL, NULL, &p);
@@ -817,6 +820,9 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
                                         const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_decode_desc desc_full;
+  flashcl_status imp = fcl_decode_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!o) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o is NULL");
   if (num_events_in_wait_list && !event_wait_list)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
@@ -847,6 +853,9 @@ flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_
                                      flashcl_config *config) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
+  flashcl_decode_desc desc_full;
+  flashcl_status imp = fcl_decode_desc_import(ctx, &desc, &desc_full);
+  if (imp != FLASHCL_SUCCESS) return imp;
   if (!config) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "config is NULL");
   fcl_decode_plan p;
   flashcl_status st = fcl_decode_check(ctx, desc, q, k_cache, v_cache, NULL, NULL, &p);

@@ -5,7 +5,7 @@
 
 #include "core/internal.h"
 
-/* ---- decode, KV cache and merge (src/decode.c, src/kv_cache.c, src/merge.c) ---- */
+/* ---- decode, KV cache and merge (src/decode/decode.c, src/decode/kv_cache.c, src/decode/merge.c) ---- */
 
 /* A validated KV cache (see flashcl_decode_desc). Contiguous: num_pages = batch,
  * page b holds sequence b. */

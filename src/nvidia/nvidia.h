@@ -10,12 +10,12 @@ flashcl_status fcl_mma_fwd_config(flashcl_context *ctx, const fcl_problem *p, st
 flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu,
                                     flashcl_config *c);
 
-/* NVIDIA tensor-core forward (src/flash_mma.c). fcl_mma_select sets *use when
+/* NVIDIA tensor-core forward (src/nvidia/mma_forward.c). fcl_mma_select sets *use when
  * desc->kernel (or FLASHCL_KERNEL under AUTO) resolves to NVIDIA_MMA, the device
  * passed the probe and the problem is covered for `pass` (the backward kernels
  * cover less than the forward); it fails only when NVIDIA_MMA was
  * requested explicitly and the device cannot run it. */
-/* 1 if the tensor-core backward has tiles for p in the given dQ mode (src/backward_mma.c). */
+/* 1 if the tensor-core backward has tiles for p in the given dQ mode (src/nvidia/mma_backward.c). */
 int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic);
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
@@ -33,21 +33,21 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
  * capability >= 8.0, and the probe kernel passed. Probes on the first call. */
 int fcl_mma_available(flashcl_context *ctx);
 
-/* Hopper wgmma forward (src/flash_wgmma.c), taken by fcl_mma_forward where
+/* Hopper wgmma forward (src/nvidia/wgmma_forward.c), taken by fcl_mma_forward where
  * fcl_wgmma_covered says so: compute capability 9.0, its probe passed, and p
  * within the kernel's coverage. */
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p);
 /* Turns the path off after fcl_wgmma_forward returned FLASHCL_ERROR_BUILD_FAILED:
  * keeps the build log as the reason, logs it, clears the context's error. */
 void fcl_wgmma_build_failed(flashcl_context *ctx);
-/* Exact fp16 bits of a small integer |x| <= 64 (the probes' inputs; src/flash_mma.c). */
+/* Exact fp16 bits of a small integer |x| <= 64 (the probes' inputs; src/nvidia/mma_forward.c). */
 unsigned short fcl_small_int_half(int x);
 flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
                                  const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
                                  cl_uint nwait, const cl_event *wait, cl_event *out_event);
 
-/* NVIDIA tensor-core backward kernels (src/backward_mma.c). */
+/* NVIDIA tensor-core backward kernels (src/nvidia/mma_backward.c). */
 typedef struct fcl_mma_bwd_config {
   int nwarps, block_r, m_tiles, block_c, qbuf, vec_red, v_in_smem;
 } fcl_mma_bwd_config;

@@ -1,9 +1,9 @@
 /* The flash forward path: one fused kernel, no scratch memory. On devices that
  * are not GPUs the kernel is built with -DCPU_MAP=1 (one work-item per
- * work-group, see cl/portable/flash_fwd.cl and the CPU rule in src/portable/plan.c).
+ * work-group, see cl/portable/flash_fwd.cl and the CPU rule in src/portable/fwd_plan.c).
  *
  * Every choice comes from the fwd tuning (src/core/tuning_space.c declares it; the
- * plan in src/portable/plan.c applies it). With verbose >= 2 the kernel's build log and
+ * plan in src/portable/fwd_plan.c applies it). With verbose >= 2 the kernel's build log and
  * resource figures go to stderr at each launch set-up.
  */
 #include "core/internal.h"
@@ -91,7 +91,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   char opts[768], variants[64];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
-  if (cpu) { /* the CPU rule of plan.c: one work-item per work-group */
+  if (cpu) { /* the CPU rule of fwd_plan.c: one work-item per work-group */
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DCPU_MAP=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=1 "
              "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
