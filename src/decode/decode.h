@@ -4,6 +4,7 @@
 #define FLASHCL_DECODE_H
 
 #include "core/internal.h"
+#include "core/tuning.h"
 
 /* ---- decode, KV cache and merge (src/decode/decode.c, src/decode/kv_cache.c, src/decode/merge.c) ---- */
 
@@ -26,5 +27,30 @@ flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const cha
  * flashcl_decode_desc calls it first. */
 flashcl_status fcl_decode_desc_import(flashcl_context *ctx, const flashcl_decode_desc **desc,
                                       flashcl_decode_desc *full);
+
+typedef struct fcl_decode_plan {
+  int batch, q_len, heads_q, heads_kv, head_dim, group;
+  float scale;
+  fcl_kv_layout kv;
+  int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
+  int stages; /* cp.async stages (NVIDIA), 0: the register path */
+  /* 1: cl/nvidia/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
+  int mma, mma_wr, mma_wk, mma_stages;
+  int window; /* 1: window_left or window_right >= 0 */
+  int wg_per_cu; /* work-groups per compute unit the split count aims at */
+  fcl_tuned tu;  /* the decode tuning, with the values that run */
+  size_t local_bytes;
+  size_t work_floats; /* 0 when unsplit */
+} fcl_decode_plan;
+
+/* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer (decode_plan.c). */
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages);
+/* Checks a decode call's arguments and fills p's shapes (decode_check.c). */
+flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                                   const flashcl_tensor *kc, const flashcl_tensor *vc, const flashcl_tensor *o,
+                                   const flashcl_tensor *lse, fcl_decode_plan *p);
+/* Plans a validated call: tuning, kernel, tiles, splits, workspace (decode_plan.c). */
+flashcl_status fcl_decode_plan_call(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                                    const flashcl_tensor *kc, const flashcl_tensor *vc, fcl_decode_plan *p);
 
 #endif

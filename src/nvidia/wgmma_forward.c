@@ -25,6 +25,7 @@
 #include "core/kernel_args.h"
 #include "core/tuning.h"
 #include "nvidia/nvidia.h"
+#include "nvidia/plan.h"
 #include "nvidia/ptx_sm90a.h"
 
 #include <stdio.h>
@@ -117,44 +118,6 @@ static int fcl_wgmma_available(flashcl_context *ctx) {
   return 1;
 }
 
-typedef struct fcl_wgmma_config {
-  int nwg, block_c;
-} fcl_wgmma_config;
-
-/* Local bytes of flash_fwd_wgmma: Q, two K | V stages, and up to 1008 bytes
- * that the kernel skips to align its tiles to 1024 bytes. */
-static size_t fcl_wgmma_local(const fcl_wgmma_config *c, int d) {
-  return ((size_t)c->nwg * 64 + 4 * (size_t)c->block_c) * (size_t)d * 2 + 1008;
-}
-
-static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 || bc == 128; }
-
-/* 1 and *out if some tile fits the budget. Three warpgroups (192 query rows)
- * and the widest key tile that fits: 128 at d = 64 (89 KiB), 96 at d = 128
- * (145 KiB of the 160 KiB the H100's probe grants). Measured on the H100 (fp16,
- * N = 2K/8K, BENCHMARKS.md): three warpgroups beat two by 13% (d = 128, 8K) and
- * 34% (d = 64, 8K); with one barrier per tile for all of them, more warpgroups
- * are what keeps the tensor cores busy while some run their softmax. */
-static int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu,
-                          fcl_wgmma_config *out) {
-  static const int bcs[4] = {128, 112, 96, 64};
-  fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, 3) : 3, 0};
-  if (tu && fcl_tuned_has(tu, FCL_WG_BLOCK_C)) {
-    c.block_c = tu->val[FCL_WG_BLOCK_C];
-    if (!fcl_wgmma_bc_ok(c.block_c) || fcl_wgmma_local(&c, p->head_dim) > ctx->mma_local_bytes) return 0;
-    *out = c;
-    return 1;
-  }
-  for (int i = 0; i < 4; i++) {
-    c.block_c = bcs[i];
-    if (fcl_wgmma_local(&c, p->head_dim) <= ctx->mma_local_bytes) {
-      *out = c;
-      return 1;
-    }
-  }
-  return 0;
-}
-
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
   if (p->head_dim != 64 && p->head_dim != 128) return 0;
   if (p->dropout || p->mask_kind || p->paged_kv) return 0;
@@ -164,36 +127,6 @@ int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
   fcl_log(ctx, "wgmma forward: no tile fits %zu bytes of local memory at d = %d: running mma.sync",
           ctx->mma_local_bytes, p->head_dim);
   return 0;
-}
-
-/* The tuned tiles where they fit, else (a database entry) the rule's, else
- * (a per-call tuning) FLASHCL_ERROR_UNSUPPORTED. Records what runs in tu. */
-static flashcl_status fcl_wgmma_config_of(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu,
-                                          fcl_wgmma_config *c) {
-  if (!fcl_wgmma_pick(ctx, p, tu, c)) {
-    if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "wgmma_fwd tuning refused: its tiles do not fit %zu bytes "
-                      "of local memory (block_c must be 64, 96, 112 or 128)", ctx->mma_local_bytes);
-    fcl_log(ctx, "wgmma_fwd tuning from %s ignored (its tiles do not fit): the default rule runs", tu->origin);
-    if (!fcl_wgmma_pick(ctx, p, NULL, c)) return fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "flash_fwd_wgmma: no tile fits");
-  }
-  fcl_tuned_ran(tu, FCL_WG_USE, 1);
-  fcl_tuned_ran(tu, FCL_WG_NWG, c->nwg);
-  fcl_tuned_ran(tu, FCL_WG_BLOCK_C, c->block_c);
-  return fcl_tuned_honoured(ctx, tu);
-}
-
-flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, flashcl_config *cfg) {
-  fcl_wgmma_config c = {0, 0};
-  flashcl_status st = fcl_wgmma_config_of(ctx, p, tu, &c);
-  if (st != FLASHCL_SUCCESS) return st;
-  fcl_tuned_report(tu, cfg);
-  snprintf(cfg->kernel, sizeof cfg->kernel, "flash_fwd_wgmma");
-  cfg->block_r = c.nwg * 64;
-  cfg->block_c = c.block_c;
-  cfg->threads = c.nwg * 128;
-  cfg->local_bytes = fcl_wgmma_local(&c, p->head_dim);
-  return FLASHCL_SUCCESS;
 }
 
 void fcl_wgmma_build_failed(flashcl_context *ctx) {

@@ -1,0 +1,290 @@
+/* The plan of flashcl_attention_decode (cl/decode/decode.cl and
+ * cl/nvidia/decode_mma.cl): kernel, rows, tiles, stages and split count.
+ *
+ * Plan (per call, from the shapes only):
+ *   rows per work-group: the GQA group's G * q_len (query head, token) rows,
+ *     rounded up to a power of two in [1, 8] (Q and the O accumulators of every
+ *     row live in registers), more rows in further row blocks;
+ *   work-group: TPK = head_dim / 8 work-items per key row times KG = 128 / TPK key
+ *     groups (128 work-items for head_dim 8..128 and 256; fewer if the device
+ *     allows fewer);
+ *   KPT (keys per work-item per tile): 2, halved until the local memory fits
+ *     min(device local memory, 48 KiB); tile = KG * KPT keys (16 at d = 128).
+ *     With K prefetch this is 128 registers on the H100 (4 work-groups per SM);
+ *     KPT 4 needs 165 (3 per SM);
+ *   splits (num_splits = 0): one wave of work-groups at W = 4 per compute unit
+ *     (2 on the cp.async path below), floor(W * CUs / (B * Hkv * row_blocks))
+ *     (at least 1), but at least 256 keys of max_seqlen_k (or the capacity) per
+ *     split, and at most FLASHCL_DECODE_MAX_SPLITS. 132 CUs, 8 kv heads, W = 4:
+ *     batch 1 -> 66 splits, batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
+ *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
+ *     over them;
+ *   stages (NVIDIA, fp16/bf16 caches with 16-byte aligned rows): K and V reach
+ *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
+ *     2, then fewer keys per work-item, if the local memory does not fit; else
+ *     the register path), with splits for 2 work-groups per compute unit;
+ *   tensor cores (NVIDIA as above, head_dim 64 or 128, q with 16-byte aligned
+ *     rows too): cl/nvidia/decode_mma.cl instead, 16 * WR rows per work-group
+ *     (WR = ceil(rows / 16), at most 4, more row blocks past 64 rows), one
+ *     warp per 16-row m-tile (WK = 1 key slice: 16-key tiles; 2 at WR = 3),
+ *     2 or 3 stages, splits for 4 work-groups per compute unit (2 at WR = 3)
+ *     with at least 64 keys each (not 256);
+ *     scale > 0 only (it takes the row max of raw scores); its partials go to
+ *     the same decode_merge;
+ *   the decode tuning (src/core/tuning_space.c) overrides every number above:
+ *     kpt, prefetch, wg_per_cu, threads (work-items per work-group before the
+ *     fit to the head dim), max_rows, stages (0: the register path, which also
+ *     keeps the tensor-core kernel out), min_keys, and mma_min_rows (0: never),
+ *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
+ *     kernel. A per-call tuning whose values do not run as given (they do not
+ *     fit, or the kernel they belong to does not run) is refused.
+ * Score variants (desc.window_left/right, alibi_slopes, softcap): decode.cl
+ *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
+ *   a left window caps the keys the split count is planned for at
+ *   window_left + q_len + one tile.
+ * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
+ *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
+ *   allocated on first need, replaced by a larger one when a call needs more,
+ *   released with the context), so that a call allocates nothing once warm. On
+ *   an out-of-order queue each call on the scratch waits for the previous one's
+ *   last command (kept in the context); an in-order queue orders them itself.
+ */
+#include "core/internal.h"
+#include "core/kernel_args.h"
+#include "core/tuning.h"
+#include "decode/decode.h"
+#include "nvidia/nvidia.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FCL_DEC_THREADS 128
+#define FCL_DEC_LOCAL_CAP (48 * 1024)
+#define FCL_DEC_KEYS_PER_SPLIT 256
+#define FCL_DEC_MAX_ROWS 8
+#define FCL_DEC_KPT 2
+#define FCL_DEC_WG_PER_CU 4
+/* The cp.async path: 3 stages, 2 work-groups per compute unit. On the H100
+ * (q_len 1, 32:8 heads, d = 128, batch 1, 32K keys, back-to-back calls) that is
+ * 71% of copy bandwidth, against 66-67% at 4 per CU (3 or 4 stages alike) and
+ * 63% for the register path; 2 stages 65%, 1 key per work-item 54-65%. */
+#define FCL_DEC_STAGES 3
+#define FCL_DEC_WG_PER_CU_ASYNC 2
+/* The tensor-core kernel (cl/nvidia/decode_mma.cl). Measured on the H100 (32:8 heads,
+ * d = 128, 32K and 128K keys, batch 1 and 8, back-to-back calls): it beats the
+ * cp.async kernel at every row count, by 1-6% at 4 rows (one token) and by
+ * 1.5x, 2.6x, 5.9x and 6x at 8, 16, 36 and 64 rows (2, 4, 9 and 16 tokens).
+ * Planned with one warp per m-tile (16-key tiles) and 4 work-groups per CU;
+ * 2 stages at d = 128 up to 32 rows (3 were 1-2% slower at 4 and 16 rows),
+ * 3 at d = 64 (17% faster than 2) and at 64 rows (10% faster). At 33-48 rows
+ * (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were 4% faster. */
+#define FCL_DEC_MMA_MIN_ROWS 1
+/* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
+ * H100 found the best split counts at 43-171 keys per split for batch 1-4 and
+ * 1K-16K keys; with the portable kernel's floor of 256, batch 1 at 8K keys
+ * stopped at 32 splits, about 8% slower than 48-66 in three runs. Below 8K
+ * keys a call takes ~20 us, near the launch cost, and the runs disagree. */
+#define FCL_DEC_MMA_KEYS_PER_SPLIT 64
+
+
+/* cl/decode/decode.cl's Sh and Sc. */
+static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int stages) {
+  const size_t tpk = (size_t)d / 8, kg = (size_t)threads / tpk, sr = kg * (size_t)kpt * (size_t)rows;
+  const size_t part = 2 * tpk * (sr + 1), obuf = kg * (size_t)rows * (size_t)d;
+  /* Stage slots: K and V of a tile (kg * kpt rows of d 16-bit elements), after
+   * the partial dots rounded up to 16 bytes. */
+  const size_t sh = stages ? (part + 3) / 4 * 4 + (size_t)stages * kg * (size_t)kpt * (size_t)d : part;
+  return 4 * (sh > obuf ? sh : obuf) + 4 * 2 * sr;
+}
+
+/* cl/nvidia/decode_mma.cl's K | V stages, or the merge buffer reusing them, and Ml. */
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages) {
+  const size_t kv = (size_t)stages * 2 * 16 * (size_t)wk * (size_t)d * 2, ob = (size_t)wr * 16 * (size_t)d * 4;
+  return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
+}
+
+/* 16-byte vector loads of 8 elements are aligned for every key row. */
+static int fcl_dec_vec_aligned(const flashcl_tensor *t) {
+  const size_t es = flashcl_dtype_size(t->dtype);
+  if (t->offset % 16) return 0;
+  for (int i = 0; i < 3; i++)
+    if (((size_t)t->stride[i] * es) % 16) return 0;
+  return 1;
+}
+
+/* The keys the splits are planned for: desc.max_seqlen_k, else the capacity;
+ * with a left window at most window_left + q_len plus the tile the kernel
+ * rounds the start down to. */
+static long fcl_decode_lmax(const flashcl_decode_desc *desc, const fcl_decode_plan *p, int tile) {
+  long lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k : p->kv.capacity;
+  if (desc->window_left >= 0 && (long)desc->window_left + p->q_len + tile < lmax)
+    lmax = (long)desc->window_left + p->q_len + tile;
+  return lmax;
+}
+
+/* Whether the NVIDIA kernels may run: desc.kernel, else $FLASHCL_KERNEL under
+ * AUTO; NVIDIA_MMA on a device without them fails. */
+static flashcl_status fcl_decode_nvidia(flashcl_context *ctx, const flashcl_decode_desc *desc, int *nvidia) {
+  flashcl_kernel_family fam = desc->kernel;
+  if (fam == FLASHCL_KERNEL_AUTO) fam = ctx->env_kernel;
+  *nvidia = 0;
+  if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
+  if (!fcl_mma_available(ctx)) {
+    if (fam == FLASHCL_KERNEL_NVIDIA_MMA)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA cp.async decode path is not available: %s",
+                      ctx->mma_reason);
+    return FLASHCL_SUCCESS;
+  }
+  *nvidia = 1;
+  return FLASHCL_SUCCESS;
+}
+
+/* The tensor-core kernel where it applies (rows of a KV head's group, NVIDIA,
+ * cp.async staging chosen, no score variants, d 64 or 128, aligned q rows),
+ * with the decode tuning's mma_* values over the rule of the top of this file. */
+static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor *q, int variants, size_t cap,
+                                fcl_decode_plan *p) {
+  const int d = p->head_dim, need_rows = p->group * p->q_len;
+  const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
+  const fcl_tuned *tu = &p->tu;
+  /* Three m-tiles: two warps per m-tile (the 32-key tile's halves), 2 per CU. */
+  const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
+  const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
+  int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
+  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2) > cap) st2--;
+  /* Only q and the caches decide (not o, which the workspace query does not
+   * see), so that the query and the call plan the same split count. The
+   * kernel keeps raw scores and their row max, which needs a positive scale. */
+  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
+      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2) <= cap &&
+      (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
+    p->mma = 1;
+    p->mma_wr = wr;
+    p->mma_wk = wk;
+    p->mma_stages = st2;
+    p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
+    p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_MMA_WG_PER_CU, wr == 3 ? 2 : 4);
+  }
+}
+
+/* Rows per work-group, keys per work-item, work-group size, stages and the
+ * kernel (see the top of this file), from the decode tuning over the rule. */
+static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                             const flashcl_tensor *q, const flashcl_tensor *kc,
+                                             const flashcl_tensor *vc, fcl_decode_plan *p) {
+  const fcl_tuned *tu = &p->tu;
+  const int d = p->head_dim, need_rows = p->group * p->q_len;
+  const size_t max_wg = ctx->info.max_work_group_size;
+  const int tpk = d / 8, cfg_threads = fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS);
+  int kg = cfg_threads / tpk > 0 ? cfg_threads / tpk : 1;
+  while ((size_t)(tpk * kg) > max_wg && kg > 1) kg /= 2;
+  const int threads = tpk * kg;
+  if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
+                    max_wg);
+  /* Merge: 128 work-items (a power of two >= head_dim / 4 that the device allows). */
+  int mt = 128;
+  while ((size_t)mt > max_wg && mt / 2 >= d / 4) mt /= 2;
+  p->merge_threads = mt;
+  int rows = 1;
+  while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
+  const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
+  int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
+  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
+  flashcl_status st = fcl_decode_nvidia(ctx, desc, &nvidia);
+  if (st != FLASHCL_SUCCESS) return st;
+  /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
+   * unaligned rows keep the register path. */
+  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned) stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
+  if (stages == 1) stages = 0; /* one stage is no pipeline: cl/decode/decode.cl refuses it (a call's 1 is refused) */
+  if (stages) {
+    /* The cp.async kernel gives up stages (down to 2), then keys per work-item;
+     * if even that does not fit, the register path starts over from kpt. */
+    int k2 = kpt;
+    while (fcl_dec_local_bytes(d, rows, threads, k2, stages) > cap && (stages > 2 || k2 > 1)) {
+      if (stages > 2) stages--;
+      else k2 /= 2;
+    }
+    if (fcl_dec_local_bytes(d, rows, threads, k2, stages) <= cap) kpt = k2;
+    else stages = 0;
+  }
+  while (fcl_dec_local_bytes(d, rows, threads, kpt, stages) > cap && (kpt > 1 || rows > 1)) {
+    if (kpt > 1) kpt /= 2;
+    else rows /= 2;
+  }
+  if (fcl_dec_local_bytes(d, rows, threads, kpt, stages) > cap)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %d does not fit %zu bytes of local memory", d,
+                    ctx->info.local_mem_size);
+  p->rows = rows;
+  p->row_blocks = (need_rows + rows - 1) / rows;
+  p->kpt = kpt;
+  p->threads = threads;
+  p->tile = kg * kpt;
+  p->prefetch = fcl_tuned_get(tu, FCL_DEC_P_PREFETCH, 1);
+  p->stages = stages;
+  p->local_bytes = fcl_dec_local_bytes(d, rows, threads, kpt, stages);
+  p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU);
+  p->mma = 0;
+  if (stages) fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f, cap, p);
+  return FLASHCL_SUCCESS;
+}
+
+/* The split count (desc.num_splits, else one wave: the largest count whose
+ * grid fits wg_per_cu work-groups per compute unit, since a second, partial
+ * wave of whole chunks would cost as much as the first; at least min_keys
+ * keys per split), and the values that ran, recorded in p->tu. */
+static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_decode_desc *desc, fcl_decode_plan *p) {
+  const int min_keys = p->mma ? fcl_tuned_get(&p->tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT)
+                              : fcl_tuned_get(&p->tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT);
+  int splits = desc->num_splits;
+  if (splits == 0) {
+    const int64_t base = (int64_t)p->batch * p->heads_kv * p->row_blocks;
+    const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
+    const int64_t lmax = fcl_decode_lmax(desc, p, p->tile);
+    int64_t s = p->wg_per_cu * cus / base;
+    if (s < 1) s = 1;
+    const int64_t by_len = (lmax + min_keys - 1) / min_keys;
+    if (s > by_len) s = by_len;
+    if (s > FLASHCL_DECODE_MAX_SPLITS) s = FLASHCL_DECODE_MAX_SPLITS;
+    splits = s < 1 ? 1 : (int)s;
+  }
+  p->splits = splits;
+  fcl_tuned *tu = &p->tu;
+  const int ran[FCL_DEC_P_COUNT] = {
+      p->kpt, p->prefetch, p->mma ? fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU_ASYNC) : p->wg_per_cu,
+      fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS), fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS),
+      p->stages, p->mma ? 0 : fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
+      fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS), p->mma ? p->wg_per_cu : 0,
+      p->mma ? p->mma_wk : 0, p->mma ? p->mma_stages : 0,
+      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0};
+  /* 0: the kernel that runs does not read it (a call that sets it is refused,
+   * and flashcl-tune does not time it twice). */
+  for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
+}
+
+/* The tuning, the kernel plan, the split count and the workspace of a
+ * validated call. */
+flashcl_status fcl_decode_plan_call(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                           const flashcl_tensor *q, const flashcl_tensor *kc,
+                                           const flashcl_tensor *vc, fcl_decode_plan *p) {
+  flashcl_status st;
+  flashcl_tuning_family want;
+  if ((st = fcl_tuning_call_family(ctx, desc->tuning, FLASHCL_PASS_FORWARD, 1, &want))) return st;
+  const fcl_tune_key key = {p->head_dim, q->dtype, 0, -1, fcl_decode_lmax(desc, p, 0)};
+  fcl_tuning_resolve(ctx, FLASHCL_TUNE_DECODE, desc->tuning, &key, &p->tu);
+  if ((st = fcl_decode_plan_kernel(ctx, desc, q, kc, vc, p))) return st;
+  fcl_decode_plan_splits(ctx, desc, p);
+  p->work_floats = 0;
+  if (p->splits > 1) {
+    size_t rows_total, f, f_bytes;
+    if (!fcl_mul_size((size_t)p->batch * (size_t)p->q_len, (size_t)p->heads_q, &rows_total) ||
+        !fcl_mul_size(rows_total, (size_t)p->splits, &f) || !fcl_mul_size(f, (size_t)p->head_dim + 1, &f) ||
+        !fcl_mul_size(f, sizeof(float), &f_bytes))
+      return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "decode workspace size overflows size_t");
+    p->work_floats = f;
+  }
+  return fcl_tuned_honoured(ctx, &p->tu);
+}

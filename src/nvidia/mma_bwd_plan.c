@@ -1,0 +1,174 @@
+/* The tensor-core backward's plan (cl/nvidia/flash_bwd_mma.cl): warps, rows,
+ * Q/dO buffers and the dQ splits, from the default rule and the mma_bwd
+ * tuning; the validity rule mirrors the kernel's #error checks. */
+#include "core/internal.h"
+#include "core/tuning.h"
+#include "nvidia/nvidia.h"
+#include "nvidia/plan.h"
+
+#include <stdio.h>
+
+/* Local bytes of bwd_dkdv_mma (K tile, QBUF Q/dO pairs, LSE/D, atomic dS^T)
+ * and of bwd_dq_mma (two K/V stages, or the Q/dO staging). */
+static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int atomic) {
+  const size_t d = (size_t)(head_dim + 63) / 64 * 64; /* local rows padded for the swizzle */
+  const size_t kv = (size_t)c->nwarps * 16, br = (size_t)c->block_r, rq = (size_t)c->nwarps * 16 * c->m_tiles;
+  const size_t dkdv = (1 + (size_t)c->v_in_smem) * kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) + (atomic ? kv * br * 2 : 0);
+  const size_t dq_rows = 4 * (size_t)c->block_c > 2 * rq ? 4 * (size_t)c->block_c : 2 * rq;
+  const size_t dq = dq_rows * d * 2;
+  return dkdv > dq ? dkdv : dq;
+}
+
+/* cl/nvidia/flash_bwd_mma.cl's #error rule, so that a tuning it would refuse is
+ * refused here (UNSUPPORTED) rather than failing to build: a Q tile at least
+ * half the key block, and in atomic mode warps that split the queries in
+ * 32-row halves and the head dim in an even number of 8-column n-tiles each. */
+static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
+  if (c->block_r % 32 || 2 * c->block_r < c->nwarps * 16 || c->block_c % 16 || c->qbuf < 1 || c->qbuf > 2) return 0;
+  if (!atomic) return 1;
+  const int wq = c->block_r / 32;
+  if (wq < 1 || c->nwarps % wq) return 0;
+  const int wd = c->nwarps / wq, nt = d / 8 / wd;
+  return (d / 8) % wd == 0 && nt % 2 == 0 && nt >= 2;
+}
+
+/* The first candidate that fits the local memory the device takes (see
+ * ctx->mma_local_bytes) and, in atomic mode, splits the head dim evenly; 0 when
+ * none does. Head dims up to 64 take the d = 64 lists, the others up to 128 the
+ * d = 128 lists; the third atomic entry at d = 128 is for d = 96. Where no atomic
+ * entry divides the head dim (d = 48, 80, 112) the deterministic kernels run
+ * instead (src/portable/backward.c): a 2-warp atomic tile measured 1.75x slower than them
+ * at d = 80. vec_red needs sm_90. */
+static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, const fcl_tuned *tu,
+                            fcl_mma_bwd_config *out) {
+  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}, {0}};
+  static const fcl_mma_bwd_config d128_atomic[] = {
+      {8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}, {4, 64, 1, 32, 1, 1, 0}, {0}};
+  static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}, {0}};
+  static const fcl_mma_bwd_config d64_atomic[] = {
+      {8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}, {0}};
+  const fcl_mma_bwd_config *cand =
+      p->head_dim > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
+  int found = 0;
+  for (int i = 0; cand[i].nwarps && !found; i++)
+    if (fcl_mma_bwd_local(&cand[i], p->head_dim, atomic) <= ctx->mma_local_bytes &&
+        fcl_mma_bwd_valid(&cand[i], p->head_dim, atomic)) {
+      *out = cand[i];
+      found = 1;
+    }
+  if (!found) return 0;
+  fcl_mma_bwd_config c = *out;
+  if (ctx->mma_cc < 90) c.vec_red = 0;
+  if (tu) {
+    fcl_mma_bwd_config e = c;
+    e.nwarps = fcl_tuned_get(tu, FCL_MMAB_NWARPS, c.nwarps);
+    e.block_r = fcl_tuned_get(tu, FCL_MMAB_BLOCK_R, c.block_r);
+    e.m_tiles = fcl_tuned_get(tu, FCL_MMAB_M_TILES, c.m_tiles);
+    e.block_c = fcl_tuned_get(tu, FCL_MMAB_BLOCK_C, c.block_c);
+    e.qbuf = fcl_tuned_get(tu, FCL_MMAB_QBUF, c.qbuf);
+    e.vec_red = fcl_tuned_get(tu, FCL_MMAB_VEC_RED, c.vec_red) && ctx->mma_cc >= 90;
+    e.v_in_smem = fcl_tuned_get(tu, FCL_MMAB_V_IN_SMEM, c.v_in_smem);
+    if (!fcl_mma_bwd_valid(&e, p->head_dim, atomic) ||
+        fcl_mma_bwd_local(&e, p->head_dim, atomic) > ctx->mma_local_bytes)
+      return -1;
+    c = e;
+  }
+  *out = c;
+  return 1;
+}
+
+int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
+  fcl_mma_bwd_config c;
+  return p->head_dim % 16 == 0 && p->head_dim <= 128 && fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) > 0;
+}
+
+/* The configuration a call runs: the tuned one where the kernel and the local
+ * memory take it, else the rule's (a database entry; logged), else (a
+ * per-call tuning) FLASHCL_ERROR_UNSUPPORTED. */
+flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p, int atomic,
+                                            const fcl_tuned *tu, fcl_mma_bwd_config *c) {
+  const int got = fcl_mma_bwd_pick(ctx, p, atomic, tu, c);
+  if (got > 0) return FLASHCL_SUCCESS;
+  if (got < 0 && tu->source == FLASHCL_TUNING_SOURCE_CALL)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "mma_bwd tuning refused: the kernel's dQ tile rule or %zu bytes "
+                    "of local memory do not take it at head_dim %d", ctx->mma_local_bytes, p->head_dim);
+  if (got < 0) {
+    fcl_log(ctx, "mma_bwd tuning from %s ignored (the kernel does not take it): the default rule runs", tu->origin);
+    if (fcl_mma_bwd_pick(ctx, p, atomic, NULL, c) > 0) return FLASHCL_SUCCESS;
+  }
+  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
+}
+
+/* The split count of the deterministic dQ that bwd_dkdv_mma accumulates itself
+ * (DQ_SPLITS, cl/nvidia/flash_bwd_mma.cl), or 0 for the separate bwd_dq_mma kernel.
+ *
+ * Each of the batch * heads_kv * splits work-groups walks ceil(kblocks / splits)
+ * key blocks in turn, and the tile configurations hold one work-group per
+ * compute unit (255 registers x 256 work-items), so the time goes as
+ * waves(batch * heads_kv * splits) * ceil(kblocks / splits): the split count
+ * minimising that, the smallest on a tie, up to 16. The separate dQ kernel costs
+ * three more matrix products per tile (S and dP recomputed) but fills the
+ * device with independent work-groups, so it stays where the splits would
+ * leave more than a quarter of the compute units idle (few heads, a small
+ * batch), and where the splits' accumulators (four bytes per dQ element each)
+ * would take more than an eighth of the device memory or one allocation.
+ *
+ * The splits also cost memory traffic: every key block adds a whole N x d fp32
+ * dQ into its split, and with every head in flight at once those adds miss L2
+ * (the atomic mode's work-groups of one head run together and share its
+ * accumulator in L2). On the H100 (BENCHMARKS.md, "Deterministic dQ in split
+ * accumulators") the splits were 2-18% slower than the separate kernel at
+ * d = 128 and at N = 2K; at d = 64 they were 6-12% faster with a causal mask
+ * from N = 8K, and within -3..+6% without one. So they run by default only at
+ * head dims up to 64, under a causal mask or a window, with at least 64 key
+ * blocks. The mma_bwd tuning's dq_splits = n forces n splits (0: the separate
+ * kernel). */
+int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
+  fcl_mma_bwd_config c;
+  if (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0) return 0;
+  const long kblocks = ((long)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
+  const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
+  /* Bytes of D and of one accumulator (never more than the scratch the atomic
+   * mode allocates, whose size arithmetic src/portable/backward.c checks). src/portable/backward.c
+   * refuses scratch past one allocation, so the splits stay under it. */
+  const double rows = (double)p->batch * p->heads_q * p->seqlen_q, one = rows * p->head_dim * sizeof(float);
+  const double cap_all = (double)ctx->info.global_mem_size / 8,
+               cap_one = (double)ctx->info.max_mem_alloc_size - rows * sizeof(float);
+  if (tu && fcl_tuned_has(tu, FCL_MMAB_DQ_SPLITS)) {
+    const long n = tu->val[FCL_MMAB_DQ_SPLITS];
+    if (n * one <= cap_one) return (int)n;
+    fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: its accumulators do not fit one allocation", n);
+  }
+  if (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window)) return 0;
+  int best = 0;
+  long best_cost = 0;
+  for (long s = 1; s <= 16 && s <= kblocks; s++) {
+    if (s * one > cap_all || s * one > cap_one) break;
+    const long cost = (units * s + cus - 1) / cus * ((kblocks + s - 1) / s);
+    if (!best || cost < best_cost) {
+      best = (int)s;
+      best_cost = cost;
+    }
+  }
+  if (!best) return 0;
+  const long wgs = units * best, slots = (wgs + cus - 1) / cus * cus;
+  return 4 * wgs >= 3 * slots ? best : 0;
+}
+
+flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, fcl_tuned *tu,
+                                  flashcl_config *cfg) {
+  fcl_mma_bwd_config c;
+  flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
+  if (st != FLASHCL_SUCCESS) return st;
+  const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
+                                   atomic ? 0 : splits};
+  for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
+  if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
+  fcl_tuned_report(tu, cfg);
+  snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_mma");
+  cfg->block_r = c.block_r;
+  cfg->block_c = c.nwarps * 16;
+  cfg->threads = c.nwarps * 32;
+  cfg->local_bytes = fcl_mma_bwd_local(&c, p->head_dim, atomic || splits > 0);
+  return FLASHCL_SUCCESS;
+}
