@@ -349,7 +349,9 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
                                        const flashcl_tensor *q, const flashcl_tensor *kc, const flashcl_tensor *vc,
                                        const flashcl_tensor *o, const flashcl_tensor *lse, fcl_decode_plan *p) {
   flashcl_status st;
+  flashcl_decode_desc desc_full; /* refuses a wrong desc.struct_size, as kv_cache_append does */
   if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  if ((st = fcl_decode_desc_import(ctx, &desc, &desc_full))) return st;
   if ((st = fcl_check_tensor(ctx, q, "q", 1))) return st;
   if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
   if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
