@@ -1150,6 +1150,35 @@ static void test_errors(void **state) {
   fct_tensor_poison(&f.lse);
 
   EXPECT(DEC(NULL, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc NULL");
+  /* desc.struct_size (found by test_fuzz): decode, its workspace query and its
+   * config refuse a tiny or a too large size, as kv_cache_append does. */
+  {
+    static const size_t bad_sizes[] = {1, 7, sizeof(flashcl_decode_desc) + 1};
+    for (size_t i = 0; i < sizeof bad_sizes / sizeof bad_sizes[0]; i++) {
+      size_t ws = 0;
+      flashcl_config cfg;
+      d = d0;
+      d.struct_size = bad_sizes[i];
+      st = DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
+      FCT_CHECK(st == FLASHCL_ERROR_INVALID_ARGUMENT || st == FLASHCL_ERROR_UNSUPPORTED,
+                "decode accepted struct_size %zu (status %d)", bad_sizes[i], st);
+      fct_finish();
+      expect_untouched(&f.o, "struct_size");
+      expect_untouched(&f.lse, "struct_size");
+      FCT_CHECK(flashcl_attention_decode_workspace_size(ctx, &d, &f.q.t, &f.kc.t, &f.vc.t, &ws, NULL) < 0,
+                "decode_workspace_size accepted struct_size %zu", bad_sizes[i]);
+      FCT_CHECK(flashcl_decode_config(ctx, &d, &f.q.t, &f.kc.t, &f.vc.t, &cfg) < 0,
+                "decode_config accepted struct_size %zu", bad_sizes[i]);
+    }
+    d = d0;
+    d.struct_size = 0; /* a struct zeroed by hand: this header's size */
+    d.window_left = d.window_right = -1;
+    st = DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
+    FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "struct_size 0");
+    fct_finish();
+    fct_tensor_poison(&f.o);
+    fct_tensor_poison(&f.lse);
+  }
   d = d0;
   d.kernel = (flashcl_kernel_family)7;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,

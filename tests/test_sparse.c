@@ -28,6 +28,8 @@
  *   - The host layout helpers against hand-computed small cases.
  */
 #include "common.h"
+
+#include <limits.h>
 #include "reference_bwd.h"
 
 #include <math.h>
@@ -764,6 +766,15 @@ static void sp_fill_helpers(void **state) {
   FCT_CHECK_STATUS(flashcl_block_mask_fill(FLASHCL_BLOCK_BUTTERFLY, 8, 8, 2, w, 8), FLASHCL_SUCCESS, "butterfly L=2");
   FCT_CHECK(memcmp(w, bfly2, sizeof bfly2) == 0, "butterfly 8x8 L=2: %x %x %x %x %x %x %x %x", w[0], w[1], w[2], w[3],
             w[4], w[5], w[6], w[7]);
+  /* BUTTERFLY with L >= 31 levels (found by test_fuzz): k < L holds for every
+   * level, so it is the all-levels layout, not an empty one. */
+  for (int L = 31; L <= 33; L += 2) {
+    FCT_CHECK_STATUS(flashcl_block_mask_fill(FLASHCL_BLOCK_BUTTERFLY, 8, 8, L, w, 8), FLASHCL_SUCCESS, "butterfly L");
+    FCT_CHECK(memcmp(w, bfly, sizeof bfly) == 0, "butterfly 8x8 L=%d: %x %x %x %x %x %x %x %x", L, w[0], w[1], w[2],
+              w[3], w[4], w[5], w[6], w[7]);
+  }
+  FCT_CHECK_STATUS(flashcl_block_mask_fill(FLASHCL_BLOCK_BUTTERFLY, 8, 8, INT_MAX, w, 8), FLASHCL_SUCCESS, "butterfly max");
+  FCT_CHECK(memcmp(w, bfly, sizeof bfly) == 0, "butterfly 8x8 L=INT_MAX differs from all levels");
   /* Two words per row: LOCAL w = 1 (the diagonal), 40 x 40; padding bits 0. */
   memset(w, 0xab, sizeof w);
   FCT_CHECK_STATUS(flashcl_block_mask_fill(FLASHCL_BLOCK_LOCAL, 40, 40, 1, w, 80), FLASHCL_SUCCESS, "local 40");

@@ -19,7 +19,7 @@ static int fcl_block_visible(flashcl_block_layout layout, int i, int j, int para
     const unsigned x = (unsigned)i ^ (unsigned)j;
     if (x == 0) return 1;
     if (x & (x - 1)) return 0; /* not a power of two */
-    return param == 0 || (param < 31 && x < (1u << param));
+    return param == 0 || param >= 31 || x < (1u << param); /* k < param holds for every k <= 30 */
   }
   }
   return 0;
