@@ -28,10 +28,9 @@
  *   PAGED_KV   1: paged K/V source (see flash_fwd.cl): naive_pack_paged gathers K/V
  *              from the page pools, and naive_softmax takes a trailing kv_lens
  *              argument (sequence s has clamp(kv_lens[s], 0, padded_k) keys)
+ *
+ * requires: dtype.cl
  */
-#ifndef DTYPE
-#define DTYPE 0
-#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
@@ -69,26 +68,6 @@
 #endif
 #if WINDOW && CAUSAL
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
-#endif
-
-#if DTYPE == 0
-typedef float store_t;
-#define LOAD(p, i) ((p)[i])
-#define STORE(p, i, x) ((p)[i] = (x))
-#elif DTYPE == 1
-typedef half store_t;
-#define LOAD(p, i) vload_half((i), (p))
-#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
-#else
-typedef ushort store_t;
-#define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
-#define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
-inline ushort bf16_from_float(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (ushort)(u >> 16);
-}
 #endif
 
 /* Start row and length of sequence s in the caller's tensor. */

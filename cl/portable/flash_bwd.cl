@@ -119,10 +119,9 @@
  *              key loop of the atomic dQ, so that the local-memory reads of
  *              later steps are issued while earlier ones compute (left rolled,
  *              each step waits for its own reads)
+ *
+ * requires: dtype.cl
  */
-#ifndef DTYPE
-#define DTYPE 0
-#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
@@ -248,31 +247,8 @@
 
 #define LOG2E 1.4426950408889634f
 
-#if DTYPE == 0
-typedef float store_t;
-#define LOAD(p, i) ((p)[i])
-#define LOAD4V(p, i) vload4(0, (p) + (i))
-#define STORE(p, i, x) ((p)[i] = (x))
-#elif DTYPE == 1
-typedef half store_t;
-#define LOAD(p, i) vload_half((i), (p))
-#define LOAD4V(p, i) vload_half4(0, (p) + (i))
-#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
-#else
-typedef ushort store_t;
-#define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
-#define LOAD4V(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
-#define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
-inline ushort bf16_from_float(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (ushort)(u >> 16);
-}
-#endif
-
 /* Four consecutive elements, one at a time (no alignment assumed). */
-#define STORE4(p, i, v)                                                            \
+#define STORE_EACH4(p, i, v)                                                       \
   {                                                                                \
     const float4 v4_ = (v);                                                        \
     STORE(p, (i), v4_.x);                                                          \
@@ -372,7 +348,7 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
   float acc = 0.0f;
   if (r < PRE_ROWS && i < sq.y) {
     const long po = ROWPTR(o, bb, sq.x + i, h) + 8 * x, pd = ROWPTR(dout, bb, sq.x + i, h) + 8 * x;
-    const float4 a = LOAD4V(o, po) * LOAD4V(dout, pd), c = LOAD4V(o, po + 4) * LOAD4V(dout, pd + 4);
+    const float4 a = LOAD4(o, po) * LOAD4(dout, pd), c = LOAD4(o, po + 4) * LOAD4(dout, pd + 4);
     acc = (a.x + a.y) + (a.z + a.w) + (c.x + c.y) + (c.z + c.w);
   }
 #if ATOMIC_DQ
@@ -441,13 +417,9 @@ typedef uint2 stage_t;
 #endif
 #define STAGE_ZERO ((uint2)(0u))
 #if DTYPE == 1
-inline float4 stage_cvt(uint2 x) {
-  uint2 t = x; /* fp16 bits without cl_khr_fp16: convert through private memory */
-  return vload_half4(0, (const __private half *)&t);
-}
-#define STAGE_CVT(x) stage_cvt(x)
+#define STAGE_CVT(x) fcl_half4_bits_to_float4(x)
 #else
-#define STAGE_CVT(x) as_float4(convert_uint4(as_ushort4(x)) << 16)
+#define STAGE_CVT(x) fcl_bf16x4_to_float4(as_ushort4(x))
 #endif
 #endif
 
@@ -967,7 +939,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = acc[i][u] * mul;
-        STORE4(dst, pr + x, a);
+        STORE_EACH4(dst, pr + x, a);
       }
     }
   }
@@ -980,8 +952,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = dk_acc[i][u] * scale, w = dv_acc[i][u];
-        STORE4(dk, pk + x, a);
-        STORE4(dv, pv + x, w);
+        STORE_EACH4(dk, pk + x, a);
+        STORE_EACH4(dv, pv + x, w);
       }
     }
   }
@@ -1197,7 +1169,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
       for (int u = 0; u < QB_TD / 4; u++) {
         const int x = 4 * (bx + QB_CT * u);
         const float4 a = dq_acc[i][u] * scale;
-        STORE4(dq, po + x, a);
+        STORE_EACH4(dq, po + x, a);
       }
     }
   }
@@ -1232,8 +1204,7 @@ __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_
   *(__global ushort8 *)(dq + di) = t;
 #elif DQ_VEC
   *(__global ushort8 *)(dq + di) =
-      (ushort8)(bf16_from_float(a.s0), bf16_from_float(a.s1), bf16_from_float(a.s2), bf16_from_float(a.s3),
-                bf16_from_float(a.s4), bf16_from_float(a.s5), bf16_from_float(a.s6), bf16_from_float(a.s7));
+      (ushort8)(fcl_bf16x4_from_float4(a.lo), fcl_bf16x4_from_float4(a.hi));
 #else
   STORE(dq, di, a.s0);
   STORE(dq, di + 1, a.s1);

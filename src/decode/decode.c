@@ -586,7 +586,7 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
            p.stages > 0, p.window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, extra ? " " : "",
            extra ? extra : "");
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
-  const char *file = p.stages ? "mma_ptx.cl+decode.cl" : "decode.cl";
+  const char *file = p.stages ? "mma_ptx.cl+dtype.cl+decode.cl" : "dtype.cl+decode.cl";
   cl_kernel kern, merge = NULL;
   int threads = p.threads;
   if (p.mma) {
