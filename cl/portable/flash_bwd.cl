@@ -120,7 +120,7 @@
  *              later steps are issued while earlier ones compute (left rolled,
  *              each step waits for its own reads)
  *
- * requires: dtype.cl
+ * requires: dtype.cl seq_bounds.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -160,9 +160,6 @@
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
-#endif
-#ifndef VARLEN
-#define VARLEN 0
 #endif
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 0
@@ -263,16 +260,6 @@
 /* Element offset of row `row` of head `h` in sequence-batch index `bb`. */
 #define ROWPTR(name, bb, row, h) (name##_off + (long)(bb) * name##_sb + (long)(row) * name##_sn + (long)(h) * name##_sh)
 
-/* Bounds of sequence b: x = first row in the tensor, y = length. */
-inline int2 seq_bounds(__global const int *cu, int b, int padded, int total) {
-#if VARLEN
-  int a = clamp(cu[b], 0, total), e = clamp(cu[b + 1], 0, total);
-  return (int2)(a, min(max(e - a, 0), padded));
-#else
-  return (int2)(0, padded);
-#endif
-}
-
 inline void atomic_add_float(volatile __global float *p, float val) {
   union {
     uint u;
@@ -343,7 +330,7 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
   __local float red[64];
   const int tid = get_local_id(0), r = tid / PRE_TPR, x = tid - r * PRE_TPR;
   const int i = get_group_id(0) * PRE_ROWS + r, h = get_global_id(1), b = get_global_id(2);
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
+  const int2 sq = fcl_seq_rows(cu_q, b, padded_q, total_q);
   const long bb = VARLEN ? 0 : b;
   float acc = 0.0f;
   if (r < PRE_ROWS && i < sq.y) {
@@ -613,15 +600,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   const int tid = get_local_id(0);
   const int k0 = get_group_id(0) * BLOCK_C;
   const int hk = get_group_id(1), b = get_group_id(2);
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q), sk = seq_bounds(cu_k, b, padded_k, total_k);
-  const int nq = sq.y, nk = sk.y;
+  const fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, padded_q, padded_k, total_q, total_k);
+  const int nq = sb.nq, nk = sb.nk;
   if (k0 >= nk) return;
-  const long bb = VARLEN ? 0 : b;
-  const int diag = nk - nq;
+  const long bb = sb.bb;
+  const int diag = sb.diag;
   const float scale_log2 = scale * LOG2E;
 
-  LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
-  LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+  LOAD_TILE(Ks, k, bb, sb.k_row, k0, nk, hk, BLOCK_C)
+  LOAD_TILE(Vs, v, bb, sb.k_row, k0, nk, hk, BLOCK_C)
 
 #if BWD_SPLIT
   /* role 0: S^T in phase A, dV in phase B; role 1: dP^T, then dK. */
@@ -689,8 +676,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   stage_t qreg[TILE_REGS(BLOCK_R)], oreg[TILE_REGS(BLOCK_R)];
 #if BWD_AHEAD
   if (istart < iend) {
-    TILE_FETCH(qreg, q, bb, sq.x, istart, nq, hk * group, BLOCK_R)
-    TILE_FETCH(oreg, dout, bb, sq.x, istart, nq, hk * group, BLOCK_R)
+    TILE_FETCH(qreg, q, bb, sb.q_row, istart, nq, hk * group, BLOCK_R)
+    TILE_FETCH(oreg, dout, bb, sb.q_row, istart, nq, hk * group, BLOCK_R)
   }
 #endif
   for (int g = 0, i0 = istart; g < group && istart < iend;) {
@@ -718,13 +705,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       /* The tile's global reads are issued before the barrier (they only fill
        * registers), so that they are in flight while the work-group drains. */
 #if !BWD_AHEAD
-      TILE_FETCH(qreg, q, bb, sq.x, i0, nq, h, BLOCK_R)
-      TILE_FETCH(oreg, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+      TILE_FETCH(qreg, q, bb, sb.q_row, i0, nq, h, BLOCK_R)
+      TILE_FETCH(oreg, dout, bb, sb.q_row, i0, nq, h, BLOCK_R)
 #endif
       float lreg[ROW_REGS], dreg[ROW_REGS];
       for (int u = 0; u < ROW_REGS; u++) {
         const int r = tid + u * NTHREADS, in = r < BLOCK_R && i0 + r < nq;
-        lreg[u] = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+        lreg[u] = in ? lse[lse_off + bb * lse_sb + (long)(sb.q_row + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
         dreg[u] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
       }
       barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
@@ -732,8 +719,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       TILE_PUT(dOs, oreg, BLOCK_R)
 #if BWD_AHEAD
       if (gn < group) { /* arrives while this pair is computed */
-        TILE_FETCH(qreg, q, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
-        TILE_FETCH(oreg, dout, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
+        TILE_FETCH(qreg, q, bb, sb.q_row, i0n, nq, hk * group + gn, BLOCK_R)
+        TILE_FETCH(oreg, dout, bb, sb.q_row, i0n, nq, hk * group + gn, BLOCK_R)
       }
 #endif
       for (int u = 0; u < ROW_REGS; u++) {
@@ -935,7 +922,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     for (int i = 0; i < B_TM; i++) {
       const int c = bc + B_RT * i;
       if (k0 + c >= nk) continue;
-      const long pr = role ? ROWPTR(dk, bb, sk.x + k0 + c, hk) : ROWPTR(dv, bb, sk.x + k0 + c, hk);
+      const long pr = role ? ROWPTR(dk, bb, sb.k_row + k0 + c, hk) : ROWPTR(dv, bb, sb.k_row + k0 + c, hk);
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = acc[i][u] * mul;
@@ -948,7 +935,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     for (int i = 0; i < B_TM; i++) {
       const int c = bc + B_RT * i;
       if (k0 + c >= nk) continue;
-      const long pk = ROWPTR(dk, bb, sk.x + k0 + c, hk), pv = ROWPTR(dv, bb, sk.x + k0 + c, hk);
+      const long pk = ROWPTR(dk, bb, sb.k_row + k0 + c, hk), pv = ROWPTR(dv, bb, sb.k_row + k0 + c, hk);
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = dk_acc[i][u] * scale, w = dv_acc[i][u];
@@ -987,18 +974,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   const int i0 = get_group_id(0) * BLOCK_R;
   const int h = get_group_id(1), b = get_group_id(2);
   const int hk = h / group;
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q), sk = seq_bounds(cu_k, b, padded_k, total_k);
-  const int nq = sq.y, nk = sk.y;
+  const fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, padded_q, padded_k, total_q, total_k);
+  const int nq = sb.nq, nk = sb.nk;
   if (i0 >= nq) return;
-  const long bb = VARLEN ? 0 : b;
-  const int diag = nk - nq;
+  const long bb = sb.bb;
+  const int diag = sb.diag;
   const float scale_log2 = scale * LOG2E;
 
-  LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
-  LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+  LOAD_TILE(Qs, q, bb, sb.q_row, i0, nq, h, BLOCK_R)
+  LOAD_TILE(dOs, dout, bb, sb.q_row, i0, nq, h, BLOCK_R)
   for (int r = tid; r < BLOCK_R; r += NTHREADS) {
     const int in = i0 + r < nq;
-    const float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+    const float l = in ? lse[lse_off + bb * lse_sb + (long)(sb.q_row + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
     Ls[r] = l * LOG2E;
     Ds[r] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
   }
@@ -1044,8 +1031,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   stage_t kreg[TILE_REGS(BLOCK_C)], vreg[TILE_REGS(BLOCK_C)];
 #if BWD_AHEAD
   if (kstart < kend) {
-    TILE_FETCH(kreg, k, bb, sk.x, kstart, nk, hk, BLOCK_C)
-    TILE_FETCH(vreg, v, bb, sk.x, kstart, nk, hk, BLOCK_C)
+    TILE_FETCH(kreg, k, bb, sb.k_row, kstart, nk, hk, BLOCK_C)
+    TILE_FETCH(vreg, v, bb, sb.k_row, kstart, nk, hk, BLOCK_C)
   }
 #endif
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
@@ -1056,16 +1043,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     if (!(mcls & 1)) continue;
 #endif
 #if !BWD_AHEAD /* before the barrier: registers only (see bwd_dkdv) */
-    TILE_FETCH(kreg, k, bb, sk.x, k0, nk, hk, BLOCK_C)
-    TILE_FETCH(vreg, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+    TILE_FETCH(kreg, k, bb, sb.k_row, k0, nk, hk, BLOCK_C)
+    TILE_FETCH(vreg, v, bb, sb.k_row, k0, nk, hk, BLOCK_C)
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
     TILE_PUT(Ks, kreg, BLOCK_C)
     TILE_PUT(Vs, vreg, BLOCK_C)
 #if BWD_AHEAD
     if (k0 + BLOCK_C < kend) { /* arrives while this tile is computed */
-      TILE_FETCH(kreg, k, bb, sk.x, k0 + BLOCK_C, nk, hk, BLOCK_C)
-      TILE_FETCH(vreg, v, bb, sk.x, k0 + BLOCK_C, nk, hk, BLOCK_C)
+      TILE_FETCH(kreg, k, bb, sb.k_row, k0 + BLOCK_C, nk, hk, BLOCK_C)
+      TILE_FETCH(vreg, v, bb, sb.k_row, k0 + BLOCK_C, nk, hk, BLOCK_C)
     }
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -1165,7 +1152,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     for (int i = 0; i < QB_TM; i++) {
       const int r = br + QB_RT * i;
       if (i0 + r >= nq) continue;
-      const long po = ROWPTR(dq, bb, sq.x + i0 + r, h);
+      const long po = ROWPTR(dq, bb, sb.q_row + i0 + r, h);
       for (int u = 0; u < QB_TD / 4; u++) {
         const int x = 4 * (bx + QB_CT * u);
         const float4 a = dq_acc[i][u] * scale;
@@ -1184,7 +1171,7 @@ __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_
                            __global const int *cu_q, int total_q, int splits) {
   const int x = 8 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
   const int b = bh / heads_q, h = bh - b * heads_q;
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
+  const int2 sq = fcl_seq_rows(cu_q, b, padded_q, total_q);
   if (i >= sq.y) return;
   const long bb = VARLEN ? 0 : b;
   /* The splits (one unless the deterministic tensor-core dQ wrote several) are

@@ -106,7 +106,7 @@
  *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
  *                NTHREADS / S_* / O_* parameters are unused)
  *
- * requires: dtype.cl
+ * requires: dtype.cl seq_bounds.cl
  *
  * CPU variant (CPU_MAP = 1). PoCL runs a work-group as loops over its work-items
  * between barriers and keeps every private value that lives across a barrier in
@@ -144,9 +144,6 @@
 #ifndef CAUSAL
 #define CAUSAL 0
 #endif
-#ifndef VARLEN
-#define VARLEN 0
-#endif
 #ifndef VEC_ALIGNED
 #define VEC_ALIGNED 0
 #endif
@@ -179,9 +176,6 @@
 #endif
 #ifndef MASK
 #define MASK 0
-#endif
-#ifndef PAGED_KV
-#define PAGED_KV 0
 #endif
 #ifndef SEP_KV
 #define SEP_KV 0
@@ -401,35 +395,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  int nq = seqlen_q, nk = seqlen_k;
-  long bq = b, row_q = 0, row_k = 0;
-#if VARLEN
-  {
-    /* Clamp so that corrupt cu_seqlens can never reach outside the tensors. */
-    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    nq = min(max(qe - qs, 0), seqlen_q);
-    row_q = qs;
-    bq = 0;
-#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
-    nk = min(max(ke - ks, 0), seqlen_k);
-    row_k = ks;
-#endif
-  }
-#endif
-  if (q0 >= nq) return; /* whole work-group leaves together */
+  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  if (q0 >= sb.nq) return; /* whole work-group leaves together */
+  const long bq = sb.bb, row_q = sb.q_row;
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
 #if PAGED_KV
   __global const int *bt = block_table + (long)b * max_pages;
-  nk = clamp(kv_lens[b], 0, seqlen_k);
+  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);
   const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
   const long vbase = v_off + (long)hk * v_sh;
 #else
-  const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
-  const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh;
+  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
 #endif
-  const int diag = nk - nq;
+  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
 
 #if SOFTCAP
   const float qscale = 1.0f; /* the cap needs the unscaled product */
@@ -775,34 +755,21 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  int nq = seqlen_q, nk = seqlen_k;
-  long bq = b, row_q = 0, row_k = 0;
-#if VARLEN
-  {
-    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    nq = min(max(qe - qs, 0), seqlen_q);
-    row_q = qs;
-    bq = 0;
-#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
-    nk = min(max(ke - ks, 0), seqlen_k);
-    row_k = ks;
-#endif
-  }
-#endif
-  if (q0 >= nq) return;
+  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  if (q0 >= sb.nq) return;
+  const long bq = sb.bb, row_q = sb.q_row;
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
 #if PAGED_KV
   __global const int *bt = block_table + (long)b * max_pages;
-  nk = clamp(kv_lens[b], 0, seqlen_k);
+  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);
   const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
   const long vbase = v_off + (long)hk * v_sh;
 #else
-  const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
-  const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh;
+  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
 #endif
-  const int diag = nk - nq;
+  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
 
   for (int r = 0; r < BLOCK_R; r++) {
     for (int g = 0; g < HEAD_DIM / 4; g++)

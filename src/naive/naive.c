@@ -190,7 +190,7 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s",
            (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
            fcl_variant_options(p, variants, sizeof variants));
-  const char *src = p->dropout ? "philox.cl+dtype.cl+naive.cl" : "dtype.cl+naive.cl";
+  const char *src = p->dropout ? "philox.cl+dtype.cl+seq_bounds.cl+naive.cl" : "dtype.cl+seq_bounds.cl+naive.cl";
   cl_kernel k_pack, k_soft, k_unpack, k_paged = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
       (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||
@@ -296,7 +296,7 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s",
            (int)p->dtype, p->head_dim, p->causal && !p->window, p->varlen, wg, p->dropout,
            fcl_variant_options(p, variants, sizeof variants));
-  const char *src = p->dropout ? "philox.cl+dtype.cl+naive.cl" : "dtype.cl+naive.cl";
+  const char *src = p->dropout ? "philox.cl+dtype.cl+seq_bounds.cl+naive.cl" : "dtype.cl+seq_bounds.cl+naive.cl";
   cl_kernel k_pack, k_soft, k_unpack, k_ds;
   if ((st = fcl_get_kernel(ctx, src, opts, "naive_pack", &k_pack)) ||
       (st = fcl_get_kernel(ctx, src, opts, "naive_softmax", &k_soft)) ||

@@ -445,8 +445,9 @@ flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p, co
   fcl_bwd_options(ctx, r.knobs, p, &bp, acc_dq, acc_dq && fcl_rows_aligned16(dq), vec, opts, sizeof opts);
   fcl_bwd_options(ctx, r.knobs, p, &bq, acc_dq, acc_dq && fcl_rows_aligned16(dq), vec, opts_dq, sizeof opts_dq);
   /* Dropout and masks bring their helper files into the program. */
-  static const char *const srcs[4] = {"dtype.cl+flash_bwd.cl", "philox.cl+dtype.cl+flash_bwd.cl",
-                                      "mask.cl+dtype.cl+flash_bwd.cl", "philox.cl+mask.cl+dtype.cl+flash_bwd.cl"};
+  static const char *const srcs[4] = {
+      "dtype.cl+seq_bounds.cl+flash_bwd.cl", "philox.cl+dtype.cl+seq_bounds.cl+flash_bwd.cl",
+      "mask.cl+dtype.cl+seq_bounds.cl+flash_bwd.cl", "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+flash_bwd.cl"};
   const char *src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
   /* The preprocess and the atomic-mode dQ store are shared by both families. */
   cl_kernel k_pre, k_dkdv = NULL, k_dq = NULL;
