@@ -9,45 +9,9 @@
  * K and of V. Offsets and strides in elements.
  *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM (multiple of 4), PAGED.
+ *
+ * requires: dtype.cl
  */
-/* Storage-type helpers (the same in every kernel file, so each file compiles on
- * its own): store_t, raw_t, LOAD4 and STORE4 on element index i. */
-#ifndef DTYPE_IO_CL
-#define DTYPE_IO_CL
-
-#ifndef DTYPE
-#define DTYPE 0
-#endif
-
-#if DTYPE == 0
-typedef float store_t;
-typedef uint raw_t;
-#define LOAD4(p, i) vload4(0, (p) + (i))
-#define STORE4(p, i, x) vstore4((x), 0, (p) + (i))
-#elif DTYPE == 1
-typedef half store_t;
-typedef ushort raw_t;
-#define LOAD4(p, i) vload_half4(0, (p) + (i))
-#define STORE4(p, i, x) vstore_half4_rte((x), 0, (p) + (i))
-#else
-typedef ushort store_t;
-typedef ushort raw_t;
-inline ushort fcl_bf16_from_float(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (ushort)(u >> 16);
-}
-#define LOAD4(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
-inline ushort4 fcl_bf16x4_from_float4(float4 f) {
-  return (ushort4)(fcl_bf16_from_float(f.x), fcl_bf16_from_float(f.y), fcl_bf16_from_float(f.z),
-                   fcl_bf16_from_float(f.w));
-}
-#define STORE4(p, i, x) vstore4(fcl_bf16x4_from_float4(x), 0, (p) + (i))
-#endif
-
-#endif
-
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif

@@ -28,18 +28,14 @@
  *   PAGED_KV   1: paged K/V source (see flash_fwd.cl): naive_pack_paged gathers K/V
  *              from the page pools, and naive_softmax takes a trailing kv_lens
  *              argument (sequence s has clamp(kv_lens[s], 0, padded_k) keys)
+ *
+ * requires: dtype.cl seq_bounds.cl
  */
-#ifndef DTYPE
-#define DTYPE 0
-#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
-#endif
-#ifndef VARLEN
-#define VARLEN 0
 #endif
 #ifndef WG
 #define WG 64
@@ -59,9 +55,6 @@
 #ifndef MASK
 #define MASK 0
 #endif
-#ifndef PAGED_KV
-#define PAGED_KV 0
-#endif
 #if PAGED_KV
 #define NAIVE_PAGED_PARAMS , __global const int *kv_lens
 #else
@@ -71,42 +64,12 @@
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
-#if DTYPE == 0
-typedef float store_t;
-#define LOAD(p, i) ((p)[i])
-#define STORE(p, i, x) ((p)[i] = (x))
-#elif DTYPE == 1
-typedef half store_t;
-#define LOAD(p, i) vload_half((i), (p))
-#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
-#else
-typedef ushort store_t;
-#define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
-#define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
-inline ushort bf16_from_float(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (ushort)(u >> 16);
-}
-#endif
-
-/* Start row and length of sequence s in the caller's tensor. */
-inline int2 seq_range(__global const int *cu, int s, int padded, int total) {
-#if VARLEN
-  int a = clamp(cu[s], 0, total), e = clamp(cu[s + 1], 0, total);
-  return (int2)(a, min(max(e - a, 0), padded));
-#else
-  return (int2)(0, padded);
-#endif
-}
-
 /* Global size (HEAD_DIM, padded, sequences * heads). */
 __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn, long sh,
                          __global float *dst, int heads, int padded, __global const int *cu, int total) {
   const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
   const int s = sh_id / heads, h = sh_id - s * heads;
-  const int2 r = seq_range(cu, s, padded, total);
+  const int2 r = fcl_seq_rows(cu, s, padded, total);
   float val = 0.0f;
   if (n < r.y) {
     long bs = VARLEN ? 0 : s;
@@ -128,19 +91,18 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   const int lid = get_local_id(0);
   const int i = (int)(row % padded_q);
   const int s = (int)(row / ((long)padded_q * heads));
-  const int nq = seq_range(cu_q, s, padded_q, total_q).y;
+  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, s, padded_q, padded_k, total_q, total_k);
 #if PAGED_KV
-  const int nk = clamp(kv_lens[s], 0, padded_k);
-#else
-  const int nk = seq_range(cu_k, s, padded_k, total_k).y;
+  sb = fcl_seq_paged_keys(sb, kv_lens, s, padded_k);
 #endif
+  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
   int visible = i < nq ? nk : 0, first = 0; /* keys [first, visible) */
 #if CAUSAL
-  visible = clamp(i + nk - nq + 1, 0, visible);
+  visible = clamp(i + diag + 1, 0, visible);
 #endif
 #if WINDOW
-  visible = clamp(i + nk - nq + window_right + 1, 0, visible);
-  first = clamp(i + nk - nq - window_left, 0, visible);
+  visible = clamp(i + diag + window_right + 1, 0, visible);
+  first = clamp(i + diag - window_left, 0, visible);
 #endif
   __global float *p = scores + row * padded_k;
 #if MASK
@@ -168,7 +130,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
       x = softcap * tanh(x / softcap);
 #endif
 #if ALIBI
-      x -= slope * (float)abs(j - (i + nk - nq));
+      x -= slope * (float)abs(j - (i + diag));
 #endif
       p[j] = x;
     }
@@ -210,7 +172,7 @@ __kernel void naive_unpack(__global const float *src, __global const float *lse_
                            int heads, int padded, __global const int *cu, int total) {
   const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
   const int s = sh_id / heads, h = sh_id - s * heads;
-  const int2 r = seq_range(cu, s, padded, total);
+  const int2 r = fcl_seq_rows(cu, s, padded, total);
   if (n >= r.y) return;
   const long bs = VARLEN ? 0 : s;
   const long row = (long)sh_id * padded + n;

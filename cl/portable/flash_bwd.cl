@@ -119,10 +119,9 @@
  *              key loop of the atomic dQ, so that the local-memory reads of
  *              later steps are issued while earlier ones compute (left rolled,
  *              each step waits for its own reads)
+ *
+ * requires: dtype.cl seq_bounds.cl
  */
-#ifndef DTYPE
-#define DTYPE 0
-#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
@@ -161,9 +160,6 @@
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
-#endif
-#ifndef VARLEN
-#define VARLEN 0
 #endif
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 0
@@ -248,31 +244,8 @@
 
 #define LOG2E 1.4426950408889634f
 
-#if DTYPE == 0
-typedef float store_t;
-#define LOAD(p, i) ((p)[i])
-#define LOAD4V(p, i) vload4(0, (p) + (i))
-#define STORE(p, i, x) ((p)[i] = (x))
-#elif DTYPE == 1
-typedef half store_t;
-#define LOAD(p, i) vload_half((i), (p))
-#define LOAD4V(p, i) vload_half4(0, (p) + (i))
-#define STORE(p, i, x) vstore_half_rte((x), (i), (p))
-#else
-typedef ushort store_t;
-#define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
-#define LOAD4V(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
-#define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
-inline ushort bf16_from_float(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (ushort)(u >> 16);
-}
-#endif
-
 /* Four consecutive elements, one at a time (no alignment assumed). */
-#define STORE4(p, i, v)                                                            \
+#define STORE_EACH4(p, i, v)                                                       \
   {                                                                                \
     const float4 v4_ = (v);                                                        \
     STORE(p, (i), v4_.x);                                                          \
@@ -286,16 +259,6 @@ inline ushort bf16_from_float(float x) {
 #define CTENSOR(name) __global const store_t *name, long name##_off, long name##_sb, long name##_sn, long name##_sh
 /* Element offset of row `row` of head `h` in sequence-batch index `bb`. */
 #define ROWPTR(name, bb, row, h) (name##_off + (long)(bb) * name##_sb + (long)(row) * name##_sn + (long)(h) * name##_sh)
-
-/* Bounds of sequence b: x = first row in the tensor, y = length. */
-inline int2 seq_bounds(__global const int *cu, int b, int padded, int total) {
-#if VARLEN
-  int a = clamp(cu[b], 0, total), e = clamp(cu[b + 1], 0, total);
-  return (int2)(a, min(max(e - a, 0), padded));
-#else
-  return (int2)(0, padded);
-#endif
-}
 
 inline void atomic_add_float(volatile __global float *p, float val) {
   union {
@@ -367,12 +330,12 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
   __local float red[64];
   const int tid = get_local_id(0), r = tid / PRE_TPR, x = tid - r * PRE_TPR;
   const int i = get_group_id(0) * PRE_ROWS + r, h = get_global_id(1), b = get_global_id(2);
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
+  const int2 sq = fcl_seq_rows(cu_q, b, padded_q, total_q);
   const long bb = VARLEN ? 0 : b;
   float acc = 0.0f;
   if (r < PRE_ROWS && i < sq.y) {
     const long po = ROWPTR(o, bb, sq.x + i, h) + 8 * x, pd = ROWPTR(dout, bb, sq.x + i, h) + 8 * x;
-    const float4 a = LOAD4V(o, po) * LOAD4V(dout, pd), c = LOAD4V(o, po + 4) * LOAD4V(dout, pd + 4);
+    const float4 a = LOAD4(o, po) * LOAD4(dout, pd), c = LOAD4(o, po + 4) * LOAD4(dout, pd + 4);
     acc = (a.x + a.y) + (a.z + a.w) + (c.x + c.y) + (c.z + c.w);
   }
 #if ATOMIC_DQ
@@ -441,13 +404,9 @@ typedef uint2 stage_t;
 #endif
 #define STAGE_ZERO ((uint2)(0u))
 #if DTYPE == 1
-inline float4 stage_cvt(uint2 x) {
-  uint2 t = x; /* fp16 bits without cl_khr_fp16: convert through private memory */
-  return vload_half4(0, (const __private half *)&t);
-}
-#define STAGE_CVT(x) stage_cvt(x)
+#define STAGE_CVT(x) fcl_half4_bits_to_float4(x)
 #else
-#define STAGE_CVT(x) as_float4(convert_uint4(as_ushort4(x)) << 16)
+#define STAGE_CVT(x) fcl_bf16x4_to_float4(as_ushort4(x))
 #endif
 #endif
 
@@ -641,15 +600,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   const int tid = get_local_id(0);
   const int k0 = get_group_id(0) * BLOCK_C;
   const int hk = get_group_id(1), b = get_group_id(2);
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q), sk = seq_bounds(cu_k, b, padded_k, total_k);
-  const int nq = sq.y, nk = sk.y;
+  const fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, padded_q, padded_k, total_q, total_k);
+  const int nq = sb.nq, nk = sb.nk;
   if (k0 >= nk) return;
-  const long bb = VARLEN ? 0 : b;
-  const int diag = nk - nq;
+  const long bb = sb.bb;
+  const int diag = sb.diag;
   const float scale_log2 = scale * LOG2E;
 
-  LOAD_TILE(Ks, k, bb, sk.x, k0, nk, hk, BLOCK_C)
-  LOAD_TILE(Vs, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+  LOAD_TILE(Ks, k, bb, sb.k_row, k0, nk, hk, BLOCK_C)
+  LOAD_TILE(Vs, v, bb, sb.k_row, k0, nk, hk, BLOCK_C)
 
 #if BWD_SPLIT
   /* role 0: S^T in phase A, dV in phase B; role 1: dP^T, then dK. */
@@ -717,8 +676,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   stage_t qreg[TILE_REGS(BLOCK_R)], oreg[TILE_REGS(BLOCK_R)];
 #if BWD_AHEAD
   if (istart < iend) {
-    TILE_FETCH(qreg, q, bb, sq.x, istart, nq, hk * group, BLOCK_R)
-    TILE_FETCH(oreg, dout, bb, sq.x, istart, nq, hk * group, BLOCK_R)
+    TILE_FETCH(qreg, q, bb, sb.q_row, istart, nq, hk * group, BLOCK_R)
+    TILE_FETCH(oreg, dout, bb, sb.q_row, istart, nq, hk * group, BLOCK_R)
   }
 #endif
   for (int g = 0, i0 = istart; g < group && istart < iend;) {
@@ -746,13 +705,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       /* The tile's global reads are issued before the barrier (they only fill
        * registers), so that they are in flight while the work-group drains. */
 #if !BWD_AHEAD
-      TILE_FETCH(qreg, q, bb, sq.x, i0, nq, h, BLOCK_R)
-      TILE_FETCH(oreg, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+      TILE_FETCH(qreg, q, bb, sb.q_row, i0, nq, h, BLOCK_R)
+      TILE_FETCH(oreg, dout, bb, sb.q_row, i0, nq, h, BLOCK_R)
 #endif
       float lreg[ROW_REGS], dreg[ROW_REGS];
       for (int u = 0; u < ROW_REGS; u++) {
         const int r = tid + u * NTHREADS, in = r < BLOCK_R && i0 + r < nq;
-        lreg[u] = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+        lreg[u] = in ? lse[lse_off + bb * lse_sb + (long)(sb.q_row + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
         dreg[u] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
       }
       barrier(CLK_LOCAL_MEM_FENCE); /* previous tile consumed */
@@ -760,8 +719,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       TILE_PUT(dOs, oreg, BLOCK_R)
 #if BWD_AHEAD
       if (gn < group) { /* arrives while this pair is computed */
-        TILE_FETCH(qreg, q, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
-        TILE_FETCH(oreg, dout, bb, sq.x, i0n, nq, hk * group + gn, BLOCK_R)
+        TILE_FETCH(qreg, q, bb, sb.q_row, i0n, nq, hk * group + gn, BLOCK_R)
+        TILE_FETCH(oreg, dout, bb, sb.q_row, i0n, nq, hk * group + gn, BLOCK_R)
       }
 #endif
       for (int u = 0; u < ROW_REGS; u++) {
@@ -963,11 +922,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     for (int i = 0; i < B_TM; i++) {
       const int c = bc + B_RT * i;
       if (k0 + c >= nk) continue;
-      const long pr = role ? ROWPTR(dk, bb, sk.x + k0 + c, hk) : ROWPTR(dv, bb, sk.x + k0 + c, hk);
+      const long pr = role ? ROWPTR(dk, bb, sb.k_row + k0 + c, hk) : ROWPTR(dv, bb, sb.k_row + k0 + c, hk);
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = acc[i][u] * mul;
-        STORE4(dst, pr + x, a);
+        STORE_EACH4(dst, pr + x, a);
       }
     }
   }
@@ -976,12 +935,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     for (int i = 0; i < B_TM; i++) {
       const int c = bc + B_RT * i;
       if (k0 + c >= nk) continue;
-      const long pk = ROWPTR(dk, bb, sk.x + k0 + c, hk), pv = ROWPTR(dv, bb, sk.x + k0 + c, hk);
+      const long pk = ROWPTR(dk, bb, sb.k_row + k0 + c, hk), pv = ROWPTR(dv, bb, sb.k_row + k0 + c, hk);
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = dk_acc[i][u] * scale, w = dv_acc[i][u];
-        STORE4(dk, pk + x, a);
-        STORE4(dv, pv + x, w);
+        STORE_EACH4(dk, pk + x, a);
+        STORE_EACH4(dv, pv + x, w);
       }
     }
   }
@@ -1015,18 +974,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   const int i0 = get_group_id(0) * BLOCK_R;
   const int h = get_group_id(1), b = get_group_id(2);
   const int hk = h / group;
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q), sk = seq_bounds(cu_k, b, padded_k, total_k);
-  const int nq = sq.y, nk = sk.y;
+  const fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, padded_q, padded_k, total_q, total_k);
+  const int nq = sb.nq, nk = sb.nk;
   if (i0 >= nq) return;
-  const long bb = VARLEN ? 0 : b;
-  const int diag = nk - nq;
+  const long bb = sb.bb;
+  const int diag = sb.diag;
   const float scale_log2 = scale * LOG2E;
 
-  LOAD_TILE(Qs, q, bb, sq.x, i0, nq, h, BLOCK_R)
-  LOAD_TILE(dOs, dout, bb, sq.x, i0, nq, h, BLOCK_R)
+  LOAD_TILE(Qs, q, bb, sb.q_row, i0, nq, h, BLOCK_R)
+  LOAD_TILE(dOs, dout, bb, sb.q_row, i0, nq, h, BLOCK_R)
   for (int r = tid; r < BLOCK_R; r += NTHREADS) {
     const int in = i0 + r < nq;
-    const float l = in ? lse[lse_off + bb * lse_sb + (long)(sq.x + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
+    const float l = in ? lse[lse_off + bb * lse_sb + (long)(sb.q_row + i0 + r) * lse_sn + (long)h * lse_sh] : -INFINITY;
     Ls[r] = l * LOG2E;
     Ds[r] = in ? dsum[((long)b * heads_q + h) * padded_q + i0 + r] : 0.0f;
   }
@@ -1072,8 +1031,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   stage_t kreg[TILE_REGS(BLOCK_C)], vreg[TILE_REGS(BLOCK_C)];
 #if BWD_AHEAD
   if (kstart < kend) {
-    TILE_FETCH(kreg, k, bb, sk.x, kstart, nk, hk, BLOCK_C)
-    TILE_FETCH(vreg, v, bb, sk.x, kstart, nk, hk, BLOCK_C)
+    TILE_FETCH(kreg, k, bb, sb.k_row, kstart, nk, hk, BLOCK_C)
+    TILE_FETCH(vreg, v, bb, sb.k_row, kstart, nk, hk, BLOCK_C)
   }
 #endif
   for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
@@ -1084,16 +1043,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     if (!(mcls & 1)) continue;
 #endif
 #if !BWD_AHEAD /* before the barrier: registers only (see bwd_dkdv) */
-    TILE_FETCH(kreg, k, bb, sk.x, k0, nk, hk, BLOCK_C)
-    TILE_FETCH(vreg, v, bb, sk.x, k0, nk, hk, BLOCK_C)
+    TILE_FETCH(kreg, k, bb, sb.k_row, k0, nk, hk, BLOCK_C)
+    TILE_FETCH(vreg, v, bb, sb.k_row, k0, nk, hk, BLOCK_C)
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
     TILE_PUT(Ks, kreg, BLOCK_C)
     TILE_PUT(Vs, vreg, BLOCK_C)
 #if BWD_AHEAD
     if (k0 + BLOCK_C < kend) { /* arrives while this tile is computed */
-      TILE_FETCH(kreg, k, bb, sk.x, k0 + BLOCK_C, nk, hk, BLOCK_C)
-      TILE_FETCH(vreg, v, bb, sk.x, k0 + BLOCK_C, nk, hk, BLOCK_C)
+      TILE_FETCH(kreg, k, bb, sb.k_row, k0 + BLOCK_C, nk, hk, BLOCK_C)
+      TILE_FETCH(vreg, v, bb, sb.k_row, k0 + BLOCK_C, nk, hk, BLOCK_C)
     }
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -1193,11 +1152,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
     for (int i = 0; i < QB_TM; i++) {
       const int r = br + QB_RT * i;
       if (i0 + r >= nq) continue;
-      const long po = ROWPTR(dq, bb, sq.x + i0 + r, h);
+      const long po = ROWPTR(dq, bb, sb.q_row + i0 + r, h);
       for (int u = 0; u < QB_TD / 4; u++) {
         const int x = 4 * (bx + QB_CT * u);
         const float4 a = dq_acc[i][u] * scale;
-        STORE4(dq, po + x, a);
+        STORE_EACH4(dq, po + x, a);
       }
     }
   }
@@ -1212,7 +1171,7 @@ __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_
                            __global const int *cu_q, int total_q, int splits) {
   const int x = 8 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);
   const int b = bh / heads_q, h = bh - b * heads_q;
-  const int2 sq = seq_bounds(cu_q, b, padded_q, total_q);
+  const int2 sq = fcl_seq_rows(cu_q, b, padded_q, total_q);
   if (i >= sq.y) return;
   const long bb = VARLEN ? 0 : b;
   /* The splits (one unless the deterministic tensor-core dQ wrote several) are
@@ -1232,8 +1191,7 @@ __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_
   *(__global ushort8 *)(dq + di) = t;
 #elif DQ_VEC
   *(__global ushort8 *)(dq + di) =
-      (ushort8)(bf16_from_float(a.s0), bf16_from_float(a.s1), bf16_from_float(a.s2), bf16_from_float(a.s3),
-                bf16_from_float(a.s4), bf16_from_float(a.s5), bf16_from_float(a.s6), bf16_from_float(a.s7));
+      (ushort8)(fcl_bf16x4_from_float4(a.lo), fcl_bf16x4_from_float4(a.hi));
 #else
   STORE(dq, di, a.s0);
   STORE(dq, di + 1, a.s1);

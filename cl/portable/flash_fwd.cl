@@ -106,6 +106,8 @@
  *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
  *                NTHREADS / S_* / O_* parameters are unused)
  *
+ * requires: dtype.cl seq_bounds.cl
+ *
  * CPU variant (CPU_MAP = 1). PoCL runs a work-group as loops over its work-items
  * between barriers and keeps every private value that lives across a barrier in
  * per-work-item context memory, and its implicit vectorizer does not widen code
@@ -115,9 +117,6 @@
  * of rank-1 updates along the keys and O += P V one along the head dimension,
  * both in explicit float8 vectors over 4-row register blocks.
  */
-#ifndef DTYPE
-#define DTYPE 0
-#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
@@ -144,9 +143,6 @@
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
-#endif
-#ifndef VARLEN
-#define VARLEN 0
 #endif
 #ifndef VEC_ALIGNED
 #define VEC_ALIGNED 0
@@ -181,9 +177,6 @@
 #ifndef MASK
 #define MASK 0
 #endif
-#ifndef PAGED_KV
-#define PAGED_KV 0
-#endif
 #ifndef SEP_KV
 #define SEP_KV 0
 #endif
@@ -198,44 +191,21 @@
 #error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
-#if DTYPE == 0
-typedef float store_t;
-#if VEC_ALIGNED
+/* Four elements of a row: with VEC_ALIGNED the row granules are 4-element
+ * aligned, so they are read and written as one aligned vector; otherwise as
+ * dtype.cl's element-aligned LOAD4 / STORE4. */
+#if !VEC_ALIGNED
+#define GLOAD4(p, i) LOAD4(p, i)
+#define GSTORE4(p, i, x) STORE4(p, i, x)
+#elif DTYPE == 0
 #define GLOAD4(p, i) (*(__global const float4 *)((p) + (i)))
 #define GSTORE4(p, i, x) (*(__global float4 *)((p) + (i)) = (x))
-#else
-#define GLOAD4(p, i) vload4(0, (p) + (i))
-#define GSTORE4(p, i, x) vstore4((x), 0, (p) + (i))
-#endif
 #elif DTYPE == 1
-typedef half store_t;
-#if VEC_ALIGNED
 #define GLOAD4(p, i) vloada_half4(0, (p) + (i))
 #define GSTORE4(p, i, x) vstorea_half4_rte((x), 0, (p) + (i))
 #else
-#define GLOAD4(p, i) vload_half4(0, (p) + (i))
-#define GSTORE4(p, i, x) vstore_half4_rte((x), 0, (p) + (i))
-#endif
-#else
-typedef ushort store_t;
-/* Round to nearest even; NaN stays a quiet NaN. */
-inline ushort bf16_from_float(float x) {
-  uint u = as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (ushort)(u >> 16);
-}
-inline float4 bf16x4_to_float4(ushort4 u) { return as_float4(convert_uint4(u) << 16); }
-inline ushort4 float4_to_bf16x4(float4 x) {
-  return (ushort4)(bf16_from_float(x.x), bf16_from_float(x.y), bf16_from_float(x.z), bf16_from_float(x.w));
-}
-#if VEC_ALIGNED
-#define GLOAD4(p, i) bf16x4_to_float4(*(__global const ushort4 *)((p) + (i)))
-#define GSTORE4(p, i, x) (*(__global ushort4 *)((p) + (i)) = float4_to_bf16x4(x))
-#else
-#define GLOAD4(p, i) bf16x4_to_float4(vload4(0, (p) + (i)))
-#define GSTORE4(p, i, x) vstore4(float4_to_bf16x4(x), 0, (p) + (i))
-#endif
+#define GLOAD4(p, i) fcl_bf16x4_to_float4(*(__global const ushort4 *)((p) + (i)))
+#define GSTORE4(p, i, x) (*(__global ushort4 *)((p) + (i)) = fcl_bf16x4_from_float4(x))
 #endif
 
 #if PAGED_KV
@@ -348,13 +318,9 @@ typedef uint2 stage_t;
 #endif
 #define STAGE_ZERO ((uint2)(0u))
 #if DTYPE == 1
-inline float4 stage_cvt(uint2 x) {
-  uint2 t = x;
-  return vload_half4(0, (const __private half *)&t);
-}
-#define STAGE_CVT(x) stage_cvt(x)
+#define STAGE_CVT(x) fcl_half4_bits_to_float4(x)
 #else
-#define STAGE_CVT(x) bf16x4_to_float4(as_ushort4(x))
+#define STAGE_CVT(x) fcl_bf16x4_to_float4(as_ushort4(x))
 #endif
 #endif
 
@@ -429,35 +395,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  int nq = seqlen_q, nk = seqlen_k;
-  long bq = b, row_q = 0, row_k = 0;
-#if VARLEN
-  {
-    /* Clamp so that corrupt cu_seqlens can never reach outside the tensors. */
-    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    nq = min(max(qe - qs, 0), seqlen_q);
-    row_q = qs;
-    bq = 0;
-#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
-    nk = min(max(ke - ks, 0), seqlen_k);
-    row_k = ks;
-#endif
-  }
-#endif
-  if (q0 >= nq) return; /* whole work-group leaves together */
+  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  if (q0 >= sb.nq) return; /* whole work-group leaves together */
+  const long bq = sb.bb, row_q = sb.q_row;
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
 #if PAGED_KV
   __global const int *bt = block_table + (long)b * max_pages;
-  nk = clamp(kv_lens[b], 0, seqlen_k);
+  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);
   const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
   const long vbase = v_off + (long)hk * v_sh;
 #else
-  const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
-  const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh;
+  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
 #endif
-  const int diag = nk - nq;
+  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
 
 #if SOFTCAP
   const float qscale = 1.0f; /* the cap needs the unscaled product */
@@ -803,34 +755,21 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  int nq = seqlen_q, nk = seqlen_k;
-  long bq = b, row_q = 0, row_k = 0;
-#if VARLEN
-  {
-    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    nq = min(max(qe - qs, 0), seqlen_q);
-    row_q = qs;
-    bq = 0;
-#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
-    nk = min(max(ke - ks, 0), seqlen_k);
-    row_k = ks;
-#endif
-  }
-#endif
-  if (q0 >= nq) return;
+  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  if (q0 >= sb.nq) return;
+  const long bq = sb.bb, row_q = sb.q_row;
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
 #if PAGED_KV
   __global const int *bt = block_table + (long)b * max_pages;
-  nk = clamp(kv_lens[b], 0, seqlen_k);
+  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);
   const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
   const long vbase = v_off + (long)hk * v_sh;
 #else
-  const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
-  const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh;
+  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
 #endif
-  const int diag = nk - nq;
+  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
 
   for (int r = 0; r < BLOCK_R; r++) {
     for (int g = 0; g < HEAD_DIM / 4; g++)

@@ -63,7 +63,7 @@ flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decod
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DPAGED=%d", (int)k_cache->dtype, kv.head_dim,
            kv.paged);
   cl_kernel kern;
-  if ((st = fcl_get_kernel(ctx, "kv_append.cl", opts, "kv_append", &kern))) return st;
+  if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_append.cl", opts, "kv_append", &kern))) return st;
   fcl_args a = {kern, 0, CL_SUCCESS};
   fcl_arg_tensor(&a, k_new);
   fcl_arg_tensor(&a, v_new);

@@ -59,7 +59,7 @@ flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *
   char opts[128];
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d", (int)o_a->dtype, (int)d);
   cl_kernel kern;
-  st = fcl_get_kernel(ctx, "merge.cl", opts, "merge_states", &kern);
+  st = fcl_get_kernel(ctx, "dtype.cl+merge.cl", opts, "merge_states", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   fcl_args a = {kern, 0, CL_SUCCESS};
   fcl_arg_tensor(&a, o_a);

@@ -112,8 +112,9 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   }
   cl_kernel kern;
   /* Dropout and masks bring their helper files into the program. */
-  static const char *const srcs[4] = {"flash_fwd.cl", "philox.cl+flash_fwd.cl", "mask.cl+flash_fwd.cl",
-                                      "philox.cl+mask.cl+flash_fwd.cl"};
+  static const char *const srcs[4] = {
+      "dtype.cl+seq_bounds.cl+flash_fwd.cl", "philox.cl+dtype.cl+seq_bounds.cl+flash_fwd.cl",
+      "mask.cl+dtype.cl+seq_bounds.cl+flash_fwd.cl", "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+flash_fwd.cl"};
   st = fcl_get_kernel(ctx, srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)], opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
