@@ -65,7 +65,7 @@ void report_speedup(double speedup, const char *label) {
 }
 
 void report_estimate(double est_s) {
-  if (g_report.quiet || !(est_s > 60.0)) return;
+  if (!g_report.tty || !(est_s > 60.0)) return;
   report_clear();
   fprintf(stderr, "flashcl-bench: row %d/%d (%s) may take about %.0f min (estimated from the earlier rows)\n",
           g_report.row_index, g_report.rows_total, g_report.label, est_s / 60.0);

@@ -47,7 +47,7 @@ void report_count(int ran, int oom);
 /* A flash/naive speedup, kept when it is the best so far. */
 void report_speedup(double speedup, const char *label);
 /* Before a row estimated to take est_s seconds: one line on stderr when that
- * is over a minute (unless --quiet). */
+ * is over a minute (on a terminal, unless --quiet, as the progress lines). */
 void report_estimate(double est_s);
 
 /* --json: the document's start, up to "rows":[ ; the separator and the start

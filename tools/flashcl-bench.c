@@ -157,7 +157,10 @@ static const char usage_text[] =
     "relL2 (on flash rows) = ||x_flash - x_naive|| / ||x_naive|| for x = o, or the\n"
     "largest of the three for x = dq, dk, dv.\n"
     "A row that runs out of device memory prints OOM; other errors print the\n"
-    "status and the library's message on stderr and make the exit status 1.\n";
+    "status and the library's message on stderr and make the exit status 1.\n"
+    "The table starts with a legend of its columns and ends with a summary line\n"
+    "(rows ok, failed, OOM, total time, best flash/naive speedup). The table, CSV\n"
+    "and JSON go to stdout; messages, progress and build logs to stderr.\n";
 
 static void usage(FILE *f) { fputs(usage_text, f); }
 
