@@ -15,6 +15,7 @@
 
 #include "args.h"
 #include "bench_first_call.h"
+#include "bench_report.h"
 #include "common.h"
 
 #define MAX_ALGOS 4
@@ -27,7 +28,7 @@ typedef struct bench_opts {
   long reps, warmup;
   int have_batch_tokens, have_hidden, have_reps, have_warmup;
   double budget_s, dropout;
-  int csv, check, bhnd, verbose, bwd, deterministic;
+  int csv, json, quiet, check, bhnd, verbose, bwd, deterministic;
   flashcl_kernel_family kernel;
   int decode, have_decode_batch; /* --decode, --decode-batch */
   long page_size, calls; /* --page-size, --calls */
@@ -67,8 +68,6 @@ typedef struct row {
   size_t out_count[3];
   int nout;
 } row;
-
-static int g_host_timer = 0;
 
 static const char usage_text[] =
     "usage: flashcl-bench [options]\n"
@@ -138,7 +137,16 @@ static const char usage_text[] =
     "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
     "                       when a run is slow (default 10)\n"
     "  --no-check           skip the flash-vs-naive output comparison (relL2 column)\n"
-    "  --csv                machine-readable CSV on stdout\n"
+    "  --csv                machine-readable CSV on stdout (a header line, then one\n"
+    "                       line per row)\n"
+    "  --json               machine-readable JSON on stdout instead: one object with\n"
+    "                       \"device\" (platform, device, driver, date, flashcl\n"
+    "                       version), \"rows\" (the CSV columns; null where a value is\n"
+    "                       missing, \"status\" on every row) and \"summary\"\n"
+    "  --quiet, -q          no progress lines on stderr (they only show when stderr\n"
+    "                       is a terminal: a row that runs over a second updates one\n"
+    "                       line with its run count and elapsed time) and no\n"
+    "                       estimate before a row expected to take over a minute\n"
     "  --verbose            library diagnostics on stderr\n"
     "\n"
     "TFLOP/s counts 4*N*N*d (forward) or 10*N*N*d (backward, FlashAttention's\n"
@@ -149,7 +157,10 @@ static const char usage_text[] =
     "relL2 (on flash rows) = ||x_flash - x_naive|| / ||x_naive|| for x = o, or the\n"
     "largest of the three for x = dq, dk, dv.\n"
     "A row that runs out of device memory prints OOM; other errors print the\n"
-    "status and the library's message on stderr and make the exit status 1.\n";
+    "status and the library's message on stderr and make the exit status 1.\n"
+    "The table starts with a legend of its columns and ends with a summary line\n"
+    "(rows ok, failed, OOM, total time, best flash/naive speedup). The table, CSV\n"
+    "and JSON go to stdout; messages, progress and build logs to stderr.\n";
 
 static void usage(FILE *f) { fputs(usage_text, f); }
 
@@ -223,6 +234,8 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
       {.name = "--bwd", .kind = ARG_FLAG, .dest = &o->bwd},
       {.name = "--no-check", .kind = ARG_CLEAR, .dest = &o->check},
       {.name = "--csv", .kind = ARG_FLAG, .dest = &o->csv},
+      {.name = "--json", .kind = ARG_FLAG, .dest = &o->json},
+      {.name = "--quiet", .alias = "-q", .kind = ARG_FLAG, .dest = &o->quiet},
       {.name = "--verbose", .alias = "-v", .kind = ARG_FLAG, .dest = &o->verbose},
       {.name = "--help", .alias = "-h", .kind = ARG_HELP},
   };
@@ -244,6 +257,10 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
   if (st == ARGS_OK && o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
     fprintf(stderr, "flashcl-bench: --page-size without --decode times the paged forward: it does not combine "
                     "with --bwd, --layout bhnd or --block-sparse\n");
+    return ARGS_BAD_VALUE;
+  }
+  if (st == ARGS_OK && o->csv && o->json) {
+    fprintf(stderr, "flashcl-bench: --csv and --json are mutually exclusive\n");
     return ARGS_BAD_VALUE;
   }
   return st;
@@ -443,7 +460,7 @@ static int forward_for_backward(flashcl_context *ctx, const flashcl_attention_de
 }
 
 /* --warmup untimed runs, then up to --reps timed ones within --budget. */
-static int time_row(flashcl_context *ctx, const bench_opts *o, const tools_attention_args *args, row *r) {
+static int time_row_runs(flashcl_context *ctx, const bench_opts *o, const tools_attention_args *args, row *r) {
   double times[1000], ms = 0.0, spent = 0.0;
   const long reps = o->reps < 1000 ? o->reps : 1000;
   long i;
@@ -451,12 +468,14 @@ static int time_row(flashcl_context *ctx, const bench_opts *o, const tools_atten
   for (i = 0; i < o->warmup; ++i) {
     st = tools_timed_call(ctx, r->pass, args, &ms, &host_timer);
     if (st != FLASHCL_SUCCESS) return st;
+    report_rep("warmup", i + 1, o->warmup);
   }
   for (i = 0; i < reps;) {
     st = tools_timed_call(ctx, r->pass, args, &ms, &host_timer);
     if (st != FLASHCL_SUCCESS) return st;
-    if (host_timer) g_host_timer = 1;
+    if (host_timer) g_report.host_timer = 1;
     times[i++] = ms;
+    report_rep("rep", i, reps);
     spent += ms;
     if ((spent + ms) * 1e-3 > o->budget_s) break; /* the next run would exceed the budget */
   }
@@ -465,6 +484,13 @@ static int time_row(flashcl_context *ctx, const bench_opts *o, const tools_atten
   r->median_ms = tools_median(times, r->reps);
   r->ran = 1;
   return FLASHCL_SUCCESS;
+}
+
+/* time_row_runs, its progress line removed afterwards. */
+static int time_row(flashcl_context *ctx, const bench_opts *o, const tools_attention_args *args, row *r) {
+  const int st = time_row_runs(ctx, o, args, r);
+  report_clear();
+  return st;
 }
 
 /* The outputs as floats, for the flash-vs-naive comparison. */
@@ -659,10 +685,42 @@ static void decode_release(decode_bufs *u) {
   free(u->scratch);
 }
 
+/* A decode row as a JSON object: the CSV columns, null where a value is missing
+ * (times NULL: the row did not run). */
+static void print_decode_json(const bench_opts *o, const flashcl_device_info *info, const decode_shape *s, int splits,
+                              const double *times, const double *hosts, int nrep, const char *status) {
+  double tcopy[1000], hcopy[1000];
+  const double med = times ? (memcpy(tcopy, times, sizeof(double) * nrep), tools_median(tcopy, nrep)) : NAN;
+  const double hmed = hosts ? (memcpy(hcopy, hosts, sizeof(double) * nrep), tools_median(hcopy, nrep)) : NAN;
+  tools_json j;
+  report_json_row(&j);
+  tools_json_str(&j, "device", info->device_name);
+  tools_json_int(&j, "n", s->n);
+  tools_json_int(&j, "batch", s->b);
+  tools_json_int(&j, "d", s->d);
+  tools_json_str(&j, "dtype", flashcl_dtype_name(s->dt));
+  tools_json_int(&j, "heads", s->hq);
+  tools_json_int(&j, "heads_kv", s->hkv);
+  tools_json_int(&j, "page_size", s->P);
+  tools_json_int(&j, "q_len", s->T);
+  tools_json_int(&j, "tree", o->tree);
+  tools_json_num(&j, "splits", times ? splits : NAN);
+  tools_json_num(&j, "reps", times ? nrep : NAN);
+  tools_json_num(&j, "median_ms", med);
+  tools_json_num(&j, "min_ms", times ? tools_min(times, nrep) : NAN);
+  tools_json_int(&j, "kv_bytes", (long long)s->kv_read);
+  tools_json_num(&j, "gbps", times ? (double)s->kv_read / (med * 1e-3) / 1e9 : NAN);
+  tools_json_num(&j, "calls", times ? o->calls : NAN);
+  tools_json_num(&j, "host_us", hmed);
+  tools_json_str(&j, "status", status);
+  tools_json_close(&j);
+}
+
 /* A row without timings: OOM (not tried) or an error. */
 static void print_decode_unrun(const bench_opts *o, const flashcl_device_info *info, const decode_shape *s,
                                const char *csv_status, const char *text_status) {
-  if (o->csv)
+  if (o->json) print_decode_json(o, info, s, 0, NULL, NULL, 0, csv_status);
+  else if (o->csv)
     printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, s->n, s->b, s->d,
            flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, s->kv_read, csv_status);
   else
@@ -675,7 +733,8 @@ static void print_decode_row(const bench_opts *o, const flashcl_device_info *inf
   const double med = tools_median(times, nrep), mn = tools_min(times, nrep);
   const double gbps = (double)s->kv_read / (med * 1e-3) / 1e9;
   const double hmed = tools_median(hosts, nrep);
-  if (o->csv)
+  if (o->json) print_decode_json(o, info, s, splits, times, hosts, nrep, "ok");
+  else if (o->csv)
     printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n", info->device_name,
            s->n, s->b, s->d, flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
            s->kv_read, gbps, o->calls, hmed);
@@ -690,7 +749,9 @@ static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashc
   decode_bufs u;
   double times[1000], hosts[1000], ms = 0, hus = 0;
   int st, splits = 0, r, nrep = 0;
+  report_row_start("decode N=%ld batch=%ld d=%ld %s", s->n, s->b, s->d, flashcl_dtype_name(s->dt));
   if (s->kv_elems * s->es > info->max_mem_alloc_size || 2 * s->kv_elems * s->es > info->global_mem_size) {
+    report_count(0, 1);
     print_decode_unrun(o, info, s, "OOM", "OOM");
     return 0;
   }
@@ -703,14 +764,19 @@ static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashc
     u.desc.max_seqlen_k = (int)s->n;
     st = flashcl_attention_decode_workspace_size(ctx, &u.desc, &u.q, &u.kc, &u.vc, &ws, &splits);
   }
-  for (r = 0; !st && r < warmup; ++r)
+  for (r = 0; !st && r < warmup; ++r) {
     st = tools_timed_decode(ctx, &u.desc, &u.q, &u.kc, &u.vc, u.mem[5], &u.out, &u.lse, o->calls, &ms, &hus,
-                            &g_host_timer);
+                            &g_report.host_timer);
+    report_rep("warmup", r + 1, warmup);
+  }
   for (r = 0; !st && r < reps && r < 1000; ++r) {
     st = tools_timed_decode(ctx, &u.desc, &u.q, &u.kc, &u.vc, u.mem[5], &u.out, &u.lse, o->calls, &ms, &hus,
-                            &g_host_timer);
+                            &g_report.host_timer);
     if (!st) hosts[nrep] = hus, times[nrep++] = ms;
+    report_rep("rep", r + 1, reps < 1000 ? reps : 1000);
   }
+  report_clear();
+  report_count(!st && nrep > 0, tools_is_oom(st));
   if (st || nrep == 0) {
     tools_print_error(stderr, ctx, "  flashcl_attention_decode", st);
     print_decode_unrun(o, info, s, flashcl_status_string(st), "error");
@@ -725,6 +791,7 @@ static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashc
 static void print_decode_header(flashcl_context *ctx, const bench_opts *o, long hq, long hkv, long warmup,
                                 long reps) {
   char devdesc[512];
+  if (o->json) return; /* main wrote the document's start */
   if (o->csv) {
     printf("device,n,batch,d,dtype,heads,heads_kv,page_size,q_len,tree,splits,reps,median_ms,min_ms,kv_bytes,gbps,"
            "calls,host_us,status\n");
@@ -738,7 +805,9 @@ static void print_decode_header(flashcl_context *ctx, const bench_opts *o, long 
   if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
   if (o->softcap > 0) printf("softcap %g\n", o->softcap);
   if (o->alibi) printf("ALiBi\n");
-  printf("\n");
+  printf("\ncolumns: N KV length (tokens); batch sequences; d head dim; splits the KV splits of the call;\n"
+         "  reps timed runs; median_ms median time per call in milliseconds; KV_MiB K+V bytes read per call\n"
+         "  (MiB = 2^20 bytes); GB/s those bytes / median time (10^9 bytes/s); host_us host time of one call (us)\n\n");
   printf("%7s %5s %4s %5s %6s %4s %11s %10s %9s %8s\n", "N", "batch", "d", "dtype", "splits", "reps", "median_ms",
          "KV_MiB", "GB/s", "host_us");
 }
@@ -761,6 +830,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   if (o->have_dtype) dts = o->dtype;
   else tools_parse_dtype_list("f16", &dts);
   print_decode_header(ctx, o, hq, hkv, warmup, reps);
+  g_report.rows_total = dts.count * ds.count * batches.count * lens_list.count;
   for (int ti = 0; ti < dts.count; ++ti)
     for (int di = 0; di < ds.count; ++di)
       for (int bi = 0; bi < batches.count; ++bi)
@@ -769,7 +839,7 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
                                                    lens_list.v[li], hq, hkv, li);
           failures += decode_config(ctx, o, info, &s, reps, warmup);
         }
-  if (!o->csv && g_host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
+  if (report_text() && g_report.host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
   return failures ? 1 : 0;
 }
 
@@ -818,8 +888,13 @@ static void sparse_defaults(bench_opts *o, const flashcl_device_info *info, spar
 }
 
 static void print_sparse_header(const bench_opts *o, const sparse_setup *s) {
+  if (o->json) return; /* main wrote the document's start */
   if (!o->csv) {
     printf("flashcl-bench --block-sparse: mask blocks %d x %d, %s, d = %ld, non-causal, median of %ld%s\n\n"
+           "columns: N sequence length; batch, heads per call; density kept mask blocks / all;\n"
+           "  blocks/row kept blocks per row of blocks; pass fwd or bwd; median_ms median time per call in\n"
+           "  milliseconds; x dense time / time at the first density; x/density that ratio / density (1 = the\n"
+           "  time falls in proportion to the work)\n\n"
            "%6s %5s %5s %8s %9s %4s %10s %9s %11s\n",
            s->mb, s->mb, flashcl_dtype_name(s->dtype), s->d, s->reps,
            o->bwd ? (o->deterministic ? ", deterministic backward" : ", atomic-dQ backward") : "", "N", "batch",
@@ -865,11 +940,16 @@ static int time_sparse_pass(flashcl_context *ctx, const tools_attention_args *ar
                             double *median) {
   double times[1000];
   int got = 0, host_timer = 0, st = FLASHCL_SUCCESS;
-  for (long r = 0; st == FLASHCL_SUCCESS && r < reps + 1 && r < 1000; r++) {
+  const long runs = reps + 1 < 1000 ? reps + 1 : 1000;
+  for (long r = 0; st == FLASHCL_SUCCESS && r < runs; r++) {
     double ms = 0.0;
     st = tools_timed_call(ctx, pass, args, &ms, &host_timer);
     if (st == FLASHCL_SUCCESS && r > 0) times[got++] = ms;
+    if (r == 0) report_rep("warmup", 1, 1);
+    else report_rep("rep", r, runs - 1);
   }
+  report_clear();
+  if (host_timer) g_report.host_timer = 1;
   if (st != FLASHCL_SUCCESS || got == 0) {
     tools_print_error(stderr, ctx, pass == FLASHCL_PASS_BACKWARD ? "flashcl_attention_backward (block-sparse)"
                                                                   : "flashcl_attention_forward (block-sparse)", st);
@@ -886,6 +966,37 @@ typedef struct sparse_n {
   double dense_ms[2];
 } sparse_n;
 
+/* One --block-sparse row; med is NaN when the pass failed with `status`. */
+static void print_sparse_row(const bench_opts *o, const sparse_setup *s, const sparse_n *sn, int kk, int pi,
+                             double med, const char *status) {
+  const double real = (double)kk / sn->nb, ratio = med / sn->dense_ms[pi];
+  if (o->json) {
+    tools_json j;
+    report_json_row(&j);
+    tools_json_int(&j, "n", sn->n);
+    tools_json_int(&j, "d", s->d);
+    tools_json_str(&j, "dtype", flashcl_dtype_name(s->dtype));
+    tools_json_int(&j, "batch", sn->batch);
+    tools_json_int(&j, "heads", sn->heads);
+    tools_json_num(&j, "density", real);
+    tools_json_int(&j, "blocks_per_row", kk);
+    tools_json_str(&j, "pass", pi ? "bwd" : "fwd");
+    tools_json_num(&j, "median_ms", med);
+    tools_json_num(&j, "ratio_dense", ratio);
+    tools_json_str(&j, "status", status);
+    tools_json_close(&j);
+  } else if (isnan(med)) {
+    return; /* CSV and text: the error is on stderr */
+  } else if (o->csv) {
+    printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", sn->n, s->d, flashcl_dtype_name(s->dtype), sn->batch,
+           sn->heads, real, kk, pi ? "bwd" : "fwd", med, ratio);
+  } else {
+    printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", sn->n, sn->batch, sn->heads, real, kk,
+           pi ? "bwd" : "fwd", med, ratio, ratio / real);
+  }
+  fflush(stdout);
+}
+
 /* Times each pass at kk of nb blocks per row (density index di); returns the failures. */
 static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_setup *s, sparse_n *sn,
                         tools_attention_args *args, const uint32_t *bits, size_t words, int kk, int di) {
@@ -894,6 +1005,7 @@ static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_
                              words * sn->batch * sizeof *bits, (void *)bits, &err);
   flashcl_attention_desc desc;
   int failures = 0, st = mm ? FLASHCL_SUCCESS : err;
+  if (!mm) fprintf(stderr, "flashcl-bench: N = %ld: the block mask buffer: OpenCL error %d\n", sn->n, (int)err);
   flashcl_attention_desc_init(&desc);
   desc.kernel = o->kernel;
   desc.mask_kind = FLASHCL_MASK_BLOCK;
@@ -901,24 +1013,26 @@ static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_
   desc.mask_block_q = desc.mask_block_k = s->mb;
   desc.deterministic = o->deterministic;
   args->desc = &desc;
-  for (int pi = 0; pi < s->npass && st == FLASHCL_SUCCESS; pi++) {
-    double med = 0.0;
-    if (time_sparse_pass(ctx, args, pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, s->reps, &med)) {
-      failures++;
-      break;
-    }
-    const double real = (double)kk / sn->nb;
-    if (di == 0) sn->dense_ms[pi] = med;
-    if (o->csv)
-      printf("%ld,%ld,%s,%ld,%ld,%.4f,%d,%s,%.4f,%.4f\n", sn->n, s->d, flashcl_dtype_name(s->dtype), sn->batch,
-             sn->heads, real, kk, pi ? "bwd" : "fwd", med, med / sn->dense_ms[pi]);
-    else
-      printf("%6ld %5ld %5ld %8.4f %9d %4s %10.3f %9.3f %11.3f\n", sn->n, sn->batch, sn->heads, real, kk,
-             pi ? "bwd" : "fwd", med, med / sn->dense_ms[pi], med / sn->dense_ms[pi] / real);
-    fflush(stdout);
+  for (int pi = 0; pi < s->npass; pi++) {
+    double med = NAN;
+    report_row_start("block-sparse N=%ld density %.4f %s", sn->n, (double)kk / sn->nb, pi ? "bwd" : "fwd");
+    if (st == FLASHCL_SUCCESS)
+      st = time_sparse_pass(ctx, args, pi ? FLASHCL_PASS_BACKWARD : FLASHCL_PASS_FORWARD, s->reps, &med);
+    /* else the mask buffer, or the forward before this backward, failed */
+    report_count(st == FLASHCL_SUCCESS, tools_is_oom(st));
+    failures += st != FLASHCL_SUCCESS;
+    if (di == 0 && st == FLASHCL_SUCCESS) sn->dense_ms[pi] = med;
+    print_sparse_row(o, s, sn, kk, pi, st == FLASHCL_SUCCESS ? med : NAN,
+                     st == FLASHCL_SUCCESS ? "ok" : tools_is_oom(st) ? "OOM" : st == -1 ? "no runs" : flashcl_status_string(st));
   }
   if (mm) clReleaseMemObject(mm);
   return failures;
+}
+
+/* Blocks per row kept at a density: max(1, round(density * nb)), at most nb. */
+static int density_blocks(double density, int nb) {
+  const int kk = (int)(density * nb + 0.5);
+  return kk < 1 ? 1 : kk > nb ? nb : kk;
 }
 
 /* Every density at one sequence length n; returns the failures. */
@@ -934,6 +1048,13 @@ static int sparse_at_n(flashcl_context *ctx, const bench_opts *o, const sparse_s
   if (err != CL_SUCCESS) {
     fprintf(stderr, "flashcl-bench: N = %ld: allocation failed (%d)\n", n, (int)err);
     failures++;
+    for (int di = 0; di < s->nd; di++)
+      for (int pi = 0; pi < s->npass; pi++) {
+        report_row_start("block-sparse N=%ld", n);
+        report_count(0, tools_is_oom(err));
+        print_sparse_row(o, s, &sn, density_blocks(s->dens[di], sn.nb), pi, NAN,
+                         tools_is_oom(err) ? "OOM" : "allocation failed");
+      }
   } else {
     for (int i = 0; i < (o->bwd ? 9 : 4); i++)
       if (i == 4) flashcl_tensor_init_lse(&t[i], mem[i], 0, sn.batch, n, sn.heads);
@@ -944,9 +1065,7 @@ static int sparse_at_n(flashcl_context *ctx, const bench_opts *o, const sparse_s
     flashcl_mask_words(sn.nb, sn.nb, &words);
     uint32_t *bits = malloc(words * sn.batch * sizeof *bits);
     for (int di = 0; di < s->nd; di++) {
-      int kk = (int)(s->dens[di] * sn.nb + 0.5);
-      if (kk < 1) kk = 1;
-      if (kk > sn.nb) kk = sn.nb;
+      const int kk = density_blocks(s->dens[di], sn.nb);
       sparse_mask_bits(bits, sn.nb, kk, words, sn.batch);
       failures += time_density(ctx, o, s, &sn, &args, bits, words, kk, di);
     }
@@ -963,11 +1082,21 @@ static int run_block_sparse_bench(flashcl_context *ctx, bench_opts *o, const fla
   if (parse_densities(o->block_sparse, &s)) return 1;
   sparse_defaults(o, info, &s);
   print_sparse_header(o, &s);
+  g_report.rows_total = o->n.count * s.nd * s.npass;
   for (int ni = 0; ni < o->n.count; ni++) failures += sparse_at_n(ctx, o, &s, o->n.v[ni]);
   return failures ? 1 : 0;
 }
 
+/* What the table's columns mean (text mode, once, before the table). */
+static const char sweep_legend[] =
+    "columns: N sequence length; d head dim; batch, heads per call; pass fwd or bwd; algo flash or naive;\n"
+    "  Br x Bc the flash tiles (\"mma\": NVIDIA tensor cores); reps timed runs; median_ms median time\n"
+    "  per call in milliseconds; TFLOP/s 10^12 FLOP per second; io_MiB inputs + outputs, ws_MiB\n"
+    "  workspace, total_MiB both (MiB = 2^20 bytes); speedup naive median / flash median (flash rows);\n"
+    "  relL2 relative L2 difference flash vs naive; tuning: kernel family and where its settings came from\n";
+
 static void print_bench_header(const bench_opts *o, const char *devdesc) {
+  if (o->json) return; /* main wrote the document's start */
   if (o->csv) {
     printf("device,pass,n,d,dtype,causal,layout,batch,heads,heads_kv,algo,block_r,block_c,reps,median_ms,min_ms,"
            "tflops,io_bytes,workspace_bytes,total_bytes,speedup,rel_l2,status,family,kernel,tuning_source\n");
@@ -981,8 +1110,8 @@ static void print_bench_header(const bench_opts *o, const char *devdesc) {
     if (o->alibi) printf(", ALiBi");
     if (o->page_size) printf(", K/V in pages of %ld (identity block table)", o->page_size);
     if (o->bwd) printf(", %s backward", o->deterministic ? "deterministic" : "atomic-dQ");
-    printf("\n\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", "N", "d", "dtype",
-           "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
+    printf("\n\n%s\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", sweep_legend, "N",
+           "d", "dtype", "causal", "batch", "heads", "pass", "algo", "Br x Bc", "reps", "median_ms", "TFLOP/s", "io_MiB",
            "ws_MiB", "total_MiB", "speedup", "relL2", "tuning (family, source)");
   }
   fflush(stdout);
@@ -1040,6 +1169,43 @@ static void print_row_csv(const bench_opts *o, const flashcl_device_info *info, 
          r->have_cfg ? r->cfg.kernel : "", r->have_cfg ? r->cfg.origin : "");
 }
 
+/* The CSV columns as one JSON object; null where the CSV leaves a field empty. */
+static void print_row_json(const bench_opts *o, const flashcl_device_info *info, const bench_config *c, const row *r,
+                           const row_stats *rs) {
+  const int br = r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0;
+  const int bc = r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0;
+  tools_json j;
+  report_json_row(&j);
+  tools_json_str(&j, "device", info->device_name);
+  tools_json_str(&j, "pass", rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd");
+  tools_json_int(&j, "n", c->n);
+  tools_json_int(&j, "d", c->d);
+  tools_json_str(&j, "dtype", flashcl_dtype_name(c->dtype));
+  tools_json_int(&j, "causal", c->causal);
+  tools_json_str(&j, "layout", o->bhnd ? "bhnd" : "bnhd");
+  tools_json_int(&j, "batch", c->batch);
+  tools_json_int(&j, "heads", c->heads);
+  tools_json_int(&j, "heads_kv", c->heads_kv);
+  tools_json_str(&j, "algo", tools_algo_name(r->algo));
+  tools_json_num(&j, "block_r", br ? br : NAN);
+  tools_json_num(&j, "block_c", bc ? bc : NAN);
+  tools_json_int(&j, "reps", r->reps);
+  tools_json_num(&j, "median_ms", r->ran ? r->median_ms : NAN);
+  tools_json_num(&j, "min_ms", r->ran ? r->min_ms : NAN);
+  tools_json_num(&j, "tflops", r->ran ? rs->tflops : NAN);
+  tools_json_int(&j, "io_bytes", (long long)rs->io);
+  tools_json_int(&j, "workspace_bytes", (long long)r->workspace);
+  tools_json_int(&j, "total_bytes", (long long)(rs->io + r->workspace));
+  tools_json_num(&j, "speedup", rs->speedup);
+  tools_json_num(&j, "rel_l2", rs->have_rel ? rs->rel : NAN);
+  tools_json_str(&j, "status", r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status));
+  tools_json_int(&j, "status_code", r->status);
+  tools_json_str(&j, "family", r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : NULL);
+  tools_json_str(&j, "kernel", r->have_cfg ? r->cfg.kernel : NULL);
+  tools_json_str(&j, "tuning_source", r->have_cfg ? r->cfg.origin : NULL);
+  tools_json_close(&j);
+}
+
 static void print_row_text(const bench_config *c, const row *r, const row_stats *rs) {
   char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
   if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
@@ -1064,6 +1230,28 @@ static void print_row_text(const bench_config *c, const row *r, const row_stats 
          r->have_cfg ? r->cfg.origin : "");
 }
 
+/* Best FLOP per ms seen so far per (algo, pass), for the estimate before a row. */
+static double g_rate[8][2];
+
+/* Starts a row's progress label and, from the earlier rows' rate, its estimate. */
+static void start_row(const bench_opts *o, const bench_config *c, const row *r, double flops) {
+  const int a = r->algo & 7, p = r->pass == FLASHCL_PASS_BACKWARD;
+  report_row_start("N=%ld d=%ld %s causal=%d %s %s", c->n, c->d, flashcl_dtype_name(c->dtype), c->causal,
+                   tools_algo_name(r->algo), p ? "bwd" : "fwd");
+  if (g_rate[a][p] > 0) {
+    const double call_s = flops / g_rate[a][p] / 1e3;
+    const double timed = (double)o->reps * call_s < o->budget_s + call_s ? (double)o->reps * call_s
+                                                                         : o->budget_s + call_s;
+    report_estimate((double)(o->warmup + p) * call_s + timed);
+  }
+}
+
+/* After a row: its rate for later estimates, and the run's counts. */
+static void finish_row(const row *r, double flops) {
+  const int a = r->algo & 7, p = r->pass == FLASHCL_PASS_BACKWARD;
+  if (r->ran && r->median_ms > 0 && flops / r->median_ms > g_rate[a][p]) g_rate[a][p] = flops / r->median_ms;
+}
+
 /* Runs and prints every --algo row of one pass. Counts the rows that failed
  * other than by OOM; returns 1 when one of them may have broken the context. */
 static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, const bench_config *c,
@@ -1078,12 +1266,14 @@ static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_dev
     rows[ai].pass = pass;
     if (rows[ai].algo == FLASHCL_ALGO_FLASH && flash_i < 0) flash_i = ai;
     if (rows[ai].algo == FLASHCL_ALGO_NAIVE && naive_i < 0) naive_i = ai;
+    start_row(o, c, &rows[ai], flops);
     if (alloc_status) {
       rows[ai].status = alloc_status;
       rows[ai].oom = tools_is_oom(alloc_status);
     } else {
       run_row(ctx, o, bufs, c->causal, info->global_mem_size, scratch, &rows[ai]);
     }
+    finish_row(&rows[ai], flops);
   }
   for (int ai = 0; ai < o->algo.count; ++ai) {
     const row *r = &rows[ai];
@@ -1094,7 +1284,15 @@ static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_dev
       if (!tools_is_validation_error(r->status)) need_reset = 1;
     }
     if (ai == flash_i) compare_with_naive(r, naive_i >= 0 ? &rows[naive_i] : NULL, &rs);
-    if (o->csv) print_row_csv(o, info, c, r, &rs);
+    report_count(r->ran, r->oom);
+    if (ai == flash_i && !isnan(rs.speedup)) {
+      char label[160];
+      snprintf(label, sizeof label, "N=%ld d=%ld %s causal=%d %s", c->n, c->d, flashcl_dtype_name(c->dtype),
+               c->causal, pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd");
+      report_speedup(rs.speedup, label);
+    }
+    if (o->json) print_row_json(o, info, c, r, &rs);
+    else if (o->csv) print_row_csv(o, info, c, r, &rs);
     else print_row_text(c, r, &rs);
   }
   fflush(stdout);
@@ -1134,6 +1332,7 @@ static int recreate_context(const flashcl_context_options *options, flashcl_cont
   *ctx = NULL;
   const int st = flashcl_context_create(options, ctx);
   if (st == FLASHCL_SUCCESS) return 0;
+  *ctx = NULL;
   fprintf(stderr,
           "flashcl-bench: cannot recreate the context (%s, %d): the driver keeps failing after the device\n"
           "error (NVIDIA's does, for the whole process); the remaining configurations were not run\n",
@@ -1170,16 +1369,18 @@ static int run_sweep(flashcl_context **ctx, const flashcl_context_options *optio
   apply_defaults(o, info->is_gpu);
   tools_describe_device(*ctx, devdesc, sizeof devdesc);
   print_bench_header(o, devdesc);
+  const int rows_per_config = o->algo.count * (o->bwd ? 2 : 1);
+  g_report.rows_total = o->d.count * o->dtype.count * o->causal.count * o->n.count * rows_per_config;
   for (int di = 0; di < o->d.count; ++di)
     for (int ti = 0; ti < o->dtype.count; ++ti)
       for (int ci = 0; ci < o->causal.count; ++ci)
         for (int ni = 0; ni < o->n.count; ++ni) {
           bench_config c;
-          if (make_config(o, ni, di, ti, ci, &c) && run_config(*ctx, o, info, &c, failures) &&
-              recreate_context(options, ctx))
+          if (!make_config(o, ni, di, ti, ci, &c)) report_skip(rows_per_config);
+          else if (run_config(*ctx, o, info, &c, failures) && recreate_context(options, ctx))
             return 2;
         }
-  if (!o->csv && g_host_timer)
+  if (report_text() && g_report.host_timer)
     printf("\nnote: the queue gave no usable profiling timestamps; times are host wall-clock.\n");
   return 0;
 }
@@ -1205,14 +1406,18 @@ int main(int argc, char **argv) {
   if (parsed != ARGS_OK) return 1;
 
   if (tools_open_context("flashcl-bench", o.device, o.verbose, &options, &ctx, &info)) return 2;
+  report_init(o.csv, o.json, o.quiet);
+  if (o.json) report_json_begin(o.block_sparse ? "block-sparse" : o.decode ? "decode" : "sweep", ctx);
   if (o.block_sparse) st = run_block_sparse_bench(ctx, &o, &info);
   else if (o.decode) st = run_decode_bench(ctx, &o, &info);
-  else if ((st = run_sweep(&ctx, &options, &o, &info, &failures)) != 0) return st; /* no context left */
-  flashcl_context_destroy(ctx);
+  else st = run_sweep(&ctx, &options, &o, &info, &failures); /* 2: no context left */
+  if (ctx) flashcl_context_destroy(ctx);
   if (failures) {
     fprintf(stderr, "flashcl-bench: %d row(s) failed with an error other than out-of-memory (see above)\n",
             failures);
-    return 1;
+    if (!st) st = 1;
   }
+  if (o.json) report_json_end(st);
+  else if (!o.csv) report_summary_text();
   return st;
 }

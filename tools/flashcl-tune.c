@@ -20,12 +20,13 @@
 
 #include "args.h"
 #include "common.h"
+#include "json.h"
 #include "tune_decode.h"
 #include "tune_file.h"
 
 typedef struct tune_opts {
   const char *device, *output, *params;
-  int pass[3], all, any_pass, fresh, csv, verbose, list, dry_run, quiet, gpu;
+  int pass[3], all, any_pass, fresh, csv, json, verbose, list, dry_run, quiet, gpu;
   tools_list d, dtype, causal, atomic, n, dec_n, families;
   int have_d, have_dtype, have_causal, have_atomic, have_n, have_dec_n, have_families;
   long budget_s, reps, warmup, passes, batch_tokens, hidden, dec_batch, dec_calls;
@@ -71,6 +72,8 @@ static void usage(FILE *f) {
           "  --fresh               ignore an existing journal (default: resume from it)\n"
           "  --dry-run             search and report, write nothing\n"
           "  --csv                 one CSV row per problem on stdout, no progress line\n"
+          "  --json                one JSON object on stdout instead, no progress line: \"device\",\n"
+          "                        \"problems\" (the CSV columns and a \"status\") and \"summary\"\n"
           "  --quiet               no progress line\n"
           "  --device SPEC         \"<platform>:<device>\" or a name substring\n"
           "  --verbose             every candidate, and library diagnostics, on stderr\n");
@@ -117,6 +120,7 @@ static args_status parse_args(int argc, char **argv, tune_opts *o) {
       {.name = "--fresh", .kind = ARG_FLAG, .dest = &o->fresh},
       {.name = "--dry-run", .kind = ARG_FLAG, .dest = &o->dry_run},
       {.name = "--csv", .kind = ARG_FLAG, .dest = &o->csv},
+      {.name = "--json", .kind = ARG_FLAG, .dest = &o->json},
       {.name = "--quiet", .kind = ARG_FLAG, .dest = &o->quiet},
       {.name = "--list", .kind = ARG_FLAG, .dest = &o->list},
       {.name = "--verbose", .alias = "-v", .kind = ARG_FLAG, .dest = &o->verbose},
@@ -125,6 +129,10 @@ static args_status parse_args(int argc, char **argv, tune_opts *o) {
   memset(o, 0, sizeof *o);
   o->warmup = 1, o->passes = 2, o->kernel = FLASHCL_KERNEL_AUTO;
   const args_status st = args_parse(argc, argv, "flashcl-tune", table, ARGS_COUNT(table));
+  if (st == ARGS_OK && o->csv && o->json) {
+    fprintf(stderr, "flashcl-tune: --csv and --json are mutually exclusive\n");
+    return ARGS_BAD_VALUE;
+  }
   /* Pass flags add up; --all, or none of them, means every pass. */
   if (o->all || !o->any_pass) o->pass[0] = o->pass[1] = o->pass[2] = 1;
   return st;
@@ -215,7 +223,42 @@ typedef struct run_state {
   double t0, budget_end;
   int index, total, finished, tty;
   double finished_ms;
+  int json_rows; /* --json: problems written */
 } run_state;
+
+/* --json: the separator and the start of the next problem's object. */
+static void json_problem(run_state *rs, tools_json *j, const char *problem, const char *status) {
+  fputs(rs->json_rows++ ? ",\n" : "\n", stdout);
+  tools_json_open(j, stdout);
+  tools_json_str(j, "device", rs->devdesc);
+  tools_json_str(j, "problem", problem);
+  tools_json_str(j, "status", status);
+}
+
+/* --json: one tuned problem, the CSV's columns. */
+static void report_json(run_state *rs, const tune_result *r, const tune_done *d) {
+  tools_json j;
+  json_problem(rs, &j, d->problem, "ok");
+  tools_json_str(&j, "family", flashcl_tuning_family_name(r->family));
+  tools_json_str(&j, "kernel", r->best_kernel);
+  tools_json_bool(&j, "changed", r->changed);
+  tools_json_num(&j, "start_ms", r->base_ms);
+  tools_json_num(&j, "tuned_ms", r->best_ms);
+  tools_json_num(&j, "tuned_over_start", r->best_ms / r->base_ms);
+  tools_json_num(&j, "start_noise", r->base_noise);
+  tools_json_num(&j, "tuned_noise", r->best_noise);
+  tools_json_int(&j, "rounds_faster", r->best_wins);
+  tools_json_int(&j, "rounds", r->rounds);
+  tools_json_int(&j, "timed", r->tried);
+  tools_json_int(&j, "wrong", r->wrong);
+  tools_json_int(&j, "cannot_run", r->infeasible);
+  tools_json_int(&j, "duplicates", r->duplicate);
+  tools_json_num(&j, "max_rel_l2", r->max_rel);
+  tools_json_bool(&j, "budget_cut", r->timed_out);
+  tools_json_str(&j, "entry", d->entry);
+  tools_json_close(&j);
+  fflush(stdout);
+}
 
 static void fmt_dur(double s, char *buf, size_t cap) {
   if (s < 0) s = 0;
@@ -282,8 +325,12 @@ static int family_wanted(const tune_opts *o, flashcl_tuning_family f) {
   return 0;
 }
 
-static void report(const run_state *rs, const tune_result *r, const tune_done *d) {
+static void report(run_state *rs, const tune_result *r, const tune_done *d) {
   const double ratio = r->best_ms / r->base_ms;
+  if (rs->o->json) {
+    report_json(rs, r, d);
+    return;
+  }
   if (rs->o->csv) {
     printf("\"%s\",\"%s\",%s,%s,%d,%.6f,%.6f,%.4f,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%d,\"%s\"\n", rs->devdesc,
            d->problem, flashcl_tuning_family_name(r->family), r->best_kernel, r->changed, r->base_ms, r->best_ms, ratio,
@@ -328,6 +375,12 @@ static int run_problem(run_state *rs, const tune_shape *s, double deadline, tune
     char what[300];
     snprintf(what, sizeof what, "[%d/%d] %s", rs->index, rs->total, d->problem);
     tools_print_error(stderr, rs->ctx, what, st);
+    if (rs->o->json) {
+      tools_json j;
+      json_problem(rs, &j, d->problem, flashcl_status_string(st));
+      tools_json_int(&j, "status_code", st);
+      tools_json_close(&j);
+    }
     return st;
   }
   if (tune_entry_line(s, &r, shape_nmax(rs->o, s), d->entry, sizeof d->entry)) return FLASHCL_ERROR_INTERNAL;
@@ -419,8 +472,24 @@ static int finish(run_state *rs, const char *out, const char *journal, const cha
   }
   remove(journal);
   if (verify_file(rs, out, ndone)) return 1;
-  if (!rs->o->csv) printf("wrote %s (%d entries); a new context loads it\n", out, ndone);
+  if (!rs->o->csv && !rs->o->json) printf("wrote %s (%d entries); a new context loads it\n", out, ndone);
   return 0;
+}
+
+/* --json: the summary and the document's end. */
+static void json_end(const run_state *rs, int tuned, int failures, const char *out, int rc) {
+  tools_json j;
+  fputs("\n],\"summary\":", stdout);
+  tools_json_open(&j, stdout);
+  tools_json_int(&j, "problems", rs->total);
+  tools_json_int(&j, "tuned", tuned);
+  tools_json_int(&j, "failed", failures);
+  tools_json_num(&j, "total_s", (tools_now_ms() - rs->t0) / 1e3);
+  tools_json_str(&j, "output", out);
+  tools_json_int(&j, "exit_status", rc);
+  tools_json_close(&j);
+  fputs("}\n", stdout);
+  fflush(stdout);
 }
 
 int main(int argc, char **argv) {
@@ -463,14 +532,20 @@ int main(int argc, char **argv) {
     const char *why = NULL;
     const int got = tune_journal_load(journal, header, &done, &ndone, &why);
     if (got < 0) fprintf(stderr, "flashcl-tune: not resuming from %s: %s\n", journal, why);
-    else if (got > 0 && !o.csv) printf("resuming: %d problem(s) already tuned in %s\n", got, journal);
+    else if (got > 0 && !o.csv && !o.json) printf("resuming: %d problem(s) already tuned in %s\n", got, journal);
   }
   if (!o.dry_run && !ndone && tune_journal_start(journal, header))
     fprintf(stderr, "flashcl-tune: cannot write the journal %s: an interrupted run will start over\n", journal);
-  rs.tty = !o.csv && !o.quiet && isatty(2);
+  rs.tty = !o.csv && !o.json && !o.quiet && isatty(2);
   rs.t0 = tools_now_ms();
   rs.budget_end = rs.t0 + 1e3 * (double)o.budget_s;
-  if (o.csv)
+  if (o.json) {
+    tools_json j;
+    tools_json_open(&j, stdout);
+    tools_json_str(&j, "tool", "flashcl-tune");
+    tools_json_device(&j, "device", rs.ctx);
+    fputs(",\"problems\":[", stdout);
+  } else if (o.csv)
     printf("device,problem,family,kernel,changed,start_ms,tuned_ms,tuned_over_start,start_noise,tuned_noise,rounds_faster,"
            "rounds,timed,wrong,cannot_run,duplicates,max_rel_l2,budget_cut,entry\n");
   else
@@ -480,7 +555,8 @@ int main(int argc, char **argv) {
   const int failures = run_all(&rs, shapes, nshapes, o.dry_run ? NULL : journal, &done, &ndone);
   int rc = failures ? 1 : 0;
   if (!o.dry_run && rs.ctx && ndone) rc |= finish(&rs, out, journal, header, done, ndone, argc, argv);
-  if (!o.csv) {
+  if (o.json) json_end(&rs, ndone, failures, o.dry_run ? NULL : out, rc);
+  else if (!o.csv) {
     char e[32];
     fmt_dur((tools_now_ms() - rs.t0) / 1e3, e, sizeof e);
     printf("%d problem(s) tuned in %s%s\n", ndone, e, failures ? ", with failures (see above)" : "");
