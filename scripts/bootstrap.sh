@@ -11,6 +11,7 @@ set -euo pipefail
 packages=(ocl-icd-opencl-dev opencl-c-headers pocl-opencl-icd libclblast-dev libcmocka-dev cmake)
 command -v cc >/dev/null 2>&1 || packages+=(build-essential)
 command -v make >/dev/null 2>&1 || packages+=(make)
+# pkg-config: the CTest test install_check builds examples/forward.c with it.
 command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
