@@ -1025,6 +1025,7 @@ static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_
     print_sparse_row(o, s, sn, kk, pi, st == FLASHCL_SUCCESS ? med : NAN,
                      st == FLASHCL_SUCCESS ? "ok" : tools_is_oom(st) ? "OOM" : st == -1 ? "no runs" : flashcl_status_string(st));
   }
+  args->desc = NULL; /* desc dies with this call */
   if (mm) clReleaseMemObject(mm);
   return failures;
 }
