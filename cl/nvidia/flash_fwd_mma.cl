@@ -93,6 +93,9 @@
  *   RESCALE_THRESHOLD  float, log2 units: the running max (and with it O and l)
  *                is only moved when a row's max grows by more than this; 0.0f
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
+ *
+ * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernel, which
+ * uses it, exists only then; mma_ptx.cl and mma_scores.cl likewise).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -163,6 +166,9 @@
 #endif
 #if USE_PTX && !PROBE_ONLY && !defined(MMA_SCORES_CL)
 #error "flash_fwd_mma.cl needs mma_scores.cl compiled first in the same program"
+#endif
+#if USE_PTX && !PROBE_ONLY && !defined(SEQ_BOUNDS_CL)
+#error "flash_fwd_mma.cl needs seq_bounds.cl compiled first in the same program"
 #endif
 #if MASK && USE_PTX && !defined(MASK_MMA_CL)
 #error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
@@ -294,34 +300,23 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  int nq = seqlen_q, nk = seqlen_k;
-  long bq = b, row_q = 0, row_k = 0;
-#if VARLEN
-  {
-    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    nq = min(max(qe - qs, 0), seqlen_q);
-    row_q = qs;
-    bq = 0;
-#if !PAGED_KV /* a paged source takes its key counts from kv_lens (below) */
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
-    nk = min(max(ke - ks, 0), seqlen_k);
-    row_k = ks;
-#endif
-  }
-#endif
-  if (q0 >= nq) return; /* whole work-group leaves together */
+  /* A paged source takes its key count from kv_lens, read only by work-groups
+   * that have queries (below). */
+  fcl_seq seq = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  const long bq = seq.bb, row_q = seq.q_row, row_k = seq.k_row;
+  if (q0 >= seq.nq) return; /* whole work-group leaves together */
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
 #if PAGED_KV
   __global const int *bt = block_table + (long)b * max_pages;
-  nk = clamp(kv_lens[b], 0, seqlen_k);
+  seq = fcl_seq_paged_keys(seq, kv_lens, b, seqlen_k);
   const long kbase = k_off + (long)hk * k_sh; /* rows come from the block table (TILE_PAGES) */
   const long vbase = v_off + (long)hk * v_sh;
 #else
   const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
 #endif
-  const int diag = nk - nq;
+  const int nq = seq.nq, nk = seq.nk, diag = seq.diag;
   const uint sbase = SADDR(smem);
   const uint kbuf = sbase + Q_ROWS * SWZ_ROW * 16, vbuf = kbuf + BLOCK_C * SWZ_ROW * 16;
   const int lc = tid % CH, lr = tid / CH; /* used where LREG */

@@ -57,6 +57,9 @@
  *   NWG          warpgroups per work-group
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP   as in flash_fwd_mma.cl
  *   RESCALE_THRESHOLD  as in flash_fwd_mma.cl
+ *
+ * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernel's body,
+ * which uses it, exists only then; mma_ptx.cl and mma_scores.cl likewise).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -121,6 +124,9 @@
 #endif
 #if !PROBE_ONLY && !defined(MMA_SCORES_CL)
 #error "flash_fwd_wgmma.cl needs mma_scores.cl compiled first in the same program"
+#endif
+#if !PROBE_ONLY && !defined(SEQ_BOUNDS_CL)
+#error "flash_fwd_wgmma.cl needs seq_bounds.cl compiled first in the same program"
 #endif
 
 /* The marker the host deletes from the PTX (see the banner). */
@@ -265,25 +271,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  int nq = seqlen_q, nk = seqlen_k;
-  long bq = b, row_q = 0, row_k = 0;
-#if VARLEN
-  {
-    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);
-    nq = min(max(qe - qs, 0), seqlen_q);
-    row_q = qs;
-    bq = 0;
-    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);
-    nk = min(max(ke - ks, 0), seqlen_k);
-    row_k = ks;
-  }
-#endif
+  const fcl_seq seq = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  const int nq = seq.nq, nk = seq.nk;
+  const long bq = seq.bb, row_q = seq.q_row, row_k = seq.k_row;
   if (q0 >= nq) return; /* whole work-group leaves together */
 
   const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
   const long kbase = k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
   const long vbase = v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
-  const int diag = nk - nq;
+  const int diag = seq.diag;
   const uint sq = (SADDR(smem) + 1023u) & ~1023u;
   const uint skv = sq + Q_BYTES; /* two K buffers, then two V buffers */
 

@@ -89,7 +89,7 @@ void fcl_print_build_log(flashcl_context *ctx, cl_kernel kern, const char *name,
 /* The text of every source part of a program. `files` names one source, or
  * several joined by '+' that are compiled as one program in that order (e.g.
  * "philox.cl+flash_bwd.cl"). */
-enum { FCL_MAX_PARTS = 6 };
+enum { FCL_MAX_PARTS = 8 };
 typedef struct fcl_sources {
   cl_uint parts;
   const char *text[FCL_MAX_PARTS];

@@ -50,7 +50,7 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
            (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen,
            atomic || splits > 0, splits > 0, c.qbuf, c.vec_red, c.v_in_smem, p->dropout, variants,
            extra ? " " : "", extra ? extra : "");
-  char src[96];
+  char src[128];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
   L->dq = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||

@@ -89,7 +89,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
 }
 
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap) {
-  snprintf(buf, cap, "mma_ptx.cl+%s%smma_scores.cl+%s", p->dropout ? "philox.cl+" : "",
+  snprintf(buf, cap, "mma_ptx.cl+%s%smma_scores.cl+seq_bounds.cl+%s", p->dropout ? "philox.cl+" : "",
            p->mask_kind ? "mask.cl+mask_mma.cl+" : "", kernel_file);
 }
 
@@ -111,7 +111,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
            (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, causal, p->varlen,
            p->dropout, p->paged_kv ? fcl_page_shift(p->kv_page_size) : -1, variants, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
-  char src[96];
+  char src[128];
   fcl_mma_sources(p, "flash_fwd_mma.cl", src, sizeof src);
   st = fcl_get_kernel(ctx, src, opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;

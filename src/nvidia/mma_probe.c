@@ -35,7 +35,7 @@ unsigned short fcl_small_int_half(int x) {
 /* Runs mma_probe; returns 1 if it is exact, else 0 with ctx->mma_reason set. */
 static int fcl_mma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
+  flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+seq_bounds.cl+flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
   if (st != FLASHCL_SUCCESS) {
     /* Keep the start of the build log: it says which instruction was refused. */
     char msg[400];

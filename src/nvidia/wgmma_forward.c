@@ -47,7 +47,7 @@ static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
 
 static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
+  flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+seq_bounds.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
                                            "wgmma_probe", &fcl_sm90a_route, &kern);
   if (st != FLASHCL_SUCCESS) {
     char msg[400];
@@ -153,7 +153,7 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
            (int)p->dtype, p->head_dim, c.block_c, c.nwg, causal, p->varlen, variants, extra ? " " : "",
            extra ? extra : "");
   cl_kernel kern;
-  char src[96];
+  char src[128];
   fcl_mma_sources(p, "flash_fwd_wgmma.cl", src, sizeof src);
   st = fcl_get_kernel_retargeted(ctx, src, opts, "flash_fwd_wgmma", &fcl_sm90a_route, &kern);
   if (st != FLASHCL_SUCCESS) return st;
