@@ -654,7 +654,7 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
 static int decode_fill(cl_command_queue queue, const decode_shape *s, const decode_bufs *u) {
   /* 16-bit data is filled with a 4-byte pattern of two elements: NVIDIA's
    * driver never finished a 2-byte-pattern fill of a 4 GiB buffer (the batch
-   * 64, 32K-token caches), a 4-byte one takes 3 ms. kv_elems is even (d is a
+   * 64, 32K-token caches), while a 4-byte one is quick. kv_elems is even (d is a
    * multiple of 8). */
   const cl_ushort h = s->dt == FLASHCL_F16 ? 0x2000 : 0x3c00;
   const cl_uint pat16 = (cl_uint)h | ((cl_uint)h << 16);

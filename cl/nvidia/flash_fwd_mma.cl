@@ -85,8 +85,8 @@
  *   PAGED_EARLY  1 (the default with PAGED_KV and KV_STAGES = 2): the next tile's
  *                block-table entries are read right after the barrier, into
  *                registers, and its cp.async requests go out after S = Q K^T, so
- *                the table read's latency hides behind the mma (measured 8-12%
- *                faster than reading the table in front of each request, 0)
+ *                the table read's latency hides behind the mma (faster than
+ *                reading the table in front of each request, 0; BENCHMARKS.md)
  *   PAGE_SHIFT   log2 of the page size when it is a power of two (the page_size
  *                argument must then equal it): a shift instead of a division
  *                per row; -1: any page size
@@ -541,7 +541,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
        * exact in fp16/bf16 up to their usual relative rounding). The result is
        * the same, since l and O share the pivot, and after a row's first
        * visible tile its max seldom grows by 8, so nearly every tile skips the
-       * O *= alpha pass (measured 4% faster at d = 128, N = 8K). The vote keeps
+       * O *= alpha pass (BENCHMARKS.md, "Lazy rescaling"). The vote keeps
        * the skip warp-uniform. */
       if (warp_any(grow)) {
         #pragma unroll

@@ -4,7 +4,8 @@
  *
  * Why a second tensor-core forward: mma.sync (flash_fwd_mma.cl) feeds each warp's
  * tensor core from registers that ldmatrix fills, so every 16x8x16 product costs
- * local-memory traffic and issue slots; on the H100 it tops out near 350 TFLOP/s.
+ * local-memory traffic and issue slots, which cap it well below the tensor
+ * cores' peak on the H100 (BENCHMARKS.md).
  * wgmma lets a warpgroup (4 warps, 128 work-items) multiply 64 rows by a whole
  * tile read straight from local memory through a descriptor, asynchronously.
  *
@@ -29,7 +30,7 @@
  * Within a warpgroup the three steps run in turn; the tensor cores stay busy
  * with the other warpgroups' products meanwhile, which is why three warpgroups
  * beat two. (Issuing S of the next tile and P V before the softmax, to overlap
- * them inside one warpgroup, measured 8-40% slower on the H100: BENCHMARKS.md.)
+ * them inside one warpgroup, was slower on the H100: BENCHMARKS.md.)
  *
  * Local memory layout (the wgmma "128-byte swizzle" canonical layout): a tile of
  * R rows x HEAD_DIM columns is HEAD_DIM / 64 regions of R x 64 elements; region
@@ -434,8 +435,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
       FINISH_P()
       /* ptxas moves some of FINISH_P's packing below this fence and injects
        * its own warpgroup.arrive before those P V products (info C7519).
-       * Fencing oacc and pf here instead removes the notes but measured 5-11%
-       * slower (d = 128, N = 8K), so the compiler's placement stays. */
+       * Fencing oacc and pf here instead removes the notes but ran slower
+       * (BENCHMARKS.md), so the compiler's placement stays. */
       wg_fence();
       _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
           WG_RS(HEAD_DIM)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));

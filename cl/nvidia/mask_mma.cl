@@ -34,7 +34,7 @@
  * nor computed) and for this warp's rows (any_w; all_w: every bit set, so no
  * per-score test). Reading the mask once per 32 tiles, in parallel, rather than
  * with a few dependent loads per tile, is what keeps its cost small: per-tile
- * scans made a dense block mask 40% slower at N = 16K. */
+ * scans made a dense block mask far slower (BENCHMARKS.md, "Block masks"). */
 typedef struct mask_geom {
   __global const uint *m; /* this (sequence, head)'s bit matrix */
   int words;              /* per mask row */

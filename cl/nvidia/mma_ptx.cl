@@ -87,7 +87,7 @@ inline uint warp_ballot(int p) {
 }
 /* 1 in every lane if p is non-zero in any lane of the warp. Its own vote.any
  * rather than warp_ballot(p) != 0: the forward's lazy rescale calls it per tile,
- * and the ballot form measured 2-3% slower at d = 128, N = 2K-4K on the H100. */
+ * and the ballot form was slower on the H100 (BENCHMARKS.md). */
 inline int warp_any(int p) {
   int r;
   asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.s32 q, %1, 0;\n\tvote.sync.any.pred q, q, 0xffffffff;\n\tselp.s32 %0, 1, 0, q;\n\t}"
@@ -101,7 +101,7 @@ inline float fast_exp2(float x) {
   return r;
 }
 /* tanh x = 1 - 2 / (e^2x + 1): one ex2 and one reciprocal (both approximate to
- * a few ulp; an IEEE division was 20% slower in the forward at N = 8K), with the
+ * a few ulp; an IEEE division slowed the whole forward down), with the
  * limits +-1 exact (e^2x overflows to inf or underflows to 0). Absolute error
  * ~1e-7 near 0, where the score is small anyway (the logit softcap). */
 inline float tanh_ex2(float x) { return 1.0f - 2.0f * native_recip(fast_exp2(x * 2.8853900817779268f) + 1.0f); }

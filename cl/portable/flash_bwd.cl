@@ -1163,10 +1163,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
 }
 
 /* Global (HEAD_DIM / 8, padded_q, seqs * heads_q): eight elements per
- * work-item. The conversion is memory-bound. One element per work-item left the
- * H100 at a third of its bandwidth; with per-element 2-byte stores, four per
- * work-item still took ~0.35 ms for an 8K x 32-head fp16 dQ, about five times
- * the copy time. Hence 16-byte stores where DQ_VEC allows them. */
+ * work-item. The conversion is memory-bound. One element per work-item, and
+ * four with per-element 2-byte stores, stayed far below the copy bandwidth on
+ * the H100 (BENCHMARKS.md, "Atomic-mode dQ conversion"): the stores, not the
+ * arithmetic, set its speed. Hence 16-byte stores where DQ_VEC allows them. */
 __kernel void bwd_dq_store(__global const float *dq_acc, TENSOR(dq), int padded_q, int heads_q,
                            __global const int *cu_q, int total_q, int splits) {
   const int x = 8 * get_global_id(0), i = get_global_id(1), bh = get_global_id(2);

@@ -316,7 +316,8 @@ static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num
   size_t global[3] = {(size_t)L->threads * p->splits, (size_t)p->heads_kv * p->row_blocks, (size_t)p->batch};
   size_t local[3] = {(size_t)L->threads, 1, 1};
   /* Events only where something waits on them: with profiling on, an event costs
-   * the NVIDIA driver ~8 us of host time per enqueue (a third of a short call). */
+   * the NVIDIA driver host time per enqueue, a large share of a short call
+   * (BENCHMARKS.md). */
   cl_event ev = NULL, done = NULL;
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->kern, 3, NULL, global, local, nwait, wait,
                                       split ? (L->in_order ? NULL : &ev) : out_event ? &done : NULL);

@@ -67,26 +67,26 @@
 #define FCL_DEC_MAX_ROWS 8
 #define FCL_DEC_KPT 2
 #define FCL_DEC_WG_PER_CU 4
-/* The cp.async path: 3 stages, 2 work-groups per compute unit. On the H100
- * (q_len 1, 32:8 heads, d = 128, batch 1, 32K keys, back-to-back calls) that is
- * 71% of copy bandwidth, against 66-67% at 4 per CU (3 or 4 stages alike) and
- * 63% for the register path; 2 stages 65%, 1 key per work-item 54-65%. */
+/* The cp.async path: 3 stages, 2 work-groups per compute unit: on the H100
+ * (one token, 32:8 heads, d = 128, batch 1, 32K keys) the largest share of copy
+ * bandwidth, above 4 per CU (3 or 4 stages alike), 2 stages, 1 key per
+ * work-item and the register path (BENCHMARKS.md). */
 #define FCL_DEC_STAGES 3
 #define FCL_DEC_WG_PER_CU_ASYNC 2
-/* The tensor-core kernel (cl/nvidia/decode_mma.cl). Measured on the H100 (32:8 heads,
- * d = 128, 32K and 128K keys, batch 1 and 8, back-to-back calls): it beats the
- * cp.async kernel at every row count, by 1-6% at 4 rows (one token) and by
- * 1.5x, 2.6x, 5.9x and 6x at 8, 16, 36 and 64 rows (2, 4, 9 and 16 tokens).
- * Planned with one warp per m-tile (16-key tiles) and 4 work-groups per CU;
- * 2 stages at d = 128 up to 32 rows (3 were 1-2% slower at 4 and 16 rows),
- * 3 at d = 64 (17% faster than 2) and at 64 rows (10% faster). At 33-48 rows
- * (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were 4% faster. */
+/* The tensor-core kernel (cl/nvidia/decode_mma.cl). On the H100 (32:8 heads,
+ * d = 128, 32K and 128K keys, batch 1 and 8) it beats the cp.async kernel at
+ * every row count: narrowly at 4 rows (one token), by a wide and growing margin
+ * from 8 rows (2 tokens) on (BENCHMARKS.md). Planned with one warp per m-tile
+ * (16-key tiles) and 4 work-groups per CU; 2 stages at d = 128 up to 32 rows
+ * (3 were slightly slower), 3 at d = 64 and at 64 rows (faster than 2 there).
+ * At 33-48 rows (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were
+ * faster. */
 #define FCL_DEC_MMA_MIN_ROWS 1
 /* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
  * H100 found the best split counts at 43-171 keys per split for batch 1-4 and
- * 1K-16K keys; with the portable kernel's floor of 256, batch 1 at 8K keys
- * stopped at 32 splits, about 8% slower than 48-66 in three runs. Below 8K
- * keys a call takes ~20 us, near the launch cost, and the runs disagree. */
+ * 1K-16K keys; the portable kernel's floor of 256 held batch 1 at 8K keys to
+ * 32 splits, slower than 48-66 (BENCHMARKS.md). Below 8K keys a call costs
+ * about a launch, and the runs disagree. */
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
 
 

@@ -5,20 +5,21 @@
  * dQ kernels when fcl_mma_select() picked the tensor-core path (same device
  * probe, same coverage rules as the forward, plus 16-byte aligned dO/dQ/dK/dV).
  *
- * Tiles (H100, fp16, N = 8192; see BENCHMARKS.md "Tensor-core backward"). Where
+ * Tiles (the H100's measured best; BENCHMARKS.md "Tensor-core backward"). Where
  * the device runs work-groups with more local memory than it reports (probe in
- * src/nvidia/mma_forward.c), bwd_dkdv_mma takes 8 warps x 16 keys, 64-query Q/dO tiles
+ * src/nvidia/mma_forward.c), bwd_dkdv_mma takes 8 warps x 16 keys (half the Q/dO
+ * loads and atomics per key of 4 warps), 64-query Q/dO tiles
  * in two buffers (the next tile's cp.async under the current tile's math) and,
  * at d = 128, V in local memory rather than registers (ptxas is at 255
- * registers either way; this frees 32 for scheduling): 13.5 ms deterministic and
- * 11.7 ms atomic at d = 128, against 15.2 ms for the 48 KiB layout (4 warps,
- * 32-query tiles, one buffer). The atomic dQ adds pairs with
- * red.global.add.v2.f32 on sm_90 (8.7% faster than scalar red). Otherwise the
+ * registers either way; this frees 32 for scheduling), together faster than the
+ * 48 KiB layout (4 warps, 32-query tiles, one buffer) in both dQ modes. The
+ * atomic dQ adds pairs with red.global.add.v2.f32 on sm_90 (half the atomic
+ * instructions of scalar red, and faster). Otherwise the
  * 48 KiB layout. bwd_dq_mma keeps Q and dO in registers and double-buffers K/V
  * tiles: where the larger layout fits, 8 warps x 16 queries with 64-key tiles
- * at d = 128 (1.4-5.2% faster for the whole deterministic backward than 32-key
- * tiles) and 4 warps x 32 queries with 32-key tiles at d = 64 (64-key tiles
- * were 1-3% slower there).
+ * at d = 128 (the whole deterministic backward faster than with 32-key tiles)
+ * and 4 warps x 32 queries with 32-key tiles at d = 64 (64-key tiles were
+ * slower there).
  *
  * The mma_bwd tuning (src/core/tuning_space.c) overrides any of these fields and
  * dq_splits; a tuned configuration the kernel's rules or the local memory

@@ -37,8 +37,8 @@ static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
  * none does. Head dims up to 64 take the d = 64 lists, the others up to 128 the
  * d = 128 lists; the third atomic entry at d = 128 is for d = 96. Where no atomic
  * entry divides the head dim (d = 48, 80, 112) the deterministic kernels run
- * instead (src/portable/backward.c): a 2-warp atomic tile measured 1.75x slower than them
- * at d = 80. vec_red needs sm_90. */
+ * instead (src/portable/backward.c): a 2-warp atomic tile was slower than them
+ * at d = 80 (BENCHMARKS.md). vec_red needs sm_90. */
 static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, const fcl_tuned *tu,
                             fcl_mma_bwd_config *out) {
   static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}, {0}};
@@ -117,9 +117,9 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * dQ into its split, and with every head in flight at once those adds miss L2
  * (the atomic mode's work-groups of one head run together and share its
  * accumulator in L2). On the H100 (BENCHMARKS.md, "Deterministic dQ in split
- * accumulators") the splits were 2-18% slower than the separate kernel at
- * d = 128 and at N = 2K; at d = 64 they were 6-12% faster with a causal mask
- * from N = 8K, and within -3..+6% without one. So they run by default only at
+ * accumulators") the splits were slower than the separate kernel at d = 128
+ * and at N = 2K; at d = 64 they were faster with a causal mask from N = 8K,
+ * and about even without one. So they run by default only at
  * head dims up to 64, under a causal mask or a window, with at least 64 key
  * blocks. The mma_bwd tuning's dq_splits = n forces n splits (0: the separate
  * kernel). */

@@ -18,7 +18,7 @@ static size_t fcl_mma_fwd_local(const fcl_mma_config *c, int d) {
 
 /* The default rule, then the mma_fwd tuning's values where set (tu may be NULL). */
 static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
-  /* Measured on the H100 (fp16, N = 2K/8K): d = 64 runs best with Br = 128 (4
+  /* The H100's measured best (BENCHMARKS.md): d = 64 runs best with Br = 128 (4
    * warps x 32 rows, Q in registers) and Bc = 64; d = 128 with Br = 128, Bc = 32
    * and Q re-read from local memory (Q in registers with 32 rows per warp spills,
    * and 16 rows per warp doubles the ldmatrix traffic per mma). */
@@ -27,12 +27,12 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
     c.block_c = 32;
     c.q_in_smem = 1;
   }
-  /* Other head dims, measured at d = 32, 96 and 256 (N = 8K; BENCHMARKS.md):
-   * up to 64 the d = 64 configuration is best; between 64 and 128, 48-key tiles
-   * (d = 96: 6% faster than 32, 7-14% faster than 64); past 128 the O
-   * accumulators of 32 rows per warp (d registers per lane) do not fit, and 8
-   * warps of 16 rows (Br = 128) beat 4 (Br = 64) by 7-9% at d = 256, with Q in
-   * registers by another 4-10% (16 rows leave room for its fragments). */
+  /* Other head dims, measured at d = 32, 96 and 256 (BENCHMARKS.md): up to 64
+   * the d = 64 configuration is best; between 64 and 128, 48-key tiles (at
+   * d = 96 faster than 32 or 64); past 128 the O accumulators of 32 rows per
+   * warp (d registers per lane) do not fit, and 8 warps of 16 rows (Br = 128)
+   * beat 4 (Br = 64) at d = 256, faster still with Q in registers (16 rows
+   * leave room for its fragments). */
   if (p->head_dim > 64 && p->head_dim < 128) c.block_c = 48;
   if (p->head_dim > 128) {
     c.nwarps = 8;
@@ -40,8 +40,9 @@ static fcl_mma_config fcl_mma_pick(const flashcl_context *ctx, const fcl_problem
     c.q_in_smem = 0;
   }
   /* Two K | V stages where the local memory allows (d = 64: 32 KiB; d = 128:
-   * 64 KiB, so only past the probe): measured 3.6% (d = 64) and 2.5% (d = 128)
-   * faster at N = 8K, 12% for causal d = 64. */
+   * 64 KiB, so only past the probe): the next tile's cp.async then runs under
+   * the current tile's math; faster at d = 64 and 128, most with a causal
+   * mask at d = 64 (BENCHMARKS.md). */
   if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes) c.kv_stages = 1;
   if (fcl_mma_fwd_local(&c, p->head_dim) > ctx->mma_local_bytes && c.nwarps == 8) c.nwarps = 4;
   if (!tu) return c;

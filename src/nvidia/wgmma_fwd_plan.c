@@ -17,10 +17,10 @@ static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 ||
 
 /* 1 and *out if some tile fits the budget. Three warpgroups (192 query rows)
  * and the widest key tile that fits: 128 at d = 64 (89 KiB), 96 at d = 128
- * (145 KiB of the 160 KiB the H100's probe grants). Measured on the H100 (fp16,
- * N = 2K/8K, BENCHMARKS.md): three warpgroups beat two by 13% (d = 128, 8K) and
- * 34% (d = 64, 8K); with one barrier per tile for all of them, more warpgroups
- * are what keeps the tensor cores busy while some run their softmax. */
+ * (145 KiB of the 160 KiB the H100's probe grants). Three warpgroups beat two
+ * on the H100 at d = 64 and 128 (BENCHMARKS.md): with one barrier per tile for
+ * all of them, more warpgroups are what keeps the tensor cores busy while some
+ * run their softmax; two leave them idle part of each tile. */
 int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, fcl_wgmma_config *out) {
   static const int bcs[4] = {128, 112, 96, 64};
   fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, 3) : 3, 0};

@@ -104,8 +104,8 @@ static void fcl_bwd_shared_args(fcl_args *a, const fcl_problem *p, int group, cl
  * named barrier) 0, and never where the PTX, the plan or the problem does not
  * allow them: shfl needs the halves on whole warps and an even A_TN; nbar the
  * work-group halves on whole warps, no warp halves, no softcap (whose dS
- * factor only the S half knows) and no dropout (measured slower with it:
- * 45.4 -> 49.3 ms at d = 128 on the H100). */
+ * factor only the S half knows) and no dropout (slower with it on the H100;
+ * BENCHMARKS.md). */
 typedef struct fcl_bwd_switches {
   int ahead, red, unroll, ftz, shfl, nbar;
 } fcl_bwd_switches;

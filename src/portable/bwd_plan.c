@@ -77,9 +77,8 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
  * fp32 tiles (K, V, Q, dO) and two score tiles fit in the local memory M: the
  * backward keeps twice the forward's tiles on chip, so it gets smaller ones from
  * the same M. 64 work-items where the score tile has at least 64 entries, else
- * one per entry: on the H100 (N = 4096, f16) 64 beat 128 by 14% at d = 128 (16x16
- * tiles: 112.0 against 130.7 ms) and 5% at d = 64 (32x32: 81.9 against 86.1 ms),
- * and 32 was slower than either.
+ * one per entry: on the H100 64 beat 128 at d = 64 and 128, and 32 was slower
+ * than either (BENCHMARKS.md, "Portable backward: work-items per work-group").
  *
  * Where the device runs work-groups with more local memory than it reports
  * (src/core/probe.c), the tiles are planned against half of that budget (so that two
@@ -88,22 +87,15 @@ static int fcl_split_cols(int rows, int d, int threads, int *tm, int *td) {
  * too little reuse. Score tiles of 1024 entries or more get 128 work-items, or
  * 256 where 128 would each hold more than 40 of the Bc x d values of dK (and of
  * dV; 32 at d = 128 and 40 at d = 80 ran best at 128, 48 at d = 192 and 64 at
- * d = 256 at 256). On the H100 (160 KiB budget, f16, N = 4096) this gives:
- *   d = 64:  64x32, 128 work-items: 75.3 ms (the 48 KiB plan, 32x32 at 64: 80.8;
- *            64x64 80.2; 64x32 at 64 work-items 95.3); d = 80: 64x32, 128: 84.5
- *            (the 48 KiB plan: 103.4);
- *   d = 128: 32x32, 128: 89.7 (16x16 at 64: 112-113; 32x32 at 64 / 256: 98.7 /
- *            93.1; 64x32 94.8; 48x32, which needs more than half, 85.6);
- *   d = 192: 32x32, 256: 86.9 (half the budget alone gave 32x16 at 64: 171.9;
- *            32x32 at 128: 92.1);
- *   d = 256: 32x32, 256: 115.3 (16x16 at 64: 148.4, at 128: 142.6; 32x16 at
- *            128: 121.8).
- * These figures predate the thirteenth session's kernel changes (P and dS
- * transposed, read four at a time). With them, on NVIDIA platforms d = 128
- * took 48x32 at 256 work-items; since the fourteenth session dK/dV and dQ get
- * separate plans there (48x32 and 32x64 at 128; the measurements are at the exception in the
- * code); d = 64 keeps 64x32 at 128 (65.8 ms; 64x32 at 256 77.4, 32x32 at 128
- * 75.5; 59.6 once the tiles were read in two halves, c29e15b). */
+ * d = 256 at 256). On the H100 (160 KiB budget) this gives 64x32 at 128
+ * work-items at d = 64 and 80, 32x32 at 128 at d = 128 and 32x32 at 256 at
+ * d = 192 and 256: each faster than the 48 KiB plan and than the other tiles
+ * and work-item counts swept, except 48x32 at d = 128, which needs more than
+ * half the budget (BENCHMARKS.md, "Portable kernels with the probed local
+ * memory"). That sweep ran before the kernels read P and dS transposed, four
+ * at a time. With those kernels d = 64 still runs best at 64x32 with 128
+ * work-items, while at d = 128 NVIDIA's tuning file gives dK/dV and dQ
+ * separate plans (48x32 and 32x64 at 128; tuning/nvidia-h100.tune). */
 /* The rule above, or only the (want_bc, want_br) pair when want_bc != 0 (with
  * want_threads work-items when > 0). */
 static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_br, int want_threads, int warp,
@@ -132,7 +124,7 @@ static int fcl_bwd_plan_pick(flashcl_context *ctx, int d, int want_bc, int want_
     }
     /* CPUs (PoCL runs a work-group as loops over its work-items, with every value
      * that lives across a barrier in memory): 16 work-items with larger
-     * register tiles were 1.3-1.4x faster than 128 (N = 1024-2048, d = 64). */
+     * register tiles were clearly faster than 128 (BENCHMARKS.md, PoCL). */
     if (!ctx->info.is_gpu && p->threads > 16) p->threads = 16;
     if (want_threads > 0 && want_threads <= p->br * p->bc) p->threads = want_threads;
     if ((size_t)p->threads > ctx->info.max_work_group_size) continue;

@@ -25,15 +25,12 @@
  * often as at the paper's Br = d), M was what held Br down: the budget restores
  * Br = d (clamped to 128, rounded) with Bc = Br / 2, Bc stepping down to 32 until
  * the tiles fit the budget and map, then Br stepping down by 16 (while above M's
- * Br) where no such tile fits; otherwise the plan above stands. Measured on the
- * H100 (f16, N = 4096, BENCHMARKS.md): d = 128 went from 48x32 (21.7 ms) to
- * 128x64 (18.1 ms; 128x48 and 96x64 were within 1.5% of it), while tiles wider
- * than Br / 2 were slower (48x64 20.0, 32x64 23.7 ms). Past d = 128 the step-down
- * gives 112x48 to 64x32 where M gave 32x32 to 16x16: 1.13x (d = 192) to 2.08x
- * (d = 144) faster, 1.16x at d = 256. Where M already gives Br >= d / 2 the
- * larger tiles did not pay: d = 96 (64x32) was 12% slower as 96x48, d = 80
- * (64x32) 4% faster as 80x32, and at d = 64 every larger tile was slower than
- * 64x48.
+ * Br) where no such tile fits; otherwise the plan above stands. On the H100
+ * (BENCHMARKS.md, "Portable kernels with the probed local memory") the tall
+ * tiles were faster at d = 128 (128x64, with 128x48 and 96x64 close behind)
+ * and at every d past it (112x48 to 64x32 where M gave 32x32 to 16x16), while
+ * tiles wider than Br / 2 were slower. Where M already gives Br >= d / 2 the
+ * larger tiles did not pay: slower at d = 64 and 96, a small gain at d = 80.
  *
  * Explicit block_r / block_c (multiples of 8) are used as given, checked against
  * the budget; only the unspecified one shrinks, and FLASHCL_ERROR_UNSUPPORTED is
@@ -52,19 +49,19 @@
  * CPU rule (device not a GPU, e.g. PoCL; the fwd tuning's map overrides the
  * choice). The kernel is built with -DCPU_MAP=1: one work-item per work-group
  * owns Br rows, with K^T and V tiles staged in local memory (see flash_fwd.cl).
- * The GPU mapping ran ~2x slower than the naive path there: PoCL loops over the
+ * The GPU mapping is slow there: PoCL loops over the
  * 128 work-items between barriers, keeps everything live across a barrier in
  * per-work-item context memory, and cannot vectorize across work-items code
- * that already uses float4.
+ * that already uses float4 (it ran slower than the naive path; BENCHMARKS.md).
  *   Bc = floor(min(M, C) / (FCL_TILES * d * s)),   C = FCL_CPU_TILE_BYTES = 32 KiB,
  * rounded as above: the K^T and V tiles of one step (2 * Bc * d * 4 bytes) fit
  * the L1 data cache (32-48 KiB on current x86 cores), which the tile loops
  * sweep Br/4 times; M (2 MiB on PoCL) is no constraint. Br = FCL_CPU_ROWS = 64:
  * staging a K/V tile (a transpose, Bc * d scalar stores) costs as much as ~4
  * rows of work, so more rows amortize it, while Q, O (Br * d each) and S
- * (Br * Bc) stay in the 1-2 MiB L2. Measured on a 2-core Xeon (AVX-512) under
- * PoCL 3.1, N = 1024, fp32: Br = 64 beat 16 by ~1.3-1.5x; Bc in 32..128 was
- * within noise. local_bytes = 2 * Bc * d * 4 and threads = 1. This gives 64x64
+ * (Br * Bc) stay in the 1-2 MiB L2. On a 2-core AVX-512 Xeon under PoCL,
+ * Br = 64 clearly beat 16 and Bc in 32..128 made no measurable difference
+ * (BENCHMARKS.md). local_bytes = 2 * Bc * d * 4 and threads = 1. This gives 64x64
  * at d = 64, 64x32 at d = 128 and 64x16 at d = 256. Explicit block sizes are used
  * as given.
  */
