@@ -460,8 +460,6 @@ def fmt_n(n):
 
 def fmt_pow(v, unit):
     if "bytes" in unit:
-        for k, s in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-            pass
         if v >= 1e9:
             return f"{v / 1e9:g} GB"
         if v >= 1e6:
