@@ -92,8 +92,10 @@
  *   WINDOW, ALIBI, SOFTCAP, MASK   as in flash_fwd_mma.cl (MASK needs mask.cl
  *              and mask_mma.cl compiled first in the same program)
  *
- * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernels, which
- * use it, exist only then; mma_ptx.cl and mma_scores.cl likewise).
+ * The host joins seq_bounds.cl in front with the other tensor-core kernels, but
+ * these kernels keep their own SEQ_BOUNDS below: through fcl_seq_bounds the
+ * dK/dV kernel ran slower on the H100 (BENCHMARKS.md, 2026-11-26), which a
+ * shared helper must not cost.
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -157,9 +159,6 @@
 #endif
 #if USE_PTX && !defined(MMA_SCORES_CL)
 #error "flash_bwd_mma.cl needs mma_scores.cl compiled first in the same program"
-#endif
-#if USE_PTX && !defined(SEQ_BOUNDS_CL)
-#error "flash_bwd_mma.cl needs seq_bounds.cl compiled first in the same program"
 #endif
 #if MASK && USE_PTX && !defined(MASK_MMA_CL)
 #error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
@@ -235,10 +234,18 @@ inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int r
 #define TENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
 
 /* Sequence window of work-group batch index b: (first row, rows) of q and k. */
-#define SEQ_BOUNDS()                                                                         \
-  const fcl_seq seq = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k); \
-  const int nq = seq.nq, nk = seq.nk;                                                      \
-  const long bq = seq.bb, row_q = seq.q_row, row_k = seq.k_row;
+#define SEQ_BOUNDS()                                                           \
+  int nq = seqlen_q, nk = seqlen_k;                                            \
+  long bq = b, row_q = 0, row_k = 0;                                           \
+  if (VARLEN) {                                                                \
+    int qs = clamp(cu_q[b], 0, total_q), qe = clamp(cu_q[b + 1], 0, total_q);  \
+    int ks = clamp(cu_k[b], 0, total_k), ke = clamp(cu_k[b + 1], 0, total_k);  \
+    nq = min(max(qe - qs, 0), seqlen_q);                                       \
+    nk = min(max(ke - ks, 0), seqlen_k);                                       \
+    row_q = qs;                                                                \
+    row_k = ks;                                                                \
+    bq = 0;                                                                    \
+  }
 
 #if MASK
 /* bwd_dkdv_mma's steps run over (query head h0 + s / qsteps, query tile
