@@ -923,6 +923,15 @@ static void test_query_validation(void **state) {
     FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "desc.tuning") != NULL, "reason: \"%s\"",
               flashcl_context_last_error(env->ctx));
   }
+  /* desc.kernel = NVIDIA_MMA without tensor cores: the workspace query of pass
+   * FORWARD runs the call's family choice too. */
+  desc.tuning = NULL;
+  desc.algo = FLASHCL_ALGO_AUTO;
+  desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  if (flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam) ==
+      FLASHCL_ERROR_UNSUPPORTED)
+    FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                     FLASHCL_ERROR_UNSUPPORTED, "workspace_size(NVIDIA_MMA without tensor cores)");
   FCT_CHECK(ws == 777, "failed workspace_size calls wrote *bytes = %zu", ws);
   clFinish(env->queue);
   clReleaseMemObject(buf);

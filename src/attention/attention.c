@@ -122,25 +122,27 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   fcl_problem p;
   flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, NULL, pass, &p);
   if (st != FLASHCL_SUCCESS) return st;
-  const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
-  if (pass == FLASHCL_PASS_BACKWARD) {
-    if (naive) return fcl_naive_backward_workspace(ctx, &p, bytes);
-    /* The tensor-core choice also depends on o, dO and the gradients being
-     * 16-byte aligned, which this query does not see; where the tensor cores may
-     * run, the figure is the larger of the two families', the most the call
-     * allocates. */
-    size_t portable_bytes = 0, mma_bytes = 0;
-    fcl_tuned tu;
-    if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS ||
-        (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
-        (tu.family == FLASHCL_TUNE_MMA_BWD &&
-         (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
-      return st;
-    *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return pass == FLASHCL_PASS_BACKWARD ? fcl_naive_backward_workspace(ctx, &p, bytes)
+                                         : fcl_naive_workspace(ctx, &p, bytes);
+  /* The family choice refuses what the call refuses (desc.kernel = NVIDIA_MMA
+   * without tensor cores, block sizes the family cannot take). */
+  fcl_tuned tu;
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS) return st;
+  if (pass == FLASHCL_PASS_FORWARD) {
+    *bytes = 0; /* the fused kernels keep everything on chip */
     return FLASHCL_SUCCESS;
   }
-  if (naive) return fcl_naive_workspace(ctx, &p, bytes);
-  *bytes = 0; /* the fused kernel keeps everything on chip */
+  /* The tensor-core choice also depends on o, dO and the gradients being
+   * 16-byte aligned, which this query does not see; where the tensor cores may
+   * run, the figure is the larger of the two families', the most the call
+   * allocates. */
+  size_t portable_bytes = 0, mma_bytes = 0;
+  if ((st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
+      (tu.family == FLASHCL_TUNE_MMA_BWD &&
+       (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
+    return st;
+  *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
   return FLASHCL_SUCCESS;
 }
 
