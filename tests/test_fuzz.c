@@ -7,7 +7,7 @@
  *
  * Environment: FLASHCL_FUZZ_SEED (default: time ^ pid, printed), FLASHCL_FUZZ_CASES
  * (default 10000), FLASHCL_FUZZ_FIRST (first case index, default 0),
- * FLASHCL_FUZZ_BATCH (cases per child process, default 1000),
+ * FLASHCL_FUZZ_BATCH (cases per child process, default 2500),
  * FLASHCL_FUZZ_TIMEOUT (seconds one case may take before its child is killed,
  * default 120), FLASHCL_FUZZ_NOFORK=1 (run in this process: for debuggers),
  * FLASHCL_FUZZ_VERBOSE=1 (print every case).
@@ -1999,7 +1999,7 @@ static void run_block_plan(fz_case *c) {
 
 /* ----------------------------------------------------------------- main -- */
 
-static const int WEIGHTS[E_COUNT] = {20, 8, 6, 5, 5, 5, 14, 5, 4, 8, 8, 4, 3, 3, 2};
+static const int WEIGHTS[E_COUNT] = {20, 5, 8, 6, 6, 5, 8, 7, 6, 8, 8, 4, 3, 3, 2};
 
 static void run_case(uint64_t index) {
   fz_case c;
@@ -2084,7 +2084,7 @@ static double now(void) {
 
 int main(void) {
   const uint64_t cases = env_u64("FLASHCL_FUZZ_CASES", 10000), first = env_u64("FLASHCL_FUZZ_FIRST", 0);
-  const uint64_t batch = env_u64("FLASHCL_FUZZ_BATCH", 1000), timeout = env_u64("FLASHCL_FUZZ_TIMEOUT", 120);
+  const uint64_t batch = env_u64("FLASHCL_FUZZ_BATCH", 2500), timeout = env_u64("FLASHCL_FUZZ_TIMEOUT", 120);
   const int nofork = (int)env_u64("FLASHCL_FUZZ_NOFORK", 0);
   const uint64_t end = first + cases;
   fz_stats total;
