@@ -878,6 +878,66 @@ static void test_kernel_family(void **state) {
   clReleaseMemObject(obuf);
 }
 
+/* The query functions run the call's validation (found by test_fuzz): an o
+ * whose rows overlap is refused by kernel_family and config for pass FORWARD,
+ * as by the forward (for pass BACKWARD o is an input, as in the backward), and
+ * a desc.tuning of a family the call cannot run is refused by workspace_size
+ * and by the naive path too, as by the flash calls. */
+static void test_query_validation(void **state) {
+  fct_env *env = fct_env_get();
+  cl_mem buf = fct_create_buffer(8 * 32 * 4, NULL), obuf = fct_create_buffer(8 * 32 * 4, NULL);
+  flashcl_tensor q, o;
+  flashcl_attention_desc desc;
+  flashcl_tuning dec;
+  flashcl_config cfg;
+  flashcl_kernel_family fam;
+  size_t ws = 777;
+  (void)state;
+  flashcl_tensor_init_bnhd(&q, buf, 0, FLASHCL_F32, 1, 8, 1, 32);
+  flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F32, 1, 8, 1, 32);
+  o.stride[1] = 16; /* rows n and n + 1 share 16 elements */
+  flashcl_attention_desc_init(&desc);
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q, &q, &q, &o, NULL, 0, NULL, NULL),
+                   FLASHCL_ERROR_INVALID_STRIDE, "forward(o with overlapping rows)");
+  FCT_CHECK_STATUS(flashcl_attention_config(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &cfg),
+                   FLASHCL_ERROR_INVALID_STRIDE, "config(o with overlapping rows)");
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_ERROR_INVALID_STRIDE, "kernel_family(o with overlapping rows)");
+  FCT_CHECK_STATUS(flashcl_attention_config(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_BACKWARD, &cfg),
+                   FLASHCL_SUCCESS, "config(pass BACKWARD, o with overlapping rows: an input there)");
+  flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F32, 1, 8, 1, 32);
+  flashcl_tuning_init(&dec, FLASHCL_TUNE_DECODE);
+  desc.tuning = &dec;
+  for (int algo = FLASHCL_ALGO_AUTO; algo <= FLASHCL_ALGO_FLASH; algo++) {
+    desc.algo = (flashcl_algo)algo;
+    for (int pass = FLASHCL_PASS_FORWARD; pass <= FLASHCL_PASS_BACKWARD; pass++) {
+      FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, (flashcl_pass)pass, &ws),
+                       FLASHCL_ERROR_UNSUPPORTED, "workspace_size(decode tuning, algo %d, pass %d)", algo, pass);
+      FCT_CHECK_STATUS(flashcl_attention_config(env->ctx, &desc, &q, &q, &q, &o, (flashcl_pass)pass, &cfg),
+                       FLASHCL_ERROR_UNSUPPORTED, "config(decode tuning, algo %d, pass %d)", algo, pass);
+      FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, (flashcl_pass)pass, &fam),
+                       FLASHCL_ERROR_UNSUPPORTED, "kernel_family(decode tuning, algo %d, pass %d)", algo, pass);
+    }
+    FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q, &q, &q, &o, NULL, 0, NULL, NULL),
+                     FLASHCL_ERROR_UNSUPPORTED, "forward(decode tuning, algo %d)", algo);
+    FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "desc.tuning") != NULL, "reason: \"%s\"",
+              flashcl_context_last_error(env->ctx));
+  }
+  /* desc.kernel = NVIDIA_MMA without tensor cores: the workspace query of pass
+   * FORWARD runs the call's family choice too. */
+  desc.tuning = NULL;
+  desc.algo = FLASHCL_ALGO_AUTO;
+  desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  if (flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam) ==
+      FLASHCL_ERROR_UNSUPPORTED)
+    FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
+                     FLASHCL_ERROR_UNSUPPORTED, "workspace_size(NVIDIA_MMA without tensor cores)");
+  FCT_CHECK(ws == 777, "failed workspace_size calls wrote *bytes = %zu", ws);
+  clFinish(env->queue);
+  clReleaseMemObject(buf);
+  clReleaseMemObject(obuf);
+}
+
 /* ----------------------------------------------------------- last error -- */
 
 static void test_last_error(void **state) {
@@ -915,6 +975,7 @@ int main(void) {
       cmocka_unit_test(test_workspace_size),
       cmocka_unit_test(test_workspace_size_errors),
       cmocka_unit_test(test_kernel_family),
+      cmocka_unit_test(test_query_validation),
       cmocka_unit_test(test_last_error),
       cmocka_unit_test(test_create_from_cl),
       cmocka_unit_test(test_profiling_option),

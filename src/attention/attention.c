@@ -60,6 +60,13 @@ flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_att
   return fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(p, desc, aux), outs, names, 2);
 }
 
+/* desc.tuning names a family this pass can run, whichever algorithm runs (the
+ * naive path and the queries that plan no kernel included). */
+flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attention_desc *desc, flashcl_pass pass) {
+  flashcl_tuning_family want;
+  return fcl_tuning_call_family(ctx, desc->tuning, pass, 0, &want);
+}
+
 flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                          const flashcl_tensor *o, const flashcl_tensor *lse,
@@ -76,7 +83,8 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
                     num_events_in_wait_list);
   fcl_problem p;
   flashcl_status st = fcl_check_problem(ctx, desc, q, k, v, o, lse, &p);
-  if (st != FLASHCL_SUCCESS || (st = fcl_check_forward_outputs(ctx, desc, &p, q, k, v, o, lse)) != FLASHCL_SUCCESS)
+  if (st != FLASHCL_SUCCESS || (st = fcl_check_forward_outputs(ctx, desc, &p, q, k, v, o, lse)) != FLASHCL_SUCCESS ||
+      (st = fcl_check_call_tuning(ctx, desc, FLASHCL_PASS_FORWARD)) != FLASHCL_SUCCESS)
     return st;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_forward(ctx, &p, desc, q, k, v, o, lse, num_events_in_wait_list, event_wait_list, out_event);
@@ -99,7 +107,7 @@ flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_d
     return st;
   if (pass == FLASHCL_PASS_BACKWARD && p->paged_kv)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the backward pass does not support a paged K/V source");
-  return FLASHCL_SUCCESS;
+  return fcl_check_call_tuning(ctx, desc, pass);
 }
 
 flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -114,25 +122,27 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   fcl_problem p;
   flashcl_status st = fcl_query_problem(ctx, desc, q, k, v, NULL, pass, &p);
   if (st != FLASHCL_SUCCESS) return st;
-  const int naive = fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE;
-  if (pass == FLASHCL_PASS_BACKWARD) {
-    if (naive) return fcl_naive_backward_workspace(ctx, &p, bytes);
-    /* The tensor-core choice also depends on o, dO and the gradients being
-     * 16-byte aligned, which this query does not see; where the tensor cores may
-     * run, the figure is the larger of the two families', the most the call
-     * allocates. */
-    size_t portable_bytes = 0, mma_bytes = 0;
-    fcl_tuned tu;
-    if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS ||
-        (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
-        (tu.family == FLASHCL_TUNE_MMA_BWD &&
-         (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
-      return st;
-    *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return pass == FLASHCL_PASS_BACKWARD ? fcl_naive_backward_workspace(ctx, &p, bytes)
+                                         : fcl_naive_workspace(ctx, &p, bytes);
+  /* The family choice refuses what the call refuses (desc.kernel = NVIDIA_MMA
+   * without tensor cores, block sizes the family cannot take). */
+  fcl_tuned tu;
+  if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS) return st;
+  if (pass == FLASHCL_PASS_FORWARD) {
+    *bytes = 0; /* the fused kernels keep everything on chip */
     return FLASHCL_SUCCESS;
   }
-  if (naive) return fcl_naive_workspace(ctx, &p, bytes);
-  *bytes = 0; /* the fused kernel keeps everything on chip */
+  /* The tensor-core choice also depends on o, dO and the gradients being
+   * 16-byte aligned, which this query does not see; where the tensor cores may
+   * run, the figure is the larger of the two families', the most the call
+   * allocates. */
+  size_t portable_bytes = 0, mma_bytes = 0;
+  if ((st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
+      (tu.family == FLASHCL_TUNE_MMA_BWD &&
+       (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
+    return st;
+  *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
   return FLASHCL_SUCCESS;
 }
 

@@ -27,6 +27,9 @@ flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, 
 flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                  const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
                                  flashcl_pass pass, fcl_problem *p);
+/* desc.tuning (if any) is of a family `pass` runs, on every path (naive too):
+ * FLASHCL_ERROR_UNSUPPORTED otherwise (src/attention/attention.c). */
+flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attention_desc *desc, flashcl_pass pass);
 
 /* The aux ranges of a validated forward/backward problem (at most FCL_MAX_AUX). */
 int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux);

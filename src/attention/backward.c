@@ -63,6 +63,7 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
     fcl_aux aux[FCL_MAX_AUX];
     if ((st = fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(&p, desc, aux), outs, on, 3))) return st;
   }
+  if ((st = fcl_check_call_tuning(ctx, desc, FLASHCL_PASS_BACKWARD))) return st;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
                               event_wait_list, out_event);
