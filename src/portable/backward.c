@@ -437,18 +437,16 @@ static flashcl_status fcl_bwd_enqueue(const fcl_bwd_launch *L, cl_uint nwait, co
   cl_event pre_done = NULL; /* D is ready (and the dQ accumulators zeroed) */
   cl_event dkdv_done = NULL;
   cl_command_queue side = NULL;
+  /* dQ's arguments first: failing to set them once dK/dV is enqueued would
+   * leave dk and dv written by a failed call. */
+  cl_int err = fcl_bwd_dq_args(L);
+  if (err != CL_SUCCESS) return fcl_cl_fail(L->ctx, err, "clSetKernelArg(dQ)");
   flashcl_status st = fcl_bwd_preprocess(L, nwait, wait, &pre_done);
   if (st == FLASHCL_SUCCESS) st = fcl_bwd_dkdv(L, pre_done, &side, &dkdv_done);
   if (st == FLASHCL_SUCCESS) {
-    cl_int err = fcl_bwd_dq_args(L);
-    if (err != CL_SUCCESS) {
-      if (dkdv_done) clReleaseEvent(dkdv_done);
-      st = fcl_cl_fail(L->ctx, err, "clSetKernelArg(dQ)");
-    } else {
-      err = L->r->acc_dq ? fcl_bwd_dq_store(L, dkdv_done, out_event)
-                         : fcl_bwd_dq_kernel(L, pre_done, dkdv_done, side, out_event);
-      if (err != CL_SUCCESS) st = fcl_cl_fail(L->ctx, err, "enqueue dQ");
-    }
+    err = L->r->acc_dq ? fcl_bwd_dq_store(L, dkdv_done, out_event)
+                       : fcl_bwd_dq_kernel(L, pre_done, dkdv_done, side, out_event);
+    if (err != CL_SUCCESS) st = fcl_cl_fail(L->ctx, err, "enqueue dQ");
   }
   if (pre_done) clReleaseEvent(pre_done);
   return st;
