@@ -142,6 +142,10 @@ static int claim(fz_case *c, const char *fmt, ...) {
 }
 
 static flashcl_context *g_ctx;
+/* The device runs the tensor-core kernels: desc.kernel = NVIDIA_MMA is then a
+ * valid request (it falls back to the portable kernels where they don't cover
+ * a problem), and refused elsewhere. */
+static int g_has_mma;
 static cl_context g_cl;
 static cl_command_queue g_queue;
 static cl_context g_foreign; /* a second cl_context: its buffers are not the flashcl context's */
@@ -874,7 +878,7 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
       clog_(c, "desc.kernel = %d", v);
       d->kernel = (flashcl_kernel_family)v;
       if (v < 0 || v > 2) c->must_fail = 1;
-      c->bad_kernel = v == 2; /* PoCL has no tensor-core path; the naive path runs none */
+      c->bad_kernel = v == 2 && !g_has_mma; /* refused where the device has no tensor-core path */
       break;
     }
     case 11: {
@@ -1463,7 +1467,7 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
       v = kf[rbelow(&c->r, 4)];
       clog_(c, "desc.kernel = %d", v);
       ds->kernel = (flashcl_kernel_family)v;
-      if (v < 0 || v > 1) c->must_fail = 1;
+      if (v < 0 || v > 2 || (v == 2 && !g_has_mma)) c->must_fail = 1;
       break;
     }
     default: /* the caller's workspace: one byte short, or over q */
@@ -2037,6 +2041,23 @@ static void run_case(uint64_t index) {
   case_release(&c);
 }
 
+/* Whether the context's device takes desc.kernel = NVIDIA_MMA: asked on an
+ * f16 problem the tensor-core kernels cover (16-byte aligned rows, d = 32). */
+static int device_has_mma(void) {
+  cl_int err;
+  cl_mem buf = clCreateBuffer(g_cl, CL_MEM_READ_WRITE, 16 * 32 * 2, NULL, &err);
+  if (!buf) return 0;
+  flashcl_tensor t;
+  flashcl_attention_desc d;
+  flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
+  flashcl_tensor_init_bnhd(&t, buf, 0, FLASHCL_F16, 1, 16, 1, 32);
+  flashcl_attention_desc_init(&d);
+  d.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  const flashcl_status st = flashcl_attention_kernel_family(g_ctx, &d, &t, &t, &t, &t, FLASHCL_PASS_FORWARD, &fam);
+  clReleaseMemObject(buf);
+  return st == FLASHCL_SUCCESS;
+}
+
 static void child_setup(void) {
   flashcl_context_options opt;
   cl_device_id dev;
@@ -2053,6 +2074,7 @@ static void child_setup(void) {
   g_user_event = clCreateUserEvent(g_cl, &err);
   if (g_user_event) clSetUserEventStatus(g_user_event, CL_COMPLETE);
   flashcl_tuning_init(&g_decode_tuning, FLASHCL_TUNE_DECODE);
+  g_has_mma = device_has_mma();
 }
 
 static void child_teardown(void) {
