@@ -41,7 +41,7 @@ static const fcl_param_decl fcl_fwd_decls[FCL_FWD_COUNT] = {
 };
 
 static const fcl_param_decl fcl_bwd_decls[FCL_BWD_COUNT] = {
-    {"bc", "bwd_dkdv: key rows per work-group (Bc). Rule: the local-memory rule (src/portable/backward.c)", 8, 128, 8,
+    {"bc", "bwd_dkdv: key rows per work-group (Bc). Rule: the local-memory rule (src/portable/bwd_plan.c)", 8, 128, 8,
      FCL_CAND(16, 32, 48, 64)},
     {"br", "bwd_dkdv: query rows per tile (Br). Rule: the local-memory rule", 8, 128, 8, FCL_CAND(16, 32, 48, 64)},
     {"threads", "bwd_dkdv: work-items per work-group. Rule: from the tile and the device", 1, 1024, 1,
@@ -78,7 +78,7 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
     {"vec_red", "atomic dQ adds in pairs (red.global.add.v2.f32, sm_90)", FCL_BOOL},
     {"v_in_smem", "V in local memory rather than registers", FCL_BOOL},
     {"dq_splits", "deterministic dQ: split accumulators of bwd_dkdv_mma (0: the separate dQ kernel). Rule: "
-                  "src/nvidia/mma_backward.c",
+                  "src/nvidia/mma_bwd_plan.c",
      0, 256, 1, FCL_CAND(0, 2, 4, 8)},
 };
 

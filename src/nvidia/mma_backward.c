@@ -1,5 +1,5 @@
-/* The NVIDIA tensor-core backward kernels (cl/nvidia/flash_bwd_mma.cl): tile choice,
- * build and arguments. src/portable/backward.c owns the scratch, the preprocess and
+/* The NVIDIA tensor-core backward kernels (cl/nvidia/flash_bwd_mma.cl): build and
+ * arguments (the tile choice is mma_bwd_plan.c). src/portable/backward.c owns the scratch, the preprocess and
  * dQ-store kernels and the enqueue order, which both backward families share;
  * this file only swaps in bwd_dkdv_mma and bwd_dq_mma for the portable dK/dV and
  * dQ kernels when fcl_mma_select() picked the tensor-core path (same device
@@ -7,7 +7,7 @@
  *
  * Tiles (the H100's measured best; BENCHMARKS.md "Tensor-core backward"). Where
  * the device runs work-groups with more local memory than it reports (probe in
- * src/nvidia/mma_forward.c), bwd_dkdv_mma takes 8 warps x 16 keys (half the Q/dO
+ * src/core/probe.c), bwd_dkdv_mma takes 8 warps x 16 keys (half the Q/dO
  * loads and atomics per key of 4 warps), 64-query Q/dO tiles
  * in two buffers (the next tile's cp.async under the current tile's math) and,
  * at d = 128, V in local memory rather than registers (ptxas is at 255

@@ -18,7 +18,7 @@
 /* Whether the GPU variant takes the row maxima through warp shuffles
  * (FWD_SHFL in cl/portable/flash_fwd.cl): the tuning asks for it, the mapping keeps
  * a row's S_CT work-items inside one warp, and the device compiles NVIDIA's
- * inline PTX (the tensor-core probe of flash_mma.c). The tuning cannot turn it
+ * inline PTX (the tensor-core probe of src/nvidia/mma_probe.c). The tuning cannot turn it
  * on where the PTX or the mapping does not allow it. */
 static int fcl_fwd_shfl(flashcl_context *ctx, const fcl_plan *plan) {
   const int s_ct = plan->bc / plan->shape.s_tn;

@@ -218,7 +218,7 @@ static int fcl_round_tile(size_t x) {
   return x < 8 ? 8 : (int)x;
 }
 
-/* Also used by flash.c: 1 when the CPU rule and kernel variant apply, i.e. the
+/* Also used by forward.c: 1 when the CPU rule and kernel variant apply, i.e. the
  * device is not a GPU, unless the tuning's map forces one (it lets PoCL run the
  * GPU mapping in the tests). */
 int fcl_fwd_cpu_map(const flashcl_context *ctx, const fcl_tuned *tu) {

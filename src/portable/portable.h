@@ -22,7 +22,7 @@ typedef struct fcl_fwd_tuning {
   int unroll_o; /* -DUNROLL_O */
   int ftz;      /* -cl-denorms-are-zero */
   int sep_kv;   /* -DSEP_KV: 0, or 1 / 2 (local_bytes then counts a second K/V tile) */
-  int shfl;     /* -DFWD_SHFL where the device takes the inline PTX and the mapping allows it (flash.c) */
+  int shfl;     /* -DFWD_SHFL where the device takes the inline PTX and the mapping allows it (forward.c) */
   fcl_fwd_shape want; /* the mapping fields the tuning sets (0: free) */
 } fcl_fwd_tuning;
 
