@@ -31,7 +31,7 @@ struct flashcl_context {
   int verbose;
   char *kernel_dir;
   flashcl_program_entry *programs;
-  /* NVIDIA tensor-core forward (src/nvidia/mma_forward.c): 0 = not probed yet, 1 = usable,
+  /* NVIDIA tensor-core path (src/nvidia/mma_probe.c): 0 = not probed yet, 1 = usable,
    * -1 = unavailable for the reason in mma_reason. Probed on first use. */
   int mma_state;
   char mma_reason[512];

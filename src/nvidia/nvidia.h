@@ -40,7 +40,7 @@ int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p);
 /* Turns the path off after fcl_wgmma_forward returned FLASHCL_ERROR_BUILD_FAILED:
  * keeps the build log as the reason, logs it, clears the context's error. */
 void fcl_wgmma_build_failed(flashcl_context *ctx);
-/* Exact fp16 bits of a small integer |x| <= 64 (the probes' inputs; src/nvidia/mma_forward.c). */
+/* Exact fp16 bits of a small integer |x| <= 64 (the probes' inputs; src/nvidia/mma_probe.c). */
 unsigned short fcl_small_int_half(int x);
 flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  struct fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,

@@ -7,7 +7,7 @@
  * O(N): D, plus the fp32 dQ accumulator in atomic mode (or its splits, a
  * device-dependent number of copies, in the tensor-core deterministic mode).
  *
- * On NVIDIA devices that passed the tensor-core probe (src/nvidia/mma_forward.c), the
+ * On NVIDIA devices that passed the tensor-core probe (src/nvidia/mma_probe.c), the
  * dK/dV and dQ kernels are the mma.sync ones of cl/nvidia/flash_bwd_mma.cl
  * (src/nvidia/mma_backward.c) whenever the problem is covered; D, the scratch and the
  * atomic-mode dQ conversion stay the same.
