@@ -103,29 +103,12 @@
  *                [0, seqlen_k]; the kernel takes the extra trailing arguments block_table,
  *                page_size, max_pages, num_pages, kv_lens (PAGED_PARAMS). With VARLEN the
  *                queries are packed (cu_q) and cu_k is unused (NULL)
- *   CPU_MAP      1: the CPU variant below (one work-item per work-group; the
- *                NTHREADS / S_* / O_* parameters are unused)
  *
- * requires: dtype.cl seq_bounds.cl
  *
- * CPU variant (CPU_MAP = 1). PoCL runs a work-group as loops over its work-items
- * between barriers and keeps every private value that lives across a barrier in
- * per-work-item context memory, and its implicit vectorizer does not widen code
- * that already uses vector types; the mapping above therefore runs as scalar
- * float4 code with most of its state in memory. Here one work-item owns all
- * BLOCK_R rows (no barriers), K is staged transposed so that S = Q K^T is a sum
- * of rank-1 updates along the keys and O += P V one along the head dimension,
- * both in explicit float8 vectors over 4-row register blocks.
+ * This file is the GPU variant; CPUs run flash_fwd_cpu.cl instead.
+ *
+ * requires: dtype.cl seq_bounds.cl flash_fwd_common.cl
  */
-#ifndef HEAD_DIM
-#define HEAD_DIM 64
-#endif
-#ifndef BLOCK_R
-#define BLOCK_R 32
-#endif
-#ifndef BLOCK_C
-#define BLOCK_C 32
-#endif
 #ifndef NTHREADS
 #define NTHREADS 64
 #endif
@@ -141,12 +124,6 @@
 #ifndef O_TD
 #define O_TD 16
 #endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef VEC_ALIGNED
-#define VEC_ALIGNED 0
-#endif
 #ifndef PREFETCH
 #define PREFETCH 1
 #endif
@@ -159,24 +136,6 @@
 #ifndef UNROLL_O
 #define UNROLL_O 0
 #endif
-#ifndef DROPOUT
-#define DROPOUT 0
-#endif
-#ifndef CPU_MAP
-#define CPU_MAP 0
-#endif
-#ifndef WINDOW
-#define WINDOW 0
-#endif
-#ifndef ALIBI
-#define ALIBI 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-#ifndef MASK
-#define MASK 0
-#endif
 #ifndef SEP_KV
 #define SEP_KV 0
 #endif
@@ -187,62 +146,7 @@
 #undef SEP_KV
 #define SEP_KV 0
 #endif
-#if WINDOW && CAUSAL
-#error "WINDOW folds causal into window_right: build with CAUSAL=0"
-#endif
 
-/* Four elements of a row: with VEC_ALIGNED the row granules are 4-element
- * aligned, so they are read and written as one aligned vector; otherwise as
- * dtype.cl's element-aligned LOAD4 / STORE4. */
-#if !VEC_ALIGNED
-#define GLOAD4(p, i) LOAD4(p, i)
-#define GSTORE4(p, i, x) STORE4(p, i, x)
-#elif DTYPE == 0
-#define GLOAD4(p, i) (*(__global const float4 *)((p) + (i)))
-#define GSTORE4(p, i, x) (*(__global float4 *)((p) + (i)) = (x))
-#elif DTYPE == 1
-#define GLOAD4(p, i) vloada_half4(0, (p) + (i))
-#define GSTORE4(p, i, x) vstorea_half4_rte((x), 0, (p) + (i))
-#else
-#define GLOAD4(p, i) fcl_bf16x4_to_float4(*(__global const ushort4 *)((p) + (i)))
-#define GSTORE4(p, i, x) (*(__global ushort4 *)((p) + (i)) = fcl_bf16x4_from_float4(x))
-#endif
-
-#if PAGED_KV
-#define PAGED_PARAMS                                                                                 \
-  , __global const int *block_table, int page_size, int max_pages, int num_pages, __global const int *kv_lens
-/* Element offset of key j's row in a page pool (bt: this sequence's block-table row). */
-inline long paged_row(__global const int *bt, int j, int page_size, int num_pages, long sb, long sn) {
-  const int pi = j / page_size;
-  return (long)clamp(bt[pi], 0, num_pages - 1) * sb + (long)(j - pi * page_size) * sn;
-}
-#define KV_OFF(j, sb, sn) paged_row(bt, (j), page_size, num_pages, (sb), (sn))
-#else
-#define PAGED_PARAMS
-#define KV_OFF(j, sb, sn) ((long)(j) * (sn))
-#endif
-
-#if MASK
-#ifndef MASK_CL
-#error "MASK needs mask.cl compiled first in the same program"
-#endif
-/* The first tile start k0' = k0 + t * BLOCK_C < kend with a visible bit, or a
- * value >= kend. Uniform across the work-group (every work-item reads the same words). */
-inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int qb, int k0, int kend, int nk) {
-  while (k0 < kend && !(mask_tile(m, W, bq, bk, qa, qb, k0, min(k0 + BLOCK_C, nk) - 1) & 1)) k0 += BLOCK_C;
-  return k0;
-}
-/* In the kernels: mrow is this (sequence, head)'s matrix, q0 / nq / nk as there. */
-#define MASK_LASTQ (min(q0 + BLOCK_R, nq) - 1)
-#define MASK_NEXT(k) mask_next(mrow, mask_words, mask_bq, mask_bk, q0, MASK_LASTQ, (k), kend, nk)
-#define MASK_TILE(k) mask_tile(mrow, mask_words, mask_bq, mask_bk, q0, MASK_LASTQ, (k), min((k) + BLOCK_C, nk) - 1)
-#define MASK_OK(i, j) mask_ok(mrow, mask_words, mask_bq, mask_bk, (i), (j))
-#define KNEXT knext
-#else
-#define KNEXT (k0 + BLOCK_C)
-#endif
-
-#if !CPU_MAP
 /* _Pragma needs a string: this expands a -D parameter into the pragma first. */
 #define FCL_PRAGMA_STR(x) _Pragma(#x)
 #define FCL_PRAGMA(x) FCL_PRAGMA_STR(x)
@@ -719,222 +623,3 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     }
   }
 }
-
-#else /* CPU_MAP */
-
-#define VW 8 /* float8: one AVX register, and HEAD_DIM and BLOCK_C are multiples of 8 */
-#define CV (BLOCK_C / VW)
-#define DV (HEAD_DIM / VW)
-#define RB 4 /* rows per register block; BLOCK_R is a multiple of 8 */
-#define CB (CV % 4 == 0 ? 4 : CV % 2 == 0 ? 2 : 1) /* key vectors per register block of S */
-#define DB (DV % 4 == 0 ? 4 : DV % 2 == 0 ? 2 : 1) /* head-dim vectors per register block of O */
-#if BLOCK_R % RB || BLOCK_C % VW || HEAD_DIM % VW
-#error "inconsistent flash_fwd CPU tile"
-#endif
-
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
-    __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
-    __global const store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
-    __global const store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
-    __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
-    __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
-    int seqlen_q, int seqlen_k, int group, float scale_log2,
-    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
-    ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
-    __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
-  __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
-  __local float Vs[BLOCK_C * HEAD_DIM]; /* V tile: Vs[j][x] */
-  float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
-  float Sp[BLOCK_R * BLOCK_C];          /* scores, then probabilities of the tile */
-  float Op[BLOCK_R * HEAD_DIM];         /* output accumulators */
-  float m_r[BLOCK_R], l_r[BLOCK_R];
-
-  const int q0 = get_group_id(0) * BLOCK_R;
-  const int h = get_group_id(1);
-  const int b = get_group_id(2);
-  const int hk = h / group;
-
-  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
-  if (q0 >= sb.nq) return;
-  const long bq = sb.bb, row_q = sb.q_row;
-
-  const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
-#if PAGED_KV
-  __global const int *bt = block_table + (long)b * max_pages;
-  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);
-  const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
-  const long vbase = v_off + (long)hk * v_sh;
-#else
-  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh;
-  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
-#endif
-  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
-
-  for (int r = 0; r < BLOCK_R; r++) {
-    for (int g = 0; g < HEAD_DIM / 4; g++)
-      vstore4((q0 + r < nq) ? GLOAD4(q, qbase + (long)(q0 + r) * q_sn + 4 * g) : (float4)(0.0f), g,
-              Qp + r * HEAD_DIM);
-    for (int x = 0; x < HEAD_DIM; x += VW) vstore8((float8)(0.0f), 0, Op + r * HEAD_DIM + x);
-    m_r[r] = -INFINITY;
-    l_r[r] = 0.0f;
-  }
-
-  int kend = nk, kstart = 0;
-#if CAUSAL
-  kend = min(nk, q0 + BLOCK_R + diag);
-#endif
-#if WINDOW
-  kend = min(nk, min(q0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
-  kstart = max(q0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
-#endif
-#if ALIBI
-  const float slope_log2 = alibi[h] * M_LOG2E_F;
-#endif
-#if MASK
-  __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
-  for (int k0 = MASK_NEXT(kstart), knext; k0 < kend; k0 = knext) {
-    const int mcls = MASK_TILE(k0); /* 1: some bits set, 3: all set */
-    knext = MASK_NEXT(k0 + BLOCK_C);
-#else
-  for (int k0 = kstart; k0 < kend; k0 += BLOCK_C) {
-#endif
-    /* Stage K (transposed) and V; keys past nk read as 0. */
-    for (int j = 0; j < BLOCK_C; j++) {
-      const int in = k0 + j < nk;
-      for (int g = 0; g < HEAD_DIM / 4; g++) {
-        const float4 kv = in ? GLOAD4(k, kbase + KV_OFF(k0 + j, k_sb, k_sn) + 4 * g) : (float4)(0.0f);
-        Kt[(4 * g + 0) * BLOCK_C + j] = kv.x;
-        Kt[(4 * g + 1) * BLOCK_C + j] = kv.y;
-        Kt[(4 * g + 2) * BLOCK_C + j] = kv.z;
-        Kt[(4 * g + 3) * BLOCK_C + j] = kv.w;
-        vstore4(in ? GLOAD4(v, vbase + KV_OFF(k0 + j, v_sb, v_sn) + 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM);
-      }
-    }
-
-    /* S = Q K^T, RB rows x CB*VW keys at a time. */
-    for (int r0 = 0; r0 < BLOCK_R; r0 += RB)
-      for (int c0 = 0; c0 < CV; c0 += CB) {
-        float8 a[RB][CB];
-        #pragma unroll
-        for (int i = 0; i < RB; i++)
-          for (int c = 0; c < CB; c++) a[i][c] = (float8)(0.0f);
-        for (int x = 0; x < HEAD_DIM; x++) {
-          float8 kv[CB];
-          #pragma unroll
-          for (int c = 0; c < CB; c++) kv[c] = vload8(c0 + c, Kt + x * BLOCK_C);
-          #pragma unroll
-          for (int i = 0; i < RB; i++) {
-            const float8 qv = (float8)(Qp[(r0 + i) * HEAD_DIM + x]);
-            #pragma unroll
-            for (int c = 0; c < CB; c++) a[i][c] = fma(qv, kv[c], a[i][c]);
-          }
-        }
-        #pragma unroll
-        for (int i = 0; i < RB; i++)
-          for (int c = 0; c < CB; c++)
-#if SOFTCAP
-            vstore8((float8)(softcap_log2) * tanh(a[i][c] * softcap_in), c0 + c, Sp + (r0 + i) * BLOCK_C);
-#else
-            vstore8(a[i][c] * scale_log2, c0 + c, Sp + (r0 + i) * BLOCK_C);
-#endif
-      }
-
-    /* Online softmax, row by row. */
-#if CAUSAL
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag);
-#elif WINDOW
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag + window_right) ||
-                          (k0 < q0 + BLOCK_R - 1 + diag - window_left);
-#else
-    const int need_mask = k0 + BLOCK_C > nk;
-#endif
-    for (int r = 0; r < BLOCK_R; r++) {
-      float *srow = Sp + r * BLOCK_C;
-#if ALIBI
-      for (int j = 0; j < BLOCK_C; j++) srow[j] -= slope_log2 * (float)abs(k0 + j - (q0 + r + diag));
-#endif
-      if (need_mask) {
-#if CAUSAL
-        const int lim = min(nk, q0 + r + diag + 1) - k0; /* visible keys of this row in the tile */
-#elif WINDOW
-        const int lim = min(nk, q0 + r + diag + window_right + 1) - k0;
-        const int first = min(q0 + r + diag - window_left - k0, BLOCK_C); /* keys before it are hidden */
-        for (int j = 0; j < first; j++) srow[j] = -INFINITY;
-#else
-        const int lim = nk - k0;
-#endif
-        for (int j = max(lim, 0); j < BLOCK_C; j++) srow[j] = -INFINITY;
-      }
-#if MASK
-      if (!(mcls & 2))
-        for (int j = 0; j < BLOCK_C; j++)
-          if (q0 + r >= nq || k0 + j >= nk || !MASK_OK(q0 + r, k0 + j)) srow[j] = -INFINITY;
-#endif
-      float8 mv = vload8(0, srow);
-      for (int c = 1; c < CV; c++) mv = fmax(mv, vload8(c, srow));
-      const float4 m4 = fmax(mv.lo, mv.hi);
-      const float mx = fmax(m_r[r], fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w)));
-      const float pivot = (mx == -INFINITY) ? 0.0f : mx;
-      const float alpha = exp2(m_r[r] - pivot);
-      m_r[r] = mx;
-      float8 sv = (float8)(0.0f);
-      for (int c = 0; c < CV; c++) {
-        const float8 pv = exp2(vload8(c, srow) - (float8)(pivot));
-        sv += pv;
-#if DROPOUT
-        /* One Philox call gives the words of four consecutive keys (k0 is a multiple of 8). */
-        const ulong t = (ulong)b * heads_q + h + offset;
-        const uint2 key = (uint2)((uint)seed, (uint)(seed >> 32));
-        const uint4 w0 = philox4x32_10((uint4)((uint)(k0 + c * VW) >> 2, (uint)(q0 + r), (uint)t, (uint)(t >> 32)), key);
-        const uint4 w1 = philox4x32_10((uint4)(((uint)(k0 + c * VW) >> 2) + 1, (uint)(q0 + r), (uint)t, (uint)(t >> 32)), key);
-        const int8 keep = (int8)(w0.x >= threshold, w0.y >= threshold, w0.z >= threshold, w0.w >= threshold,
-                                 w1.x >= threshold, w1.y >= threshold, w1.z >= threshold, w1.w >= threshold);
-        vstore8(select((float8)(0.0f), pv * keep_scale, keep != 0), c, srow);
-#else
-        vstore8(pv, c, srow);
-#endif
-      }
-      const float4 s4 = sv.lo + sv.hi;
-      l_r[r] = l_r[r] * alpha + ((s4.x + s4.y) + (s4.z + s4.w));
-      if (alpha != 1.0f)
-        for (int c = 0; c < DV; c++) vstore8(vload8(c, Op + r * HEAD_DIM) * alpha, c, Op + r * HEAD_DIM);
-    }
-
-    /* O += P V, RB rows x DB*VW columns at a time. */
-    const int jn = min(BLOCK_C, kend - k0);
-    for (int r0 = 0; r0 < BLOCK_R; r0 += RB)
-      for (int d0 = 0; d0 < DV; d0 += DB) {
-        float8 a[RB][DB];
-        #pragma unroll
-        for (int i = 0; i < RB; i++)
-          for (int c = 0; c < DB; c++) a[i][c] = vload8(d0 + c, Op + (r0 + i) * HEAD_DIM);
-        for (int j = 0; j < jn; j++) {
-          float8 vv[DB];
-          #pragma unroll
-          for (int c = 0; c < DB; c++) vv[c] = vload8(d0 + c, Vs + j * HEAD_DIM);
-          #pragma unroll
-          for (int i = 0; i < RB; i++) {
-            const float8 pv = (float8)(Sp[(r0 + i) * BLOCK_C + j]);
-            #pragma unroll
-            for (int c = 0; c < DB; c++) a[i][c] = fma(pv, vv[c], a[i][c]);
-          }
-        }
-        #pragma unroll
-        for (int i = 0; i < RB; i++)
-          for (int c = 0; c < DB; c++) vstore8(a[i][c], d0 + c, Op + (r0 + i) * HEAD_DIM);
-      }
-  }
-
-  const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;
-  for (int r = 0; r < BLOCK_R && q0 + r < nq; r++) {
-    const float l = l_r[r];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const long orow = obase + (long)(q0 + r) * o_sn;
-    for (int g = 0; g < HEAD_DIM / 4; g++) GSTORE4(o, orow + 4 * g, vload4(g, Op + r * HEAD_DIM) * inv);
-    if (has_lse)
-      lse[l_off + bq * l_sb + (row_q + q0 + r) * l_sn + (long)h * l_sh] =
-          l > 0.0f ? (m_r[r] + log2(l)) * M_LN2_F : -INFINITY;
-  }
-}
-#endif /* CPU_MAP */

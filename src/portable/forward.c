@@ -1,6 +1,6 @@
 /* The flash forward path: one fused kernel, no scratch memory. On devices that
- * are not GPUs the kernel is built with -DCPU_MAP=1 (one work-item per
- * work-group, see cl/portable/flash_fwd.cl and the CPU rule in src/portable/fwd_plan.c).
+ * are not GPUs the CPU variant cl/portable/flash_fwd_cpu.cl runs instead (one
+ * work-item per work-group; the CPU rule in src/portable/fwd_plan.c).
  *
  * Every choice comes from the fwd tuning (src/core/tuning_space.c declares it; the
  * plan in src/portable/fwd_plan.c applies it). With verbose >= 2 the kernel's build log and
@@ -93,7 +93,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   if (cpu) { /* the CPU rule of fwd_plan.c: one work-item per work-group */
     snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DCPU_MAP=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=1 "
+             "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=1 "
              "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, causal, p->varlen, aligned, p->dropout, variants,
              extra ? " " : "", extra ? extra : "");
@@ -111,11 +111,12 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
              extra ? extra : "");
   }
   cl_kernel kern;
-  /* Dropout and masks bring their helper files into the program. */
-  static const char *const srcs[4] = {
-      "dtype.cl+seq_bounds.cl+flash_fwd.cl", "philox.cl+dtype.cl+seq_bounds.cl+flash_fwd.cl",
-      "mask.cl+dtype.cl+seq_bounds.cl+flash_fwd.cl", "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+flash_fwd.cl"};
-  st = fcl_get_kernel(ctx, srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)], opts, "flash_fwd", &kern);
+  /* Dropout and masks bring their helper files into the program; CPUs run
+   * their own variant of the kernel. */
+  char src[160];
+  snprintf(src, sizeof src, "%s%sdtype.cl+seq_bounds.cl+flash_fwd_common.cl+%s", p->dropout ? "philox.cl+" : "",
+           p->mask_kind ? "mask.cl+" : "", cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
+  st = fcl_get_kernel(ctx, src, opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
   size_t kwg = 0;

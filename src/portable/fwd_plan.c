@@ -47,8 +47,8 @@
  * refused).
  *
  * CPU rule (device not a GPU, e.g. PoCL; the fwd tuning's map overrides the
- * choice). The kernel is built with -DCPU_MAP=1: one work-item per work-group
- * owns Br rows, with K^T and V tiles staged in local memory (see flash_fwd.cl).
+ * choice). The kernel is cl/portable/flash_fwd_cpu.cl: one work-item per work-group
+ * owns Br rows, with K^T and V tiles staged in local memory (see flash_fwd_cpu.cl).
  * The GPU mapping is slow there: PoCL loops over the
  * 128 work-items between barriers, keeps everything live across a barrier in
  * per-work-item context memory, and cannot vectorize across work-items code

@@ -1,0 +1,99 @@
+/*
+ * flash_fwd_common.cl: what the portable forward's two variants share, joined
+ * in front of flash_fwd.cl (GPUs) or flash_fwd_cpu.cl (CPUs): the parameters
+ * both read, four-element row access (GLOAD4 / GSTORE4), the paged K/V row
+ * offsets and the attention-mask tile walk.
+ *
+ * Parameters (-D), as flash_fwd.cl's banner describes them: HEAD_DIM, BLOCK_R,
+ * BLOCK_C, CAUSAL, VEC_ALIGNED, DROPOUT, WINDOW, ALIBI, SOFTCAP, MASK; DTYPE,
+ * VARLEN and PAGED_KV come with dtype.cl and seq_bounds.cl.
+ */
+#ifndef FLASH_FWD_COMMON_CL
+#define FLASH_FWD_COMMON_CL
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef BLOCK_R
+#define BLOCK_R 32
+#endif
+#ifndef BLOCK_C
+#define BLOCK_C 32
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef VEC_ALIGNED
+#define VEC_ALIGNED 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+#if WINDOW && CAUSAL
+#error "WINDOW folds causal into window_right: build with CAUSAL=0"
+#endif
+
+/* Four elements of a row: with VEC_ALIGNED the row granules are 4-element
+ * aligned, so they are read and written as one aligned vector; otherwise as
+ * dtype.cl's element-aligned LOAD4 / STORE4. */
+#if !VEC_ALIGNED
+#define GLOAD4(p, i) LOAD4(p, i)
+#define GSTORE4(p, i, x) STORE4(p, i, x)
+#elif DTYPE == 0
+#define GLOAD4(p, i) (*(__global const float4 *)((p) + (i)))
+#define GSTORE4(p, i, x) (*(__global float4 *)((p) + (i)) = (x))
+#elif DTYPE == 1
+#define GLOAD4(p, i) vloada_half4(0, (p) + (i))
+#define GSTORE4(p, i, x) vstorea_half4_rte((x), 0, (p) + (i))
+#else
+#define GLOAD4(p, i) fcl_bf16x4_to_float4(*(__global const ushort4 *)((p) + (i)))
+#define GSTORE4(p, i, x) (*(__global ushort4 *)((p) + (i)) = fcl_bf16x4_from_float4(x))
+#endif
+
+#if PAGED_KV
+#define PAGED_PARAMS                                                                                 \
+  , __global const int *block_table, int page_size, int max_pages, int num_pages, __global const int *kv_lens
+/* Element offset of key j's row in a page pool (bt: this sequence's block-table row). */
+inline long paged_row(__global const int *bt, int j, int page_size, int num_pages, long sb, long sn) {
+  const int pi = j / page_size;
+  return (long)clamp(bt[pi], 0, num_pages - 1) * sb + (long)(j - pi * page_size) * sn;
+}
+#define KV_OFF(j, sb, sn) paged_row(bt, (j), page_size, num_pages, (sb), (sn))
+#else
+#define PAGED_PARAMS
+#define KV_OFF(j, sb, sn) ((long)(j) * (sn))
+#endif
+
+#if MASK
+#ifndef MASK_CL
+#error "MASK needs mask.cl compiled first in the same program"
+#endif
+/* The first tile start k0' = k0 + t * BLOCK_C < kend with a visible bit, or a
+ * value >= kend. Uniform across the work-group (every work-item reads the same words). */
+inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int qb, int k0, int kend, int nk) {
+  while (k0 < kend && !(mask_tile(m, W, bq, bk, qa, qb, k0, min(k0 + BLOCK_C, nk) - 1) & 1)) k0 += BLOCK_C;
+  return k0;
+}
+/* In the kernels: mrow is this (sequence, head)'s matrix, q0 / nq / nk as there. */
+#define MASK_LASTQ (min(q0 + BLOCK_R, nq) - 1)
+#define MASK_NEXT(k) mask_next(mrow, mask_words, mask_bq, mask_bk, q0, MASK_LASTQ, (k), kend, nk)
+#define MASK_TILE(k) mask_tile(mrow, mask_words, mask_bq, mask_bk, q0, MASK_LASTQ, (k), min((k) + BLOCK_C, nk) - 1)
+#define MASK_OK(i, j) mask_ok(mrow, mask_words, mask_bq, mask_bk, (i), (j))
+#define KNEXT knext
+#else
+#define KNEXT (k0 + BLOCK_C)
+#endif
+
+#endif
