@@ -13,9 +13,15 @@
  *   - Nothing is printed unless the context was created with verbose != 0.
  *   - A failed call enqueues nothing and writes nothing to its outputs; a readable
  *     message is kept in the context (flashcl_context_last_error).
- *   - A context is not thread-safe: calls on one context (which share its queue,
- *     kernel cache, error message and decode scratch) must not run concurrently;
- *     use one context per thread, or serialize the calls.
+ *   - Threads: a context may be shared. Every call that uses a context holds
+ *     the context's mutex from its first check to its last enqueue (kernel
+ *     cache, kernel arguments, decode scratch, side queue, tuning, stats,
+ *     message), so calls on one context run one at a time on the host and
+ *     enqueue on its queue in the order they took the mutex; for host-side
+ *     parallelism use one context per thread (contexts share no state).
+ *     flashcl_context_destroy must not overlap another call on the context.
+ *     flashcl_context_last_error(ctx) gives the calling thread the message of
+ *     its own last call on ctx, whatever other threads did since.
  */
 #ifndef FLASHCL_H
 #define FLASHCL_H
@@ -227,7 +233,11 @@ typedef struct flashcl_context_stats {
 FLASHCL_API flashcl_status flashcl_context_stats_get(const flashcl_context *ctx, flashcl_context_stats *stats);
 
 /* The last error message for this context ("" if none); includes kernel build
- * logs. Valid until the next call on the context. With ctx NULL: the calling
+ * logs. Per thread: the message of the calling thread's last call on ctx,
+ * valid until that thread's next call on ctx (other threads' calls leave it
+ * alone). A thread whose last call went to another context (or that made
+ * none) gets a copy of the message of ctx's latest call, from whichever
+ * thread, valid until its next call on a context. With ctx NULL: the calling
  * thread's last message from a call that had no context to keep it in, such
  * as a failed flashcl_context_create (why no device matched, which OpenCL
  * call failed); valid until the thread's next such call. */

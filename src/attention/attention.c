@@ -67,11 +67,11 @@ flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attenti
   return fcl_tuning_call_family(ctx, desc->tuning, pass, 0, &want);
 }
 
-flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                         const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                         const flashcl_tensor *o, const flashcl_tensor *lse,
-                                         cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
-                                         cl_event *out_event) {
+static flashcl_status fcl_attention_forward_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                   const flashcl_tensor *q, const flashcl_tensor *k,
+                                                   const flashcl_tensor *v, const flashcl_tensor *o,
+                                                   const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                                   const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_attention_desc desc_full;
@@ -94,6 +94,16 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
                               out_event);
 }
 
+flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                         const flashcl_tensor *o, const flashcl_tensor *lse,
+                                         cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                         cl_event *out_event) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_forward_locked(ctx, desc, q, k, v, o, lse, num_events_in_wait_list,
+                                                     event_wait_list, out_event));
+}
+
 /* The shared front of the query functions: a valid pass and problem (o may be
  * NULL), and no paged K/V source in the backward. */
 flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
@@ -110,9 +120,9 @@ flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_d
   return fcl_check_call_tuning(ctx, desc, pass);
 }
 
-flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                                const flashcl_tensor *q, const flashcl_tensor *k,
-                                                const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
+static flashcl_status fcl_attention_workspace_size_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                          const flashcl_tensor *q, const flashcl_tensor *k,
+                                                          const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_attention_desc desc_full;
@@ -146,10 +156,17 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                               const flashcl_tensor *q, const flashcl_tensor *k,
-                                               const flashcl_tensor *v, const flashcl_tensor *o, flashcl_pass pass,
-                                               flashcl_kernel_family *family) {
+flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                const flashcl_tensor *q, const flashcl_tensor *k,
+                                                const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_workspace_size_locked(ctx, desc, q, k, v, pass, bytes));
+}
+
+static flashcl_status fcl_attention_kernel_family_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                         const flashcl_tensor *q, const flashcl_tensor *k,
+                                                         const flashcl_tensor *v, const flashcl_tensor *o,
+                                                         flashcl_pass pass, flashcl_kernel_family *family) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_attention_desc desc_full;
@@ -169,4 +186,12 @@ flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flash
   *family = tu.family == FLASHCL_TUNE_FWD || tu.family == FLASHCL_TUNE_BWD ? FLASHCL_KERNEL_PORTABLE
                                                                           : FLASHCL_KERNEL_NVIDIA_MMA;
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                               const flashcl_tensor *q, const flashcl_tensor *k,
+                                               const flashcl_tensor *v, const flashcl_tensor *o, flashcl_pass pass,
+                                               flashcl_kernel_family *family) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_kernel_family_locked(ctx, desc, q, k, v, o, pass, family));
 }

@@ -19,13 +19,13 @@ static flashcl_status fcl_check_like(flashcl_context *ctx, const flashcl_tensor 
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                          const flashcl_tensor *o, const flashcl_tensor *lse,
-                                          const flashcl_tensor *d_o, const flashcl_tensor *dq,
-                                          const flashcl_tensor *dk, const flashcl_tensor *dv,
-                                          cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
-                                          cl_event *out_event) {
+static flashcl_status fcl_attention_backward_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                    const flashcl_tensor *q, const flashcl_tensor *k,
+                                                    const flashcl_tensor *v, const flashcl_tensor *o,
+                                                    const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                                    const flashcl_tensor *dq, const flashcl_tensor *dk,
+                                                    const flashcl_tensor *dv, cl_uint num_events_in_wait_list,
+                                                    const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_attention_desc desc_full;
@@ -72,4 +72,15 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
   if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, grads, FLASHCL_PASS_BACKWARD, &tu)) != FLASHCL_SUCCESS) return st;
   return fcl_flash_backward(ctx, &p, desc, &tu, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
                             event_wait_list, out_event);
+}
+
+flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                          const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                          const flashcl_tensor *o, const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                          const flashcl_tensor *dq, const flashcl_tensor *dk, const flashcl_tensor *dv,
+                                          cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                          cl_event *out_event) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_backward_locked(ctx, desc, q, k, v, o, lse, d_o, dq, dk, dv,
+                                                      num_events_in_wait_list, event_wait_list, out_event));
 }

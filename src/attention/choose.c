@@ -93,9 +93,10 @@ flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, 
   return fcl_mma_forward(ctx, p, desc, tu, q, k, v, o, lse, nwait, wait, out_event);
 }
 
-flashcl_status flashcl_attention_config(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                        const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
-                                        const flashcl_tensor *o, flashcl_pass pass, flashcl_config *config) {
+static flashcl_status fcl_attention_config_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                                  const flashcl_tensor *q, const flashcl_tensor *k,
+                                                  const flashcl_tensor *v, const flashcl_tensor *o, flashcl_pass pass,
+                                                  flashcl_config *config) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_attention_desc desc_full;
@@ -127,4 +128,11 @@ flashcl_status flashcl_attention_config(flashcl_context *ctx, const flashcl_atte
   }
   if (st == FLASHCL_SUCCESS) *config = c;
   return st;
+}
+
+flashcl_status flashcl_attention_config(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                        const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                        const flashcl_tensor *o, flashcl_pass pass, flashcl_config *config) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_config_locked(ctx, desc, q, k, v, o, pass, config));
 }

@@ -11,9 +11,10 @@ cl_uint fcl_dropout_threshold(float p) {
   return t >= 4294967295.0 ? 0xffffffffu : (cl_uint)t;
 }
 
-flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flashcl_attention_desc *desc, int batch, int heads_q,
-                                    int seqlen_q, int seqlen_k, cl_mem mask, cl_uint num_events_in_wait_list,
-                                    const cl_event *event_wait_list, cl_event *out_event) {
+static flashcl_status fcl_dropout_mask_locked(flashcl_context *ctx, const flashcl_attention_desc *desc, int batch,
+                                              int heads_q, int seqlen_q, int seqlen_k, cl_mem mask,
+                                              cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                              cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_attention_desc desc_full;
@@ -50,4 +51,12 @@ flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flashcl_attentio
                                num_events_in_wait_list ? event_wait_list : NULL, out_event);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "enqueue dropout_mask");
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flashcl_attention_desc *desc, int batch, int heads_q,
+                                    int seqlen_q, int seqlen_k, cl_mem mask, cl_uint num_events_in_wait_list,
+                                    const cl_event *event_wait_list, cl_event *out_event) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_dropout_mask_locked(ctx, desc, batch, heads_q, seqlen_q, seqlen_k, mask,
+                                                num_events_in_wait_list, event_wait_list, out_event));
 }

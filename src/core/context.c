@@ -217,6 +217,9 @@ static flashcl_status fcl_create_failed(flashcl_context *ctx, flashcl_status st)
   return st;
 }
 
+/* The last context serial handed out (struct flashcl_context.serial). */
+static volatile int64_t fcl_context_serials;
+
 static flashcl_status fcl_alloc_context(const flashcl_context_options *options, flashcl_context **out) {
   flashcl_kernel_family env_kernel;
   if (!fcl_env_kernel(options, &env_kernel))
@@ -224,11 +227,17 @@ static flashcl_status fcl_alloc_context(const flashcl_context_options *options, 
                     getenv("FLASHCL_KERNEL"));
   flashcl_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return fcl_fail(NULL, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
+  if (fcl_mutex_init(&ctx->lock) != 0) {
+    free(ctx);
+    return fcl_fail(NULL, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "could not create the context's mutex");
+  }
+  ctx->serial = fcl_atomic_inc(&fcl_context_serials);
   ctx->env_kernel = env_kernel;
   const char *dir = options && options->kernel_dir ? options->kernel_dir : getenv("FLASHCL_KERNEL_DIR");
   if (dir && *dir) {
     ctx->kernel_dir = fcl_strdup(dir);
     if (!ctx->kernel_dir) {
+      fcl_mutex_destroy(&ctx->lock);
       free(ctx);
       return fcl_fail(NULL, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
     }
@@ -331,6 +340,7 @@ void flashcl_context_destroy(flashcl_context *ctx) {
   free(ctx->cache_dir);
   free(ctx->build_options);
   fcl_tuning_free(ctx);
+  fcl_mutex_destroy(&ctx->lock);
   free(ctx);
 }
 
@@ -359,20 +369,27 @@ cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx) { return c
 
 flashcl_status flashcl_context_device_info(const flashcl_context *ctx, flashcl_device_info *info) {
   if (!ctx || !info) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_enter(ctx);
   *info = ctx->info;
-  return FLASHCL_SUCCESS;
+  return fcl_leave(ctx, FLASHCL_SUCCESS);
 }
 
 flashcl_status flashcl_context_stats_get(const flashcl_context *ctx, flashcl_context_stats *stats) {
   if (!ctx || !stats) return FLASHCL_ERROR_INVALID_ARGUMENT;
+  fcl_enter(ctx);
   *stats = ctx->stats;
+  return fcl_leave(ctx, FLASHCL_SUCCESS);
+}
+
+static flashcl_status fcl_context_local_memory_locked(flashcl_context *ctx, size_t *bytes) {
+  fcl_clear_error(ctx);
+  if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  *bytes = fcl_local_budget(ctx);
   return FLASHCL_SUCCESS;
 }
 
 flashcl_status flashcl_context_local_memory(flashcl_context *ctx, size_t *bytes) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
-  fcl_clear_error(ctx);
-  if (!bytes) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
-  *bytes = fcl_local_budget(ctx);
-  return FLASHCL_SUCCESS;
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_context_local_memory_locked(ctx, bytes));
 }

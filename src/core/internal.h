@@ -3,6 +3,7 @@
 #define FLASHCL_INTERNAL_H
 
 #include "flashcl.h"
+#include "core/lock.h"
 
 #include <stdarg.h>
 #include <string.h>
@@ -84,8 +85,25 @@ struct flashcl_context {
    * them did (flashcl_context_tuning_log). */
   struct fcl_tuning_db *tuning;
   char *tuning_log;
+  /* Held for the whole of every public call that uses the context (fcl_enter /
+   * fcl_leave), so that threads may share it: the program and kernel cache
+   * (clSetKernelArg through the enqueue), the decode scratch, the side queue,
+   * the probes' state, stats and errmsg. serial: unique in the process, names
+   * the context in the threads' copies of errmsg (src/core/status.c). */
+  fcl_mutex lock;
+  int64_t serial;
   char errmsg[FLASHCL_ERRMSG_CAP];
 };
+
+/* A public entry point that uses ctx runs its body between these
+ * (src/core/status.c): fcl_enter takes ctx's lock, fcl_leave copies ctx's
+ * message for the calling thread (flashcl_context_last_error), releases the
+ * lock and returns st. Both do nothing for ctx NULL. The body must not call
+ * another such entry point on ctx (the lock is not recursive):
+ *   fcl_enter(ctx);
+ *   return fcl_leave(ctx, fcl_xxx_locked(ctx, ...)); */
+void fcl_enter(const flashcl_context *ctx);
+flashcl_status fcl_leave(const flashcl_context *ctx, flashcl_status st);
 
 char *fcl_strdup(const char *s);
 

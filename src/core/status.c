@@ -59,6 +59,32 @@ const char *fcl_cl_error_name(cl_int err) {
 #define FCL_THREAD_LOCAL
 #endif
 static FCL_THREAD_LOCAL char fcl_thread_errmsg[4096];
+/* The calling thread's copy of the message of its last call on a context, and
+ * that context's serial (0: none), so that a thread reads its own call's
+ * message while other threads make calls on the same context. */
+static FCL_THREAD_LOCAL char fcl_thread_callmsg[FLASHCL_ERRMSG_CAP];
+static FCL_THREAD_LOCAL int64_t fcl_thread_callctx;
+
+/* Copies ctx's message (the caller holds ctx's lock) for the calling thread. */
+static void fcl_publish_error(const flashcl_context *ctx) {
+  size_t n = strlen(ctx->errmsg);
+  if (n >= sizeof fcl_thread_callmsg) n = sizeof fcl_thread_callmsg - 1;
+  memcpy(fcl_thread_callmsg, ctx->errmsg, n);
+  fcl_thread_callmsg[n] = '\0';
+  fcl_thread_callctx = ctx->serial;
+}
+
+void fcl_enter(const flashcl_context *ctx) {
+  if (ctx) fcl_mutex_lock(&((flashcl_context *)ctx)->lock);
+}
+
+flashcl_status fcl_leave(const flashcl_context *ctx, flashcl_status st) {
+  if (ctx) {
+    fcl_publish_error(ctx);
+    fcl_mutex_unlock(&((flashcl_context *)ctx)->lock);
+  }
+  return st;
+}
 
 static void fcl_vset(flashcl_context *ctx, const char *fmt, va_list ap) {
   if (!ctx) {
@@ -111,8 +137,16 @@ void fcl_log(const flashcl_context *ctx, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* The thread's copy of its last call's message on ctx; a thread that made no
+ * call on ctx since its last call on another context gets a copy of ctx's
+ * current message, taken under the lock. */
 const char *flashcl_context_last_error(const flashcl_context *ctx) {
-  return ctx ? ctx->errmsg : fcl_thread_errmsg;
+  if (!ctx) return fcl_thread_errmsg;
+  if (fcl_thread_callctx != ctx->serial) {
+    fcl_enter(ctx);
+    fcl_leave(ctx, FLASHCL_SUCCESS);
+  }
+  return fcl_thread_callmsg;
 }
 
 int fcl_mul_size(size_t a, size_t b, size_t *out) {

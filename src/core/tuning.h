@@ -51,6 +51,9 @@ typedef struct fcl_param_decl {
 const fcl_param_decl *fcl_tuning_decls(flashcl_tuning_family family, int *count);
 /* The index of a declared name in the family, or -1. */
 int fcl_tuning_index(flashcl_tuning_family family, const char *name);
+/* flashcl_tuning_parse with ctx's lock held or not needed (the tuning files'
+ * loading while the context is created). */
+flashcl_status fcl_tuning_parse_locked(flashcl_context *ctx, const char *text, flashcl_tuning *tuning);
 /* 1 if value is legal for the declaration. */
 int fcl_tuning_legal(const fcl_param_decl *d, int value);
 

@@ -133,7 +133,7 @@ static int fcl_parse_entry(flashcl_context *ctx, char *line, fcl_tune_entry *e, 
   char text[1024];
   snprintf(text, sizeof text, "%s %s", flashcl_tuning_family_name(f), colon + 1);
   /* The parser's message goes to the context's error; the caller logs it. */
-  if (flashcl_tuning_parse(ctx, text, &e->t) != FLASHCL_SUCCESS) return (*why = ctx->errmsg), 0;
+  if (fcl_tuning_parse_locked(ctx, text, &e->t) != FLASHCL_SUCCESS) return (*why = ctx->errmsg), 0;
   return 1;
 }
 

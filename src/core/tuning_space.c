@@ -193,7 +193,7 @@ void flashcl_tuning_init(flashcl_tuning *tuning, flashcl_tuning_family family) {
   tuning->family = family;
 }
 
-flashcl_status flashcl_tuning_set(flashcl_context *ctx, flashcl_tuning *t, const char *name, int value) {
+static flashcl_status fcl_tuning_set_locked(flashcl_context *ctx, flashcl_tuning *t, const char *name, int value) {
   if (!t || !name) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "tuning and name must be non-NULL");
   int n = 0;
   const fcl_param_decl *d = fcl_tuning_decls(t->family, &n);
@@ -216,6 +216,11 @@ flashcl_status flashcl_tuning_set(flashcl_context *ctx, flashcl_tuning *t, const
   t->params[t->count].value = value;
   t->count++;
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_tuning_set(flashcl_context *ctx, flashcl_tuning *t, const char *name, int value) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_tuning_set_locked(ctx, t, name, value));
 }
 
 flashcl_status flashcl_tuning_get(const flashcl_tuning *t, const char *name, int *value) {
@@ -245,7 +250,7 @@ static flashcl_status fcl_tuning_parse_params(flashcl_context *ctx, const char *
     const long v = strtol(s + len + 1, &end, 10);
     if (end == s + len + 1 || (*end && *end != ' ' && *end != '\t') || v < -2147483647L || v > 2147483647L)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s: the value is not an integer", name);
-    flashcl_status st = flashcl_tuning_set(ctx, &w, name, (int)v);
+    flashcl_status st = fcl_tuning_set_locked(ctx, &w, name, (int)v);
     if (st != FLASHCL_SUCCESS) return st;
     s = end;
   }
@@ -253,7 +258,7 @@ static flashcl_status fcl_tuning_parse_params(flashcl_context *ctx, const char *
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_tuning_parse(flashcl_context *ctx, const char *text, flashcl_tuning *tuning) {
+flashcl_status fcl_tuning_parse_locked(flashcl_context *ctx, const char *text, flashcl_tuning *tuning) {
   if (!text || !tuning) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "text and tuning must be non-NULL");
   while (*text == ' ' || *text == '\t') text++;
   char fam[16];
@@ -272,6 +277,11 @@ flashcl_status flashcl_tuning_parse(flashcl_context *ctx, const char *text, flas
   flashcl_status st = fcl_tuning_parse_params(ctx, rest, &t);
   if (st == FLASHCL_SUCCESS) *tuning = t;
   return st;
+}
+
+flashcl_status flashcl_tuning_parse(flashcl_context *ctx, const char *text, flashcl_tuning *tuning) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_tuning_parse_locked(ctx, text, tuning));
 }
 
 flashcl_status flashcl_tuning_format(const flashcl_tuning *t, char *buf, size_t cap) {

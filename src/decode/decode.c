@@ -21,10 +21,10 @@ static flashcl_status fcl_decode_check(flashcl_context *ctx, const flashcl_decod
   return fcl_decode_plan_call(ctx, desc, q, kc, vc, p);
 }
 
-flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                                       const flashcl_tensor *q, const flashcl_tensor *k_cache,
-                                                       const flashcl_tensor *v_cache, size_t *bytes,
-                                                       int *num_splits) {
+static flashcl_status fcl_attention_decode_workspace_size_locked(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                                 const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                                                 const flashcl_tensor *v_cache, size_t *bytes,
+                                                                 int *num_splits) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_decode_desc desc_full;
@@ -37,6 +37,13 @@ flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, con
   *bytes = p.work_floats * sizeof(float);
   if (num_splits) *num_splits = p.splits;
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                       const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                                       const flashcl_tensor *v_cache, size_t *bytes, int *num_splits) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_decode_workspace_size_locked(ctx, desc, q, k_cache, v_cache, bytes, num_splits));
 }
 
 static void fcl_arg_lse_or_null(fcl_args *a, const flashcl_tensor *lse) {
@@ -339,11 +346,12 @@ static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                        const flashcl_tensor *q, const flashcl_tensor *k_cache,
-                                        const flashcl_tensor *v_cache, cl_mem seqlens_k, const flashcl_tensor *o,
-                                        const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
-                                        const cl_event *event_wait_list, cl_event *out_event) {
+static flashcl_status fcl_attention_decode_locked(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                  const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                                  const flashcl_tensor *v_cache, cl_mem seqlens_k,
+                                                  const flashcl_tensor *o, const flashcl_tensor *lse,
+                                                  cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                                  cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_decode_desc desc_full;
@@ -374,9 +382,19 @@ flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_deco
   return fcl_decode_enqueue(&L, num_events_in_wait_list, event_wait_list, out_event);
 }
 
-flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
-                                     const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
-                                     flashcl_config *config) {
+flashcl_status flashcl_attention_decode(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                                        const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens_k,
+                                        const flashcl_tensor *o, const flashcl_tensor *lse,
+                                        cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                        cl_event *out_event) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_decode_locked(ctx, desc, q, k_cache, v_cache, seqlens_k, o, lse,
+                                                    num_events_in_wait_list, event_wait_list, out_event));
+}
+
+static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                               const flashcl_tensor *q, const flashcl_tensor *k_cache,
+                                               const flashcl_tensor *v_cache, flashcl_config *config) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_decode_desc desc_full;
@@ -396,4 +414,11 @@ flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_
   c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages) : p.local_bytes;
   *config = c;
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
+                                     const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
+                                     flashcl_config *config) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_decode_config_locked(ctx, desc, q, k_cache, v_cache, config));
 }

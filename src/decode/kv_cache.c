@@ -6,11 +6,11 @@
 
 #include <stdio.h>
 
-flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                       const flashcl_tensor *k_new, const flashcl_tensor *v_new,
-                                       const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens,
-                                       cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
-                                       cl_event *out_event) {
+static flashcl_status fcl_kv_cache_append_locked(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                                 const flashcl_tensor *k_new, const flashcl_tensor *v_new,
+                                                 const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
+                                                 cl_mem seqlens, cl_uint num_events_in_wait_list,
+                                                 const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   flashcl_decode_desc desc_full;
@@ -82,4 +82,14 @@ flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decod
                                       num_events_in_wait_list ? event_wait_list : NULL, out_event);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(kv_append)");
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                       const flashcl_tensor *k_new, const flashcl_tensor *v_new,
+                                       const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens,
+                                       cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                       cl_event *out_event) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_kv_cache_append_locked(ctx, desc, k_new, v_new, k_cache, v_cache, seqlens,
+                                                   num_events_in_wait_list, event_wait_list, out_event));
 }

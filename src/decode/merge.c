@@ -10,10 +10,11 @@ static int fcl_same_shape4(const flashcl_tensor *a, const flashcl_tensor *b) {
          a->shape[3] == b->shape[3];
 }
 
-flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *o_a, const flashcl_tensor *lse_a,
-                                    const flashcl_tensor *o_b, const flashcl_tensor *lse_b, const flashcl_tensor *o,
-                                    const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
-                                    const cl_event *event_wait_list, cl_event *out_event) {
+static flashcl_status fcl_merge_states_locked(flashcl_context *ctx, const flashcl_tensor *o_a,
+                                              const flashcl_tensor *lse_a, const flashcl_tensor *o_b,
+                                              const flashcl_tensor *lse_b, const flashcl_tensor *o,
+                                              const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                              const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   if (num_events_in_wait_list && !event_wait_list)
@@ -82,4 +83,13 @@ flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *
                                       num_events_in_wait_list ? event_wait_list : NULL, out_event);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clEnqueueNDRangeKernel(merge_states)");
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_merge_states(flashcl_context *ctx, const flashcl_tensor *o_a, const flashcl_tensor *lse_a,
+                                    const flashcl_tensor *o_b, const flashcl_tensor *lse_b, const flashcl_tensor *o,
+                                    const flashcl_tensor *lse, cl_uint num_events_in_wait_list,
+                                    const cl_event *event_wait_list, cl_event *out_event) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_merge_states_locked(ctx, o_a, lse_a, o_b, lse_b, o, lse, num_events_in_wait_list,
+                                                event_wait_list, out_event));
 }

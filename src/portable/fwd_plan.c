@@ -327,8 +327,8 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, f
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r,
-                                            int block_c, flashcl_block_plan *out) {
+static flashcl_status fcl_attention_block_plan_locked(flashcl_context *ctx, int head_dim, flashcl_dtype dtype,
+                                                      int block_r, int block_c, flashcl_block_plan *out) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
   if (!out) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "plan is NULL");
@@ -344,4 +344,10 @@ flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, 
   out->threads = p.threads;
   out->local_bytes = p.local_bytes;
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, int head_dim, flashcl_dtype dtype, int block_r,
+                                            int block_c, flashcl_block_plan *out) {
+  fcl_enter(ctx);
+  return fcl_leave(ctx, fcl_attention_block_plan_locked(ctx, head_dim, dtype, block_r, block_c, out));
 }
