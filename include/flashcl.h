@@ -49,8 +49,13 @@ extern "C" {
   (FLASHCL_VERSION_MAJOR * 10000 + FLASHCL_VERSION_MINOR * 100 + FLASHCL_VERSION_PATCH)
 #define FLASHCL_VERSION_STRING "0.2.0"
 
-#if defined(_WIN32) && defined(FLASHCL_SHARED_BUILD)
+/* Windows DLLs: CMake defines FLASHCL_BUILDING_DLL while it builds a shared
+ * flashcl and passes FLASHCL_DLL to the programs that link it (its package
+ * and flashcl.pc do), so that they import the functions. */
+#if defined(_WIN32) && defined(FLASHCL_BUILDING_DLL)
 #define FLASHCL_API __declspec(dllexport)
+#elif defined(_WIN32) && defined(FLASHCL_DLL)
+#define FLASHCL_API __declspec(dllimport)
 #elif defined(__GNUC__)
 #define FLASHCL_API __attribute__((visibility("default")))
 #else
