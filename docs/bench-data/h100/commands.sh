@@ -16,6 +16,8 @@ $B --n 4096 --d 64,128 --dtype f16 --causal both --algo flash,naive --bwd --dete
 $B --n 4096 --d 64,128 --dtype f16 --causal 0 --algo flash --bwd --deterministic 1 --reps 5 --warmup 2 --no-check --csv
 echo "## fwd f32 portable"
 $B --n 4096 --d 64,128 --dtype f32 --causal 0 --algo flash,naive --reps 5 --warmup 2 --no-check --csv
+echo "## fwd sweep f16 d=64 (runtime and memory against N)"
+$B --n 512,1024,2048,4096,8192,16384 --d 64 --dtype f16 --causal 0 --algo flash,naive --reps 10 --warmup 3 --no-check --csv
 echo "## decode"
 $B --decode --n 4096,32768 --decode-batch 1,8,64 --d 128 --dtype f16 --reps 10 --warmup 3 --csv
 } > $OUT/speed_$tag.csv 2> $OUT/speed_$tag.err
