@@ -1183,9 +1183,15 @@ static void run_attention(fz_case *c, int entry) {
     if (entry == E_FWD) attn_check_forward(c, &a, has_lse);
     else if (entry == E_BWD) attn_check_backward(c, &a);
   }
-  if (st == 0 && entry == E_KF && fam != FLASHCL_KERNEL_AUTO && fam != FLASHCL_KERNEL_PORTABLE)
+  if (st == 0 && entry == E_KF && fam != FLASHCL_KERNEL_AUTO && fam != FLASHCL_KERNEL_PORTABLE &&
+      !(g_has_mma && fam == FLASHCL_KERNEL_NVIDIA_MMA))
     finding(c, "kernel family %d on a device without tensor cores", (int)fam);
-  if (st == 0 && entry == E_CFG && (cfg.family < FLASHCL_TUNE_NONE || cfg.family > FLASHCL_TUNE_BWD))
+  /* The attention families: none (naive), fwd and bwd everywhere, the tensor-core ones
+   * (mma_fwd, mma_bwd, wgmma_fwd) only where the device has them. */
+  if (st == 0 && entry == E_CFG &&
+      !(cfg.family == FLASHCL_TUNE_NONE || cfg.family == FLASHCL_TUNE_FWD || cfg.family == FLASHCL_TUNE_BWD ||
+        (g_has_mma && (cfg.family == FLASHCL_TUNE_MMA_FWD || cfg.family == FLASHCL_TUNE_MMA_BWD ||
+                       cfg.family == FLASHCL_TUNE_WGMMA_FWD))))
     finding(c, "config family %d", (int)cfg.family);
   if (st == 0 && entry == E_WS && ws_bytes > ((size_t)1 << 40)) finding(c, "workspace %zu bytes", ws_bytes);
 }
@@ -2047,14 +2053,21 @@ static int device_has_mma(void) {
   cl_int err;
   cl_mem buf = clCreateBuffer(g_cl, CL_MEM_READ_WRITE, 16 * 32 * 2, NULL, &err);
   if (!buf) return 0;
-  flashcl_tensor t;
+  cl_mem obuf = clCreateBuffer(g_cl, CL_MEM_READ_WRITE, 16 * 32 * 2, NULL, &err);
+  if (!obuf) {
+    clReleaseMemObject(buf);
+    return 0;
+  }
+  flashcl_tensor t, o;
   flashcl_attention_desc d;
   flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
   flashcl_tensor_init_bnhd(&t, buf, 0, FLASHCL_F16, 1, 16, 1, 32);
+  flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F16, 1, 16, 1, 32);
   flashcl_attention_desc_init(&d);
   d.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
-  const flashcl_status st = flashcl_attention_kernel_family(g_ctx, &d, &t, &t, &t, &t, FLASHCL_PASS_FORWARD, &fam);
+  const flashcl_status st = flashcl_attention_kernel_family(g_ctx, &d, &t, &t, &t, &o, FLASHCL_PASS_FORWARD, &fam);
   clReleaseMemObject(buf);
+  clReleaseMemObject(obuf);
   return st == FLASHCL_SUCCESS;
 }
 
