@@ -265,10 +265,7 @@ flashcl_status flashcl_context_create(const flashcl_context_options *options, fl
   if (st != FLASHCL_SUCCESS) return st;
   const char *spec = options && options->device ? options->device : getenv("FLASHCL_DEVICE");
   st = fcl_pick_device(ctx, spec, &ctx->platform, &ctx->device);
-  if (st != FLASHCL_SUCCESS) {
-    if (ctx->verbose) fprintf(stderr, "flashcl: %s\n", ctx->errmsg);
-    return fcl_create_failed(ctx, st);
-  }
+  if (st != FLASHCL_SUCCESS) return fcl_create_failed(ctx, st); /* fcl_fail printed it (verbose) */
   cl_int err;
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)ctx->platform, 0};
   ctx->context = clCreateContext(props, 1, &ctx->device, NULL, NULL, &err);
