@@ -16,7 +16,7 @@ exec python3 scripts/bench_report.py --out BENCHMARKS.md --img docs/img \
   --commands "$h100/commands.sh" \
   "$h100/bench.csv" "$h100/sdpa_fwd.md" "$h100/sdpa_bwd.txt" "$h100/sdpa_dec.txt" \
   --device "PoCL CPU device, 2-core development machine" --slug pocl \
-  --date "2026-11-26 18:19 UTC" --commit 0e0caf8 \
-  --note "PoCL's pthread device on 2 cores shared with other jobs (load average about 9 during the run), so absolute times are noisy; flash and naive of a row ran back to back. Batch 1 and 4 heads, so memory grows with N as in the paper's Fig. 3." \
+  --date "2026-11-26 19:22 UTC" --commit c952eb0 \
+  --note "PoCL's pthread device on the 2-core development machine, otherwise idle (load average 0.4 before the run); flash and naive of a row ran back to back. Batch 1 and 4 heads, so memory grows with N as in the paper's Fig. 3." \
   --commands "$pocl/commands.sh" \
   "$pocl/bench.csv"
