@@ -65,12 +65,18 @@ static FCL_THREAD_LOCAL char fcl_thread_errmsg[4096];
 static FCL_THREAD_LOCAL char fcl_thread_callmsg[FLASHCL_ERRMSG_CAP];
 static FCL_THREAD_LOCAL int64_t fcl_thread_callctx;
 
+/* Copies a message into a buffer of cap bytes, cut to fit (only its length is
+ * copied: a call that succeeded copies one byte). */
+static void fcl_copy_message(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap) n = cap - 1;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
 /* Copies ctx's message (the caller holds ctx's lock) for the calling thread. */
 static void fcl_publish_error(const flashcl_context *ctx) {
-  size_t n = strlen(ctx->errmsg);
-  if (n >= sizeof fcl_thread_callmsg) n = sizeof fcl_thread_callmsg - 1;
-  memcpy(fcl_thread_callmsg, ctx->errmsg, n);
-  fcl_thread_callmsg[n] = '\0';
+  fcl_copy_message(fcl_thread_callmsg, sizeof fcl_thread_callmsg, ctx->errmsg);
   fcl_thread_callctx = ctx->serial;
 }
 
@@ -96,11 +102,7 @@ static void fcl_vset(flashcl_context *ctx, const char *fmt, va_list ap) {
 }
 
 void fcl_keep_create_error(const flashcl_context *ctx) {
-  if (!ctx) return;
-  size_t n = strlen(ctx->errmsg);
-  if (n >= sizeof fcl_thread_errmsg) n = sizeof fcl_thread_errmsg - 1;
-  memcpy(fcl_thread_errmsg, ctx->errmsg, n);
-  fcl_thread_errmsg[n] = '\0';
+  if (ctx) fcl_copy_message(fcl_thread_errmsg, sizeof fcl_thread_errmsg, ctx->errmsg);
 }
 
 flashcl_status fcl_fail(flashcl_context *ctx, flashcl_status status, const char *fmt, ...) {
