@@ -96,4 +96,27 @@ inline int mask_next(__global const uint *m, int W, int bq, int bk, int qa, int 
 #define KNEXT (k0 + BLOCK_C)
 #endif
 
+/* The work-group's sequence, in both variants' kernels (their arguments by
+ * name): returns when the sequence has no query row at q0; declares bq,
+ * row_q, qbase, kbase, vbase (and bt for a paged source), nq, nk and diag. A
+ * paged source's key count is read only by work-groups that stay. */
+#if PAGED_KV
+#define FWD_PAGED_BASES()                                                       \
+  __global const int *bt = block_table + (long)b * max_pages;                 \
+  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);                          \
+  const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */     \
+  const long vbase = v_off + (long)hk * v_sh;
+#else
+#define FWD_PAGED_BASES()                                                       \
+  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh; \
+  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
+#endif
+#define FWD_SEQUENCE()                                                                    \
+  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);   \
+  if (q0 >= sb.nq) return;                                                            \
+  const long bq = sb.bb, row_q = sb.q_row;                                            \
+  const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;               \
+  FWD_PAGED_BASES()                                                                   \
+  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
+
 #endif

@@ -51,21 +51,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
   const int b = get_group_id(2);
   const int hk = h / group;
 
-  fcl_seq sb = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
-  if (q0 >= sb.nq) return;
-  const long bq = sb.bb, row_q = sb.q_row;
-
-  const long qbase = q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh;
-#if PAGED_KV
-  __global const int *bt = block_table + (long)b * max_pages;
-  sb = fcl_seq_paged_keys(sb, kv_lens, b, seqlen_k);
-  const long kbase = k_off + (long)hk * k_sh; /* rows come from KV_OFF */
-  const long vbase = v_off + (long)hk * v_sh;
-#else
-  const long kbase = k_off + bq * k_sb + (long)sb.k_row * k_sn + (long)hk * k_sh;
-  const long vbase = v_off + bq * v_sb + (long)sb.k_row * v_sn + (long)hk * v_sh;
-#endif
-  const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
+  FWD_SEQUENCE() /* leaves when the sequence has no query in this work-group */
 
   for (int r = 0; r < BLOCK_R; r++) {
     for (int g = 0; g < HEAD_DIM / 4; g++)
