@@ -206,7 +206,14 @@ typedef struct flashcl_context_options {
   int no_user_tuning;
   /* Appended to every kernel's build options (diagnostics, e.g. -cl-nv-verbose). */
   const char *build_options;
+  /* The most <cache_dir>/programs may hold, in bytes: after each write the least
+   * recently used entries are removed until it fits (entries of older drivers,
+   * versions and kernels are never read again). 0: FLASHCL_CACHE_MAX_BYTES_DEFAULT. */
+  uint64_t cache_max_bytes;
 } flashcl_context_options;
+
+/* The default limit of the program cache (256 MiB: several hundred programs). */
+#define FLASHCL_CACHE_MAX_BYTES_DEFAULT ((uint64_t)256 << 20)
 
 /* The library fills the first `size` bytes (sizeof the caller's struct) with
  * the defaults and sets struct_size; flashcl_context_options_init() passes the size. */

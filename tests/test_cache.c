@@ -3,8 +3,9 @@
  * context are loaded by the next one, in this process and in fresh ones;
  * truncated, corrupt, stale or foreign entries are rejected, rebuilt and
  * rewritten; two processes filling one cache at once both succeed and leave
- * whole entries only; no_binary_cache = 1 touches nothing; and the statistics
- * getter refuses NULL arguments.
+ * whole entries only; no_binary_cache = 1 touches nothing; the directory is
+ * kept under its size limit, least recently used entries first; and the
+ * statistics getter refuses NULL arguments.
  *
  * Every context here names its own fresh cache directory (mkdtemp), removed at
  * the end of its test. Fresh processes are this executable again, started
@@ -28,6 +29,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The problem: small enough to run in milliseconds, large enough for several
@@ -119,6 +121,8 @@ static int check_forward(flashcl_context *ctx, const char *tag, char *err, size_
  * override with "context : binary_cache=1", since a device's built-in tuning
  * may turn the cache off, as PoCL's does). */
 static const char *g_tuning_file = NULL;
+/* flashcl_context_options.cache_max_bytes for open_ctx (0: the default). */
+static uint64_t g_cache_max = 0;
 
 static flashcl_status open_ctx(const char *dir, int no_binary_cache, flashcl_context **ctx) {
   flashcl_context_options opt;
@@ -129,6 +133,7 @@ static flashcl_status open_ctx(const char *dir, int no_binary_cache, flashcl_con
   opt.cache_dir = dir;
   opt.no_binary_cache = no_binary_cache;
   opt.no_user_tuning = 1;
+  opt.cache_max_bytes = g_cache_max;
   *ctx = NULL;
   return flashcl_context_create(&opt, ctx);
 }
@@ -542,6 +547,120 @@ static void test_tuning_switch(void **state) {
   dir_remove(&d);
 }
 
+/* ------------------------------------------------------------ trimming -- */
+
+enum { FAKE = 5, FAKE_BYTES = 64 << 10 };
+
+/* A file of `bytes` random bytes whose modification time is `age` seconds ago. */
+static void plant_file(const cache_dir *d, const char *name, long bytes, long age, fct_rng *rng) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", d->programs, name);
+  unsigned char *buf = malloc((size_t)bytes);
+  FCT_CHECK(buf != NULL, "out of memory");
+  for (long i = 0; i < bytes; i++) buf[i] = (unsigned char)fct_rng_u64(rng);
+  write_file(path, buf, bytes);
+  free(buf);
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= age;
+  t[1] = t[0];
+  FCT_CHECK(utimensat(AT_FDCWD, path, t, 0) == 0, "utimensat %s: %s", path, strerror(errno));
+}
+
+static int present(const cache_dir *d, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", d->programs, name);
+  return access(path, F_OK) == 0;
+}
+
+/* The bytes of the entries ("<32 hex>.bin") in programs/. */
+static long entry_bytes(const cache_dir *d) {
+  char names[64][256], path[512];
+  int tmp;
+  long total = 0;
+  const int n = list_entries(d, names, 64, &tmp);
+  for (int i = 0; i < n && i < 64; i++) {
+    if (strlen(names[i]) != 36) continue;
+    snprintf(path, sizeof path, "%s/%s", d->programs, names[i]);
+    total += file_size(path);
+  }
+  return total;
+}
+
+/* 7. Past cache_max_bytes the least recently used entries go, oldest first,
+ * never the new ones; stale temporary files go, fresh ones and files that are
+ * not the cache's stay; a load marks its entry used. */
+static void test_trim(void **state) {
+  cache_dir d, probe;
+  fct_rng rng;
+  (void)state;
+  fct_rng_init(&rng, "trim");
+  dir_create(&probe);
+  run_in_process(probe.root, 0, "size of the entries");
+  const long written = entry_bytes(&probe);
+  dir_remove(&probe);
+  FCT_CHECK(written > 0, "no entry written");
+
+  dir_create(&d);
+  FCT_CHECK(mkdir(d.programs, 0700) == 0, "mkdir %s: %s", d.programs, strerror(errno));
+  /* Ages: fake 1 was used most recently, then 4, 3, 2, 0. */
+  static const long age[FAKE] = {5000, 10, 4000, 3000, 2000};
+  char fake[FAKE][40];
+  for (int i = 0; i < FAKE; i++) {
+    snprintf(fake[i], sizeof fake[i], "%032x.bin", 0xf00d0 + i);
+    plant_file(&d, fake[i], FAKE_BYTES, age[i], &rng);
+  }
+  const char *stale = "00000000000000000000000000000abc.bin.tmp.1.0";
+  const char *fresh = "00000000000000000000000000000abd.bin.tmp.2.0";
+  plant_file(&d, stale, 100, 7200, &rng);
+  plant_file(&d, fresh, 100, 0, &rng);
+  plant_file(&d, "notes.txt", 3 * FAKE_BYTES, 9000, &rng);
+
+  /* Room for what the run writes and two of the five planted entries. */
+  g_cache_max = (uint64_t)written + 2 * FAKE_BYTES + FAKE_BYTES / 2;
+  flashcl_context_stats s = run_in_process(d.root, 0, "a bounded cache");
+  FCT_CHECK(s.cache_written >= 1, "nothing written");
+  static const int kept[FAKE] = {0, 1, 0, 0, 1};
+  for (int i = 0; i < FAKE; i++)
+    FCT_CHECK(present(&d, fake[i]) == kept[i], "planted entry %d (%ld s old) %s", i, age[i],
+              kept[i] ? "was removed, though more recent than three others" : "was kept");
+  FCT_CHECK(!present(&d, stale), "a temporary file two hours old was kept");
+  FCT_CHECK(present(&d, fresh), "a fresh temporary file (a writer at work) was removed");
+  FCT_CHECK(present(&d, "notes.txt"), "a file that is not the cache's was removed");
+  const long total = entry_bytes(&d);
+  FCT_CHECK(total <= (long)g_cache_max && total >= written + 2 * FAKE_BYTES,
+            "entries hold %ld bytes, limit %llu (written %ld)", total, (unsigned long long)g_cache_max, written);
+
+  /* A load refreshes the entry's time: make the real entries old, load them. */
+  char names[64][256], path[512];
+  int tmp;
+  const int n = list_entries(&d, names, 64, &tmp);
+  for (int i = 0; i < n && i < 64; i++) {
+    if (strlen(names[i]) != 36 || strncmp(names[i], "000000000000000000000000000f00d", 31) == 0) continue;
+    snprintf(path, sizeof path, "%s/%s", d.programs, names[i]);
+    const struct timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
+    FCT_CHECK(utimensat(AT_FDCWD, path, old, 0) == 0, "utimensat: %s", strerror(errno));
+  }
+  const time_t before = time(NULL);
+  s = run_in_process(d.root, 0, "loads from the bounded cache");
+  FCT_CHECK(s.programs_from_cache >= 1 && s.programs_built == 0, "from cache %u, built %u", s.programs_from_cache,
+            s.programs_built);
+  int refreshed = 0;
+  for (int i = 0; i < n && i < 64; i++) {
+    if (strlen(names[i]) != 36 || strncmp(names[i], "000000000000000000000000000f00d", 31) == 0) continue;
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", d.programs, names[i]);
+    FCT_CHECK(stat(path, &sb) == 0, "entry %s is gone", names[i]);
+    FCT_CHECK(sb.st_mtime >= before, "entry %s was loaded but its time was not refreshed", names[i]);
+    refreshed++;
+  }
+  FCT_CHECK(refreshed == (int)s.programs_from_cache, "%d entries, %u loads", refreshed, s.programs_from_cache);
+  g_cache_max = 0;
+  snprintf(path, sizeof path, "%s/notes.txt", d.programs);
+  unlink(path);
+  dir_remove(&d);
+}
+
 /* 6. The getter's arguments. */
 static void test_stats_arguments(void **state) {
   flashcl_context *ctx = NULL;
@@ -576,7 +695,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_stats_arguments), cmocka_unit_test(test_write_then_load),
       cmocka_unit_test(test_fresh_process),   cmocka_unit_test(test_corrupt_entries),
       cmocka_unit_test(test_concurrent_writers), cmocka_unit_test(test_no_binary_cache),
-      cmocka_unit_test(test_tuning_switch),
+      cmocka_unit_test(test_tuning_switch),   cmocka_unit_test(test_trim),
   };
   const int rc = fct_run_group("binary cache", tests, sizeof tests / sizeof tests[0], 0);
   remove(on);

@@ -1,4 +1,5 @@
-/* The on-disk cache of compiled programs: <cache_dir>/programs/<key>.bin.
+/* The on-disk cache of compiled programs: <cache_dir>/programs/<key>.bin,
+ * kept under a size limit by src/core/cache_trim.c.
  *
  * Building a kernel from source costs from a fraction of a second to tens of
  * seconds per program, on every context creation; the cache keeps the device's
@@ -260,6 +261,7 @@ cl_program fcl_cache_load(flashcl_context *ctx, const fcl_cache_key *key, const 
   if (bin && !prog) why = reason;
   free(bin);
   if (prog) {
+    fcl_cache_touch(path);
     ctx->stats.programs_from_cache++;
     fcl_log(ctx, "loaded %s from %s", files, path);
   } else if (why) {
@@ -375,6 +377,7 @@ void fcl_cache_store(flashcl_context *ctx, const fcl_cache_key *key, cl_program 
   if (fcl_mkdirs(dir) == 0 && fcl_cache_write(ctx, path, hd, bin, len) == 0) {
     ctx->stats.cache_written++;
     fcl_log(ctx, "cached %s as %s (%zu bytes)", files, path, len);
+    fcl_cache_trim(ctx, dir, path + strlen(dir) + 1);
   } else {
     fcl_log(ctx, "could not write the cache entry %s for %s (%s): going on without it", path, files, strerror(errno));
   }

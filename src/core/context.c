@@ -244,6 +244,7 @@ static flashcl_status fcl_alloc_context(const flashcl_context_options *options, 
   }
   ctx->verbose = options ? options->verbose : 0;
   ctx->binary_cache = !(options && options->no_binary_cache);
+  ctx->cache_max_bytes = options && options->cache_max_bytes ? options->cache_max_bytes : FLASHCL_CACHE_MAX_BYTES_DEFAULT;
   const char *bo = options ? options->build_options : NULL;
   char *cache = fcl_cache_dir_resolve(options ? options->cache_dir : NULL);
   ctx->cache_dir = cache;

@@ -75,6 +75,8 @@ struct flashcl_context {
    * and the extra build options (NULL: none). */
   char *cache_dir;
   int binary_cache;
+  /* The most <cache_dir>/programs may hold (src/core/cache_trim.c). */
+  uint64_t cache_max_bytes;
   /* $FLASHCL_KERNEL, read once at creation: what AUTO means for this context. */
   flashcl_kernel_family env_kernel;
   char *build_options;
@@ -190,6 +192,11 @@ void fcl_cache_key_make(flashcl_context *ctx, const char *const *text, const siz
                         const char *options, const char *route, fcl_cache_key *key);
 cl_program fcl_cache_load(flashcl_context *ctx, const fcl_cache_key *key, const char *files, const char *options);
 void fcl_cache_store(flashcl_context *ctx, const fcl_cache_key *key, cl_program prog, const char *files);
+/* src/core/cache_trim.c: removes the least recently used entries of dir (never
+ * the one named keep) until it holds at most ctx->cache_max_bytes, and stale
+ * temporary files; fcl_cache_touch marks an entry used. Neither ever fails. */
+void fcl_cache_trim(flashcl_context *ctx, const char *dir, const char *keep);
+void fcl_cache_touch(const char *path);
 
 /* The context's side queue (see side_queue), or NULL where it cannot be
  * created; never fails the caller. */
