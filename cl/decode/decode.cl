@@ -79,7 +79,7 @@
  *   path; >= 2 needs USE_PTX = 1, i.e. the program "mma_ptx.cl+dtype.cl+decode.cl"),
  *   WINDOW, SOFTCAP, ALIBI (0 or 1: the score variants above).
  *
- * requires: dtype.cl
+ * requires: dtype.cl score_variant.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -389,18 +389,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #else
       int vis = j < kend && rg < nrows && j <= L - q_len + rg % q_len;
 #endif
-#if WINDOW || ALIBI
       const int pos = L - q_len + rg % q_len; /* the query's position */
-#endif
 #if WINDOW
-      vis = vis && (window_left < 0 || j >= pos - window_left) && (window_right < 0 || j <= pos + window_right);
+      vis = vis && sv_in_window(j, pos, window_left, window_right);
 #endif
-#if SOFTCAP
-      s = softcap_log2 * tanh(s * softcap_in);
-#endif
-#if ALIBI
-      if (vis) s -= alibi[hk * group + rg / q_len] * M_LOG2E_F * (float)abs(j - pos);
-#endif
+      /* Hidden pairs include rows past nrows, whose head has no slope. */
+      const float slope_log2 = ALIBI && vis ? alibi[hk * group + rg / q_len] * M_LOG2E_F : 0.0f;
+      float th;
+      s = sv_logit(s, 1.0f, softcap_in, softcap_log2, slope_log2, abs(j - pos), &th);
       S[e] = vis ? s : -INFINITY;
     }
     barrier(CLK_LOCAL_MEM_FENCE);

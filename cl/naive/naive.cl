@@ -23,13 +23,13 @@
  *   SOFTCAP    1: score = softcap * tanh(score / softcap) on the scaled score
  *              (before ALiBi and the masks); naive_ds then multiplies dS by
  *              1 - tanh^2, reading the scaled scores from `raw`
- *   MASK       1: block mask, 2: bit mask (see flash_fwd.cl and flashcl_mask_kind);
- *              naive_softmax hides key j of query i when its bit is 0
+ *   MASK       1: block mask, 2: bit mask (mask.cl, compiled first in the same
+ *              program); naive_softmax hides key j of query i when its bit is 0
  *   PAGED_KV   1: paged K/V source (see flash_fwd.cl): naive_pack_paged gathers K/V
  *              from the page pools, and naive_softmax takes a trailing kv_lens
  *              argument (sequence s has clamp(kv_lens[s], 0, padded_k) keys)
  *
- * requires: dtype.cl seq_bounds.cl
+ * requires: dtype.cl seq_bounds.cl score_variant.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -96,43 +96,28 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   sb = fcl_seq_paged_keys(sb, kv_lens, s, padded_k);
 #endif
   const int nq = sb.nq, nk = sb.nk, diag = sb.diag;
-  int visible = i < nq ? nk : 0, first = 0; /* keys [first, visible) */
-#if CAUSAL
-  visible = clamp(i + diag + 1, 0, visible);
-#endif
-#if WINDOW
-  visible = clamp(i + diag + window_right + 1, 0, visible);
-  first = clamp(i + diag - window_left, 0, visible);
-#endif
+  /* The row's keys [first, visible) (sv_visible as a range); rows past nq have none. */
+  const int2 keys = sv_key_range(i, 1, diag, nk, window_left, window_right, 1);
+  const int visible = i < nq ? max(keys.y, 0) : 0, first = keys.x;
   __global float *p = scores + row * padded_k;
 #if MASK
   const int mh = (int)((row / padded_q) % heads);
-  __global const uint *mrow = mask + s * mask_bs + mh * mask_hs + (long)(MASK == 1 ? i / mask_bq : i) * mask_words;
-#if MASK == 1
-#define VIS(j) (j >= first && ((mrow[((j) / mask_bk) >> 5] >> (((j) / mask_bk) & 31)) & 1u))
-#else
-#define VIS(j) (j >= first && ((mrow[(j) >> 5] >> ((j) & 31)) & 1u))
-#endif
+  __global const uint *mseq = mask + s * mask_bs + mh * mask_hs;
+#define VIS(j) (j >= first && mask_ok(mseq, mask_words, mask_bq, mask_bk, i, (j)))
 #else
 #define VIS(j) (j >= first)
 #endif
 
 #if ALIBI || SOFTCAP
   {
-#if ALIBI
-    const float slope = alibi[(row / padded_q) % heads];
-#endif
+    /* The scores are scaled already (natural units): sv_logit's scale is 1. */
+    const float slope = ALIBI ? alibi[(row / padded_q) % heads] : 0.0f;
+    const float cap_in = SOFTCAP ? 1.0f / softcap : 0.0f;
     /* Each work-item rewrites only entries it reads again below (same j = lid + t * WG). */
     for (int j = lid; j < visible; j += WG) {
       if (j < first) continue;
-      float x = p[j];
-#if SOFTCAP
-      x = softcap * tanh(x / softcap);
-#endif
-#if ALIBI
-      x -= slope * (float)abs(j - (i + diag));
-#endif
-      p[j] = x;
+      float th;
+      p[j] = sv_logit(p[j], 1.0f, cap_in, softcap, slope, abs(j - (i + diag)), &th);
     }
   }
 #endif
@@ -205,12 +190,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
     dp = dropout_keep(seed, offset, (ulong)(row / padded_q), (uint)(row % padded_q), (uint)j, threshold)
              ? dp * keep_scale : 0.0f;
 #endif
-#if SOFTCAP
-    const float t = tanh(raw[e] / softcap);
-    dprobs[e] = scale * probs[e] * (dp - dsum) * (1.0f - t * t);
-#else
-    dprobs[e] = scale * probs[e] * (dp - dsum);
-#endif
+    const float t = SOFTCAP ? SV_TANH(raw[e] / softcap) : 0.0f; /* sv_logit's t */
+    dprobs[e] = scale * probs[e] * (dp - dsum) * sv_logit_grad(t);
   }
 }
 

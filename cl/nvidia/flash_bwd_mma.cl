@@ -3,9 +3,10 @@
  * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, red.global.add.f32).
  *
  * The PTX helpers come from mma_ptx.cl and the masking and score-variant
- * rules from mma_scores.cl, compiled first in the same program
- * ("mma_ptx.cl+mma_scores.cl+flash_bwd_mma.cl", with philox.cl, mask.cl and
- * mask_mma.cl in between where dropout or a mask needs them). Everything that is
+ * rules from score_variant.cl (with mma_scores.cl's tanh), compiled first in
+ * the same program ("mma_ptx.cl+mma_scores.cl+score_variant.cl+seq_bounds.cl+
+ * flash_bwd_mma.cl", with philox.cl, mask.cl and mask_mma.cl in between where
+ * dropout or a mask needs them). Everything that is
  * PTX sits behind
  * `#if USE_PTX`, which the host sets only where the tensor-core path passed its
  * probe (src/nvidia/mma_forward.c); with USE_PTX=0 the kernels have empty bodies and the
@@ -157,8 +158,8 @@
 #if DROPOUT && !defined(PHILOX_CL)
 #error "DROPOUT needs philox.cl compiled first in the same program"
 #endif
-#if USE_PTX && !defined(MMA_SCORES_CL)
-#error "flash_bwd_mma.cl needs mma_scores.cl compiled first in the same program"
+#if USE_PTX && !defined(SCORE_VARIANT_CL)
+#error "flash_bwd_mma.cl needs mma_scores.cl and score_variant.cl compiled first in the same program"
 #endif
 #if MASK && USE_PTX && !defined(MASK_MMA_CL)
 #error "MASK needs mask.cl and mask_mma.cl compiled first in the same program"
@@ -330,16 +331,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
   /* Query tiles: every query head of the group, and under a causal mask or a
-   * window only the rows that see at least one of these keys (causal:
-   * i >= k0 - diag; window: k0 - diag - right <= i <= kmax - diag + left). */
+   * window only the rows that see at least one of these keys. */
   const int kmax = k0 + KV_BLOCK - 1; /* last key of the block */
-  int qstart = 0, qend = nq;
-#if CAUSAL
-  qstart = max(0, k0 - diag) / BLOCK_R * BLOCK_R;
-#elif WINDOW
-  qstart = max(0, k0 - diag - window_right) / BLOCK_R * BLOCK_R;
-  qend = min(nq, max(0, min(kmax, nk - 1) - diag + window_left + 1));
-#endif
+  const int2 qrange = sv_query_range(k0, KV_BLOCK, diag, nq, nk, window_left, window_right, BLOCK_R);
+  const int qstart = qrange.x, qend = qrange.y;
   const int qsteps = qend > qstart ? (qend - qstart + BLOCK_R - 1) / BLOCK_R : 0;
   const int steps = qsteps * group;
 #if MASK
@@ -434,7 +429,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     const int mcls = 3;
 #endif
     const int need_mask =
-        tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right) | !(mcls & 2);
+        sv_tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right) | !(mcls & 2);
     const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
     const int key0 = k0 + warp * 16 + g;
     #pragma unroll
@@ -445,12 +440,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
         const int key = key0 + (e >> 1) * 8;
 #if SCORE_LOG2
         float th;
-        float p = fast_exp2(score_log2(st[nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
+        float p = fast_exp2(sv_logit(st[nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
                                        abs(key - (q0 + col + diag)), &th) - l2s[col]);
 #else
         float p = fast_exp2(fma(st[nt][e], scale_log2, -l2s[col]));
 #endif
-        if (need_mask && !pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words,
+        if (need_mask && !sv_pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words,
                                        mask_bq, mask_bk))
           p = 0.0f;
 #if DROPOUT
@@ -465,7 +460,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
         const float dpv = dpt[nt][e];
 #endif
 #if SOFTCAP
-        dpt[nt][e] = p * (dpv - dss[col]) * (1.0f - th * th);
+        dpt[nt][e] = p * (dpv - dss[col]) * sv_logit_grad(th);
 #else
         dpt[nt][e] = p * (dpv - dss[col]);
 #endif
@@ -652,8 +647,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     for (int dt = 0; dt < DT; dt++) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
 
   /* Keys [kbeg, kend) are needed by the work-group, [wbeg, wend) by this warp. */
-  const int2 wg_keys = needed_keys(q0, RQ, diag, nk, window_left, window_right, BLOCK_C);
-  const int2 w_keys = needed_keys(wrow0, 16 * M_TILES, diag, nk, window_left, window_right, 1);
+  const int2 wg_keys = sv_key_range(q0, RQ, diag, nk, window_left, window_right, BLOCK_C);
+  const int2 w_keys = sv_key_range(wrow0, 16 * M_TILES, diag, nk, window_left, window_right, 1);
   const int kbeg = wg_keys.x, kend = wg_keys.y, wbeg = w_keys.x, wend = w_keys.y;
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
 #if MASK
@@ -731,7 +726,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
       }
 
     const int need_mask =
-        tile_partial(wrow0, 16 * M_TILES, k0, BLOCK_C, diag, nk, window_left, window_right) | !(mcls & 2);
+        sv_tile_partial(wrow0, 16 * M_TILES, k0, BLOCK_C, diag, nk, window_left, window_right) | !(mcls & 2);
 #if DROPOUT
     int keep = 0;
 #endif
@@ -746,13 +741,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
           const int row = wrow0 + mt * 16 + g + hh * 8;
 #if SCORE_LOG2
           float th;
-          float p = fast_exp2(score_log2(s[mt][nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
+          float p = fast_exp2(sv_logit(s[mt][nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
                                          abs(col - (row + diag)), &th) - l2r[mt][hh]);
 #else
           float p = fast_exp2(fma(s[mt][nt][e], scale_log2, -l2r[mt][hh]));
 #endif
           if (need_mask &&
-              !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words, mask_bq, mask_bk))
+              !sv_pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, mcls, mask_words, mask_bq, mask_bk))
             p = 0.0f;
 #if DROPOUT
           /* One Philox call covers the lane's two columns (e = 0, 1 and e = 2, 3). */
@@ -762,7 +757,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
           const float dpv = dps[mt][nt][e];
 #endif
 #if SOFTCAP
-          dps[mt][nt][e] = p * (dpv - ddr[mt][hh]) * (1.0f - th * th);
+          dps[mt][nt][e] = p * (dpv - ddr[mt][hh]) * sv_logit_grad(th);
 #else
           dps[mt][nt][e] = p * (dpv - ddr[mt][hh]);
 #endif

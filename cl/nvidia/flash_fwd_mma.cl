@@ -3,7 +3,8 @@
  * inline PTX (mma.sync m16n8k16, ldmatrix, cp.async, shfl.sync).
  *
  * The PTX helpers (cp_async16, LDSM_*, MMA, ...) come from mma_ptx.cl and the
- * masking and score-variant rules from mma_scores.cl, which the host compiles
+ * masking and score-variant rules from score_variant.cl (with mma_scores.cl's
+ * tanh), which the host compiles
  * first in the same program (src/nvidia/mma_forward.c, fcl_mma_sources: with philox.cl,
  * mask.cl and mask_mma.cl in between where dropout or a mask needs them; the
  * probe kernels need only mma_ptx.cl). Everything that is PTX sits
@@ -95,7 +96,7 @@
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
  *
  * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernel, which
- * uses it, exists only then; mma_ptx.cl and mma_scores.cl likewise).
+ * uses it, exists only then; mma_ptx.cl, mma_scores.cl and score_variant.cl likewise).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -164,8 +165,8 @@
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
 #endif
-#if USE_PTX && !PROBE_ONLY && !defined(MMA_SCORES_CL)
-#error "flash_fwd_mma.cl needs mma_scores.cl compiled first in the same program"
+#if USE_PTX && !PROBE_ONLY && !defined(SCORE_VARIANT_CL)
+#error "flash_fwd_mma.cl needs mma_scores.cl and score_variant.cl compiled first in the same program"
 #endif
 #if USE_PTX && !PROBE_ONLY && !defined(SEQ_BOUNDS_CL)
 #error "flash_fwd_mma.cl needs seq_bounds.cl compiled first in the same program"
@@ -356,8 +357,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 
   const int wrow0 = q0 + warp * WARP_ROWS; /* first query row of this warp */
   /* Keys [kbeg, kend) are needed by the work-group, [wbeg, wend) by this warp. */
-  const int2 wg_keys = needed_keys(q0, BLOCK_R, diag, nk, window_left, window_right, BLOCK_C);
-  const int2 w_keys = needed_keys(wrow0, WARP_ROWS, diag, nk, window_left, window_right, 1);
+  const int2 wg_keys = sv_key_range(q0, BLOCK_R, diag, nk, window_left, window_right, BLOCK_C);
+  const int2 w_keys = sv_key_range(wrow0, WARP_ROWS, diag, nk, window_left, window_right, 1);
   const int kbeg = wg_keys.x, kend = wg_keys.y, wbeg = w_keys.x, wend = w_keys.y;
   const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
@@ -498,7 +499,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
       }
 
       const int need_mask =
-          tile_partial(wrow0, WARP_ROWS, k0, BLOCK_C, diag, nk, window_left, window_right) | !(wcls & 2);
+          sv_tile_partial(wrow0, WARP_ROWS, k0, BLOCK_C, diag, nk, window_left, window_right) | !(wcls & 2);
       if (SCORE_LOG2 || need_mask) {
         #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
@@ -510,10 +511,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
               const int row = wrow0 + mt * 16 + g + (e >> 1) * 8;
 #if SCORE_LOG2
               float th;
-              s[mt][nt][e] = score_log2(s[mt][nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
+              s[mt][nt][e] = sv_logit(s[mt][nt][e], scale_log2, softcap_in, softcap_log2, slope_log2,
                                         abs(col - (row + diag)), &th);
 #endif
-              if (need_mask && !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, wcls,
+              if (need_mask && !sv_pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, wcls,
                                              mask_words, mask_bq, mask_bk))
                 s[mt][nt][e] = -INFINITY;
             }

@@ -60,7 +60,7 @@
  *   RESCALE_THRESHOLD  as in flash_fwd_mma.cl
  *
  * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernel's body,
- * which uses it, exists only then; mma_ptx.cl and mma_scores.cl likewise).
+ * which uses it, exists only then; mma_ptx.cl, mma_scores.cl and score_variant.cl likewise).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -123,8 +123,8 @@
 #ifndef MMA_TYPE
 #error "flash_fwd_wgmma.cl with USE_PTX=1 needs mma_ptx.cl compiled first in the same program"
 #endif
-#if !PROBE_ONLY && !defined(MMA_SCORES_CL)
-#error "flash_fwd_wgmma.cl needs mma_scores.cl compiled first in the same program"
+#if !PROBE_ONLY && !defined(SCORE_VARIANT_CL)
+#error "flash_fwd_wgmma.cl needs mma_scores.cl and score_variant.cl compiled first in the same program"
 #endif
 #if !PROBE_ONLY && !defined(SEQ_BOUNDS_CL)
 #error "flash_fwd_wgmma.cl needs seq_bounds.cl compiled first in the same program"
@@ -144,11 +144,11 @@ inline void proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::
 #define REG_FENCE(x, n)                                                   \
   _Pragma("unroll") for (int rf_ = 0; rf_ < (n); rf_++) asm volatile("" : "+f"((x)[rf_])::"memory")
 #if SCORE_LOG2
-/* Softcap and ALiBi turn the raw score x of (row, col) into log2 units (mma_scores.cl). */
+/* Softcap and ALiBi turn the raw score x of (row, col) into log2 units (score_variant.cl). */
 #define SCORE_VARIANT(x, row, col)                                                                 \
   {                                                                                               \
     float th_;                                                                                    \
-    (x) = score_log2((x), scale_log2, softcap_in, softcap_log2, slope_log2, abs((col) - ((row) + diag)), &th_); \
+    (x) = sv_logit((x), scale_log2, softcap_in, softcap_log2, slope_log2, abs((col) - ((row) + diag)), &th_); \
   }
 #else
 #define SCORE_VARIANT(x, row, col)
@@ -299,8 +299,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
 
   const int grow0 = q0 + wg * 64;       /* first query row of this warpgroup */
   const int wrow0 = grow0 + wiw * 16;   /* ... and of this warp */
-  const int2 wg_keys = needed_keys(q0, BLOCK_R, diag, nk, window_left, window_right, BLOCK_C);
-  const int2 g_keys = needed_keys(grow0, 64, diag, nk, window_left, window_right, 1);
+  const int2 wg_keys = sv_key_range(q0, BLOCK_R, diag, nk, window_left, window_right, BLOCK_C);
+  const int2 g_keys = sv_key_range(grow0, 64, diag, nk, window_left, window_right, 1);
   const int kbeg = wg_keys.x, kend = wg_keys.y, gbeg = g_keys.x, gend = g_keys.y;
   const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
@@ -356,14 +356,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
 #define SOFTMAX(t)                                                                              \
   {                                                                                             \
     const int tk0 = TILE_K0(t);                                                                 \
-    const int need_mask = tile_partial(wrow0, 16, tk0, BLOCK_C, diag, nk, window_left, window_right); \
+    const int need_mask = sv_tile_partial(wrow0, 16, tk0, BLOCK_C, diag, nk, window_left, window_right); \
     if (SCORE_LOG2 || need_mask) {                                                              \
       _Pragma("unroll") for (int nt = 0; nt < NT; nt++)                                         \
       _Pragma("unroll") for (int e = 0; e < 4; e++) {                                           \
         const int col = tk0 + nt * 8 + 2 * t_ + (e & 1);                                        \
         const int row = wrow0 + g + (e >> 1) * 8;                                               \
         SCORE_VARIANT(s[4 * nt + e], row, col);                                                 \
-        if (need_mask && !pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, 3, 0, 1, 1)) \
+        if (need_mask && !sv_pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, 3, 0, 1, 1)) \
           s[4 * nt + e] = -INFINITY;                                                            \
       }                                                                                         \
     }                                                                                           \

@@ -120,7 +120,7 @@
  *              later steps are issued while earlier ones compute (left rolled,
  *              each step waits for its own reads)
  *
- * requires: dtype.cl seq_bounds.cl
+ * requires: dtype.cl seq_bounds.cl score_variant.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -489,29 +489,12 @@ inline float dot4(float4 a, float4 b, float acc) {
 /* One entry of the score tile in bwd_dkdv: key c, query r of the tile, S and
  * dP given. Stores the (dropped) P and dS = P * (dP - D) ([key][query]);
  * masked entries get P = dS = 0. */
-#if SOFTCAP
-#define PDS_SCORE(sv_) const float t_ = tanh((sv_) * softcap_in); float sc_ = softcap_log2 * t_;
-#define PDS_DS(p_, dpv_, r_) ((p_) * ((dpv_) - Ds[r_]) * (1.0f - t_ * t_))
-#else
-#define PDS_SCORE(sv_) float sc_ = (sv_) * scale_log2;
-#define PDS_DS(p_, dpv_, r_) ((p_) * ((dpv_) - Ds[r_]))
-#endif
-#if CAUSAL
-#define PDS_VISIBLE(jk_, iq_) (jk_) <= (iq_) + diag
-#elif WINDOW
-#define PDS_VISIBLE(jk_, iq_) (jk_) <= (iq_) + diag + window_right && (jk_) >= (iq_) + diag - window_left
-#else
-#define PDS_VISIBLE(jk_, iq_) 1
-#endif
+#define PDS_DS(p_, dpv_, r_) ((p_) * ((dpv_) - Ds[r_]) * sv_logit_grad(t_))
 #if MASK
-#define PDS_MASK(jk_, iq_) if (visible_ && !(mcls & 2)) visible_ = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq_, jk_);
+#define PDS_MASK(jk_, iq_) \
+  if (visible_ && !(mcls & 2)) visible_ = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq_, jk_);
 #else
 #define PDS_MASK(jk_, iq_)
-#endif
-#if ALIBI
-#define PDS_ALIBI(jk_, iq_) sc_ -= slope_log2 * (float)abs((jk_) - ((iq_) + diag));
-#else
-#define PDS_ALIBI(jk_, iq_)
 #endif
 #if DROPOUT
 #define PDS_DROP(jk_, iq_)                                                           \
@@ -530,10 +513,11 @@ inline float dot4(float4 a, float4 b, float acc) {
 #define PDS_P(c_, r_, sv_, dp_)                                                      \
   const int c__ = (c_), r__ = (r_), jk_ = k0 + c__, iq_ = i0 + r__;                  \
   const float lrow_ = Ls[r__];                                                       \
-  int visible_ = jk_ < nk && iq_ < nq && lrow_ != -INFINITY && (PDS_VISIBLE(jk_, iq_)); \
+  int visible_ = iq_ < nq && lrow_ != -INFINITY && sv_visible(iq_, jk_, nk, diag, window_left, window_right); \
   PDS_MASK(jk_, iq_)                                                                 \
-  PDS_SCORE(sv_)                                                                     \
-  PDS_ALIBI(jk_, iq_)                                                                \
+  float t_;                                                                          \
+  const float sc_ =                                                                  \
+      sv_logit((sv_), scale_log2, softcap_in, softcap_log2, slope_log2, abs(jk_ - (iq_ + diag)), &t_); \
   const float p_ = visible_ ? exp2(sc_ - lrow_) : 0.0f;                             \
   float pd_ = p_, dpv_ = (dp_);                                                      \
   PDS_DROP(jk_, iq_)
@@ -659,18 +643,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
     for (int u = 0; u < B_TD / 4; u++) dk_acc[i][u] = dv_acc[i][u] = (float4)(0.0f);
 #endif
 
-  /* Query i sees key j iff i >= j - diag: earlier query tiles are skipped. */
-  int istart = 0, iend = nq;
-#if CAUSAL
-  istart = max(0, k0 - diag);
-  istart -= istart % BLOCK_R;
-#endif
-#if WINDOW
-  /* Query i sees key j iff j - diag - window_right <= i <= j - diag + window_left. */
-  istart = max(0, k0 - diag - window_right);
-  istart -= istart % BLOCK_R;
-  iend = min(nq, min(k0 + BLOCK_C, nk) - 1 - diag + window_left + 1);
-#endif
+  /* Only the query tiles that see one of these keys. */
+  const int2 qrange = sv_query_range(k0, BLOCK_C, diag, nq, nk, window_left, window_right, BLOCK_R);
+  const int istart = qrange.x, iend = qrange.y;
   /* One flat loop over (query head of the group, query tile), so that the next
    * pair's Q and dO can be fetched ahead across the head boundary. */
   stage_t qreg[TILE_REGS(BLOCK_R)], oreg[TILE_REGS(BLOCK_R)];
@@ -688,9 +663,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       gn++;
     }
     {
-#if ALIBI
-      const float slope_log2 = alibi[h] * LOG2E;
-#endif
+      const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
 #if MASK
       __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
       /* 1: some bits set, 3: all set; a tile with none is skipped (uniform). */
@@ -1014,17 +987,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   for (int i = 0; i < QB_TM; i++)
     for (int u = 0; u < QB_TD / 4; u++) dq_acc[i][u] = (float4)(0.0f);
 
-  int kend = nk, kstart = 0;
-#if CAUSAL
-  kend = min(nk, i0 + BLOCK_R + diag);
-#endif
-#if WINDOW
-  kend = min(nk, min(i0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
-  kstart = max(i0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
-#endif
-#if ALIBI
-  const float slope_log2 = alibi[h] * LOG2E;
-#endif
+  /* Rows past nq see nothing: the last real row bounds the window's right edge. */
+  const int2 keys = sv_key_range(i0, min(BLOCK_R, nq - i0), diag, nk, window_left, window_right, BLOCK_C);
+  const int kstart = keys.x, kend = keys.y;
+  const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
 #endif
@@ -1094,24 +1060,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
         const float lrow = Ls[r];
         for (int jj = 0; jj < QA_TN; jj++) {
           const int c = ac + QA_CT * jj, jk = k0 + c;
-          int visible = jk < nk && iq < nq && lrow != -INFINITY;
-#if CAUSAL
-          visible = visible && jk <= iq + diag;
-#elif WINDOW
-          visible = visible && jk <= iq + diag + window_right && jk >= iq + diag - window_left;
-#endif
+          int visible = iq < nq && lrow != -INFINITY && sv_visible(iq, jk, nk, diag, window_left, window_right);
 #if MASK
           if (visible && !(mcls & 2)) visible = mask_ok(mrow, mask_words, mask_bq, mask_bk, iq, jk);
 #endif
-#if SOFTCAP
-          const float t = tanh(s[i][jj] * softcap_in);
-          float sc = softcap_log2 * t;
-#else
-          float sc = s[i][jj] * scale_log2;
-#endif
-#if ALIBI
-          sc -= slope_log2 * (float)abs(jk - (iq + diag));
-#endif
+          float t;
+          const float sc =
+              sv_logit(s[i][jj], scale_log2, softcap_in, softcap_log2, slope_log2, abs(jk - (iq + diag)), &t);
           const float p = visible ? exp2(sc - lrow) : 0.0f;
 #if BWD_SPLIT
           float dpv = dSs[r * BCP + c]; /* dP, this entry is this work-item's alone */
@@ -1122,11 +1077,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
           dpv = dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)iq, (uint)jk, threshold) ? dpv * keep_scale
                                                                                                   : 0.0f;
 #endif
-#if SOFTCAP
-          dSs[r * BCP + c] = p * (dpv - Ds[r]) * (1.0f - t * t);
-#else
-          dSs[r * BCP + c] = p * (dpv - Ds[r]);
-#endif
+          dSs[r * BCP + c] = p * (dpv - Ds[r]) * sv_logit_grad(t);
         }
       }
     }

@@ -107,7 +107,7 @@
  *
  * This file is the GPU variant; CPUs run flash_fwd_cpu.cl instead.
  *
- * requires: dtype.cl seq_bounds.cl flash_fwd_common.cl
+ * requires: dtype.cl seq_bounds.cl score_variant.cl flash_fwd_common.cl
  */
 #ifndef NTHREADS
 #define NTHREADS 64
@@ -320,18 +320,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     l_s[i] = 0.0f;
   }
 
-  int kend = nk, kstart = 0;
-#if CAUSAL
-  kend = min(nk, q0 + BLOCK_R + diag); /* last visible key of the tile's last row, + 1 */
-#endif
-#if WINDOW
-  /* Keys of the first row's left edge (rounded down to a tile) up to the last row's right edge. */
-  kend = min(nk, min(q0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
-  kstart = max(q0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
-#endif
-#if ALIBI
-  const float slope_log2 = alibi[h] * M_LOG2E_F;
-#endif
+  /* Rows past nq see nothing: the last real row bounds the window's right edge. */
+  const int2 keys = sv_key_range(q0, min(BLOCK_R, nq - q0), diag, nk, window_left, window_right, BLOCK_C);
+  int kstart = keys.x;
+  const int kend = keys.y;
+  const float slope_log2 = ALIBI ? alibi[h] * M_LOG2E_F : 0.0f;
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
   kstart = MASK_NEXT(kstart); /* tiles whose mask bits are all 0 are never loaded */
@@ -398,36 +391,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
         }
     }
 
-#if CAUSAL
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag);
-#elif WINDOW
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag + window_right) ||
-                          (k0 < q0 + BLOCK_R - 1 + diag - window_left);
-#else
-    const int need_mask = k0 + BLOCK_C > nk;
-#endif
+    const int need_mask = sv_tile_partial(q0, BLOCK_R, k0, BLOCK_C, diag, nk, window_left, window_right);
     for (int i = 0; i < S_TM; i++) {
       const int r = sy + i * S_RT;
       float pm = -INFINITY;
       for (int j = 0; j < S_TN; j++) {
-#if SOFTCAP
-        float sv = softcap_log2 * tanh(s[i][j] * softcap_in);
-#else
-        float sv = s[i][j];
-#endif
-#if ALIBI
-        sv -= slope_log2 * (float)abs(k0 + sx + j * S_CT - (q0 + r + diag));
-#endif
-        if (need_mask) {
-          const int col = k0 + sx + j * S_CT;
-#if CAUSAL
-          if (col >= nk || col > q0 + r + diag) sv = -INFINITY;
-#elif WINDOW
-          if (col >= nk || col > q0 + r + diag + window_right || col < q0 + r + diag - window_left) sv = -INFINITY;
-#else
-          if (col >= nk) sv = -INFINITY;
-#endif
-        }
+        const int col = k0 + sx + j * S_CT;
+        float th; /* Q carries the scale (qscale), except under SOFTCAP: sv_logit's scale is 1 */
+        float sv = sv_logit(s[i][j], 1.0f, softcap_in, softcap_log2, slope_log2, abs(col - (q0 + r + diag)), &th);
+        if (need_mask && !sv_visible(q0 + r, col, nk, diag, window_left, window_right)) sv = -INFINITY;
 #if MASK
         if (!(mcls & 2)) {
           const int row = q0 + r, col = k0 + sx + j * S_CT;

@@ -15,7 +15,7 @@
  * BLOCK_R a multiple of 4 and BLOCK_C of 8, here). One work-item per
  * work-group: flash_fwd.cl's NTHREADS / S_* / O_* mapping does not apply.
  *
- * requires: dtype.cl seq_bounds.cl flash_fwd_common.cl
+ * requires: dtype.cl seq_bounds.cl score_variant.cl flash_fwd_common.cl
  */
 
 #define VW 8 /* float8: one AVX register, and HEAD_DIM and BLOCK_C are multiples of 8 */
@@ -62,17 +62,10 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     l_r[r] = 0.0f;
   }
 
-  int kend = nk, kstart = 0;
-#if CAUSAL
-  kend = min(nk, q0 + BLOCK_R + diag);
-#endif
-#if WINDOW
-  kend = min(nk, min(q0 + BLOCK_R, nq) - 1 + diag + window_right + 1);
-  kstart = max(q0 + diag - window_left, 0) / BLOCK_C * BLOCK_C;
-#endif
-#if ALIBI
-  const float slope_log2 = alibi[h] * M_LOG2E_F;
-#endif
+  /* Rows past nq see nothing: the last real row bounds the window's right edge. */
+  const int2 keys = sv_key_range(q0, min(BLOCK_R, nq - q0), diag, nk, window_left, window_right, BLOCK_C);
+  const int kstart = keys.x, kend = keys.y;
+  const float slope_log2 = ALIBI ? alibi[h] * M_LOG2E_F : 0.0f;
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
   for (int k0 = MASK_NEXT(kstart), knext; k0 < kend; k0 = knext) {
@@ -115,27 +108,21 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
         #pragma unroll
         for (int i = 0; i < RB; i++)
           for (int c = 0; c < CB; c++)
-#if SOFTCAP
-            vstore8((float8)(softcap_log2) * tanh(a[i][c] * softcap_in), c0 + c, Sp + (r0 + i) * BLOCK_C);
-#else
-            vstore8(a[i][c] * scale_log2, c0 + c, Sp + (r0 + i) * BLOCK_C);
-#endif
+            vstore8(SCORE_LOG2 ? a[i][c] : a[i][c] * scale_log2, c0 + c, Sp + (r0 + i) * BLOCK_C);
       }
 
     /* Online softmax, row by row. */
-#if CAUSAL
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag);
-#elif WINDOW
-    const int need_mask = (k0 + BLOCK_C > nk) || (k0 + BLOCK_C - 1 > q0 + diag + window_right) ||
-                          (k0 < q0 + BLOCK_R - 1 + diag - window_left);
-#else
-    const int need_mask = k0 + BLOCK_C > nk;
-#endif
+    const int need_mask = sv_tile_partial(q0, BLOCK_R, k0, BLOCK_C, diag, nk, window_left, window_right);
     for (int r = 0; r < BLOCK_R; r++) {
       float *srow = Sp + r * BLOCK_C;
-#if ALIBI
-      for (int j = 0; j < BLOCK_C; j++) srow[j] -= slope_log2 * (float)abs(k0 + j - (q0 + r + diag));
+#if SCORE_LOG2
+      for (int j = 0; j < BLOCK_C; j++) {
+        float th;
+        const int dist = abs(k0 + j - (q0 + r + diag));
+        srow[j] = sv_logit(srow[j], scale_log2, softcap_in, softcap_log2, slope_log2, dist, &th);
+      }
 #endif
+      /* sv_visible as key ranges per row, which vectorize on a CPU. */
       if (need_mask) {
 #if CAUSAL
         const int lim = min(nk, q0 + r + diag + 1) - k0; /* visible keys of this row in the tile */

@@ -219,7 +219,8 @@ static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
   flashcl_status st;
   fcl_decode_options(L, page_shift, opts, sizeof opts);
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
-  const char *file = p->stages ? "mma_ptx.cl+dtype.cl+decode.cl" : "dtype.cl+decode.cl";
+  const char *file =
+      p->stages ? "mma_ptx.cl+dtype.cl+score_variant.cl+decode.cl" : "dtype.cl+score_variant.cl+decode.cl";
   L->merge = NULL;
   L->threads = p->threads;
   if (p->mma && (st = fcl_decode_mma_kernel(L, page_shift))) return st;

@@ -214,7 +214,13 @@ static flashcl_status fcl_naive_kernels(fcl_naive_call *c, const char *extra) {
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s", (int)p->dtype,
            p->head_dim, p->causal && !p->window, p->varlen, c->wg, p->dropout,
            fcl_variant_options(p, variants, sizeof variants));
-  c->src = p->dropout ? "philox.cl+dtype.cl+seq_bounds.cl+naive.cl" : "dtype.cl+seq_bounds.cl+naive.cl";
+  /* Dropout and masks bring their helper files into the program. */
+  static const char *const srcs[4] = {
+      "dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl",
+      "philox.cl+dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl",
+      "mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl",
+      "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl"};
+  c->src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
   c->extra = NULL;
   flashcl_status st;
   if ((st = fcl_get_kernel(ctx, c->src, c->opts, "naive_pack", &c->pack)) ||

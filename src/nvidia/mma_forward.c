@@ -89,8 +89,8 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
 }
 
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap) {
-  snprintf(buf, cap, "mma_ptx.cl+%s%smma_scores.cl+seq_bounds.cl+%s", p->dropout ? "philox.cl+" : "",
-           p->mask_kind ? "mask.cl+mask_mma.cl+" : "", kernel_file);
+  snprintf(buf, cap, "mma_ptx.cl+%s%smma_scores.cl+score_variant.cl+seq_bounds.cl+%s",
+           p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+mask_mma.cl+" : "", kernel_file);
 }
 
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,

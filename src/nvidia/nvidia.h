@@ -21,7 +21,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use);
 /* The program of a tensor-core kernel file: mma_ptx.cl, then philox.cl with
- * dropout, mask.cl and mask_mma.cl with a mask, mma_scores.cl, seq_bounds.cl, then the kernel
+ * dropout, mask.cl and mask_mma.cl with a mask, mma_scores.cl, score_variant.cl, seq_bounds.cl, then the kernel
  * file. */
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap);
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,

@@ -272,8 +272,10 @@ static flashcl_status fcl_bwd_get_kernels(fcl_bwd_launch *L, fcl_tuned *tu) {
                   sizeof opts_dq);
   /* Dropout and masks bring their helper files into the program. */
   static const char *const srcs[4] = {
-      "dtype.cl+seq_bounds.cl+flash_bwd.cl", "philox.cl+dtype.cl+seq_bounds.cl+flash_bwd.cl",
-      "mask.cl+dtype.cl+seq_bounds.cl+flash_bwd.cl", "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+flash_bwd.cl"};
+      "dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
+      "philox.cl+dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
+      "mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
+      "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl"};
   const char *src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
   flashcl_status st;
   L->dkdv = L->dq = NULL;

@@ -114,8 +114,8 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   /* Dropout and masks bring their helper files into the program; CPUs run
    * their own variant of the kernel. */
   char src[160];
-  snprintf(src, sizeof src, "%s%sdtype.cl+seq_bounds.cl+flash_fwd_common.cl+%s", p->dropout ? "philox.cl+" : "",
-           p->mask_kind ? "mask.cl+" : "", cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
+  snprintf(src, sizeof src, "%s%sdtype.cl+seq_bounds.cl+score_variant.cl+flash_fwd_common.cl+%s",
+           p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "", cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
   st = fcl_get_kernel(ctx, src, opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
