@@ -100,7 +100,7 @@ typedef struct entry {
   int nout;
   /* Filled by the sweeps, for the report. */
   long cold[FAULT_FN_COUNT], cache[FAULT_FN_COUNT], warm[FAULT_FN_COUNT];
-  long failed, absorbed, partial;
+  long failed, absorbed;
 } entry;
 
 enum { B = 1, N = 32, H = 2, D = 32 };
@@ -330,16 +330,6 @@ static flashcl_context *ctx_new(int binary_cache) {
   return ctx;
 }
 
-/* The failures that still leave outputs written (docs/reliability.md, "Fault
- * injection", findings): a kernel that writes some outputs is already
- * enqueued when a later one cannot be (the flash backward's dQ after dK/dV;
- * the naive backward's dk and dv unpacks after dq's). Nothing else may write. */
-static int known_partial(const entry *e, const char *msg) {
-  if (!strcmp(e->name, "backward_flash")) return strstr(msg, "enqueue dQ") != NULL;
-  if (!strcmp(e->name, "backward_naive")) return strstr(msg, "naive_unpack") != NULL;
-  return 0;
-}
-
 /* Fails fn's nth call of e on ctx and checks the call, then the retry. */
 static void inject(entry *e, flashcl_context *ctx, int fn, long nth, const char *sweep) {
   live before, after;
@@ -354,13 +344,9 @@ static void inject(entry *e, flashcl_context *ctx, int fn, long nth, const char 
   if (st < 0) {
     e->failed++;
     if (ev != EVENT_SENTINEL) fail_msg("%s %s: %s #%ld: failed call wrote out_event", sweep, e->name, fault_fn_name(fn), nth);
-    if (!outputs_untouched(e)) {
-      const char *msg = flashcl_context_last_error(ctx);
-      if (!known_partial(e, msg))
-        fail_msg("%s %s: %s #%ld: failed call (%s) wrote its outputs", sweep, e->name, fault_fn_name(fn), nth, msg);
-      e->partial++;
-      if (g_verbose) fprintf(stderr, "  known partial write: %s %s: %s #%ld (%s)\n", sweep, e->name, fault_fn_name(fn), nth, msg);
-    }
+    if (!outputs_untouched(e))
+      fail_msg("%s %s: %s #%ld: failed call (%s) wrote its outputs", sweep, e->name, fault_fn_name(fn), nth,
+               flashcl_context_last_error(ctx));
   } else {
     e->absorbed++;
     if (st != FLASHCL_SUCCESS) fail_msg("%s %s: %s #%ld: status %d", sweep, e->name, fault_fn_name(fn), nth, st);
@@ -439,8 +425,7 @@ static void report(const entry *e, double secs) {
       at += snprintf(line + at, sizeof line - (size_t)at, " %s %ld/%ld/%ld", fault_fn_name(f), e->cold[f],
                      e->cache[f], e->warm[f]);
   }
-  printf("%s | failed %ld (known partial writes %ld) absorbed %ld | %.1f s\n", line, e->failed, e->partial,
-         e->absorbed, secs);
+  printf("%s | failed %ld absorbed %ld | %.1f s\n", line, e->failed, e->absorbed, secs);
   fflush(stdout);
 }
 
