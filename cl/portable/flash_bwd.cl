@@ -84,7 +84,7 @@
  *              On a GPU a warp's loads then touch n rows of one operand and
  *              32 / n of the other instead of 1-2 and 16-32, which cuts the
  *              local-memory transactions per multiply-add.
- *   NV_RED     1: the atomic dQ adds go through inline PTX red.global.add.v4.f32
+ *   NV_RED     1: the atomic dQ adds go through red.global.add.v4.f32 (warp_ptx.cl)
  *              (NVIDIA, sm_90 and later; the host sets it from device queries)
  *   BWD_SPLIT  1: the work-items work in two halves of NTHREADS / 2. In
  *              bwd_dkdv's phase A the first half computes S^T and the second
@@ -96,7 +96,7 @@
  *              Each work-item then reads one operand pair per product instead
  *              of two, over a tile twice as large: fewer local-memory reads per
  *              multiply-add, for one more barrier per tile.
- *   BWD_SHFL   1 (with BWD_SPLIT; NVIDIA, inline PTX shfl.sync): bwd_dkdv's
+ *   BWD_SHFL   1 (with BWD_SPLIT; NVIDIA: warp_ptx.cl's shfl.sync): bwd_dkdv's
  *              phase A halves are the two halves of each warp instead of the
  *              two halves of the work-group: lane l computes S^T and lane
  *              l ^ 16 dP^T of the same entries, they swap half of them through
@@ -105,8 +105,8 @@
  *              then share that step, and dP never goes through local memory
  *              (one barrier less per tile). Phase B keeps the work-group
  *              halves.
- *   BWD_NBAR   1 (with BWD_SPLIT, without BWD_SHFL and SOFTCAP; NVIDIA, inline
- *              PTX bar.sync with a thread count): bwd_dkdv's S half turns S into
+ *   BWD_NBAR   1 (with BWD_SPLIT, without BWD_SHFL and SOFTCAP; NVIDIA:
+ *              warp_ptx.cl's bar.sync with a thread count): bwd_dkdv's S half turns S into
  *              P alone, writing the dropped P to Ps and the undropped P to dSs;
  *              after the work-group barrier the dP half, which still holds dP in
  *              registers, turns that into dS in place (dS = P (dP - D), or with
@@ -286,13 +286,14 @@ inline void atomic_add_float(volatile __global float *p, float val) {
 #else
 #define RED_SKIP_ZERO 0
 #endif
+#if (NV_RED || BWD_SHFL || BWD_NBAR) && !(defined(WARP_PTX_CL) && WARP_PTX)
+#error "NV_RED, BWD_SHFL and BWD_NBAR need warp_ptx.cl (NVIDIA) compiled first in the same program"
+#endif
 #if NV_RED
-#define ATOMIC_ADD4(ptr_, val_)                                                                      \
-  {                                                                                            \
-    const float4 a_ = (val_);                                                                     \
-    if (!RED_SKIP_ZERO || any(a_ != (float4)(0.0f)))                                           \
-      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr_), "f"(a_.x), "f"(a_.y), \
-                   "f"(a_.z), "f"(a_.w) : "memory");                                            \
+#define ATOMIC_ADD4(ptr_, val_)                                    \
+  {                                                          \
+    const float4 a_ = (val_);                                   \
+    if (!RED_SKIP_ZERO || any(a_ != (float4)(0.0f))) nv_red_add4((ptr_), a_); \
   }
 #else
 #define ATOMIC_ADD4(ptr_, val_)                                    \
@@ -537,15 +538,6 @@ inline float dot4(float4 a, float4 b, float acc) {
     dSs[c__ * BRP + r__] = p_;                                                       \
   }
 
-#if BWD_SHFL
-/* The value of lane ^ 16 (NVIDIA shfl.sync; every lane of the warp calls it). */
-inline float shfl_xor16(float x) {
-  float r;
-  asm("shfl.sync.bfly.b32 %0, %1, 16, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x));
-  return r;
-}
-#endif
-
 /*
  * dK/dV (and, with ATOMIC_DQ, dQ). One work-group owns BLOCK_C keys of one
  * (sequence, kv head); K and V stay in local memory and dK, dV in registers
@@ -724,7 +716,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
         float theirs[A_TM][A_TN / 2]; /* all shuffles first: their latencies overlap */
         UNROLL_FULL
         for (int i = 0; i < A_TM; i++)
-          for (int jj = 0; jj < A_TN / 2; jj++) theirs[i][jj] = shfl_xor16(arole ? s[i][jj] : s[i][jj + A_TN / 2]);
+          for (int jj = 0; jj < A_TN / 2; jj++) theirs[i][jj] = nv_shfl_xor16(arole ? s[i][jj] : s[i][jj + A_TN / 2]);
         UNROLL_FULL
         for (int i = 0; i < A_TM; i++)
           for (int jj = 0; jj < A_TN / 2; jj++) {
@@ -752,7 +744,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 #endif
             }
           /* Only this half reads dS next (dK); the S half goes on to dV. */
-          asm volatile("bar.sync 1, %0;" ::"r"(GRID_N) : "memory");
+          nv_bar_sync1(GRID_N);
         }
 #else
         if (arole)

@@ -71,7 +71,7 @@
  *                (K a tile ahead, V), 1 one.
  *   UNROLL_O     n > 0: unroll the key loop of O += P V n times (GPU mapping; 0: the
  *                compiler's choice)
- *   FWD_SHFL     1 (GPU mapping; NVIDIA, inline PTX shfl.sync): the S_CT work-items
+ *   FWD_SHFL     1 (GPU mapping; NVIDIA: warp_ptx.cl's shuffles): the S_CT work-items
  *                of a row are consecutive lanes of one warp (S_CT a power of two
  *                <= 32, NTHREADS a multiple of 32); they take the row maximum from
  *                each other through shuffles instead of through Red, so P and the
@@ -166,13 +166,8 @@
 #if FWD_SHFL && (NTHREADS % 32 || S_CT > 32 || (S_CT & (S_CT - 1)))
 #error "FWD_SHFL needs whole warps and S_CT a power of two <= 32"
 #endif
-#if FWD_SHFL
-/* The value of lane ^ m (NVIDIA shfl.sync; every lane of the warp calls it). */
-inline float shfl_xor(float x, int m) {
-  float r;
-  asm("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(m));
-  return r;
-}
+#if FWD_SHFL && !(defined(WARP_PTX_CL) && WARP_PTX)
+#error "FWD_SHFL needs warp_ptx.cl (NVIDIA) compiled first in the same program"
 #endif
 
 /* Swizzle masks: the largest power of two <= 8 dividing the granules per row, - 1. */
@@ -419,7 +414,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     /* All shuffles of all rows first, so that their latencies overlap; then P
      * in registers (the same arithmetic, in the same order, as below). */
     for (int m = S_CT / 2; m >= 1; m >>= 1)
-      for (int i = 0; i < S_TM; i++) row_max[i] = fmax(row_max[i], shfl_xor(row_max[i], m));
+      for (int i = 0; i < S_TM; i++) row_max[i] = fmax(row_max[i], nv_shfl_xor(row_max[i], m));
     for (int i = 0; i < S_TM; i++) {
       const float mx = fmax(m_s[i], row_max[i]);
       const float pivot = (mx == -INFINITY) ? 0.0f : mx; /* see below */

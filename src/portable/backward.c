@@ -136,12 +136,12 @@ static void fcl_bwd_options(flashcl_context *ctx, const fcl_tuned *tu, const fcl
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DA_TM=%d -DA_TN=%d "
            "-DB_TM=%d -DB_TD=%d -DQA_TM=%d -DQA_TN=%d -DQB_TM=%d -DQB_TD=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
            "-DDQ_VEC=%d -DDROPOUT=%d -DBWD_AHEAD=%d -DVEC_ALIGNED=%d -DSCORE_PAD=%d -DA_WQ=%d -DB_WX=%d -DQA_WK=%d "
-           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_SHFL=%d -DBWD_NBAR=%d -DBWD_UNROLL=%d%s%s%s%s",
+           "-DQB_WX=%d -DNV_RED=%d -DBWD_SPLIT=%d -DBWD_SHFL=%d -DBWD_NBAR=%d -DBWD_UNROLL=%d%s%s%s%s%s",
            (int)p->dtype, p->head_dim, bp->br, bp->bc, bp->threads, bp->a_tm, bp->a_tn, bp->b_tm, bp->b_td,
            bp->qa_tm, bp->qa_tn, bp->qb_tm, bp->qb_td, p->causal && !p->window, p->varlen, acc_dq, dq_vec,
            p->dropout, w.ahead, vec_aligned, bp->pad, bp->a_wq, bp->b_wx, bp->qa_wk, bp->qb_wx, w.red, bp->split,
-           w.shfl, w.nbar, w.unroll, w.ftz ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "",
-           extra ? extra : "");
+           w.shfl, w.nbar, w.unroll, w.ftz ? " -cl-denorms-are-zero" : "",
+           fcl_mma_available(ctx) ? " -DWARP_PTX=1" : "", variants, extra ? " " : "", extra ? extra : "");
 }
 
 /* Everything a backward call runs, decided before anything is enqueued. */
@@ -270,13 +270,11 @@ static flashcl_status fcl_bwd_get_kernels(fcl_bwd_launch *L, fcl_tuned *tu) {
   fcl_bwd_options(ctx, r->knobs, p, &r->bp, acc_dq, acc_dq && fcl_rows_aligned16(t->dq), vec, opts, sizeof opts);
   fcl_bwd_options(ctx, r->knobs, p, &r->bq, acc_dq, acc_dq && fcl_rows_aligned16(t->dq), vec, opts_dq,
                   sizeof opts_dq);
-  /* Dropout and masks bring their helper files into the program. */
-  static const char *const srcs[4] = {
-      "dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
-      "philox.cl+dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
-      "mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
-      "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl"};
-  const char *src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
+  /* Dropout and masks bring their helper files into the program, and where
+   * the PTX route passed its probe the NVIDIA switches (red, shfl, nbar) theirs. */
+  char src[192];
+  snprintf(src, sizeof src, "%s%s%sdtype.cl+seq_bounds.cl+score_variant.cl+flash_bwd.cl",
+           fcl_mma_available(ctx) ? "warp_ptx.cl+" : "", p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "");
   flashcl_status st;
   L->dkdv = L->dq = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_preprocess", &L->pre)) ||

@@ -104,18 +104,19 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DBLOCK_C=%d -DNTHREADS=%d -DS_TM=%d -DS_TN=%d "
              "-DO_TM=%d -DO_TD=%d -DUNROLL_D=%d -DUNROLL_O=%d -DPREFETCH=%d -DPAD_ROWS=%d -DSEP_KV=%d -DFWD_SHFL=%d "
-             "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s%s",
+             "-DCAUSAL=%d -DVARLEN=%d -DVEC_ALIGNED=%d -DDROPOUT=%d%s%s%s%s%s",
              (int)p->dtype, p->head_dim, plan.br, plan.bc, sh.threads, sh.s_tm, sh.s_tn, sh.o_tm, sh.o_td,
              tune.unroll_d, tune.unroll_o, tune.prefetch, tune.pad, p->mask_kind ? 0 : tune.sep_kv, shfl, causal,
-             p->varlen, aligned, p->dropout, tune.ftz ? " -cl-denorms-are-zero" : "", variants, extra ? " " : "",
-             extra ? extra : "");
+             p->varlen, aligned, p->dropout, tune.ftz ? " -cl-denorms-are-zero" : "", shfl ? " -DWARP_PTX=1" : "",
+             variants, extra ? " " : "", extra ? extra : "");
   }
   cl_kernel kern;
-  /* Dropout and masks bring their helper files into the program; CPUs run
-   * their own variant of the kernel. */
-  char src[160];
-  snprintf(src, sizeof src, "%s%sdtype.cl+seq_bounds.cl+score_variant.cl+flash_fwd_common.cl+%s",
-           p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "", cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
+  /* Dropout, masks and the NVIDIA shuffles bring their helper files into the
+   * program; CPUs run their own variant of the kernel. */
+  char src[192];
+  snprintf(src, sizeof src, "%s%s%sdtype.cl+seq_bounds.cl+score_variant.cl+flash_fwd_common.cl+%s",
+           !cpu && shfl ? "warp_ptx.cl+" : "", p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "",
+           cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
   st = fcl_get_kernel(ctx, src, opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
