@@ -27,9 +27,13 @@ cl_uint fcl_gate_wait(cl_event gate, cl_event after, cl_event list[2]) {
   return n;
 }
 
-void fcl_gate_close(cl_event gate, flashcl_status st) {
+void fcl_gate_close(flashcl_context *ctx, cl_event gate, flashcl_status st) {
   if (!gate) return;
   /* An error status is how OpenCL cancels the commands that wait on the gate. */
   clSetUserEventStatus(gate, st == FLASHCL_SUCCESS ? CL_COMPLETE : -1);
   clReleaseEvent(gate);
+  /* Some drivers (NVIDIA's) report a cancelled command through the queue's
+   * next clFinish: take that report here, so that the caller's queue is as
+   * the failed call found it. A failure path may block. */
+  if (st != FLASHCL_SUCCESS) clFinish(ctx->queue);
 }

@@ -202,10 +202,10 @@ void fcl_cache_touch(const char *path);
  * until all of them are enqueued. fcl_gate_open makes it; fcl_gate_wait
  * builds a wait list of `after` (may be NULL) and the gate (may be NULL);
  * fcl_gate_close opens it when st is FLASHCL_SUCCESS, else cancels the
- * commands that wait on it, and releases it. */
+ * commands that wait on it and finishes ctx's queue; and releases it. */
 flashcl_status fcl_gate_open(flashcl_context *ctx, cl_event *gate);
 cl_uint fcl_gate_wait(cl_event gate, cl_event after, cl_event list[2]);
-void fcl_gate_close(cl_event gate, flashcl_status st);
+void fcl_gate_close(flashcl_context *ctx, cl_event gate, flashcl_status st);
 
 /* The context's side queue (see side_queue), or NULL where it cannot be
  * created; never fails the caller. */

@@ -478,7 +478,7 @@ static flashcl_status fcl_naive_backward_store(const fcl_naive_call *c, const cl
     cl_int err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, out_event);
     if (err != CL_SUCCESS) st = fcl_cl_fail(c->ctx, err, "clEnqueueBarrierWithWaitList");
   }
-  fcl_gate_close(gate, st);
+  fcl_gate_close(c->ctx, gate, st);
   return st;
 }
 

@@ -452,7 +452,7 @@ static flashcl_status fcl_bwd_enqueue(const fcl_bwd_launch *L, cl_uint nwait, co
                        : fcl_bwd_dq_kernel(L, pre_done, dkdv_done, gate, side, out_event);
     if (err != CL_SUCCESS) st = fcl_cl_fail(L->ctx, err, "enqueue dQ");
   }
-  fcl_gate_close(gate, st);
+  fcl_gate_close(L->ctx, gate, st);
   /* A dQ enqueued beside dK/dV whose join failed: let it end (cancelled) here,
    * so that nothing of this call runs after the caller's next commands. */
   if (st != FLASHCL_SUCCESS && side) clFinish(side);
