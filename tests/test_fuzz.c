@@ -114,6 +114,10 @@ typedef struct fz_case {
   /* Invalid only where a flash kernel runs (desc.algo not NAIVE at call time):
    * desc.kernel = NVIDIA_MMA on this device, block sizes the plan cannot fit. */
   int bad_kernel, bad_blocks;
+  /* desc.max_seqlen_k was mutated: judged on the final descriptor, since a
+   * paged source takes any value >= 0 (clamped to the pools) and varlen
+   * without one needs 1..Nk. */
+  int seqk_mut;
 } fz_case;
 
 /* How many fields of tensor `name` are claimed. */
@@ -917,7 +921,7 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
             break;
           default:
             clog_(c, "desc.max_seqlen_k = %d", v);
-            if (a->varlen && (v < 1 || v > a->Nk)) c->must_fail = 1; /* ignored without varlen / paging */
+            c->seqk_mut = 1; /* judged at the call (run_attention) */
             d->max_seqlen_k = v;
             break;
         }
@@ -1136,6 +1140,9 @@ static void run_attention(fz_case *c, int entry) {
    * sizes no plan fits where one is planned (not by kernel_family or
    * workspace_size, which plan no tiles) */
   if (a.desc.algo != FLASHCL_ALGO_NAIVE && (c->bad_kernel || (c->bad_blocks && entry != E_KF && entry != E_WS)))
+    c->must_fail = 1;
+  if (c->seqk_mut && (a.desc.kv_block_table ? a.desc.max_seqlen_k < 0
+                                            : a.varlen && (a.desc.max_seqlen_k < 1 || a.desc.max_seqlen_k > a.Nk)))
     c->must_fail = 1;
   upload_all(c);
   switch (entry) {
