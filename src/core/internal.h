@@ -198,14 +198,10 @@ void fcl_cache_store(flashcl_context *ctx, const fcl_cache_key *key, cl_program 
 void fcl_cache_trim(flashcl_context *ctx, const char *dir, const char *keep);
 void fcl_cache_touch(const char *path);
 
-/* src/core/gate.c: a user event that holds a call's output-writing commands
- * until all of them are enqueued. fcl_gate_open makes it; fcl_gate_wait
- * builds a wait list of `after` (may be NULL) and the gate (may be NULL);
- * fcl_gate_close opens it when st is FLASHCL_SUCCESS, else cancels the
- * commands that wait on it and finishes ctx's queue; and releases it. */
-flashcl_status fcl_gate_open(flashcl_context *ctx, cl_event *gate);
-cl_uint fcl_gate_wait(cl_event gate, cl_event after, cl_event list[2]);
-void fcl_gate_close(flashcl_context *ctx, cl_event gate, flashcl_status st);
+/* src/core/retry.c: 1 when err is a shortage of resources, after finishing
+ * ctx's queue (and side, if not NULL): the caller then tries the failed set-up
+ * or enqueue of a later command of its call once more. 0 for any other error. */
+int fcl_retry_after_finish(flashcl_context *ctx, cl_command_queue side, cl_int err, const char *what);
 
 /* The context's side queue (see side_queue), or NULL where it cannot be
  * created; never fails the caller. */

@@ -135,20 +135,27 @@ static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem s
  * (and the LSE scratch into lse when given). */
 static flashcl_status fcl_unpack(flashcl_context *ctx, cl_kernel kern, cl_mem src, cl_mem lse_ws,
                                  const flashcl_tensor *t, const flashcl_tensor *lse, int heads, int padded, int batch,
-                                 cl_mem cu, int total, int d, cl_event gate, cl_event *ev) {
-  fcl_args a = {kern, 0, CL_SUCCESS};
-  fcl_arg_mem(&a, src);
-  fcl_arg_mem(&a, lse_ws);
-  fcl_arg_tensor(&a, t);
-  fcl_arg_lse(&a, lse);
-  fcl_arg_int(&a, lse != NULL);
-  fcl_arg_int(&a, heads);
-  fcl_arg_int(&a, padded);
-  fcl_arg_mem(&a, cu);
-  fcl_arg_int(&a, total);
-  if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_unpack)");
-  return fcl_enqueue(ctx, kern, (size_t)d, (size_t)padded, (size_t)batch * heads, 0, gate ? 1 : 0, &gate, ev,
-                     "enqueue naive_unpack");
+                                 cl_mem cu, int total, int d, cl_event *ev) {
+  /* The backward's unpacks share this kernel, so the dk and dv ones are set
+   * up after dq's is enqueued: a shortage then gets one more try. */
+  for (int again = 0;; again++) {
+    fcl_args a = {kern, 0, CL_SUCCESS};
+    fcl_arg_mem(&a, src);
+    fcl_arg_mem(&a, lse_ws);
+    fcl_arg_tensor(&a, t);
+    fcl_arg_lse(&a, lse);
+    fcl_arg_int(&a, lse != NULL);
+    fcl_arg_int(&a, heads);
+    fcl_arg_int(&a, padded);
+    fcl_arg_mem(&a, cu);
+    fcl_arg_int(&a, total);
+    size_t global[3] = {(size_t)d, (size_t)padded, (size_t)batch * heads};
+    const cl_int err = a.err != CL_SUCCESS ? a.err : clEnqueueNDRangeKernel(ctx->queue, kern, 3, NULL, global, NULL,
+                                                                             0, NULL, ev);
+    const char *what = a.err != CL_SUCCESS ? "clSetKernelArg(naive_unpack)" : "enqueue naive_unpack";
+    if (err == CL_SUCCESS) return FLASHCL_SUCCESS;
+    if (again || !fcl_retry_after_finish(ctx, NULL, err, what)) return fcl_cl_fail(ctx, err, what);
+  }
 }
 
 /* dst = P * Z / (1 - p) over the dense [seq][head][row][col] score layout. */
@@ -275,16 +282,15 @@ static flashcl_status fcl_naive_pack(const fcl_naive_call *c, const flashcl_tens
   return fcl_pack(c->ctx, c->pack, t, dst, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk, nwait, wait, c->d);
 }
 
-/* Writes a dense fp32 query-side (q_side) or key-side result into a caller's
- * tensor, after gate where one is given (NULL: none). */
+/* Writes a dense fp32 query-side (q_side) or key-side result into a caller's tensor. */
 static flashcl_status fcl_naive_unpack(const fcl_naive_call *c, cl_mem src, cl_mem lse_ws, const flashcl_tensor *t,
-                                       const flashcl_tensor *lse, int q_side, cl_event gate, cl_event *ev) {
+                                       const flashcl_tensor *lse, int q_side, cl_event *ev) {
   const fcl_problem *p = c->p;
   if (q_side)
     return fcl_unpack(c->ctx, c->unpack, src, lse_ws, t, lse, p->heads_q, p->seqlen_q, p->batch, c->cu_q, c->tq,
-                      c->d, gate, ev);
+                      c->d, ev);
   return fcl_unpack(c->ctx, c->unpack, src, lse_ws, t, lse, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk,
-                    c->d, gate, ev);
+                    c->d, ev);
 }
 
 enum { FWD_Q, FWD_K, FWD_V, FWD_S, FWD_LSE, FWD_NBUF }; /* FWD_Q is reused for O */
@@ -332,7 +338,7 @@ static flashcl_status fcl_naive_forward_run(const fcl_naive_call *c, const fcl_n
     return st;
   fcl_naive_order(c);
 
-  return fcl_naive_unpack(c, buf[FWD_Q], buf[FWD_LSE], o, lse, 1, NULL, out_event);
+  return fcl_naive_unpack(c, buf[FWD_Q], buf[FWD_LSE], o, lse, 1, out_event);
 }
 
 flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
@@ -464,21 +470,19 @@ static flashcl_status fcl_naive_backward_grads(const fcl_naive_call *c, const fc
   return FLASHCL_SUCCESS;
 }
 
-/* dq, dk and dv into the caller's tensors, then the caller's event. The three
- * unpacks wait on a gate (src/core/gate.c): one that cannot be enqueued
- * cancels the others, so a failed call writes none of them. */
+/* dq, dk and dv into the caller's tensors, then the caller's event. */
 static flashcl_status fcl_naive_backward_store(const fcl_naive_call *c, const cl_mem *buf, const flashcl_tensor *dq,
                                                const flashcl_tensor *dk, const flashcl_tensor *dv,
                                                cl_event *out_event) {
-  cl_event gate = NULL;
-  flashcl_status st = fcl_gate_open(c->ctx, &gate);
-  if (st == FLASHCL_SUCCESS && !(st = fcl_naive_unpack(c, buf[BWD_O], buf[BWD_LSE], dq, NULL, 1, gate, NULL)) &&
-      !(st = fcl_naive_unpack(c, buf[BWD_V], buf[BWD_LSE], dk, NULL, 0, gate, NULL)) &&
-      !(st = fcl_naive_unpack(c, buf[BWD_DV], buf[BWD_LSE], dv, NULL, 0, gate, NULL)) && out_event) {
+  flashcl_status st;
+  if ((st = fcl_naive_unpack(c, buf[BWD_O], buf[BWD_LSE], dq, NULL, 1, NULL)) ||
+      (st = fcl_naive_unpack(c, buf[BWD_V], buf[BWD_LSE], dk, NULL, 0, NULL)) ||
+      (st = fcl_naive_unpack(c, buf[BWD_DV], buf[BWD_LSE], dv, NULL, 0, NULL)))
+    return st;
+  if (out_event) {
     cl_int err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, out_event);
     if (err != CL_SUCCESS) st = fcl_cl_fail(c->ctx, err, "clEnqueueBarrierWithWaitList");
   }
-  fcl_gate_close(c->ctx, gate, st);
   return st;
 }
 

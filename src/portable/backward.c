@@ -340,7 +340,7 @@ static flashcl_status fcl_bwd_preprocess(const fcl_bwd_launch *L, cl_uint nwait,
 /* dK and dV (either family) after D. *side: the queue dQ will run on beside
  * it (NULL: the caller's); *dkdv_done is made only where something waits on
  * it (the dQ store, or the join of a side-queue dQ). */
-static flashcl_status fcl_bwd_dkdv(const fcl_bwd_launch *L, cl_event pre_done, cl_event gate, cl_command_queue *side,
+static flashcl_status fcl_bwd_dkdv(const fcl_bwd_launch *L, cl_event pre_done, cl_command_queue *side,
                                    cl_event *dkdv_done) {
   flashcl_context *ctx = L->ctx;
   const fcl_problem *p = L->p;
@@ -359,10 +359,8 @@ static flashcl_status fcl_bwd_dkdv(const fcl_bwd_launch *L, cl_event pre_done, c
   size_t kblocks = ((size_t)p->seqlen_k + r->bp.bc - 1) / r->bp.bc;
   size_t g_kv[3] = {kblocks * r->bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   *side = !r->acc_dq && r->concurrent ? fcl_side_queue(ctx) : NULL;
-  cl_event after[2];
-  const cl_uint nafter = fcl_gate_wait(gate, pre_done, after);
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->dkdv, 3, NULL, r->use_mma ? L->mma.global_dkdv : g_kv,
-                                      r->use_mma ? L->mma.local : local, nafter, after,
+                                      r->use_mma ? L->mma.local : local, 1, &pre_done,
                                       r->acc_dq || *side ? dkdv_done : NULL);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
   return FLASHCL_SUCCESS;
@@ -388,21 +386,21 @@ static cl_int fcl_bwd_dq_args(const fcl_bwd_launch *L) {
 }
 
 /* bwd_dq_store: dQ from the accumulator(s) that dK/dV filled. Takes dkdv_done. */
-static cl_int fcl_bwd_dq_store(const fcl_bwd_launch *L, cl_event dkdv_done, cl_event gate, cl_event *out_event) {
+static cl_int fcl_bwd_dq_store(const fcl_bwd_launch *L, cl_event dkdv_done, cl_event *out_event) {
   const fcl_problem *p = L->p;
   size_t g[3] = {(size_t)p->head_dim / 8, (size_t)p->seqlen_q, (size_t)p->batch * p->heads_q};
   /* The last command must cover dK/dV too: on an out-of-order queue waiting on
    * the dK/dV event is what orders it. */
-  cl_event after[2];
-  const cl_uint nafter = fcl_gate_wait(gate, dkdv_done, after);
-  cl_int err = clEnqueueNDRangeKernel(L->ctx->queue, L->dq, 3, NULL, g, NULL, nafter, after, out_event);
+  cl_int err = clEnqueueNDRangeKernel(L->ctx->queue, L->dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
+  if (err != CL_SUCCESS && fcl_retry_after_finish(L->ctx, NULL, err, "enqueue bwd_dq_store"))
+    err = clEnqueueNDRangeKernel(L->ctx->queue, L->dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
   clReleaseEvent(dkdv_done);
   return err;
 }
 
 /* The separate dQ kernel (either family) after D, beside dK/dV where side is
  * set. Takes dkdv_done. */
-static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_event dkdv_done, cl_event gate,
+static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_event dkdv_done,
                                 cl_command_queue side, cl_event *out_event) {
   flashcl_context *ctx = L->ctx;
   const fcl_problem *p = L->p;
@@ -418,10 +416,11 @@ static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_e
    * back into the caller's queue, so that its later commands and out_event
    * come after all three gradients. */
   if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
-  cl_event after[2];
-  const cl_uint nafter = fcl_gate_wait(gate, pre_done, after);
-  err = clEnqueueNDRangeKernel(side ? side : ctx->queue, L->dq, 3, NULL, use_mma ? L->mma.global_dq : g,
-                               use_mma ? L->mma.local : local_dq, nafter, after, &parts[0]);
+  for (int again = 0; again < 2; again++) { /* dK/dV is enqueued: one more try (src/core/retry.c) */
+    err = clEnqueueNDRangeKernel(side ? side : ctx->queue, L->dq, 3, NULL, use_mma ? L->mma.global_dq : g,
+                                 use_mma ? L->mma.local : local_dq, 1, &pre_done, &parts[0]);
+    if (err == CL_SUCCESS || again || !fcl_retry_after_finish(ctx, side, err, "enqueue dQ")) break;
+  }
   const int dq_on_side = side && err == CL_SUCCESS;
   if (dq_on_side) err = clFlush(side);
   if (err == CL_SUCCESS && (side || out_event)) {
@@ -429,33 +428,31 @@ static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_e
     err = side ? clEnqueueBarrierWithWaitList(ctx->queue, 2, parts, out_event)
                : clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
   }
+  /* dQ was enqueued but could not be joined into the caller's queue: finish it
+   * here, so that it never writes dq after the caller's next commands. */
+  if (err != CL_SUCCESS && dq_on_side) clFinish(side);
   if (parts[0]) clReleaseEvent(parts[0]);
   if (dkdv_done) clReleaseEvent(dkdv_done);
   return err;
 }
 
-/* D, then dK/dV, then dQ; every event made here is released here. The
- * commands that write dk, dv and dq wait on a gate (src/core/gate.c), so a
- * later command that cannot be enqueued cancels the earlier ones. */
+/* D, then dK/dV, then dQ; every event made here is released here. */
 static flashcl_status fcl_bwd_enqueue(const fcl_bwd_launch *L, cl_uint nwait, const cl_event *wait,
                                       cl_event *out_event) {
   cl_event pre_done = NULL; /* D is ready (and the dQ accumulators zeroed) */
-  cl_event dkdv_done = NULL, gate = NULL;
+  cl_event dkdv_done = NULL;
   cl_command_queue side = NULL;
+  /* dQ's arguments first: failing to set them once dK/dV is enqueued would
+   * leave dk and dv written by a failed call. */
   cl_int err = fcl_bwd_dq_args(L);
   if (err != CL_SUCCESS) return fcl_cl_fail(L->ctx, err, "clSetKernelArg(dQ)");
-  flashcl_status st = fcl_gate_open(L->ctx, &gate);
-  if (st == FLASHCL_SUCCESS) st = fcl_bwd_preprocess(L, nwait, wait, &pre_done);
-  if (st == FLASHCL_SUCCESS) st = fcl_bwd_dkdv(L, pre_done, gate, &side, &dkdv_done);
+  flashcl_status st = fcl_bwd_preprocess(L, nwait, wait, &pre_done);
+  if (st == FLASHCL_SUCCESS) st = fcl_bwd_dkdv(L, pre_done, &side, &dkdv_done);
   if (st == FLASHCL_SUCCESS) {
-    err = L->r->acc_dq ? fcl_bwd_dq_store(L, dkdv_done, gate, out_event)
-                       : fcl_bwd_dq_kernel(L, pre_done, dkdv_done, gate, side, out_event);
+    err = L->r->acc_dq ? fcl_bwd_dq_store(L, dkdv_done, out_event)
+                       : fcl_bwd_dq_kernel(L, pre_done, dkdv_done, side, out_event);
     if (err != CL_SUCCESS) st = fcl_cl_fail(L->ctx, err, "enqueue dQ");
   }
-  fcl_gate_close(L->ctx, gate, st);
-  /* A dQ enqueued beside dK/dV whose join failed: let it end (cancelled) here,
-   * so that nothing of this call runs after the caller's next commands. */
-  if (st != FLASHCL_SUCCESS && side) clFinish(side);
   if (pre_done) clReleaseEvent(pre_done);
   return st;
 }
