@@ -438,6 +438,24 @@ typedef struct flashcl_attention_desc {
    * a family the call cannot run, or parameters that do not fit this device or
    * problem, fail with FLASHCL_ERROR_UNSUPPORTED and a message. */
   const struct flashcl_tuning *tuning;
+
+  /* Attention sinks (gpt-oss): NULL (the default) is off; else an fp32 buffer of
+   * at least heads_q logits, sink[h] in the units of the scaled scores. Each row
+   * of query head h takes one more softmax entry of logit sink[h] that carries
+   * no value: it enters the row's max and sum, so O = sum_j P_j V_j with
+   * P_j = exp(s_j - LSE) and LSE = log(exp(sink[h]) + sum_j exp(s_j)). A row
+   * that sees no key gets O = 0 and LSE = sink[h]. The backward takes the
+   * forward's LSE (which includes the sinks) and needs nothing else for dq, dk
+   * and dv. dsinks: NULL, or (backward only) an fp32 buffer of >= heads_q floats
+   * that gets dL/dsink[h] = -sum over the rows of head h of
+   * exp(sink[h] - LSE) * rowsum(dO * O); it must not overlap any other buffer
+   * of the call. The forward with sinks runs on the portable kernels and the
+   * naive path (AUTO and FLASHCL_KERNEL_NVIDIA_MMA then take the portable
+   * forward, as for other problems the tensor cores do not cover; a desc.tuning
+   * of a tensor-core family fails with FLASHCL_ERROR_UNSUPPORTED); the backward
+   * runs on every family. */
+  cl_mem sinks;
+  cl_mem dsinks;
 } flashcl_attention_desc;
 
 
@@ -687,6 +705,10 @@ typedef struct flashcl_decode_desc {
   float softcap;
   /* Per-call tuning of family FLASHCL_TUNE_DECODE (see "Tuning"), or NULL. */
   const struct flashcl_tuning *tuning;
+  /* Attention sinks, as in flashcl_attention_desc: NULL (off) or an fp32 buffer
+   * of >= heads_q logits. They run on the portable decode kernel (AUTO then
+   * skips the tensor-core one). */
+  cl_mem sinks;
 } flashcl_decode_desc;
 
 /* The library fills the first `size` bytes (sizeof the caller's struct) with

@@ -36,11 +36,15 @@ static double row_probs(const ref_attention_params *p, const ref_masks *m, const
     probs[j] = s;
     if (s > mx) mx = s;
   }
+  /* A sink is one more entry of the softmax, with no value. */
+  const double sink = (m && m->sinks) ? (double)m->sinks[hq] : -INFINITY;
+  if (sink > mx) mx = sink;
   if (mx == -INFINITY) {
     for (j = 0; j < seg->nk; j++) probs[j] = 0.0;
     return -INFINITY;
   }
   for (j = 0; j < seg->nk; j++) sum += probs[j] == -INFINITY ? 0.0 : exp(probs[j] - mx);
+  if (sink != -INFINITY) sum += exp(sink - mx);
   lse = mx + log(sum);
   for (j = 0; j < seg->nk; j++) probs[j] = probs[j] == -INFINITY ? 0.0 : exp(probs[j] - lse);
   return lse;
@@ -114,6 +118,8 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
     for (int64_t n = 0; n < k->shape[REF_N]; n++)
       for (int64_t h = 0; h < hkn; h++)
         for (int64_t x = 0; x < d; x++) *ref_at(dk, b, n, h, x) = *ref_at(dv, b, n, h, x) = 0.0;
+  if (m && m->dsinks)
+    for (int64_t h = 0; h < hqn; h++) m->dsinks[h] = 0.0;
 
   for (int64_t s = 0; s < nseg; s++) {
     ref_segment seg = ref_attention_segment(p, q, k, s);
@@ -135,6 +141,7 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
           }
           dsum += orow[x] * ref_get(d_o, seg.q_batch, qi, hq, x);
         }
+        if (m && m->sinks && m->dsinks) m->dsinks[hq] -= exp((double)m->sinks[hq] - l) * dsum;
         for (int64_t j = 0; j < seg.nk; j++) {
           if (probs[j] == 0.0) continue;
           const int64_t kj = seg.k_row0 + j;

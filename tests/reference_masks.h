@@ -11,7 +11,10 @@
  *   visible iff (!causal || j <= i + diag)
  *            && (window_left  < 0 || j >= i + diag - window_left)
  *            && (window_right < 0 || j <= i + diag + window_right)
- *   P = softmax over the visible keys (a row with none: P = 0, O = 0, LSE = -inf)
+ *   P = softmax over the visible keys (a row with none: P = 0, O = 0, LSE = -inf);
+ *   a sink (logit sink[h], no value) joins the softmax: LSE = log(exp(sink) +
+ *   sum exp(s)), a row with no key gets O = 0 and LSE = sink;
+ *   dsink[h] = -sum_i exp(sink[h] - LSE_i) D_i
  *   O = (P * f) V,  LSE = log sum_visible exp(s)   (f: dropout factor, reference_bwd.h)
  * Backward: dV = (P f)^T dO, dP = (dO V^T) f, D_i = dO_i . O_i,
  *   dS = P (dP - D) (1 - t^2 with softcap, else 1), dQ = scale dS K, dK = scale dS^T Q.
@@ -30,6 +33,8 @@ typedef struct ref_masks {
   int window_left, window_right; /* -1: unbounded */
   const float *alibi;            /* one slope per query head, NULL: off */
   double softcap;                /* 0: off */
+  const float *sinks;            /* one logit per query head, NULL: off */
+  double *dsinks;                /* backward: d/dsinks per query head (NULL: not wanted) */
 } ref_masks;
 
 /* O (q's shape) and LSE ((Bq, Nq, Hq, 1), may be NULL). m and dr may be NULL.

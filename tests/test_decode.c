@@ -87,10 +87,14 @@ typedef struct dec_case {
   int window, wl, wr;           /* window 1: desc.window_left/right = wl, wr */
   int alibi;                    /* 1: desc.alibi_slopes from alibi_slope() */
   float softcap;                /* desc.softcap */
+  int sinks;                    /* 1: desc.sinks from sink_logit() */
 } dec_case;
 
 /* ALiBi slope of query head h of Hq (the geometric sequence of the ALiBi paper). */
 static float alibi_slope(int h, int Hq) { return (float)pow(2.0, -8.0 * (h + 1) / Hq); }
+
+/* The attention sink of query head h: -1.5 .. 2, within the scores' range. */
+static float sink_logit(int h) { return 0.5f * (float)(h % 8) - 1.5f; }
 
 /* The seed-003 tree: 9 tokens, parents - 0 1 1 2 2 3 3 4. */
 static const int TREE_PARENT[9] = {-1, 0, 1, 1, 2, 2, 3, 3, 4};
@@ -155,6 +159,9 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
           if (s[j] > m) m = s[j];
           nvis++;
         }
+        /* A sink joins the softmax with no value: a row with no key gets O = 0, LSE = sink. */
+        if (c->sinks && sink_logit(h) > m) m = sink_logit(h);
+        if (c->sinks) l += exp(sink_logit(h) - m);
         for (int j = 0; j < L; j++) {
           if (s[j] == -INFINITY) continue;
           const float *vr = dd->v + (dd->off[b] + j) * (size_t)Hkv * d + (size_t)hk * d;
@@ -162,9 +169,9 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
           l += p;
           for (int x = 0; x < d; x++) o[x] += p * vr[x];
         }
-        if (nvis > 0)
+        if (l > 0)
           for (int x = 0; x < d; x++) o[x] /= l;
-        ref_lse[((size_t)b * T + t) * Hq + h] = nvis > 0 ? m + log(l) : -INFINITY;
+        ref_lse[((size_t)b * T + t) * Hq + h] = l > 0 ? m + log(l) : -INFINITY;
       }
   free(s);
 }
@@ -310,6 +317,13 @@ static void run_decode_case(const dec_case *c) {
     free(sl);
     desc.alibi_slopes = slopes;
   }
+  cl_mem sinks = NULL;
+  if (c->sinks) {
+    float sv[64];
+    for (int h = 0; h < Hq; h++) sv[h] = sink_logit(h);
+    sinks = fct_create_buffer(sizeof(float) * (size_t)Hq, sv);
+    desc.sinks = sinks;
+  }
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)B);
   flashcl_status st;
   if (c->append) {
@@ -417,6 +431,7 @@ static void run_decode_case(const dec_case *c) {
         for (int x = 0; x < d; x++) {
           const double g = fct_tensor_get(&o, b, t, h, x);
           if (isinf(rl) && g != 0.0) empty_bad++;
+          if (!isfinite(g) && x == 0 && getenv("DBG")) fprintf(stderr, "bad b=%d t=%d h=%d L=%d rl=%g g=%g lse=%g\n", b, t, h, c->seqlens[b], rl, g, fct_tensor_get(&lse, b, t, h, 0));
           l2_add(&eo, g, ro[x]);
         }
         lse_add(&el, fct_tensor_get(&lse, b, t, h, 0), rl);
@@ -441,6 +456,7 @@ static void run_decode_case(const dec_case *c) {
 done:
   if (tree) clReleaseMemObject(tree);
   if (slopes) clReleaseMemObject(slopes);
+  if (sinks) clReleaseMemObject(sinks);
   if (wbuf) clReleaseMemObject(wbuf);
   clReleaseMemObject(seqlens);
   free(lens);
@@ -525,6 +541,15 @@ static const dec_case DEC_CASES[] = {
      FLASHCL_KERNEL_PORTABLE, 0.0f, 0, 0, 0, 1},
     {"softcap_window64_paged64_q4_f16", FLASHCL_F16, 6, 4, 32, 8, 128, MIXED, 64, 0, 0, 0, 0, 0, FLASHCL_KERNEL_AUTO,
      0.0f, 1, 64, -1, 1, 0.75f},
+    /* Attention sinks, split (each split's partial without the sink, the merge
+     * adding it once) and unsplit, with a window of 0 keys (the sink takes half
+     * of a row) and a tree; on the cp.async path where the device has one. */
+    {"sinks_contig_q1_f16_d128_split4", FLASHCL_F16, 6, 1, 32, 8, 128, MIXED, 0, 4, 0, 0, 0, 0, FLASHCL_KERNEL_AUTO,
+     0.0f, 0, 0, 0, 0, 0.0f, 1},
+    {"sinks_window0_paged16_q4_f32_unsplit", FLASHCL_F32, 7, 4, 8, 2, 64, MIXED0, 16, 1, 0, 0, 0, 0,
+     FLASHCL_KERNEL_AUTO, 0.0f, 1, 0, -1, 0, 0.0f, 1},
+    {"sinks_tree_alibi_softcap_contig_bf16", FLASHCL_BF16, 6, 9, 32, 8, 64, MIXED_T, 0, 3, 0, 0, 0, 1,
+     FLASHCL_KERNEL_AUTO, 0.0f, 0, 0, 0, 1, 1.5f, 1},
 };
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }

@@ -1,6 +1,7 @@
 /*
- * Sliding window, ALiBi and logit soft-capping (flashcl_attention_desc.window_left /
- * window_right / alibi_slopes / softcap), forward and backward, flash and naive,
+ * Sliding window, ALiBi, logit soft-capping and attention sinks
+ * (flashcl_attention_desc.window_left / window_right / alibi_slopes / softcap /
+ * sinks, dsinks), forward and backward, flash and naive,
  * against the double reference of reference_masks.c.
  *
  *   - Fresh random inputs every run (seed printed; FLASHCL_TEST_SEED reproduces).
@@ -38,15 +39,16 @@ typedef struct mt_case {
   int block;      /* flash block_r = block_c (0: automatic); small tiles make the window skip tiles */
   int mma;        /* 1: flash only, desc.kernel = NVIDIA_MMA, backward in both dQ modes (skipped where
                    * there is no tensor-core path) */
+  int sinks;      /* 1: attention sinks (desc.sinks), and their gradient in the backward */
 } mt_case;
 
 typedef struct mt_inputs {
   int64_t B, Nq, Nk;
   fct_tensor q, k, v, d_o;
-  cl_mem cu_q, cu_k, alibi;
+  cl_mem cu_q, cu_k, alibi, sinks;
   int32_t cu_q_host[17], cu_k_host[17];
   int max_q, max_k;
-  float slopes[64];
+  float slopes[64], sink_vals[64];
 } mt_inputs;
 
 static void mt_inputs_create(mt_inputs *in, const mt_case *c) {
@@ -86,6 +88,11 @@ static void mt_inputs_create(mt_inputs *in, const mt_case *c) {
     for (int h = 0; h < c->hq; h++) in->slopes[h] = 4.0f * powf(2.0f, -8.0f * (float)(h + 1) / (float)c->hq);
     in->alibi = fct_create_buffer((size_t)c->hq * sizeof(float), in->slopes);
   }
+  if (c->sinks) {
+    /* Around the scores' own range, so that the sink takes a real share of each row. */
+    for (int h = 0; h < c->hq; h++) in->sink_vals[h] = (float)(1.5 * fct_rng_normal(&rng) + 0.5);
+    in->sinks = fct_create_buffer((size_t)c->hq * sizeof(float), in->sink_vals);
+  }
 }
 
 static void mt_inputs_release(mt_inputs *in) {
@@ -96,6 +103,7 @@ static void mt_inputs_release(mt_inputs *in) {
   if (in->cu_q) clReleaseMemObject(in->cu_q);
   if (in->cu_k) clReleaseMemObject(in->cu_k);
   if (in->alibi) clReleaseMemObject(in->alibi);
+  if (in->sinks) clReleaseMemObject(in->sinks);
 }
 
 static int mt_deterministic = 1; /* desc.deterministic of the next mt_run */
@@ -110,6 +118,7 @@ static void mt_desc(const mt_case *c, const mt_inputs *in, flashcl_algo algo, fl
   desc->window_right = c->wr;
   desc->alibi_slopes = in->alibi;
   desc->softcap = c->softcap;
+  desc->sinks = in->sinks;
   desc->dropout_p = c->dropout;
   desc->seed = 0x1234567890abcdefull;
   desc->offset = 77;
@@ -138,6 +147,8 @@ static void mt_params(const mt_case *c, const mt_inputs *in, ref_attention_param
   rm->window_right = c->wr;
   rm->alibi = c->alibi ? in->slopes : NULL;
   rm->softcap = c->softcap;
+  rm->sinks = c->sinks ? in->sink_vals : NULL;
+  rm->dsinks = NULL;
   rd->p = c->dropout;
   rd->seed = 0x1234567890abcdefull;
   rd->offset = 77;
@@ -213,6 +224,13 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
         }
         FCT_CHECK(isfinite(g), "%s (%s): LSE %g at (%lld, %lld, %lld), reference %g", c->name, an, g, (long long)b,
                   (long long)n, (long long)h, r);
+        if (c->sinks) { /* a row that sees no key holds only its sink: O = 0 exactly */
+          int keyless = 1;
+          for (int64_t x = 0; x < D; x++) keyless = keyless && ref_o[((b * Nq + n) * Hq + h) * D + x] == 0.0;
+          for (int64_t x = 0; keyless && x < D; x++)
+            FCT_CHECK(fct_tensor_get(&o, b, n, h, x) == 0.0, "%s (%s): a sink-only row's O is not 0", c->name, an);
+          empty += keyless;
+        }
         le2 += (g - r) * (g - r);
         lr2 += r * r;
       }
@@ -231,6 +249,15 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
     fct_tensor_poison(&dk);
     fct_tensor_poison(&dv);
     desc.tuning = NULL; /* gpu_map tunes the forward; a fwd tuning is refused by the backward */
+    float dsinks_dev[64];
+    double dsinks_ref[64];
+    cl_mem dsinks = NULL;
+    if (c->sinks) {
+      for (int h = 0; h < Hq; h++) dsinks_dev[h] = NAN;
+      dsinks = fct_create_buffer((size_t)Hq * sizeof(float), dsinks_dev);
+      desc.dsinks = dsinks;
+      rm.dsinks = dsinks_ref;
+    }
     st = flashcl_attention_backward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.d_o.t, &dq.t,
                                     &dk.t, &dv.t, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s): backward", c->name, an);
@@ -251,6 +278,21 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
                   e_dq, e_dk, e_dv);
     FCT_CHECK(e_dq <= tol && e_dk <= tol && e_dv <= tol, "%s (%s): gradient relative L2 (%.3e, %.3e, %.3e) > %.1e",
               c->name, an, e_dq, e_dk, e_dv, tol);
+    if (dsinks) {
+      FCT_CHECK(clEnqueueReadBuffer(env->queue, dsinks, CL_TRUE, 0, (size_t)Hq * sizeof(float), dsinks_dev, 0, NULL,
+                                    NULL) == CL_SUCCESS,
+                "%s: reading dsinks", c->name);
+      double e2 = 0.0, r2 = 0.0;
+      for (int h = 0; h < Hq; h++) {
+        FCT_CHECK(!isnan(dsinks_dev[h]), "%s (%s): dsinks[%d] is NaN", c->name, an, h);
+        e2 += (dsinks_dev[h] - dsinks_ref[h]) * (dsinks_dev[h] - dsinks_ref[h]);
+        r2 += dsinks_ref[h] * dsinks_ref[h];
+      }
+      const double e_ds = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+      print_message("  %-26s %s %s: dsinks err %.2e\n", c->name, an, fct_dtype_str(c->dtype), e_ds);
+      FCT_CHECK(e_ds <= tol, "%s (%s): dsinks relative L2 %.3e > %.1e", c->name, an, e_ds, tol);
+      clReleaseMemObject(dsinks);
+    }
     free(rdq);
     free(rdk);
     free(rdv);
@@ -302,7 +344,7 @@ static int mt_both_teardown(void **state) {
 static const int VQ[3] = {37, 1, 80}, VK[3] = {50, 64, 20};
 
 /* name, dtype, batch, nq, nk, hq, hkv, d, causal, wl, wr, alibi, softcap, scale, dropout, num_seqs, lens_q,
- * lens_k, backward, gpu_map, block */
+ * lens_k, backward, gpu_map, block, mma, sinks */
 static const mt_case CASES[] = {
     {"window_left_small_tiles", FLASHCL_F32, 2, 70, 70, 2, 1, 32, 0, 9, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 16},
     {"window_right", FLASHCL_F16, 1, 50, 70, 2, 2, 32, 0, -1, 5, 0, 0, 0, 0, 0, NULL, NULL, 0, 0},
@@ -330,6 +372,12 @@ static const mt_case CASES[] = {
     {"mma_dropout_causal_gqa", FLASHCL_F16, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0, NULL, NULL, 1, 0, 0, 1},
     {"mma_dropout_d128_nq_lt_nk", FLASHCL_F16, 1, 257, 390, 2, 2, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0, NULL, NULL, 1, 0, 0, 1},
     {"mma_dropout_all_varlen_bf16", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0.2f, 3, VQ, VK, 1, 0, 0, 1},
+    /* Attention sinks: forward, backward with dsinks, flash and naive. The window
+     * leaves rows with no key (O = 0, LSE = the sink); the last case runs the GPU
+     * mapping of the portable forward with every variant on. */
+    {"sinks_causal_gqa", FLASHCL_F32, 2, 40, 40, 4, 2, 32, 1, -1, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 0, 1},
+    {"sinks_window_empty_rows_f16", FLASHCL_F16, 1, 64, 30, 2, 1, 32, 0, 2, 1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 0, 1},
+    {"sinks_all_varlen_gpu_map", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 1, 16, 0, 1},
 };
 
 /* ------------------------------------------------------------ error paths -- */
@@ -349,7 +397,7 @@ static void mt_error_paths(void **state) {
   const float three[3] = {0.5f, 0.25f, 0.125f};
   cl_mem short_alibi = fct_create_buffer(sizeof three, three); /* heads_q = 4 needs 16 bytes */
 
-  for (int t = 0; t < 7; t++) {
+  for (int t = 0; t < 8; t++) {
     for (int bwd = 0; bwd < 2; bwd++) {
       flashcl_attention_desc desc;
       mt_desc(&c, &in, FLASHCL_ALGO_AUTO, &desc);
@@ -363,6 +411,7 @@ static void mt_error_paths(void **state) {
       case 4: desc.softcap = INFINITY; what = "softcap = inf"; break;
       case 5: desc.alibi_slopes = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "alibi 12 bytes"; break;
       case 6: desc.window_left = INT32_MIN; what = "window_left = INT_MIN"; break;
+      case 7: desc.sinks = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "sinks 12 bytes"; break;
       }
       fct_tensor_poison(&o);
       fct_tensor_poison(&lse);
@@ -388,9 +437,46 @@ static void mt_error_paths(void **state) {
       FCT_CHECK(fct_tensors_written(outs, 5) == 0, "%s: a failed call wrote to an output", what);
     }
   }
+  /* desc.dsinks (backward only): it needs desc.sinks, heads_q floats, and memory of its own. */
+  {
+    const float four[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    cl_mem sinks = fct_create_buffer(sizeof four, four), dsinks = fct_create_buffer(sizeof four, four);
+    for (int t = 0; t < 4; t++) {
+      flashcl_attention_desc desc;
+      mt_desc(&c, &in, FLASHCL_ALGO_AUTO, &desc);
+      flashcl_status want = FLASHCL_ERROR_INVALID_ARGUMENT;
+      const char *what = "";
+      desc.sinks = sinks;
+      desc.dsinks = dsinks;
+      switch (t) {
+      case 0: desc.sinks = NULL; what = "dsinks without sinks"; break;
+      case 1: desc.dsinks = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "dsinks 12 bytes"; break;
+      case 2: desc.dsinks = sinks; what = "dsinks = sinks"; break;
+      case 3: desc.dsinks = in.q.t.buffer; what = "dsinks over q"; break;
+      }
+      fct_tensor_poison(&dq);
+      fct_tensor_poison(&dk);
+      fct_tensor_poison(&dv);
+      const flashcl_status st = flashcl_attention_backward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t,
+                                                           &in.d_o.t, &dq.t, &dk.t, &dv.t, 0, NULL, NULL);
+      FCT_CHECK_STATUS(st, want, "%s (backward)", what);
+      FCT_CHECK(strlen(flashcl_context_last_error(env->ctx)) > 0, "%s: no error message", what);
+      fct_finish();
+      fct_tensor *const outs[] = {&dq, &dk, &dv};
+      FCT_CHECK(fct_tensors_written(outs, 3) == 0, "%s: a failed call wrote to an output", what);
+      float back[4];
+      FCT_CHECK(clEnqueueReadBuffer(env->queue, dsinks, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL) == CL_SUCCESS &&
+                    memcmp(back, four, sizeof four) == 0,
+                "%s: a failed call wrote dsinks", what);
+    }
+    clReleaseMemObject(sinks);
+    clReleaseMemObject(dsinks);
+  }
   /* The defaults: -1 / NULL / 0. */
   flashcl_attention_desc d0;
   flashcl_attention_desc_init(&d0);
+  FCT_CHECK(d0.sinks == NULL && d0.dsinks == NULL, "desc_init: sinks %p, dsinks %p", (void *)d0.sinks,
+            (void *)d0.dsinks);
   FCT_CHECK(d0.window_left == -1 && d0.window_right == -1 && d0.alibi_slopes == NULL && d0.softcap == 0.0f,
             "desc_init defaults (%d, %d, %p, %g)", d0.window_left, d0.window_right, (void *)d0.alibi_slopes,
             (double)d0.softcap);

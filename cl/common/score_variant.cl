@@ -22,6 +22,8 @@
  *   SOFTCAP  1: logit = cap_out * tanh(q.k * cap_in) (before ALiBi), with
  *            cap_in = scale / c and cap_out = c (times log2(e) in log2 units)
  *   MASK     0 none; 1 block mask; 2 bit mask (mask.cl must come first)
+ *   SINKS    1: each row's softmax starts with a sink of logit sinks[h] that
+ *            carries no value (sv_row_start)
  *   SV_TANH  the tanh of the softcap (default tanh; the tensor-core kernels
  *            define a faster one first, mma_scores.cl)
  */
@@ -42,6 +44,9 @@
 #endif
 #ifndef MASK
 #define MASK 0
+#endif
+#ifndef SINKS
+#define SINKS 0
 #endif
 #ifndef SV_TANH
 #define SV_TANH(x) tanh(x)
@@ -70,6 +75,21 @@ inline float sv_logit(float s, float scale, float cap_in, float cap_out, float s
   x -= slope * (float)dist;
 #endif
   return x;
+}
+
+/* A row's softmax state (max, sum) before its first key: with SINKS the
+ * sink's logit (times `units`: log2(e) for kernels that work in log2 units)
+ * and its weight 1, counted by the one work-item of the row that has `own`
+ * set (the others start at the same max: the work-items of a row that share
+ * one pivot); else empty (-inf, 0). Partial states that are merged later with
+ * their own maxima (decode's key groups and splits) start empty instead,
+ * except the one that owns the sink. */
+inline float2 sv_row_start(__global const float *sinks, int h, float units, int own) {
+#if SINKS
+  return (float2)(sinks[h] * units, own ? 1.0f : 0.0f);
+#else
+  return (float2)(-INFINITY, 0.0f);
+#endif
 }
 
 /* d(logit) / d(scaled product) given sv_logit's t: the softcap's 1 - t^2, else 1. */

@@ -270,7 +270,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
     __global float *work, long wo_off, long wl_off, int window_left, int window_right,
-    __global const float *alibi, float softcap_in, float softcap_log2) {
+    __global const float *alibi, float softcap_in, float softcap_log2, __global const float *sinks) {
   /* partial dots [2][TPK][PSTR] (then the stage slots); at the end O partials [KG][ROWS][HEAD_DIM] */
   __local float Sh[SH_FLOATS] __attribute__((aligned(16)));
   __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
@@ -313,8 +313,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     }
     qr[r] = t8;
     acc[r] = (float8)(0.0f);
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
+    /* The sink is counted once per row, by key group 0 of split 0. The other
+     * groups and splits start empty: a sink's max as their pivot would make the
+     * sums of far keys (ALiBi) denormal, and 1 / sum infinite. */
+    const float2 row_start = rg < nrows && kg == 0 && split == 0
+                                 ? sv_row_start(sinks, hk * group + rg / q_len, M_LOG2E_F, 1)
+                                 : (float2)(-INFINITY, 0.0f);
+    m[r] = row_start.x;
+    l[r] = row_start.y;
   }
 
 #if ASYNC_STAGES

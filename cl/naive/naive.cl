@@ -25,6 +25,7 @@
  *              1 - tanh^2, reading the scaled scores from `raw`
  *   MASK       1: block mask, 2: bit mask (mask.cl, compiled first in the same
  *              program); naive_softmax hides key j of query i when its bit is 0
+ *   SINKS      1: naive_softmax adds the row's sink (score_variant.cl) to its max and sum
  *   PAGED_KV   1: paged K/V source (see flash_fwd.cl): naive_pack_paged gathers K/V
  *              from the page pools, and naive_softmax takes a trailing kv_lens
  *              argument (sequence s has clamp(kv_lens[s], 0, padded_k) keys)
@@ -84,8 +85,9 @@ __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
     __global float *scores, __global float *lse_ws, int heads, int padded_q, int padded_k,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int window_left,
-    int window_right, __global const float *alibi, float softcap, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk NAIVE_PAGED_PARAMS) {
+    int window_right, __global const float *alibi, float softcap, __global const float *sinks,
+    __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq,
+    int mask_bk NAIVE_PAGED_PARAMS) {
   __local float red[WG];
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
@@ -133,6 +135,9 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   }
   m = red[0];
   barrier(CLK_LOCAL_MEM_FENCE);
+  /* The row's sink (a real row only) joins the max and, below, the sum. */
+  const float2 sink = sv_row_start(sinks, (int)((row / padded_q) % heads), 1.0f, i < nq);
+  if (i < nq) m = fmax(m, sink.x);
 
   float l = 0.0f;
   for (int j = lid; j < visible; j += WG)
@@ -144,6 +149,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   l = red[0];
+  if (sink.y > 0.0f) l += exp(sink.x - m);
 
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int j = lid; j < padded_k; j += WG) p[j] = (j < visible && VIS(j)) ? exp(p[j] - m) * inv : 0.0f;

@@ -269,7 +269,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS) {
   __local float4 Qs[BLOCK_R * QKV_LD];
 #if SEP_KV
   __local float4 Ks[BLOCK_C * QKV_LD];
@@ -310,9 +310,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   for (int i = 0; i < O_TM; i++)
     for (int g = 0; g < O_TG; g++) acc[i][g] = (float4)(0.0f);
   float m_s[S_TM], l_s[S_TM];
+  const float2 row0 = sv_row_start(sinks, h, M_LOG2E_F, sx == 0); /* the S_CT work-items' l_s add up */
   for (int i = 0; i < S_TM; i++) {
-    m_s[i] = -INFINITY;
-    l_s[i] = 0.0f;
+    m_s[i] = row0.x;
+    l_s[i] = row0.y;
   }
 
   /* Rows past nq see nothing: the last real row bounds the window's right edge. */

@@ -38,7 +38,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk PAGED_PARAMS) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS) {
   __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
   __local float Vs[BLOCK_C * HEAD_DIM]; /* V tile: Vs[j][x] */
   float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
@@ -58,8 +58,9 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
       vstore4((q0 + r < nq) ? GLOAD4(q, qbase + (long)(q0 + r) * q_sn + 4 * g) : (float4)(0.0f), g,
               Qp + r * HEAD_DIM);
     for (int x = 0; x < HEAD_DIM; x += VW) vstore8((float8)(0.0f), 0, Op + r * HEAD_DIM + x);
-    m_r[r] = -INFINITY;
-    l_r[r] = 0.0f;
+    const float2 row0 = sv_row_start(sinks, h, M_LOG2E_F, 1);
+    m_r[r] = row0.x;
+    l_r[r] = row0.y;
   }
 
   /* Rows past nq see nothing: the last real row bounds the window's right edge. */

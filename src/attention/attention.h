@@ -31,6 +31,18 @@ flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_d
  * FLASHCL_ERROR_UNSUPPORTED otherwise (src/attention/attention.c). */
 flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attention_desc *desc, flashcl_pass pass);
 
+/* The attention sinks' gradient (src/attention/sinks.c): desc.dsinks checked
+ * against the call's views and aux buffers; its kernel built with its
+ * arguments set; then enqueued after `after` (may be NULL). */
+#define FCL_SINK_GRAD_WG 64
+flashcl_status fcl_sinks_grad_check(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
+                                    const flashcl_tensor *const *views, const char *const *names, int nviews);
+flashcl_status fcl_sinks_grad_prepare(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
+                                      const flashcl_tensor *o, const flashcl_tensor *lse, const flashcl_tensor *d_o,
+                                      cl_kernel *kern);
+flashcl_status fcl_sinks_grad_enqueue(flashcl_context *ctx, cl_kernel kern, const fcl_problem *p, cl_event after,
+                                      cl_event *out_event);
+
 /* The aux ranges of a validated forward/backward problem (at most FCL_MAX_AUX). */
 int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux);
 /* The forward's output rules: o and lse (lse may be NULL) name each element once

@@ -19,6 +19,36 @@ static flashcl_status fcl_check_like(flashcl_context *ctx, const flashcl_tensor 
   return FLASHCL_SUCCESS;
 }
 
+typedef struct fcl_bwd_call {
+  const flashcl_tensor *q, *k, *v, *o, *lse, *d_o, *dq, *dk, *dv;
+} fcl_bwd_call;
+
+/* The naive or the flash backward of a validated call, then the sinks'
+ * gradient (desc.dsinks) after it. */
+static flashcl_status fcl_backward_run(flashcl_context *ctx, const flashcl_attention_desc *desc, fcl_problem *p,
+                                       const fcl_bwd_call *c, cl_uint nwait, const cl_event *wait,
+                                       cl_event *out_event) {
+  cl_kernel sink_kern = NULL;
+  flashcl_status st;
+  if (desc->dsinks && (st = fcl_sinks_grad_prepare(ctx, desc, p, c->o, c->lse, c->d_o, &sink_kern))) return st;
+  cl_event done = NULL;
+  cl_event *ev = sink_kern ? &done : out_event;
+  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) {
+    st = fcl_naive_backward(ctx, p, desc, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait, wait,
+                            ev);
+  } else {
+    fcl_tuned tu;
+    const flashcl_tensor *grads[4] = {c->d_o, c->dq, c->dk, c->dv};
+    st = fcl_choose(ctx, desc, p, c->q, c->k, c->v, c->o, grads, FLASHCL_PASS_BACKWARD, &tu);
+    if (st == FLASHCL_SUCCESS)
+      st = fcl_flash_backward(ctx, p, desc, &tu, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait,
+                              wait, ev);
+  }
+  if (st == FLASHCL_SUCCESS && sink_kern) st = fcl_sinks_grad_enqueue(ctx, sink_kern, p, done, out_event);
+  if (done) clReleaseEvent(done);
+  return st;
+}
+
 static flashcl_status fcl_attention_backward_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                                     const flashcl_tensor *q, const flashcl_tensor *k,
                                                     const flashcl_tensor *v, const flashcl_tensor *o,
@@ -62,16 +92,13 @@ static flashcl_status fcl_attention_backward_locked(flashcl_context *ctx, const 
     }
     fcl_aux aux[FCL_MAX_AUX];
     if ((st = fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(&p, desc, aux), outs, on, 3))) return st;
+    const flashcl_tensor *views[9] = {q, k, v, o, lse, d_o, dq, dk, dv};
+    static const char *const vn[9] = {"q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv"};
+    if ((st = fcl_sinks_grad_check(ctx, desc, &p, views, vn, 9))) return st;
   }
   if ((st = fcl_check_call_tuning(ctx, desc, FLASHCL_PASS_BACKWARD))) return st;
-  if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
-    return fcl_naive_backward(ctx, &p, desc, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
-                              event_wait_list, out_event);
-  fcl_tuned tu;
-  const flashcl_tensor *grads[4] = {d_o, dq, dk, dv};
-  if ((st = fcl_choose(ctx, desc, &p, q, k, v, o, grads, FLASHCL_PASS_BACKWARD, &tu)) != FLASHCL_SUCCESS) return st;
-  return fcl_flash_backward(ctx, &p, desc, &tu, q, k, v, o, lse, d_o, dq, dk, dv, num_events_in_wait_list,
-                            event_wait_list, out_event);
+  const fcl_bwd_call call = {q, k, v, o, lse, d_o, dq, dk, dv};
+  return fcl_backward_run(ctx, desc, &p, &call, num_events_in_wait_list, event_wait_list, out_event);
 }
 
 flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,

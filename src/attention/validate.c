@@ -18,6 +18,7 @@ int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fc
     if (!p->paged_kv) aux[n++] = (fcl_aux){desc->cu_seqlens_k, 0, cu, "desc.cu_seqlens_k"};
   }
   if (p->alibi) aux[n++] = (fcl_aux){p->alibi, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
+  if (p->sinks) aux[n++] = (fcl_aux){p->sinks, 0, (size_t)p->heads_q * sizeof(float), "desc.sinks"};
   if (p->mask_kind)
     aux[n++] = (fcl_aux){p->mask, 0, (size_t)p->mask_bstride * (size_t)p->batch * sizeof(cl_uint), "desc.mask"};
   if (p->paged_kv) {
@@ -253,6 +254,7 @@ static void fcl_fill_problem(const flashcl_attention_desc *desc, const flashcl_t
 static void fcl_fill_variants(const flashcl_attention_desc *desc, fcl_problem *p) {
   p->alibi = desc->alibi_slopes;
   p->softcap = desc->softcap;
+  p->sinks = desc->sinks;
   if (desc->window_left >= 0 || desc->window_right >= 0) {
     const int wide = p->seqlen_q > p->seqlen_k ? p->seqlen_q : p->seqlen_k;
     p->window = 1;
@@ -271,7 +273,8 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
       (st = fcl_check_shapes(ctx, desc, q, k, v, o, lse)))
     return st;
   if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes,
-                               q->shape[2])))
+                               q->shape[2])) ||
+      (st = fcl_check_head_floats(ctx, desc->sinks, q->shape[2], "desc.sinks")))
     return st;
 
   fcl_fill_problem(desc, q, k, p);

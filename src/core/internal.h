@@ -237,6 +237,7 @@ typedef struct fcl_problem {
   int window, window_left, window_right;
   cl_mem alibi;  /* NULL = off */
   float softcap; /* 0 = off */
+  cl_mem sinks;  /* NULL = off (flashcl_attention_desc.sinks) */
   /* Attention mask (see flashcl_mask_kind): kind 0 = none; words per row, and
    * word strides between sequences and between query heads (0: shared). For
    * FLASHCL_MASK_BITS mask_bq = mask_bk = 1. */
@@ -315,5 +316,7 @@ flashcl_status fcl_check_aux_buffers(flashcl_context *ctx, const fcl_aux *aux, i
  * slopes (NULL or >= hq floats). */
 flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int window_right, float softcap,
                                   cl_mem alibi_slopes, int64_t hq);
+/* An optional fp32 buffer of >= hq floats (the sinks and their gradient). */
+flashcl_status fcl_check_head_floats(flashcl_context *ctx, cl_mem buf, int64_t hq, const char *name);
 
 #endif

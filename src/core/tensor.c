@@ -190,15 +190,17 @@ flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int win
   if (!(softcap >= 0.0f) || !isfinite(softcap))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.softcap must be 0 (off) or finite and > 0, got %g",
                     (double)softcap);
-  if (alibi_slopes) {
-    size_t have = 0, need = (size_t)hq * sizeof(float);
-    flashcl_status st = fcl_buffer_size(ctx, alibi_slopes, "desc.alibi_slopes", &have);
-    if (st != FLASHCL_SUCCESS) return st;
-    if (have < need)
-      return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                      "desc.alibi_slopes needs %zu bytes (heads_q = %lld floats) but holds %zu", need, (long long)hq,
-                      have);
-  }
+  return fcl_check_head_floats(ctx, alibi_slopes, hq, "desc.alibi_slopes");
+}
+
+flashcl_status fcl_check_head_floats(flashcl_context *ctx, cl_mem buf, int64_t hq, const char *name) {
+  if (!buf) return FLASHCL_SUCCESS;
+  size_t have = 0, need = (size_t)hq * sizeof(float);
+  flashcl_status st = fcl_buffer_size(ctx, buf, name, &have);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "%s needs %zu bytes (heads_q = %lld floats) but holds %zu",
+                    name, need, (long long)hq, have);
   return FLASHCL_SUCCESS;
 }
 
@@ -321,8 +323,8 @@ flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_ten
 }
 
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
-           p->softcap > 0.0f ? " -DSOFTCAP=1" : "",
+  snprintf(buf, cap, "%s%s%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
+           p->softcap > 0.0f ? " -DSOFTCAP=1" : "", p->sinks ? " -DSINKS=1" : "",
            p->mask_kind == FLASHCL_MASK_BLOCK ? " -DMASK=1" : p->mask_kind == FLASHCL_MASK_BITS ? " -DMASK=2" : "",
            p->paged_kv ? " -DPAGED_KV=1" : "");
   return buf;

@@ -142,7 +142,7 @@ static flashcl_status fcl_decode_check_aux(const fcl_decode_launch *L) {
   const flashcl_decode_desc *desc = L->desc;
   const fcl_decode_plan *p = L->p;
   const size_t b4 = (size_t)p->batch * sizeof(cl_int);
-  fcl_aux aux[5];
+  fcl_aux aux[6];
   int n = 0;
   flashcl_status st;
   aux[n++] = (fcl_aux){L->seqlens_k, 0, b4, "seqlens_k"};
@@ -150,6 +150,7 @@ static flashcl_status fcl_decode_check_aux(const fcl_decode_launch *L) {
   if (desc->tree_mask) aux[n++] = (fcl_aux){desc->tree_mask, 0, b4 * (size_t)p->q_len, "desc.tree_mask"};
   if (desc->alibi_slopes)
     aux[n++] = (fcl_aux){desc->alibi_slopes, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
+  if (desc->sinks) aux[n++] = (fcl_aux){desc->sinks, 0, (size_t)p->heads_q * sizeof(float), "desc.sinks"};
   const flashcl_tensor *outs[2] = {L->o, L->lse};
   static const char *const out_names[2] = {"o", "lse"};
   if ((st = fcl_check_aux_buffers(ctx, aux, n, outs, out_names, 2))) return st;
@@ -173,11 +174,11 @@ static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char 
   snprintf(opts, size,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
-           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d%s%s",
+           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s",
            (int)L->q->dtype, p->head_dim, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
            p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->stages,
-           p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, extra ? " " : "",
-           extra ? extra : "");
+           p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, desc->sinks != NULL,
+           extra ? " " : "", extra ? extra : "");
 }
 
 /* decode_mma for a plan that chose it. */
@@ -269,6 +270,7 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
     fcl_arg_mem(&a, desc->alibi_slopes);
     fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
     fcl_arg_float(&a, desc->softcap * log2e);
+    fcl_arg_mem(&a, desc->sinks);
   }
   return a.err;
 }

@@ -156,7 +156,8 @@ static flashcl_status fcl_decode_check_buffers(flashcl_context *ctx, const flash
   if (desc->workspace && desc->workspace_offset % sizeof(float))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
   if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes,
-                               q->shape[2])))
+                               q->shape[2])) ||
+      (st = fcl_check_head_floats(ctx, desc->sinks, q->shape[2], "desc.sinks")))
     return st;
   if (desc->tree_mask) {
     size_t have = 0;

@@ -125,6 +125,7 @@ static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem s
   fcl_arg_int(&a, p->window_right);
   fcl_arg_mem(&a, p->alibi);
   fcl_arg_float(&a, p->softcap);
+  fcl_arg_mem(&a, p->sinks);
   fcl_arg_mask(&a, p);
   if (p->paged_kv) fcl_arg_mem(&a, p->kv_seqlens); /* only built with -DPAGED_KV=1 */
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_softmax)");

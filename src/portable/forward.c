@@ -135,6 +135,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_arg_dropout(&a, p); /* zeros when there is no dropout; the kernel then ignores them */
   fcl_arg_variants(&a, p); /* likewise for the window, ALiBi and softcap */
   fcl_arg_mask(&a, p);     /* and the attention mask */
+  fcl_arg_mem(&a, p->sinks);
   fcl_arg_paged(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd)");
 
