@@ -449,11 +449,8 @@ typedef struct flashcl_attention_desc {
    * and dv. dsinks: NULL, or (backward only) an fp32 buffer of >= heads_q floats
    * that gets dL/dsink[h] = -sum over the rows of head h of
    * exp(sink[h] - LSE) * rowsum(dO * O); it must not overlap any other buffer
-   * of the call. The forward with sinks runs on the portable kernels and the
-   * naive path (AUTO and FLASHCL_KERNEL_NVIDIA_MMA then take the portable
-   * forward, as for other problems the tensor cores do not cover; a desc.tuning
-   * of a tensor-core family fails with FLASHCL_ERROR_UNSUPPORTED); the backward
-   * runs on every family. */
+   * of the call. Every kernel family and the naive path take sinks, forward
+   * and backward. */
   cl_mem sinks;
   cl_mem dsinks;
 } flashcl_attention_desc;

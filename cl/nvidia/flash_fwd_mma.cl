@@ -291,7 +291,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
     int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
     __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
-    ulong seed, ulong offset, uint threshold, float keep_scale MMA_PAGED_PARAMS) {
+    ulong seed, ulong offset, uint threshold, float keep_scale, __global const float *sinks MMA_PAGED_PARAMS) {
   __local uint4 smem[SMEM_ROWS * SWZ_ROW];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -362,6 +362,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   const int kbeg = wg_keys.x, kend = wg_keys.y, wbeg = w_keys.x, wend = w_keys.y;
   const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
+#if SINKS
+  { /* m is in the units of s (times sl2: log2); the four lanes of a row share it, lane t = 0 counts the sink */
+    const float2 row0 = sv_row_start(sinks, h, LOG2E / sl2, t == 0);
+    #pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++) {
+      m_r[mt][0] = m_r[mt][1] = row0.x;
+      l_r[mt][0] = l_r[mt][1] = row0.y;
+    }
+  }
+#endif
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
   mask_geom mg;

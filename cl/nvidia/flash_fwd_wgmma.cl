@@ -261,7 +261,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
-    int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2) {
+    int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
+    __global const float *sinks) {
   /* 1008 bytes of slack: the base is 16-byte aligned, the tiles need 1024. */
   __local uint4 smem[SMEM_BYTES / 16 + 63];
   const int tid = get_local_id(0), lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
@@ -305,6 +306,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
   __global const uint *mrow = 0;
+#if SINKS
+  { /* as in flash_fwd_mma.cl: m in the units of s, the sink counted by lane t = 0 of a row */
+    const float2 row0 = sv_row_start(sinks, h, LOG2E / sl2, t == 0);
+    m_r[0] = m_r[1] = row0.x;
+    l_r[0] = l_r[1] = row0.y;
+  }
+#endif
 
 /* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN). */
 #define LOAD_KV(buf, ptr, sn, k0)                                                             \

@@ -72,8 +72,6 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "scale is not positive";
   else if (p->paged_kv && pass == FLASHCL_PASS_BACKWARD)
     why = "paged K/V source";
-  else if (p->sinks && pass == FLASHCL_PASS_FORWARD) /* the backward needs only the forward's LSE */
-    why = "attention sinks";
   else if (!fcl_rows_aligned16(q) || !fcl_rows_aligned16(k) || !fcl_rows_aligned16(v) || !fcl_rows_aligned16(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
   else if (pass == FLASHCL_PASS_FORWARD && !fcl_mma_fwd_fits(ctx, p))
@@ -130,6 +128,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   fcl_arg_variants(&a, p);
   fcl_arg_mask(&a, p);
   fcl_arg_dropout(&a, p);
+  fcl_arg_mem(&a, p->sinks);
   fcl_arg_paged(&a, p);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_mma)");
 

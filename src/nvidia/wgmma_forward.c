@@ -165,6 +165,7 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_args a = {kern, 0, CL_SUCCESS};
   fcl_arg_forward(&a, p, desc, q, k, v, o, lse);
   fcl_arg_variants(&a, p);
+  fcl_arg_mem(&a, p->sinks);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_wgmma)");
 
   size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;
