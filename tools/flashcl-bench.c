@@ -39,11 +39,12 @@ typedef struct bench_opts {
   long window;              /* --window: window_left, -1 = none */
   double softcap;           /* --softcap */
   int alibi;                /* --alibi */
+  int sinks;                /* --sinks */
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
 typedef struct config_bufs {
-  cl_mem mem[12]; /* q k v o lse d_o dq dk dv, ALiBi slopes, --page-size: block table, key counts */
+  cl_mem mem[14]; /* q k v o lse d_o dq dk dv, ALiBi slopes, --page-size: block table, key counts, sinks, dsinks */
   flashcl_tensor q, k, v, o, lse, d_o, dq, dk, dv;
   flashcl_tensor kp, vp; /* --page-size: k and v as page pools */
   long pages_per_seq;
@@ -132,6 +133,8 @@ static const char usage_text[] =
     "                       counts the K/V rows of the window only\n"
     "  --softcap C          logit soft-capping C * tanh(s / C) (desc.softcap)\n"
     "  --alibi              ALiBi with the geometric slopes 2^(-8 (h + 1) / heads)\n"
+    "  --sinks              attention sinks (desc.sinks, logit 1 per head); with --bwd also\n"
+    "                       their gradient (desc.dsinks)\n"
     "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
     "  --warmup W           untimed runs first (default 2 on GPU, 1 otherwise)\n"
     "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
@@ -221,6 +224,7 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
       {.name = "--window", .kind = ARG_LONG, .dest = &o->window, .lo = 0, .hi = LONG_MAX},
       {.name = "--softcap", .kind = ARG_CUSTOM, .dest = &o->softcap, .parse = parse_positive_double},
       {.name = "--alibi", .kind = ARG_FLAG, .dest = &o->alibi},
+      {.name = "--sinks", .kind = ARG_FLAG, .dest = &o->sinks},
       {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .seen = &o->have_reps, .lo = 1, .hi = LONG_MAX},
       {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .seen = &o->have_warmup, .lo = 0, .hi = LONG_MAX},
       {.name = "--budget", .kind = ARG_CUSTOM, .dest = &o->budget_s, .parse = parse_positive_double},
@@ -285,7 +289,7 @@ static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 /* Releases the buffers; the sizes stay (OOM rows still report them). */
 static void release_bufs(config_bufs *b) {
   int i;
-  for (i = 0; i < 12; ++i) {
+  for (i = 0; i < 14; ++i) {
     if (b->mem[i]) clReleaseMemObject(b->mem[i]);
     b->mem[i] = NULL;
   }
@@ -333,6 +337,13 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
     b->mem[9] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), slopes,
                                &err);
     if (!b->mem[9] || err) goto fail;
+  }
+  if (o->sinks) { /* logit 1: a share of each row comparable to a key's */
+    float *sk = (float *)scratch;
+    for (long h = 0; h < heads; ++h) sk[h] = 1.0f;
+    b->mem[12] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), sk, &err);
+    if (b->mem[12] && o->bwd) b->mem[13] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)heads * sizeof(float), NULL, &err);
+    if (!b->mem[12] || (o->bwd && !b->mem[13]) || err) goto fail;
   }
   if (o->page_size) { /* the same K/V memory as page pools; sequence b owns pages [b * n / P, (b + 1) * n / P) */
     const long P = o->page_size, per = n / P;
@@ -398,6 +409,8 @@ static void row_call(const bench_opts *o, const config_bufs *b, int causal, cons
   if (o->window >= 0) desc->window_left = (int)o->window;
   desc->softcap = (float)o->softcap;
   desc->alibi_slopes = b->mem[9];
+  desc->sinks = b->mem[12];
+  if (r->pass == FLASHCL_PASS_BACKWARD) desc->dsinks = b->mem[13];
   if (o->gqa > 1) {
     desc->heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
     desc->heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
@@ -631,6 +644,11 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
   u->desc.kernel = o->kernel;
   if (o->window >= 0) u->desc.window_left = (int)o->window;
   u->desc.softcap = (float)o->softcap;
+  if (o->sinks && u->scratch) {
+    float *sk = (float *)u->scratch; /* holds b * T * hq * d >= hq floats */
+    for (long h = 0; h < s->hq; ++h) sk[h] = 1.0f;
+    u->desc.sinks = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq, sk, &err);
+  }
   if (o->alibi && u->scratch) {
     float *slopes = (float *)u->scratch; /* holds b * T * hq * d >= hq floats */
     for (long h = 0; h < s->hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)s->hq);
@@ -645,7 +663,7 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
     u->desc.max_pages = (int)s->pages_per;
   }
   if (!u->mem[5] || err != CL_SUCCESS || (s->P && !u->desc.block_table) || (o->tree && !u->desc.tree_mask) ||
-      (o->alibi && !u->desc.alibi_slopes))
+      (o->alibi && !u->desc.alibi_slopes) || (o->sinks && !u->desc.sinks))
     return err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
   return 0;
 }
@@ -682,6 +700,7 @@ static void decode_release(decode_bufs *u) {
   if (u->desc.block_table) clReleaseMemObject(u->desc.block_table);
   if (u->desc.tree_mask) clReleaseMemObject(u->desc.tree_mask);
   if (u->desc.alibi_slopes) clReleaseMemObject(u->desc.alibi_slopes);
+  if (u->desc.sinks) clReleaseMemObject(u->desc.sinks);
   free(u->scratch);
 }
 
@@ -805,6 +824,7 @@ static void print_decode_header(flashcl_context *ctx, const bench_opts *o, long 
   if (o->window >= 0) printf("window_left %ld (GB/s counts the window's K/V rows)\n", o->window);
   if (o->softcap > 0) printf("softcap %g\n", o->softcap);
   if (o->alibi) printf("ALiBi\n");
+  if (o->sinks) printf("attention sinks\n");
   printf("\ncolumns: N KV length (tokens); batch sequences; d head dim; splits the KV splits of the call;\n"
          "  reps timed runs; median_ms median time per call in milliseconds; KV_MiB K+V bytes read per call\n"
          "  (MiB = 2^20 bytes); GB/s those bytes / median time (10^9 bytes/s); host_us host time of one call (us)\n\n");
@@ -1109,6 +1129,7 @@ static void print_bench_header(const bench_opts *o, const char *devdesc) {
     if (o->window >= 0) printf(", window %ld", o->window);
     if (o->softcap > 0) printf(", softcap %g", o->softcap);
     if (o->alibi) printf(", ALiBi");
+    if (o->sinks) printf(", sinks");
     if (o->page_size) printf(", K/V in pages of %ld (identity block table)", o->page_size);
     if (o->bwd) printf(", %s backward", o->deterministic ? "deterministic" : "atomic-dQ");
     printf("\n\n%s\n%6s %4s %5s %6s %5s %5s %4s %-5s %7s %4s %11s %9s %9s %8s %9s %8s %9s %s\n", sweep_legend, "N",
