@@ -618,10 +618,10 @@ typedef struct attn {
   flashcl_dtype dt;
   int B, Nq, Nk, Hq, Hkv, D, varlen, num_seqs;
   int32_t cuq[5], cuk[5];
-  float alibi[8];
+  float alibi[8], sinks[8];
   flashcl_attention_desc desc;
   fz_tensor q, k, v, o, lse, d_o, dq, dk, dv;
-  fz_buf *cu_q, *cu_k, *alibi_b;
+  fz_buf *cu_q, *cu_k, *alibi_b, *sinks_b;
 } attn;
 
 static const flashcl_dtype DTYPES[3] = {FLASHCL_F32, FLASHCL_F16, FLASHCL_BF16};
@@ -674,6 +674,14 @@ static void attn_make(fz_case *c, attn *a, int bwd) {
     }
     d->alibi_slopes = a->alibi_b->mem;
   }
+  if (!bwd && rchance(&c->r, 0.12)) { /* attention sinks, within the scores' range */
+    a->sinks_b = buf_new(c, (size_t)a->Hq * 4 + (size_t)rbelow(&c->r, 3) * 4, "sinks");
+    for (s = 0; s < a->Hq; s++) {
+      a->sinks[s] = (float)(3.0 * runif(&c->r) - 1.0);
+      memcpy(a->sinks_b->init + 4 * s, &a->sinks[s], 4);
+    }
+    d->sinks = a->sinks_b->mem;
+  }
   if (rchance(&c->r, 0.15)) {
     d->dropout_p = 0.2f;
     d->seed = r64(&c->r);
@@ -701,6 +709,7 @@ static void attn_params(const attn *a, ref_attention_params *p, ref_masks *m, re
   if (a->varlen) p->cu_seqlens_q = a->cuq, p->cu_seqlens_k = a->cuk, p->num_seqs = a->num_seqs;
   m->window_left = a->desc.window_left, m->window_right = a->desc.window_right;
   m->alibi = a->desc.alibi_slopes ? a->alibi : NULL;
+  m->sinks = a->desc.sinks ? a->sinks : NULL;
   m->softcap = a->desc.softcap;
   dr->p = a->desc.dropout_p, dr->seed = a->desc.seed, dr->offset = a->desc.offset;
 }
@@ -796,7 +805,7 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
   flashcl_attention_desc *d = &a->desc;
   float f;
   int v;
-  const int kind = rbelow(&c->r, 17);
+  const int kind = rbelow(&c->r, 18);
   c->mutated = 1;
   if (!claim(c, "desc%d", kind == 5 ? 4 : kind)) return;
   switch (kind) {
@@ -1006,6 +1015,40 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
       d->tuning = &g_decode_tuning;
       c->must_fail = 1;
       break;
+    case 16: /* sinks: a short buffer, hostile values, or (backward) dsinks without sinks or over q */
+    {
+      fz_buf *b;
+      const int w = rbelow(&c->r, bwd ? 4 : 2);
+      if (w == 0) {
+        b = buf_new(c, (size_t)a->Hq * 4 - 1, "sinks_short");
+        clog_(c, "desc.sinks %d bytes", a->Hq * 4 - 1);
+        d->sinks = b->mem;
+        c->must_fail = 1;
+      } else if (w == 1) {
+        int h;
+        b = buf_new(c, (size_t)a->Hq * 4, "sinks_hostile");
+        for (h = 0; h < a->Hq; h++) {
+          f = hostile_float(&c->r);
+          memcpy(b->init + 4 * h, &f, 4);
+        }
+        clog_(c, "desc.sinks hostile values");
+        d->sinks = b->mem;
+        c->garbage_dev = 1;
+      } else { /* only the backward call reads dsinks (the queries and the forward ignore it) */
+        b = buf_new(c, (size_t)a->Hq * 4, "dsinks");
+        d->dsinks = b->mem;
+        if (w == 2) {
+          clog_(c, "desc.dsinks without desc.sinks");
+          d->sinks = NULL;
+        } else {
+          clog_(c, "desc.dsinks = desc.sinks");
+          d->sinks = b->mem;
+        }
+        if (c->entry && strcmp(c->entry, "flashcl_attention_backward") == 0) c->must_fail = 1;
+        else c->garbage_dev = 1;
+      }
+      break;
+    }
     default:
       v = pick_int(&c->r);
       clog_(c, "desc.deterministic = %d, causal = %d", v, v & 1);
@@ -1209,7 +1252,7 @@ typedef struct dec {
   flashcl_dtype dt;
   int B, T, Hq, Hkv, D, paged, ps, mp, num_pages, cap;
   int32_t L[4], table[16];
-  float alibi[8];
+  float alibi[8], sinks[8];
   flashcl_decode_desc desc;
   fz_tensor q, kc, vc, o, lse, kn, vn;
   fz_buf *seq, *tb, *ws;
@@ -1285,6 +1328,14 @@ static void dec_make(fz_case *c, dec *d, int append) {
     }
     ds->alibi_slopes = ab->mem;
   }
+  if (rchance(&c->r, 0.12)) {
+    fz_buf *sb = buf_new(c, (size_t)d->Hq * 4, "sinks");
+    for (i = 0; i < d->Hq; i++) {
+      d->sinks[i] = (float)(3.0 * runif(&c->r) - 1.0);
+      memcpy(sb->init + 4 * i, &d->sinks[i], 4);
+    }
+    ds->sinks = sb->mem;
+  }
 }
 
 /* Index of the cache row holding token j of sequence b. */
@@ -1304,8 +1355,9 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
     ref_tensor q = tref(&d->q), k, v;
     ref_out oo, ol;
     double *kd, *vd;
-    if (L == 0) {
-      for (j = 0; j < d->T * d->Hq; j++) rl[(size_t)b * d->T * d->Hq + j] = -INFINITY;
+    if (L == 0) { /* no key: O = 0, and LSE = the sink, else -inf */
+      for (j = 0; j < d->T * d->Hq; j++)
+        rl[(size_t)b * d->T * d->Hq + j] = d->desc.sinks ? (double)d->sinks[j % d->Hq] : -INFINITY;
       continue;
     }
     kd = malloc((size_t)L * d->Hkv * d->D * sizeof(double));
@@ -1331,6 +1383,7 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
     p.causal = 1;
     m.window_left = d->desc.window_left, m.window_right = d->desc.window_right;
     m.alibi = d->desc.alibi_slopes ? d->alibi : NULL;
+    m.sinks = d->desc.sinks ? d->sinks : NULL;
     m.softcap = d->desc.softcap;
     if (ref_masks_forward(&p, &m, NULL, &q, &k, &v, &oo, &ol) != 0) finding(c, "decode reference refused (harness bug)");
     free(kd);
