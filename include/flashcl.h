@@ -703,8 +703,7 @@ typedef struct flashcl_decode_desc {
   /* Per-call tuning of family FLASHCL_TUNE_DECODE (see "Tuning"), or NULL. */
   const struct flashcl_tuning *tuning;
   /* Attention sinks, as in flashcl_attention_desc: NULL (off) or an fp32 buffer
-   * of >= heads_q logits. They run on the portable decode kernel (AUTO then
-   * skips the tensor-core one). */
+   * of >= heads_q logits. Every decode kernel takes them. */
   cl_mem sinks;
 } flashcl_decode_desc;
 

@@ -378,6 +378,8 @@ static const mt_case CASES[] = {
     {"sinks_causal_gqa", FLASHCL_F32, 2, 40, 40, 4, 2, 32, 1, -1, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 0, 1},
     {"sinks_window_empty_rows_f16", FLASHCL_F16, 1, 64, 30, 2, 1, 32, 0, 2, 1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 0, 1},
     {"sinks_all_varlen_gpu_map", FLASHCL_F32, 0, 0, 0, 4, 2, 32, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 1, 16, 0, 1},
+    /* 2 x 1500 rows: the sinks' gradient sums its rows in two parts per head. */
+    {"sinks_many_rows", FLASHCL_F32, 2, 1500, 12, 2, 1, 32, 0, -1, -1, 0, 0, 0, 0, 0, NULL, NULL, 1, 0, 0, 0, 1},
     /* Sinks on the tensor cores (NVIDIA only): the wgmma forward (d = 64/128 on
      * Hopper), the mma.sync forward (dropout; d = 256, forward only), and the
      * tensor-core backward with dsinks in both dQ modes. */

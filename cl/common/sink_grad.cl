@@ -6,8 +6,10 @@
  *   dsinks[h] = -sum over the rows i of head h of exp(sink[h] - LSE_i) * D_i,
  *   D_i = rowsum(dO_i * O_i).
  * It needs only the forward's O and LSE and the incoming dO, so every kernel
- * family's backward shares it. One work-group per query head walks all rows of
- * all sequences; the sum is reduced in a fixed order (bit-reproducible).
+ * family's backward shares it. Two steps, both in a fixed order (so the result
+ * is bit-reproducible): sink_grad_part, PARTS work-groups per query head, each
+ * summing a fixed share of the (sequence, row) pairs into part[h][x];
+ * sink_grad_sum, one work-group per head, adding the PARTS partial sums.
  *
  * Parameters (-D): DTYPE (dtype.cl), HEAD_DIM, VARLEN (seq_bounds.cl), WG
  * (work-items per work-group, a power of two).
@@ -21,32 +23,52 @@
 #define WG 64
 #endif
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void sink_grad(
-    __global const store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
-    __global const store_t *dout, long d_off, long d_sb, long d_sn, long d_sh,
-    __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh, __global const float *sinks,
-    __global float *dsinks, int batch, int padded, __global const int *cu, int total) {
-  __local float red[WG];
-  const int h = get_group_id(0), lid = get_local_id(0);
-  const float sink = sinks[h];
-  float acc = 0.0f;
-  for (int s = 0; s < batch; s++) {
-    const int2 rows = fcl_seq_rows(cu, s, padded, total);
-    const long bb = VARLEN ? 0 : s;
-    for (int i = lid; i < rows.y; i += WG) {
-      const long n = rows.x + i;
-      const long ob = o_off + bb * o_sb + n * o_sn + (long)h * o_sh, db = d_off + bb * d_sb + n * d_sn + (long)h * d_sh;
-      float d = 0.0f;
-      for (int x = 0; x < HEAD_DIM; x++) d = mad(LOAD(o, ob + x), LOAD(dout, db + x), d);
-      const float l = lse[l_off + bb * l_sb + n * l_sn + (long)h * l_sh];
-      if (l != -INFINITY) acc -= exp(sink - l) * d;
-    }
-  }
-  red[lid] = acc;
+/* Sum of red[0 .. WG) into red[0]; every work-item calls it. */
+inline void sink_reduce(__local float *red, int lid) {
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = WG / 2; w > 0; w >>= 1) {
     if (lid < w) red[lid] += red[lid + w];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+}
+
+/* Global (PARTS * WG, heads_q), local (WG, 1): work-group x of head h takes the
+ * pairs p = x * WG + lid, + PARTS * WG, ... of the batch * padded (sequence,
+ * row) pairs; rows past a sequence's length count nothing. */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void sink_grad_part(
+    __global const store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
+    __global const store_t *dout, long d_off, long d_sb, long d_sn, long d_sh,
+    __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh, __global const float *sinks,
+    __global float *part, int batch, int padded, __global const int *cu, int total) {
+  __local float red[WG];
+  const int x = get_group_id(0), parts = get_num_groups(0), h = get_group_id(1), lid = get_local_id(0);
+  const float sink = sinks[h];
+  const long pairs = (long)batch * padded;
+  float acc = 0.0f;
+  for (long pr = (long)x * WG + lid; pr < pairs; pr += (long)parts * WG) {
+    const int s = (int)(pr / padded), i = (int)(pr - (pr / padded) * padded);
+    const int2 rows = fcl_seq_rows(cu, s, padded, total);
+    if (i >= rows.y) continue;
+    const long bb = VARLEN ? 0 : s, n = rows.x + i;
+    const long ob = o_off + bb * o_sb + n * o_sn + (long)h * o_sh, db = d_off + bb * d_sb + n * d_sn + (long)h * d_sh;
+    float d = 0.0f;
+    for (int e = 0; e < HEAD_DIM; e++) d = mad(LOAD(o, ob + e), LOAD(dout, db + e), d);
+    const float l = lse[l_off + bb * l_sb + n * l_sn + (long)h * l_sh];
+    if (l != -INFINITY) acc -= exp(sink - l) * d;
+  }
+  red[lid] = acc;
+  sink_reduce(red, lid);
+  if (lid == 0) part[(long)h * parts + x] = red[0];
+}
+
+/* Global (WG, heads_q), local (WG, 1): dsinks[h] = the sum of head h's parts. */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void sink_grad_sum(__global const float *part, int parts,
+                                                                            __global float *dsinks) {
+  __local float red[WG];
+  const int h = get_group_id(1), lid = get_local_id(0);
+  float acc = 0.0f;
+  for (int x = lid; x < parts; x += WG) acc += part[(long)h * parts + x];
+  red[lid] = acc;
+  sink_reduce(red, lid);
   if (lid == 0) dsinks[h] = red[0];
 }

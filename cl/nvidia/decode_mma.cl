@@ -37,8 +37,12 @@
  *
  * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
  * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
- * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK.
+ * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
+ * sinks of flashcl_decode_desc.sinks; no other score variant runs here).
  */
+#ifndef SINKS
+#define SINKS 0
+#endif
 #ifndef USE_PTX
 #define USE_PTX 0
 #endif
@@ -119,7 +123,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
     int page_size, int num_pages, int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits,
-    float scale_log2, __global float *work, long wo_off, long wl_off) {
+    float scale_log2, __global float *work, long wo_off, long wl_off, __global const float *sinks) {
 #if USE_PTX
   __local uint4 smem[SMEM_CHUNKS];
   __local float Ml[2][WK][WR * 16]; /* per key slice: row max and sum, for the final merge */
@@ -169,6 +173,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
   #pragma unroll
   for (int dt = 0; dt < DT; dt++) oacc[dt][0] = oacc[dt][1] = oacc[dt][2] = oacc[dt][3] = 0.0f;
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
+#if SINKS
+  /* The sink is counted once per row, by key slice 0 of split 0 (lane t4 = 0 of
+   * the quad; m in the units of s); the other slices and splits start empty, as
+   * in decode.cl. */
+  if (wk == 0 && split == 0)
+    for (int hh = 0; hh < 2; hh++) {
+      const int rg = row0 + g + 8 * hh;
+      if (rg >= nrows) continue;
+      m_r[hh] = sinks[hk * group + rg / q_len] * (M_LOG2E_F / scale_log2);
+      l_r[hh] = t4 == 0 ? 1.0f : 0.0f;
+    }
+#endif
 
   const uint sbase = SADDR(smem);
   const long kb0 = k_off + (long)hk * k_sh, vb0 = v_off + (long)hk * v_sh;

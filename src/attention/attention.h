@@ -35,13 +35,20 @@ flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attenti
  * against the call's views and aux buffers; its kernel built with its
  * arguments set; then enqueued after `after` (may be NULL). */
 #define FCL_SINK_GRAD_WG 64
+typedef struct fcl_sinks_grad {
+  cl_kernel part, sum;
+  cl_mem scratch; /* parts x heads_q partial sums */
+  int parts;
+} fcl_sinks_grad;
 flashcl_status fcl_sinks_grad_check(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                                     const flashcl_tensor *const *views, const char *const *names, int nviews);
 flashcl_status fcl_sinks_grad_prepare(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                                       const flashcl_tensor *o, const flashcl_tensor *lse, const flashcl_tensor *d_o,
-                                      cl_kernel *kern);
-flashcl_status fcl_sinks_grad_enqueue(flashcl_context *ctx, cl_kernel kern, const fcl_problem *p, cl_event after,
+                                      fcl_sinks_grad *g);
+/* Enqueues both steps and releases the scratch (also on failure). */
+flashcl_status fcl_sinks_grad_enqueue(flashcl_context *ctx, fcl_sinks_grad *g, const fcl_problem *p, cl_event after,
                                       cl_event *out_event);
+void fcl_sinks_grad_release(fcl_sinks_grad *g);
 
 /* The aux ranges of a validated forward/backward problem (at most FCL_MAX_AUX). */
 int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fcl_aux *aux);

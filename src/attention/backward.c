@@ -28,11 +28,11 @@ typedef struct fcl_bwd_call {
 static flashcl_status fcl_backward_run(flashcl_context *ctx, const flashcl_attention_desc *desc, fcl_problem *p,
                                        const fcl_bwd_call *c, cl_uint nwait, const cl_event *wait,
                                        cl_event *out_event) {
-  cl_kernel sink_kern = NULL;
+  fcl_sinks_grad sg = {NULL, NULL, NULL, 0};
   flashcl_status st;
-  if (desc->dsinks && (st = fcl_sinks_grad_prepare(ctx, desc, p, c->o, c->lse, c->d_o, &sink_kern))) return st;
+  if (desc->dsinks && (st = fcl_sinks_grad_prepare(ctx, desc, p, c->o, c->lse, c->d_o, &sg))) return st;
   cl_event done = NULL;
-  cl_event *ev = sink_kern ? &done : out_event;
+  cl_event *ev = desc->dsinks ? &done : out_event;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) {
     st = fcl_naive_backward(ctx, p, desc, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait, wait,
                             ev);
@@ -44,7 +44,10 @@ static flashcl_status fcl_backward_run(flashcl_context *ctx, const flashcl_atten
       st = fcl_flash_backward(ctx, p, desc, &tu, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait,
                               wait, ev);
   }
-  if (st == FLASHCL_SUCCESS && sink_kern) st = fcl_sinks_grad_enqueue(ctx, sink_kern, p, done, out_event);
+  if (desc->dsinks) {
+    if (st == FLASHCL_SUCCESS) st = fcl_sinks_grad_enqueue(ctx, &sg, p, done, out_event);
+    fcl_sinks_grad_release(&sg);
+  }
   if (done) clReleaseEvent(done);
   return st;
 }

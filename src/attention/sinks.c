@@ -28,37 +28,82 @@ flashcl_status fcl_sinks_grad_check(flashcl_context *ctx, const flashcl_attentio
   return FLASHCL_SUCCESS;
 }
 
+/* Work-groups per head of sink_grad_part: about 32 pairs per work-item, at
+ * most FCL_SINK_GRAD_MAX_PARTS (the pairs are one memory pass over O and dO,
+ * so the grid needs only to fill the device). */
+#define FCL_SINK_GRAD_MAX_PARTS 128
+static int fcl_sink_parts(const fcl_problem *p) {
+  const long pairs = (long)p->batch * p->seqlen_q, per = 32L * FCL_SINK_GRAD_WG;
+  const long parts = (pairs + per - 1) / per;
+  return parts < 1 ? 1 : parts > FCL_SINK_GRAD_MAX_PARTS ? FCL_SINK_GRAD_MAX_PARTS : (int)parts;
+}
+
 flashcl_status fcl_sinks_grad_prepare(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                                       const flashcl_tensor *o, const flashcl_tensor *lse, const flashcl_tensor *d_o,
-                                      cl_kernel *kern) {
+                                      fcl_sinks_grad *g) {
   char opts[256];
   const char *extra = ctx->build_options;
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DVARLEN=%d -DWG=%d%s%s", (int)p->dtype,
            p->head_dim, p->varlen, FCL_SINK_GRAD_WG, extra ? " " : "", extra ? extra : "");
-  flashcl_status st = fcl_get_kernel(ctx, "dtype.cl+seq_bounds.cl+sink_grad.cl", opts, "sink_grad", kern);
-  if (st != FLASHCL_SUCCESS) return st;
-  fcl_args a = {*kern, 0, CL_SUCCESS};
+  const char *src = "dtype.cl+seq_bounds.cl+sink_grad.cl";
+  g->parts = fcl_sink_parts(p);
+  flashcl_status st;
+  if ((st = fcl_get_kernel(ctx, src, opts, "sink_grad_part", &g->part)) ||
+      (st = fcl_get_kernel(ctx, src, opts, "sink_grad_sum", &g->sum)))
+    return st;
+  cl_int err = CL_SUCCESS;
+  g->scratch = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)g->parts * (size_t)p->heads_q * sizeof(float),
+                              NULL, &err);
+  if (err != CL_SUCCESS || !g->scratch) {
+    g->scratch = NULL;
+    return fcl_cl_fail(ctx, err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE,
+                       "allocating the sinks' gradient scratch");
+  }
+  fcl_args a = {g->part, 0, CL_SUCCESS};
   fcl_arg_tensor(&a, o);
   fcl_arg_tensor(&a, d_o);
   fcl_arg_lse(&a, lse);
   fcl_arg_mem(&a, desc->sinks);
-  fcl_arg_mem(&a, desc->dsinks);
+  fcl_arg_mem(&a, g->scratch);
   fcl_arg_int(&a, p->batch);
   fcl_arg_int(&a, p->seqlen_q);
   fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_q : NULL);
   fcl_arg_int(&a, (int)o->shape[1]);
-  return a.err == CL_SUCCESS ? FLASHCL_SUCCESS : fcl_cl_fail(ctx, a.err, "clSetKernelArg(sink_grad)");
+  fcl_args b = {g->sum, 0, CL_SUCCESS};
+  fcl_arg_mem(&b, g->scratch);
+  fcl_arg_int(&b, g->parts);
+  fcl_arg_mem(&b, desc->dsinks);
+  if (a.err != CL_SUCCESS || b.err != CL_SUCCESS) {
+    clReleaseMemObject(g->scratch);
+    g->scratch = NULL;
+    return fcl_cl_fail(ctx, a.err != CL_SUCCESS ? a.err : b.err, "clSetKernelArg(sink_grad)");
+  }
+  return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_sinks_grad_enqueue(flashcl_context *ctx, cl_kernel kern, const fcl_problem *p, cl_event after,
+/* One enqueue, with one more try once the gradients are enqueued (src/core/retry.c). */
+static cl_int fcl_sink_enqueue(flashcl_context *ctx, cl_kernel k, const size_t *global, cl_event after,
+                               cl_event *ev, const char *what) {
+  const size_t local[2] = {FCL_SINK_GRAD_WG, 1};
+  cl_int err = clEnqueueNDRangeKernel(ctx->queue, k, 2, NULL, global, local, after ? 1 : 0, after ? &after : NULL, ev);
+  if (err != CL_SUCCESS && fcl_retry_after_finish(ctx, NULL, err, what))
+    err = clEnqueueNDRangeKernel(ctx->queue, k, 2, NULL, global, local, after ? 1 : 0, after ? &after : NULL, ev);
+  return err;
+}
+
+flashcl_status fcl_sinks_grad_enqueue(flashcl_context *ctx, fcl_sinks_grad *g, const fcl_problem *p, cl_event after,
                                       cl_event *out_event) {
-  const size_t global[3] = {(size_t)FCL_SINK_GRAD_WG * (size_t)p->heads_q, 1, 1};
-  const size_t local[3] = {FCL_SINK_GRAD_WG, 1, 1};
-  cl_int err = clEnqueueNDRangeKernel(ctx->queue, kern, 1, NULL, global, local, after ? 1 : 0,
-                                      after ? &after : NULL, out_event);
-  /* The gradients are enqueued already: one more try (src/core/retry.c). */
-  if (err != CL_SUCCESS && fcl_retry_after_finish(ctx, NULL, err, "enqueue sink_grad"))
-    err = clEnqueueNDRangeKernel(ctx->queue, kern, 1, NULL, global, local, after ? 1 : 0, after ? &after : NULL,
-                                 out_event);
+  const size_t gpart[2] = {(size_t)FCL_SINK_GRAD_WG * (size_t)g->parts, (size_t)p->heads_q};
+  const size_t gsum[2] = {FCL_SINK_GRAD_WG, (size_t)p->heads_q};
+  cl_event parted = NULL;
+  cl_int err = fcl_sink_enqueue(ctx, g->part, gpart, after, &parted, "enqueue sink_grad_part");
+  if (err == CL_SUCCESS) err = fcl_sink_enqueue(ctx, g->sum, gsum, parted, out_event, "enqueue sink_grad_sum");
+  if (parted) clReleaseEvent(parted);
+  fcl_sinks_grad_release(g); /* the enqueued kernels hold the scratch until they end */
   return err == CL_SUCCESS ? FLASHCL_SUCCESS : fcl_cl_fail(ctx, err, "enqueue sink_grad");
+}
+
+void fcl_sinks_grad_release(fcl_sinks_grad *g) {
+  if (g->scratch) clReleaseMemObject(g->scratch);
+  g->scratch = NULL;
 }

@@ -191,9 +191,9 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
   L->threads = 32 * p->mma_wr * p->mma_wk;
   snprintf(mopts, sizeof mopts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
-           "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d%s%s",
+           "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s",
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
-           L->desc->tree_mask != NULL, extra ? " " : "", extra ? extra : "");
+           L->desc->tree_mask != NULL, L->desc->sinks != NULL, extra ? " " : "", extra ? extra : "");
   if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &L->kern))) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
   size_t mwg = 0;
@@ -270,8 +270,8 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
     fcl_arg_mem(&a, desc->alibi_slopes);
     fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
     fcl_arg_float(&a, desc->softcap * log2e);
-    fcl_arg_mem(&a, desc->sinks);
   }
+  fcl_arg_mem(&a, desc->sinks); /* both kernels take it last */
   return a.err;
 }
 

@@ -228,7 +228,7 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   p->local_bytes = fcl_dec_local_bytes(d, rows, threads, kpt, stages);
   p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU);
   p->mma = 0;
-  if (stages) fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f || desc->sinks, cap, p);
+  if (stages) fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f, cap, p);
   return FLASHCL_SUCCESS;
 }
 
