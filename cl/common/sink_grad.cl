@@ -8,7 +8,7 @@
  * It needs only the forward's O and LSE and the incoming dO, so every kernel
  * family's backward shares it. Two steps, both in a fixed order (so the result
  * is bit-reproducible): sink_grad_part, PARTS work-groups per query head, each
- * summing a fixed share of the (sequence, row) pairs into part[h][x];
+ * summing a fixed share of the rows into part[h][x];
  * sink_grad_sum, one work-group per head, adding the PARTS partial sums.
  *
  * Parameters (-D): DTYPE (dtype.cl), HEAD_DIM, VARLEN (seq_bounds.cl), WG
@@ -32,9 +32,12 @@ inline void sink_reduce(__local float *red, int lid) {
   }
 }
 
-/* Global (PARTS * WG, heads_q), local (WG, 1): work-group x of head h takes the
- * pairs p = x * WG + lid, + PARTS * WG, ... of the batch * padded (sequence,
- * row) pairs; rows past a sequence's length count nothing. */
+/* Global (PARTS * WG, heads_q), local (WG, 1): work-group x of head h takes
+ * the (sequence, row) pairs x, x + PARTS, ... of the batch * padded pairs; rows
+ * past a sequence's length count nothing. The work-items of the group read one
+ * row together (consecutive elements: whole cache lines), and each adds its
+ * share of D_i times the row's weight: the sum over the rows and the elements
+ * needs one reduction at the end, not one per row. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void sink_grad_part(
     __global const store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global const store_t *dout, long d_off, long d_sb, long d_sn, long d_sh,
@@ -45,16 +48,17 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void sink_grad_part(
   const float sink = sinks[h];
   const long pairs = (long)batch * padded;
   float acc = 0.0f;
-  for (long pr = (long)x * WG + lid; pr < pairs; pr += (long)parts * WG) {
+  for (long pr = x; pr < pairs; pr += parts) {
     const int s = (int)(pr / padded), i = (int)(pr - (pr / padded) * padded);
     const int2 rows = fcl_seq_rows(cu, s, padded, total);
-    if (i >= rows.y) continue;
+    if (i >= rows.y) continue; /* the same for the whole work-group */
     const long bb = VARLEN ? 0 : s, n = rows.x + i;
+    const float l = lse[l_off + bb * l_sb + n * l_sn + (long)h * l_sh];
+    if (l == -INFINITY) continue;
     const long ob = o_off + bb * o_sb + n * o_sn + (long)h * o_sh, db = d_off + bb * d_sb + n * d_sn + (long)h * d_sh;
     float d = 0.0f;
-    for (int e = 0; e < HEAD_DIM; e++) d = mad(LOAD(o, ob + e), LOAD(dout, db + e), d);
-    const float l = lse[l_off + bb * l_sb + n * l_sn + (long)h * l_sh];
-    if (l != -INFINITY) acc -= exp(sink - l) * d;
+    for (int e = lid; e < HEAD_DIM; e += WG) d = mad(LOAD(o, ob + e), LOAD(dout, db + e), d);
+    acc -= exp(sink - l) * d;
   }
   red[lid] = acc;
   sink_reduce(red, lid);
