@@ -53,12 +53,12 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void sink_grad_part(
     const int2 rows = fcl_seq_rows(cu, s, padded, total);
     if (i >= rows.y) continue; /* the same for the whole work-group */
     const long bb = VARLEN ? 0 : s, n = rows.x + i;
+    /* No branch on the LSE before the row's loads: they all go out at once. */
     const float l = lse[l_off + bb * l_sb + n * l_sn + (long)h * l_sh];
-    if (l == -INFINITY) continue;
     const long ob = o_off + bb * o_sb + n * o_sn + (long)h * o_sh, db = d_off + bb * d_sb + n * d_sn + (long)h * d_sh;
     float d = 0.0f;
     for (int e = lid; e < HEAD_DIM; e += WG) d = mad(LOAD(o, ob + e), LOAD(dout, db + e), d);
-    acc -= exp(sink - l) * d;
+    acc -= (l == -INFINITY ? 0.0f : exp(sink - l)) * d;
   }
   red[lid] = acc;
   sink_reduce(red, lid);

@@ -28,12 +28,14 @@ flashcl_status fcl_sinks_grad_check(flashcl_context *ctx, const flashcl_attentio
   return FLASHCL_SUCCESS;
 }
 
-/* Work-groups per head of sink_grad_part: about 32 rows each, at most
- * FCL_SINK_GRAD_MAX_PARTS (the rows are one memory pass over O and dO, so the
- * grid needs only to fill the device). */
-#define FCL_SINK_GRAD_MAX_PARTS 256
+/* Work-groups per head of sink_grad_part: about 4 rows each, at most
+ * FCL_SINK_GRAD_MAX_PARTS. A work-group reads its rows one after another, so
+ * it is latency that bounds it: short chains in many work-groups keep enough
+ * loads in flight (H100, BENCHMARKS.md "Attention sinks": 32 rows per group
+ * cost the d = 128 backward 4%). */
+#define FCL_SINK_GRAD_MAX_PARTS 4096
 static int fcl_sink_parts(const fcl_problem *p) {
-  const long pairs = (long)p->batch * p->seqlen_q, per = 32L;
+  const long pairs = (long)p->batch * p->seqlen_q, per = 4L;
   const long parts = (pairs + per - 1) / per;
   return parts < 1 ? 1 : parts > FCL_SINK_GRAD_MAX_PARTS ? FCL_SINK_GRAD_MAX_PARTS : (int)parts;
 }
