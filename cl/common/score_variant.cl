@@ -92,6 +92,20 @@ inline float2 sv_row_start(__global const float *sinks, int h, float units, int 
 #endif
 }
 
+/* A finished row's state (pivot m and sum l, log2 units; m = -inf: no key)
+ * with a sink of logit `sink` (log2 units) added: the new pivot M, the sum
+ * against it, and the factor exp2(m - M) that takes the row's O accumulator to
+ * it, so that O = acc * scale / sum and LSE = M + log2(sum). Kernels whose P is
+ * fp16 join the sink at the end rather than start from it (sv_row_start): a
+ * sink well above the scores as the pivot would push every P under fp16's
+ * normal range. */
+inline float3 sv_sink_join(float sink, float m, float l) {
+  const float M = fmax(m, sink);
+  if (M == -INFINITY) return (float3)(-INFINITY, 0.0f, 0.0f);
+  const float scale = m == -INFINITY ? 0.0f : exp2(m - M);
+  return (float3)(M, l * scale + exp2(sink - M), scale);
+}
+
 /* d(logit) / d(scaled product) given sv_logit's t: the softcap's 1 - t^2, else 1. */
 inline float sv_logit_grad(float t) {
 #if SOFTCAP

@@ -14,7 +14,7 @@
  *   Query t sees key j iff j <= L - q_len + t (bottom-right causal); with
  *   TREE_MASK = 1 it sees every key j < L - q_len and new token u = j - (L - q_len)
  *   iff bit u of tree_mask[b * q_len + t] is set. A row that sees no key in its
- *   range gets o = 0 and lse = -inf.
+ *   range gets o = 0 and lse = -inf (with SINKS: its sink).
  *   SPLIT = 0: writes o (normalised) and lse (natural log) directly.
  *   SPLIT = 1: writes the partial (o normalised, fp32) and its log2-domain LSE to
  *     the workspace: row id = (b * q_len + t) * heads_q + hq,
@@ -66,7 +66,8 @@
  *   tile), so the splits share the window rather than the whole cache;
  *   SOFTCAP = 1: s = c * tanh(s / c) (softcap_in = ln 2 / c on the log2-domain
  *   score, softcap_log2 = c * log2(e)); ALIBI = 1: s -= alibi[hq] * |j - i|,
- *   after the softcap.
+ *   after the softcap. SINKS = 1: each row's softmax takes one more entry of
+ *   logit sinks[hq] and no value, counted by key group 0 of split 0.
  *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
@@ -77,7 +78,7 @@
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
  *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS, ASYNC_STAGES (0: the register
  *   path; >= 2 needs USE_PTX = 1, i.e. the program "mma_ptx.cl+dtype.cl+decode.cl"),
- *   WINDOW, SOFTCAP, ALIBI (0 or 1: the score variants above).
+ *   WINDOW, SOFTCAP, ALIBI, SINKS (0 or 1: the score variants above).
  *
  * requires: dtype.cl score_variant.cl
  */

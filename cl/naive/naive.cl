@@ -81,7 +81,7 @@ __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn
 
 /* One work-group per score row: masked softmax in place, natural-log LSE out.
  * Rows past the sequence and rows that see no key become all-zero with
- * LSE = -inf. */
+ * LSE = -inf (a real row with SINKS: LSE = its sink). */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
     __global float *scores, __global float *lse_ws, int heads, int padded_q, int padded_k,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int window_left,

@@ -173,18 +173,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
   #pragma unroll
   for (int dt = 0; dt < DT; dt++) oacc[dt][0] = oacc[dt][1] = oacc[dt][2] = oacc[dt][3] = 0.0f;
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
-#if SINKS
-  /* The sink is counted once per row, by key slice 0 of split 0 (lane t4 = 0 of
-   * the quad; m in the units of s); the other slices and splits start empty, as
-   * in decode.cl. */
-  if (wk == 0 && split == 0)
-    for (int hh = 0; hh < 2; hh++) {
-      const int rg = row0 + g + 8 * hh;
-      if (rg >= nrows) continue;
-      m_r[hh] = sinks[hk * group + rg / q_len] * (M_LOG2E_F / scale_log2);
-      l_r[hh] = t4 == 0 ? 1.0f : 0.0f;
-    }
-#endif
 
   const uint sbase = SADDR(smem);
   const long kb0 = k_off + (long)hk * k_sh, vb0 = v_off + (long)hk * v_sh;
@@ -332,9 +320,20 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     if (rg >= nrows) continue;
     float ls = 0.0f;
     for (int i = 0; i < WK; i++) ls += Ml[1][i][wr * 16 + r];
-    const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
-    const float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * scale_log2;
     const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
+    float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+    float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * scale_log2;
+#if SINKS
+    /* The sink joins split 0's (or the only) partial state, at the end
+     * (sv_sink_join in score_variant.cl, written out: fp16 P). */
+    if (split == 0) {
+      const float m2 = ls > 0.0f ? mx : -INFINITY, sk = sinks[hq] * M_LOG2E_F, big = fmax(m2, sk);
+      const float sc = m2 == -INFINITY ? 0.0f : exp2(m2 - big);
+      ls = big == -INFINITY ? 0.0f : ls * sc + exp2(sk - big);
+      inv = ls > 0.0f ? sc / ls : 0.0f;
+      mx = big;
+    }
+#endif
 #if SPLIT
     const long id = ((long)b * q_len + tt) * heads_q + hq;
     __global float *wo = work + wo_off + (id * num_splits + split) * HEAD_DIM;

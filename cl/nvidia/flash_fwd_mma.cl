@@ -362,16 +362,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   const int kbeg = wg_keys.x, kend = wg_keys.y, wbeg = w_keys.x, wend = w_keys.y;
   const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
-#if SINKS
-  { /* m is in the units of s (times sl2: log2); the four lanes of a row share it, lane t = 0 counts the sink */
-    const float2 row0 = sv_row_start(sinks, h, LOG2E / sl2, t == 0);
-    #pragma unroll
-    for (int mt = 0; mt < M_TILES; mt++) {
-      m_r[mt][0] = m_r[mt][1] = row0.x;
-      l_r[mt][0] = l_r[mt][1] = row0.y;
-    }
-  }
-#endif
 #if MASK
   __global const uint *mrow = mask + b * mask_bs + h * mask_hs;
   mask_geom mg;
@@ -646,15 +636,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
       l += shfl_xor(l, 2);
       const int row = wrow0 + mt * 16 + g + hh * 8;
       if (row >= nq) continue;
-      /* A row that sees no key: O = 0 and LSE = -inf, never NaN. */
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      /* A row that sees no key: O = 0 and LSE = -inf (the sink's, with one), never NaN. */
+      float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float lse2 = l > 0.0f ? m_r[mt][hh] * sl2 + log2(l) : -INFINITY;
+#if SINKS
+      { /* the sink joins at the end (sv_sink_join) */
+        const float3 j = sv_sink_join(sinks[h] * LOG2E, l > 0.0f ? m_r[mt][hh] * sl2 : -INFINITY, l);
+        inv = j.y > 0.0f ? j.z / j.y : 0.0f;
+        lse2 = j.y > 0.0f ? j.x + log2(j.y) : -INFINITY;
+      }
+#endif
       __global uint *orow = (__global uint *)(o + obase + (long)row * o_sn + 2 * t);
       #pragma unroll
       for (int dt = 0; dt < DT; dt++)
         orow[dt * 4] = pack2(oacc[mt][dt][2 * hh] * inv, oacc[mt][dt][2 * hh + 1] * inv);
-      if (has_lse && t == 0)
-        lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] =
-            l > 0.0f ? (m_r[mt][hh] * sl2 + log2(l)) * M_LN2_F : -INFINITY;
+      if (has_lse && t == 0) lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] = lse2 * M_LN2_F;
     }
 }
 #endif /* !PROBE_ONLY */

@@ -306,13 +306,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   const float sl2 = SCORE_LOG2 ? 1.0f : scale_log2; /* with SCORE_LOG2 the scores are already scaled */
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
   __global const uint *mrow = 0;
-#if SINKS
-  { /* as in flash_fwd_mma.cl: m in the units of s, the sink counted by lane t = 0 of a row */
-    const float2 row0 = sv_row_start(sinks, h, LOG2E / sl2, t == 0);
-    m_r[0] = m_r[1] = row0.x;
-    l_r[0] = l_r[1] = row0.y;
-  }
-#endif
 
 /* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN). */
 #define LOAD_KV(buf, ptr, sn, k0)                                                             \
@@ -463,14 +456,20 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     l += shfl_xor(l, 2);
     const int row = wrow0 + g + hh * 8;
     if (row >= nq) continue;
-    /* A row that sees no key: O = 0 and LSE = -inf, never NaN. */
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    /* A row that sees no key: O = 0 and LSE = -inf (the sink's, with one), never NaN. */
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float lse2 = l > 0.0f ? m_r[hh] * sl2 + log2(l) : -INFINITY;
+#if SINKS
+    { /* the sink joins at the end (sv_sink_join) */
+      const float3 j = sv_sink_join(sinks[h] * LOG2E, l > 0.0f ? m_r[hh] * sl2 : -INFINITY, l);
+      inv = j.y > 0.0f ? j.z / j.y : 0.0f;
+      lse2 = j.y > 0.0f ? j.x + log2(j.y) : -INFINITY;
+    }
+#endif
     __global uint *orow = (__global uint *)(o + obase + (long)row * o_sn + 2 * t);
     #pragma unroll
     for (int dt = 0; dt < DT; dt++) orow[dt * 4] = pack2(oacc[4 * dt + 2 * hh] * inv, oacc[4 * dt + 2 * hh + 1] * inv);
-    if (has_lse && t == 0)
-      lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] =
-          l > 0.0f ? (m_r[hh] * sl2 + log2(l)) * M_LN2_F : -INFINITY;
+    if (has_lse && t == 0) lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] = lse2 * M_LN2_F;
   }
 }
 #endif /* !PROBE_ONLY */

@@ -12,12 +12,16 @@
  * Parameters (-D):
  *   WARP_PTX   1: the helpers (the host sets it where it joins the file);
  *              0: an empty file, so that the file builds alone anywhere
+ *   NV_RED     1: also the vector reduction (sm_90), the kernel's own switch
  */
 #ifndef WARP_PTX_CL
 #define WARP_PTX_CL
 
 #ifndef WARP_PTX
 #define WARP_PTX 0
+#endif
+#ifndef NV_RED
+#define NV_RED 0
 #endif
 
 #if WARP_PTX
@@ -36,11 +40,14 @@ inline float nv_shfl_xor16(float x) {
   return r;
 }
 
-/* *p += v, four floats in one reduction (sm_90 and newer). */
+#if NV_RED
+/* *p += v, four floats in one reduction: sm_90 and newer only, so it exists
+ * only where the host asks for it (NV_RED, flash_bwd.cl). */
 inline void nv_red_add4(__global float *p, float4 v) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 }
+#endif
 
 /* Named barrier 1 over the first `nthreads` work-items that reach it (whole warps). */
 inline void nv_bar_sync1(int nthreads) { asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory"); }

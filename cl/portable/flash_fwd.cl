@@ -559,7 +559,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     if (q0 + r >= nq || !o_active) continue;
     float l = 0.0f;
     for (int t = 0; t < S_CT; t++) l += Red[r * S_CT + t];
-    /* A row that sees no key: O = 0 and LSE = -inf, never NaN. */
+    /* A row that sees no key: O = 0 and LSE = -inf (with SINKS l >= 1: LSE = the sink), never NaN. */
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const long orow = obase + (long)(q0 + r) * o_sn;
     for (int g = 0; g < O_TG; g++) GSTORE4(o, orow + 4 * (ox + g * O_CT), acc[i][g] * inv);

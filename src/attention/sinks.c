@@ -88,7 +88,7 @@ static cl_int fcl_sink_enqueue(flashcl_context *ctx, cl_kernel k, const size_t *
                                cl_event *ev, const char *what) {
   const size_t local[2] = {FCL_SINK_GRAD_WG, 1};
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, k, 2, NULL, global, local, after ? 1 : 0, after ? &after : NULL, ev);
-  if (err != CL_SUCCESS && fcl_retry_after_finish(ctx, NULL, err, what))
+  if (err != CL_SUCCESS && fcl_retry_after_flush(ctx, NULL, err, what))
     err = clEnqueueNDRangeKernel(ctx->queue, k, 2, NULL, global, local, after ? 1 : 0, after ? &after : NULL, ev);
   return err;
 }

@@ -198,10 +198,10 @@ void fcl_cache_store(flashcl_context *ctx, const fcl_cache_key *key, cl_program 
 void fcl_cache_trim(flashcl_context *ctx, const char *dir, const char *keep);
 void fcl_cache_touch(const char *path);
 
-/* src/core/retry.c: 1 when err is a shortage of resources, after finishing
+/* src/core/retry.c: 1 when err is a shortage of resources, after flushing
  * ctx's queue (and side, if not NULL): the caller then tries the failed set-up
  * or enqueue of a later command of its call once more. 0 for any other error. */
-int fcl_retry_after_finish(flashcl_context *ctx, cl_command_queue side, cl_int err, const char *what);
+int fcl_retry_after_flush(flashcl_context *ctx, cl_command_queue side, cl_int err, const char *what);
 
 /* The context's side queue (see side_queue), or NULL where it cannot be
  * created; never fails the caller. */

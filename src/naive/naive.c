@@ -155,7 +155,7 @@ static flashcl_status fcl_unpack(flashcl_context *ctx, cl_kernel kern, cl_mem sr
                                                                              0, NULL, ev);
     const char *what = a.err != CL_SUCCESS ? "clSetKernelArg(naive_unpack)" : "enqueue naive_unpack";
     if (err == CL_SUCCESS) return FLASHCL_SUCCESS;
-    if (again || !fcl_retry_after_finish(ctx, NULL, err, what)) return fcl_cl_fail(ctx, err, what);
+    if (again || !fcl_retry_after_flush(ctx, NULL, err, what)) return fcl_cl_fail(ctx, err, what);
   }
 }
 
@@ -217,7 +217,7 @@ static flashcl_status fcl_naive_kernels(fcl_naive_call *c, const char *extra) {
   flashcl_context *ctx = c->ctx;
   const fcl_problem *p = c->p;
   c->wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
-  char variants[64];
+  char variants[128];
   snprintf(c->opts, sizeof c->opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s", (int)p->dtype,
            p->head_dim, p->causal && !p->window, p->varlen, c->wg, p->dropout,
@@ -482,6 +482,8 @@ static flashcl_status fcl_naive_backward_store(const fcl_naive_call *c, const cl
     return st;
   if (out_event) {
     cl_int err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, out_event);
+    if (err != CL_SUCCESS && fcl_retry_after_flush(c->ctx, NULL, err, "clEnqueueBarrierWithWaitList"))
+      err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, out_event);
     if (err != CL_SUCCESS) st = fcl_cl_fail(c->ctx, err, "clEnqueueBarrierWithWaitList");
   }
   return st;

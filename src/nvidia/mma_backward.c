@@ -41,7 +41,7 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
   if (st != FLASHCL_SUCCESS) return st;
   const char *extra = ctx->build_options;
-  char opts[640], variants[64];
+  char opts[640], variants[128];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,

@@ -102,7 +102,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   if (st != FLASHCL_SUCCESS) return st;
   const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
   const char *extra = ctx->build_options;
-  char opts[640], variants[64];
+  char opts[640], variants[128];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,

@@ -145,7 +145,7 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
   if (st != FLASHCL_SUCCESS) return st;
   const int threads = c.nwg * 128, block_r = c.nwg * 64;
   const char *extra = ctx->build_options;
-  char opts[640], variants[64];
+  char opts[640], variants[128];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,

@@ -128,7 +128,7 @@ static fcl_bwd_switches fcl_bwd_switches_of(flashcl_context *ctx, const fcl_tune
 /* The build options of the portable backward kernels for one plan. */
 static void fcl_bwd_options(flashcl_context *ctx, const fcl_tuned *tu, const fcl_problem *p, const fcl_bwd_plan *bp,
                             int acc_dq, int dq_vec, int vec_aligned, char *opts, size_t size) {
-  char variants[64];
+  char variants[128];
   fcl_variant_options(p, variants, sizeof variants);
   const char *extra = ctx->build_options;
   const fcl_bwd_switches w = fcl_bwd_switches_of(ctx, tu, p, bp, acc_dq);
@@ -392,7 +392,7 @@ static cl_int fcl_bwd_dq_store(const fcl_bwd_launch *L, cl_event dkdv_done, cl_e
   /* The last command must cover dK/dV too: on an out-of-order queue waiting on
    * the dK/dV event is what orders it. */
   cl_int err = clEnqueueNDRangeKernel(L->ctx->queue, L->dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
-  if (err != CL_SUCCESS && fcl_retry_after_finish(L->ctx, NULL, err, "enqueue bwd_dq_store"))
+  if (err != CL_SUCCESS && fcl_retry_after_flush(L->ctx, NULL, err, "enqueue bwd_dq_store"))
     err = clEnqueueNDRangeKernel(L->ctx->queue, L->dq, 3, NULL, g, NULL, 1, &dkdv_done, out_event);
   clReleaseEvent(dkdv_done);
   return err;
@@ -419,14 +419,18 @@ static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_e
   for (int again = 0; again < 2; again++) { /* dK/dV is enqueued: one more try (src/core/retry.c) */
     err = clEnqueueNDRangeKernel(side ? side : ctx->queue, L->dq, 3, NULL, use_mma ? L->mma.global_dq : g,
                                  use_mma ? L->mma.local : local_dq, 1, &pre_done, &parts[0]);
-    if (err == CL_SUCCESS || again || !fcl_retry_after_finish(ctx, side, err, "enqueue dQ")) break;
+    if (err == CL_SUCCESS || again || !fcl_retry_after_flush(ctx, side, err, "enqueue dQ")) break;
   }
   const int dq_on_side = side && err == CL_SUCCESS;
   if (dq_on_side) err = clFlush(side);
-  if (err == CL_SUCCESS && (side || out_event)) {
-    /* Join dQ with dK/dV (enqueued earlier) for the caller's event. */
+  /* Join dQ with dK/dV (enqueued earlier) for the caller's event; the
+   * gradients are on their way, so a shortage gets one more try here too. */
+  for (int again = 0; err == CL_SUCCESS && (side || out_event) && again < 2; again++) {
     err = side ? clEnqueueBarrierWithWaitList(ctx->queue, 2, parts, out_event)
                : clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, out_event);
+    if (err == CL_SUCCESS) break;
+    if (again || !fcl_retry_after_flush(ctx, NULL, err, "join of dQ")) break;
+    err = CL_SUCCESS;
   }
   /* dQ was enqueued but could not be joined into the caller's queue: finish it
    * here, so that it never writes dq after the caller's next commands. */

@@ -88,7 +88,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   if (st != FLASHCL_SUCCESS) return st;
   const int aligned = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(o);
   const char *extra = ctx->build_options;
-  char opts[768], variants[64];
+  char opts[768], variants[128];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   if (cpu) { /* the CPU rule of fwd_plan.c: one work-item per work-group */
