@@ -1777,7 +1777,11 @@ static void run_merge(fz_case *c) {
     } else if (what == 5) {
       callmut_mutate(c, &m, 2);
     } else if (inplace != 1) {
-      /* o over o_b at another offset: a partial overlap */
+      /* o over o_b at another offset: a partial overlap. Neither view's buffer
+       * or offset may move afterwards: o_b.offset + one element could then be
+       * o_b itself, the in-place merge (seed 20261126, case 658935). */
+      if (!claim(c, "o.buffer0") || !claim(c, "o.offset0") || !claim(c, "o_b.buffer0") || !claim(c, "o_b.offset0"))
+        continue;
       clog_(c, "o overlaps o_b (offset + one element)");
       o.t.buffer = ob.t.buffer;
       o.t.offset = ob.t.offset + dsize(dt);
