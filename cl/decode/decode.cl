@@ -124,15 +124,6 @@
 #ifndef USE_PTX
 #define USE_PTX 0
 #endif
-#ifndef WINDOW
-#define WINDOW 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-#ifndef ALIBI
-#define ALIBI 0
-#endif
 
 #define D4 (HEAD_DIM / 4)
 #define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */

@@ -35,34 +35,16 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
 #ifndef WG
 #define WG 64
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
 #endif
-#ifndef WINDOW
-#define WINDOW 0
-#endif
-#ifndef ALIBI
-#define ALIBI 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-#ifndef MASK
-#define MASK 0
-#endif
 #if PAGED_KV
 #define NAIVE_PAGED_PARAMS , __global const int *kv_lens
 #else
 #define NAIVE_PAGED_PARAMS
-#endif
-#if WINDOW && CAUSAL
-#error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
 /* Global size (HEAD_DIM, padded, sequences * heads). */

@@ -125,6 +125,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     int page_size, int num_pages, int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits,
     float scale_log2, __global float *work, long wo_off, long wl_off, __global const float *sinks) {
 #if USE_PTX
+#if SINKS && !defined(SCORE_VARIANT_CL)
+#error "decode_mma.cl with SINKS needs score_variant.cl compiled first in the same program"
+#endif
   __local uint4 smem[SMEM_CHUNKS];
   __local float Ml[2][WK][WR * 16]; /* per key slice: row max and sum, for the final merge */
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
@@ -324,14 +327,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
     float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * scale_log2;
 #if SINKS
-    /* The sink joins split 0's (or the only) partial state, at the end
-     * (sv_sink_join in score_variant.cl, written out: fp16 P). */
+    /* The sink joins split 0's (or the only) partial state, at the end (fp16 P). */
     if (split == 0) {
-      const float m2 = ls > 0.0f ? mx : -INFINITY, sk = sinks[hq] * M_LOG2E_F, big = fmax(m2, sk);
-      const float sc = m2 == -INFINITY ? 0.0f : exp2(m2 - big);
-      ls = big == -INFINITY ? 0.0f : ls * sc + exp2(sk - big);
-      inv = ls > 0.0f ? sc / ls : 0.0f;
-      mx = big;
+      const float3 j = sv_sink_join(sinks[hq] * M_LOG2E_F, ls > 0.0f ? mx : -INFINITY, ls);
+      ls = j.y;
+      inv = ls > 0.0f ? j.z / ls : 0.0f;
+      mx = j.x;
     }
 #endif
 #if SPLIT

@@ -158,9 +158,6 @@
 #ifndef QB_TD
 #define QB_TD 4
 #endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 0
 #endif
@@ -169,18 +166,6 @@
 #endif
 #ifndef DQ_VEC
 #define DQ_VEC 0
-#endif
-#ifndef WINDOW
-#define WINDOW 0
-#endif
-#ifndef ALIBI
-#define ALIBI 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-#ifndef MASK
-#define MASK 0
 #endif
 #ifndef BWD_AHEAD
 #define BWD_AHEAD 0
@@ -237,9 +222,6 @@
 #define GRID_N (NTHREADS / 2)
 #else
 #define GRID_N NTHREADS
-#endif
-#if WINDOW && CAUSAL
-#error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
 #define LOG2E 1.4426950408889634f

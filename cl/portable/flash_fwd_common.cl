@@ -5,8 +5,9 @@
  * offsets and the attention-mask tile walk.
  *
  * Parameters (-D), as flash_fwd.cl's banner describes them: HEAD_DIM, BLOCK_R,
- * BLOCK_C, CAUSAL, VEC_ALIGNED, DROPOUT, WINDOW, ALIBI, SOFTCAP, MASK; DTYPE,
- * VARLEN and PAGED_KV come with dtype.cl and seq_bounds.cl.
+ * BLOCK_C, VEC_ALIGNED, DROPOUT, MASK; DTYPE, VARLEN and PAGED_KV come with
+ * dtype.cl and seq_bounds.cl, and CAUSAL, WINDOW, ALIBI, SOFTCAP and SINKS with
+ * score_variant.cl, which the kernels join in front of this file.
  */
 #ifndef FLASH_FWD_COMMON_CL
 #define FLASH_FWD_COMMON_CL
@@ -20,29 +21,14 @@
 #ifndef BLOCK_C
 #define BLOCK_C 32
 #endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
 #ifndef VEC_ALIGNED
 #define VEC_ALIGNED 0
 #endif
 #ifndef DROPOUT
 #define DROPOUT 0
 #endif
-#ifndef WINDOW
-#define WINDOW 0
-#endif
-#ifndef ALIBI
-#define ALIBI 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
 #ifndef MASK
 #define MASK 0
-#endif
-#if WINDOW && CAUSAL
-#error "WINDOW folds causal into window_right: build with CAUSAL=0"
 #endif
 
 /* Four elements of a row: with VEC_ALIGNED the row granules are 4-element

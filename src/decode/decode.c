@@ -194,7 +194,8 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
            "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s",
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
            L->desc->tree_mask != NULL, L->desc->sinks != NULL, extra ? " " : "", extra ? extra : "");
-  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+decode_mma.cl", mopts, "decode_mma", &L->kern))) return st;
+  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma", &L->kern)))
+    return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
   size_t mwg = 0;
   if (clGetKernelWorkGroupInfo(L->kern, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof mwg, &mwg, NULL) ==
