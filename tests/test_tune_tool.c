@@ -3,7 +3,8 @@
  * a tuning file; a new context loads that file, reports the tuned
  * configuration with the file as its source, and runs it correctly. A run
  * killed part-way resumes from its journal; a journal for another device is
- * not trusted; bad arguments are refused.
+ * not trusted; bad arguments are refused. --against compares a file's entries
+ * with the library's own, and --start starts the search from a file.
  *
  * The tool runs as a child process (FLASHCL_TUNE_EXE) with its own cache
  * directory, so nothing here touches the user's.
@@ -251,6 +252,65 @@ static void test_bad_arguments(void **state) {
   free(log);
 }
 
+/* --against: the file's entry is compared with the library's own choice in one
+ * process, a problem the file does not cover is reported as the same
+ * configuration, and a file that does not load is refused. --start: the search
+ * starts from its file. */
+static void test_against_and_start(void **state) {
+  (void)state;
+  char file[128], bad[128], *log = NULL;
+  snprintf(file, sizeof file, "%s/against.tune", tmpdir);
+  snprintf(bad, sizeof bad, "%s/bad.tune", tmpdir);
+  FILE *f = fopen(file, "w");
+  FCT_CHECK(f != NULL, "cannot write %s", file);
+  fputs("fwd d=32 dtype=f32 causal=0 : br=16 bc=16\n", f);
+  fclose(f);
+  f = fopen(bad, "w");
+  FCT_CHECK(f != NULL, "cannot write %s", bad);
+  fputs("fwd d=32 : no_such_parameter=3\n", f);
+  fclose(f);
+
+  const char *const against[] = {"--against", file, "--forward", "--d", "32", "--dtype", "f32", "--n", "96",
+                                 "--causal", "0,1", "--reps", "1", "--csv", NULL};
+  int rc = run_tool(against, &log);
+  FCT_CHECK(rc == 0, "--against: exit %d:\n%s", rc, log);
+  FCT_CHECK(count_lines(log, "device,problem,kernel_a,") == 1 && count_lines(log, "\"") == 2, "rows:\n%s", log);
+  const char *row0 = strstr(log, "causal=0 n=96"), *row1 = strstr(log, "causal=1 n=96");
+  FCT_CHECK(row0 && row1, "no row per problem:\n%s", log);
+  char origin[200];
+  snprintf(origin, sizeof origin, "\"%s\",\"fwd br=16 bc=16\",0,0,", file);
+  FCT_CHECK(strstr(row0, origin) != NULL && strstr(row0, origin) < strchr(row0, '\n'), "causal=0 row:\n%s", log);
+  double a_ms = 0, b_ms = 0;
+  const char *nums = strstr(row0, origin) + strlen(origin);
+  FCT_CHECK(sscanf(strchr(nums, ',') + 1, "%lf,%lf", &a_ms, &b_ms) == 2 && a_ms > 0 && b_ms > 0,
+            "causal=0 row has no times:\n%s", log);
+  FCT_CHECK(strstr(row1, ",1,0,") != NULL && strstr(row1, ",1,0,") < strchr(row1, '\n'),
+            "causal=1 is not covered by the file: want the same configuration:\n%s", log);
+  free(log);
+
+  const char *const against_bad[] = {"--against", bad, "--forward", "--d", "32", "--dtype", "f32", "--n", "96",
+                                     "--causal", "0", NULL};
+  rc = run_tool(against_bad, &log);
+  FCT_CHECK(rc == 2 && strstr(log, "was not loaded") && strstr(log, "no_such_parameter"), "bad file: exit %d:\n%s",
+            rc, log);
+  free(log);
+  const char *const start_bad[] = {"--start", bad, "--forward", "--d", "32", "--dtype", "f32", "--n", "96", NULL};
+  rc = run_tool(start_bad, &log);
+  FCT_CHECK(rc == 2 && strstr(log, "was not loaded"), "--start with a bad file: exit %d:\n%s", rc, log);
+  free(log);
+
+  char from[200];
+  const char *const start[] = {"--start", file, "--forward", "--d", "32", "--dtype", "f32", "--n", "96", "--causal",
+                               "0", "--params", "br", "--reps", "1", "--passes", "1", "--dry-run", "--verbose",
+                               NULL};
+  rc = run_tool(start, &log);
+  snprintf(from, sizeof from, "from %s", file);
+  FCT_CHECK(rc == 0 && strstr(log, from), "--start: exit %d, want the search to start %s:\n%s", rc, from, log);
+  free(log);
+  remove(file);
+  remove(bad);
+}
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/flashcl-tune-test-XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -258,6 +318,7 @@ int main(void) {
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_tune_and_load),
       cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_against_and_start),
   };
   const int rc = fct_run_group("tune_tool", tests, sizeof tests / sizeof tests[0], 1);
   char cmd[128];

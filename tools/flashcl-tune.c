@@ -21,11 +21,12 @@
 #include "args.h"
 #include "common.h"
 #include "json.h"
+#include "tune_against.h"
 #include "tune_decode.h"
 #include "tune_file.h"
 
 typedef struct tune_opts {
-  const char *device, *output, *params;
+  const char *device, *output, *params, *start, *against;
   int pass[3], all, any_pass, fresh, csv, json, verbose, list, dry_run, quiet, gpu;
   tools_list d, dtype, causal, atomic, n, dec_n, families;
   int have_d, have_dtype, have_causal, have_atomic, have_n, have_dec_n, have_families;
@@ -69,6 +70,13 @@ static void usage(FILE *f) {
           "  --passes P            coordinate-descent passes at most (default 2)\n"
           "  --output FILE         the tuning file (default <cache dir>/tuning/<device>.tune, which\n"
           "                        the library loads by itself); the journal is FILE.journal\n"
+          "  --start FILE          a tuning file searched before the built-in database: the search\n"
+          "                        starts from its entries (an entry with no parameters, e.g.\n"
+          "                        \"fwd :\", starts that family from the default rules)\n"
+          "  --against FILE        write nothing: for every problem, compare what the library runs\n"
+          "                        with its own sources (A) and with FILE searched first (B), in\n"
+          "                        2R+1 alternating rounds in this process; B's outputs are checked\n"
+          "                        against A's. Exit status 1 if any differ or a problem fails\n"
           "  --fresh               ignore an existing journal (default: resume from it)\n"
           "  --dry-run             search and report, write nothing\n"
           "  --csv                 one CSV row per problem on stdout, no progress line\n"
@@ -112,6 +120,8 @@ static args_status parse_args(int argc, char **argv, tune_opts *o) {
       {.name = "--params", .kind = ARG_STRING, .dest = &o->params},
       {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
       {.name = "--output", .kind = ARG_STRING, .dest = &o->output},
+      {.name = "--start", .kind = ARG_STRING, .dest = &o->start},
+      {.name = "--against", .kind = ARG_STRING, .dest = &o->against},
       {.name = "--kernel", .kind = ARG_KERNEL, .dest = &o->kernel},
       {.name = "--budget", .kind = ARG_LONG, .dest = &o->budget_s, .lo = 1, .hi = LONG_MAX},
       {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .lo = 1, .hi = 30},
@@ -284,18 +294,31 @@ static void clear_progress(const run_state *rs) {
   if (rs->tty) fprintf(stderr, "\r\033[K");
 }
 
-/* The search starts from the built-in database and the default rules, never
- * from an earlier run's file, so that re-tuning does not build on itself. */
+static int start_loaded(flashcl_context *ctx, const char *path) {
+  char needle[4200];
+  snprintf(needle, sizeof needle, "%s: loaded (", path);
+  return strstr(flashcl_context_tuning_log(ctx), needle) != NULL;
+}
+
+/* The search starts from the built-in database and the default rules (after
+ * --start's file, when given), never from an earlier run's file in the cache
+ * directory, so that re-tuning does not build on itself. */
 static int open_ctx(const tune_opts *o, flashcl_context_options *opts, flashcl_context **ctx,
                     flashcl_device_info *info) {
   flashcl_context_options_init(opts);
   opts->device = o->device;
   opts->profiling = 1;
   opts->verbose = o->verbose;
-  opts->tuning_file = "";
+  opts->tuning_file = o->start ? o->start : "";
   opts->no_user_tuning = 1;
   int st = flashcl_context_create(opts, ctx);
   if (!st) st = flashcl_context_device_info(*ctx, info);
+  if (!st && o->start && !start_loaded(*ctx, o->start)) {
+    fprintf(stderr, "flashcl-tune: --start: %s was not loaded:\n%s", o->start, flashcl_context_tuning_log(*ctx));
+    flashcl_context_destroy(*ctx);
+    *ctx = NULL;
+    return FLASHCL_ERROR_INVALID_ARGUMENT;
+  }
   if (st) {
     fprintf(stderr, "flashcl-tune: cannot open %s: %s (%d)\n", o->device ? o->device : "the default device",
             flashcl_status_string(st), st);
@@ -323,6 +346,21 @@ static int family_wanted(const tune_opts *o, flashcl_tuning_family f) {
   for (int i = 0; i < o->families.count; ++i)
     if (o->families.v[i] == f) return 1;
   return 0;
+}
+
+static int family_wanted_cb(const void *user, flashcl_tuning_family f) {
+  return family_wanted((const tune_opts *)user, f);
+}
+
+/* --against FILE: compare, write nothing. */
+static int run_against(run_state *rs, const tune_shape *shapes, int nshapes) {
+  const tune_opts *o = rs->o;
+  tune_against_opts ao;
+  memset(&ao, 0, sizeof ao);
+  ao.file = o->against, ao.csv = o->csv, ao.json = o->json, ao.quiet = o->quiet, ao.devdesc = rs->devdesc;
+  ao.search.reps = (int)o->reps, ao.search.warmup = (int)o->warmup;
+  ao.wanted = family_wanted_cb, ao.user = o;
+  return tune_against_run(rs->ctx, &rs->options, shapes, nshapes, &ao);
 }
 
 static void report(run_state *rs, const tune_result *r, const tune_done *d) {
@@ -519,6 +557,11 @@ int main(int argc, char **argv) {
   device_defaults(&o, info.is_gpu);
   const int nshapes = make_shapes(&o, shapes);
   tools_describe_device(rs.ctx, rs.devdesc, sizeof rs.devdesc);
+  if (o.against) {
+    const int rc = run_against(&rs, shapes, nshapes);
+    flashcl_context_destroy(rs.ctx);
+    return rc;
+  }
   const time_t now = time(NULL);
   strftime(rs.date, sizeof rs.date, "%Y-%m-%d", gmtime(&now));
   if (flashcl_context_tuning_header(rs.ctx, header, sizeof header) ||

@@ -35,24 +35,27 @@ static void ts_summarise(ts_side *s) {
   s->noise = s->median > 0 ? (q3 - q1) / s->median : 0.0;
 }
 
-/* Times a and b alternately for `rounds` rounds after o->warmup untimed runs
- * of each; *b_wins counts the rounds in which b was faster. */
-static int ts_compare(flashcl_context *ctx, tune_problem *p, const flashcl_tuning *a, const flashcl_tuning *b,
-                      const tune_search_opts *o, int rounds, ts_side *sa, ts_side *sb, int *b_wins) {
+/* Times side a (context ca, tuning a) and side b alternately for `rounds`
+ * rounds after o->warmup untimed runs of each; *b_wins counts the rounds in
+ * which b was faster. The sides may be two contexts on one queue, so that
+ * each runs with its own tuning sources. */
+static int ts_compare2(flashcl_context *ca, const flashcl_tuning *a, flashcl_context *cb, const flashcl_tuning *b,
+                       tune_problem *p, const tune_search_opts *o, int rounds, ts_side *sa, ts_side *sb,
+                       int *b_wins) {
   double ms = 0.0;
   int st = 0;
   if (rounds > TS_MAX_ROUNDS) rounds = TS_MAX_ROUNDS;
   for (int i = 0; i < o->warmup && !st; ++i) {
-    st = tune_problem_time(ctx, p, a, &ms);
-    if (!st) st = tune_problem_time(ctx, p, b, &ms);
+    st = tune_problem_time(ca, p, a, &ms);
+    if (!st) st = tune_problem_time(cb, p, b, &ms);
   }
   sa->n = sb->n = 0;
   *b_wins = 0;
   for (int r = 0; r < rounds && !st; ++r) {
-    const flashcl_tuning *first = r % 2 ? b : a, *second = r % 2 ? a : b;
+    /* ABBA: odd rounds run b first, so drift lands on both sides. */
     ts_side *f = r % 2 ? sb : sa, *s = r % 2 ? sa : sb;
-    st = tune_problem_time(ctx, p, first, &f->t[f->n]);
-    if (!st) st = tune_problem_time(ctx, p, second, &s->t[s->n]);
+    st = r % 2 ? tune_problem_time(cb, p, b, &f->t[f->n]) : tune_problem_time(ca, p, a, &f->t[f->n]);
+    if (!st) st = r % 2 ? tune_problem_time(ca, p, a, &s->t[s->n]) : tune_problem_time(cb, p, b, &s->t[s->n]);
     if (st) break;
     f->n++, s->n++;
     *b_wins += sb->t[r] < sa->t[r];
@@ -63,8 +66,28 @@ static int ts_compare(flashcl_context *ctx, tune_problem *p, const flashcl_tunin
   return 0;
 }
 
+static int ts_compare(flashcl_context *ctx, tune_problem *p, const flashcl_tuning *a, const flashcl_tuning *b,
+                      const tune_search_opts *o, int rounds, ts_side *sa, ts_side *sb, int *b_wins) {
+  return ts_compare2(ctx, a, ctx, b, p, o, rounds, sa, sb, b_wins);
+}
+
+int tune_compare(flashcl_context *ca, const flashcl_tuning *ta, flashcl_context *cb, const flashcl_tuning *tb,
+                 tune_problem *p, const tune_search_opts *o, int rounds, tune_comparison *out) {
+  ts_side *sides = (ts_side *)calloc(2, sizeof *sides);
+  if (!sides) return FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+  memset(out, 0, sizeof *out);
+  const int st = ts_compare2(ca, ta, cb, tb, p, o, rounds, &sides[0], &sides[1], &out->b_wins);
+  if (!st) {
+    out->a_ms = sides[0].median, out->a_noise = sides[0].noise;
+    out->b_ms = sides[1].median, out->b_noise = sides[1].noise;
+    out->rounds = sides[0].n;
+  }
+  free(sides);
+  return st;
+}
+
 /* Two configurations the library runs identically. */
-static int ts_same(const flashcl_config *x, const flashcl_config *y) {
+int tune_same_config(const flashcl_config *x, const flashcl_config *y) {
   if (strcmp(x->kernel, y->kernel) || x->tuning.count != y->tuning.count) return 0;
   for (int i = 0; i < x->tuning.count; ++i)
     if (x->tuning.params[i].value != y->tuning.params[i].value) return 0;
@@ -123,7 +146,7 @@ static int ts_try(ts_state *s, flashcl_tuning *inc, const flashcl_tuning *cand) 
     return 0;
   }
   for (int i = 0; i < s->nseen; ++i)
-    if (ts_same(&cfg, &s->seen[i])) {
+    if (tune_same_config(&cfg, &s->seen[i])) {
       r->duplicate++;
       return 0;
     }

@@ -34,6 +34,21 @@ typedef struct tune_result {
   int changed;                   /* best differs from base */
 } tune_result;
 
+/* A paired comparison's medians (ms), their noise (interquartile range over
+ * the median), and the rounds in which side b was faster. */
+typedef struct tune_comparison {
+  double a_ms, b_ms, a_noise, b_noise;
+  int b_wins, rounds;
+} tune_comparison;
+
+/* Times p with (ca, ta) and (cb, tb) alternately, `rounds` rounds after
+ * o->warmup untimed runs of each (a NULL tuning: that context's sources). */
+int tune_compare(flashcl_context *ca, const flashcl_tuning *ta, flashcl_context *cb, const flashcl_tuning *tb,
+                 tune_problem *p, const tune_search_opts *o, int rounds, tune_comparison *out);
+
+/* Two configurations the library runs identically (kernel, every parameter, tiles). */
+int tune_same_config(const flashcl_config *x, const flashcl_config *y);
+
 /* rel-L2 a candidate may differ from the base by, per output dtype. */
 double tune_tolerance(flashcl_dtype dtype);
 
