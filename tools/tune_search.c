@@ -6,7 +6,7 @@
  * first), and then beat the incumbent in a paired comparison: both are timed
  * alternately (ABBA order), so clock and thermal drift land on both sides.
  * A configuration the library would run identically to one already timed is
- * not timed again.
+ * not timed again. Switches are visited before tiles (ts_order).
  */
 #include "tune_search.h"
 
@@ -185,11 +185,27 @@ static int ts_try(ts_state *s, flashcl_tuning *inc, const flashcl_tuning *cand) 
   return better;
 }
 
+/* The order a pass visits the family's parameters in: switches (two or three
+ * candidates: a kernel variant, a code path) before tiles and work-item
+ * counts, in declaration order within each group. The best tile depends on
+ * the variant (a warp-tiled mapping moves it), and a budget cut should fall
+ * on the long tile lists, not on the few switches that change the most. */
+static int ts_order(flashcl_tuning_family f, int *order, int cap) {
+  flashcl_tuning_param_info info;
+  int n = 0;
+  for (int group = 0; group < 2; ++group)
+    for (int i = 0; flashcl_tuning_space(f, i, &info) == FLASHCL_SUCCESS && n < cap; ++i)
+      if ((info.num_candidates <= 3) == (group == 0)) order[n++] = i;
+  return n;
+}
+
 /* One pass over the selected parameters; the number of changes kept. */
 static int ts_pass(ts_state *s, flashcl_tuning *inc) {
   flashcl_tuning_param_info info;
-  int kept = 0;
-  for (int i = 0; flashcl_tuning_space(s->r->family, i, &info) == FLASHCL_SUCCESS; ++i) {
+  int order[64], kept = 0;
+  const int n = ts_order(s->r->family, order, 64);
+  for (int k = 0; k < n; ++k) {
+    if (flashcl_tuning_space(s->r->family, order[k], &info) != FLASHCL_SUCCESS) continue;
     if (!ts_selected(s->o->params, info.name)) continue;
     for (int c = 0; c < info.num_candidates; ++c, ++s->done) {
       if (s->o->progress) s->o->progress(s->o->user, s->done, s->total);
