@@ -106,7 +106,15 @@ FLASHCL_API const char *flashcl_status_string(int status);
 typedef enum flashcl_dtype {
   FLASHCL_F32 = 0,
   FLASHCL_F16 = 1,  /* IEEE binary16, storage only: math is fp32 */
-  FLASHCL_BF16 = 2  /* bfloat16, storage only: math is fp32 */
+  FLASHCL_BF16 = 2, /* bfloat16, storage only: math is fp32 */
+  /* Quantized KV-cache formats, one byte per element, legal only as the
+   * k_cache / v_cache dtype of flashcl_attention_decode and
+   * flashcl_kv_cache_append (see "Quantized KV cache" at flashcl_decode_desc).
+   * Every other tensor of every call refuses them with
+   * FLASHCL_ERROR_DTYPE_MISMATCH. */
+  FLASHCL_I8 = 3,     /* int8, two's complement, codes -127..127 written */
+  FLASHCL_F8E4M3 = 4, /* fp8 E4M3 (OCP "FN"): bias 7, no inf, NaN S.1111.111, max 448 */
+  FLASHCL_F8E5M2 = 5  /* fp8 E5M2: bias 15, IEEE-like inf and NaN, max 57344 */
 } flashcl_dtype;
 
 /* Size in bytes of one element, 0 for an unknown dtype. */
@@ -633,7 +641,53 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  *   to [0, num_pages) when reading (a corrupt table reads a wrong page, never
  *   outside the pool); the append skips tokens whose page index is out of range.
  * Capacity of a sequence: max_len (contiguous) or max_pages * page_size (paged).
+ *
+ * Quantized KV cache. k_cache and v_cache may each, independently, be stored as
+ * FLASHCL_I8, FLASHCL_F8E4M3 or FLASHCL_F8E5M2 (one byte per element, same (pages or
+ * batch, slots, Hkv, d) views and element strides as a plain cache) instead of
+ * q's dtype. Element value = (float)code * scale, in fp32, where code is:
+ *   I8:     the byte as a two's-complement integer (-128..127; the append
+ *           writes -127..127).
+ *   F8E4M3: bits S EEEE MMM, bias 7: E = 0: (-1)^S * M/8 * 2^-6 (subnormal);
+ *           else (-1)^S * (1 + M/8) * 2^(E-7); E = 15, M = 7 is NaN; no inf
+ *           (largest finite 448, code 0x7e).
+ *   F8E5M2: bits S EEEEE MM, bias 15 (the top byte of an IEEE binary16):
+ *           E = 0: M/4 * 2^-14; E = 31: inf (M = 0), NaN (M != 0); else
+ *           (1 + M/4) * 2^(E-15) (largest finite 57344, code 0x7b).
+ * The scales are fp32 buffers (desc.k_scale for k_cache, desc.v_scale for
+ * v_cache, read from byte 0) whose layout is chosen by k_scale_kind /
+ * v_scale_kind:
+ *   FLASHCL_KV_SCALE_TENSOR: 1 float for the whole cache.
+ *   FLASHCL_KV_SCALE_HEAD:   Hkv floats, scale[h] for kv head h.
+ *   FLASHCL_KV_SCALE_TOKEN:  one float per cache row (slot, kv head), dense
+ *     whatever the cache's strides: contiguous (B, max_len, Hkv) with
+ *     scale[(b * max_len + j) * Hkv + h]; paged (num_pages, page_size, Hkv) with
+ *     scale[(page * page_size + slot) * Hkv + h].
+ * A quantized cache without its scale buffer, or with a buffer smaller than
+ * its layout, fails with FLASHCL_ERROR_INVALID_ARGUMENT /
+ * FLASHCL_ERROR_BUFFER_TOO_SMALL and writes nothing. Plain caches ignore the
+ * scale fields. flashcl_kv_cache_append quantizes on write (k_new / v_new in
+ * q's plain dtype, f32/f16/bf16): with TOKEN scales it first writes each new
+ * row's scale = absmax / qmax, absmax = max |x| over the row's d values in
+ * fp32 and qmax = 127 (I8), 448 (E4M3), 57344 (E5M2); with TENSOR or HEAD
+ * scales it reads the caller's scale. Each value is then coded from
+ * y = x / scale (fp32): I8 rounds y to nearest, ties to even, and clamps to
+ * [-127, 127] (NaN gives 0); fp8 rounds y to the nearest representable value,
+ * ties to even, saturating at the largest finite value (inf too), NaN gives
+ * the format's NaN (0x7f / 0x7e with the sign). A scale of 0 (a row of zeros
+ * under TOKEN) stores code 0 (+0) for every element of the row. The decode
+ * kernels dequantize on load; the NVIDIA tensor-core and cp.async decode
+ * paths do not take quantized caches, so such calls run the portable kernel
+ * (also under kernel NVIDIA_MMA, as for its other uncovered problems).
  */
+/* TOKEN is 0 so that a descriptor zeroed by hand gets the kind that
+ * flashcl_decode_desc_init() sets. */
+typedef enum flashcl_kv_scale {
+  FLASHCL_KV_SCALE_TOKEN = 0,
+  FLASHCL_KV_SCALE_HEAD = 1,
+  FLASHCL_KV_SCALE_TENSOR = 2
+} flashcl_kv_scale;
+
 typedef struct flashcl_decode_desc {
   /* The size of this struct in the header the caller was compiled with, set
    * by flashcl_decode_desc_init(): a library built with a newer header, whose struct has
@@ -705,6 +759,19 @@ typedef struct flashcl_decode_desc {
   /* Attention sinks, as in flashcl_attention_desc: NULL (off) or an fp32 buffer
    * of >= heads_q logits. Every decode kernel takes them. */
   cl_mem sinks;
+  /* Scales of a quantized k_cache / v_cache (see "Quantized KV cache" above):
+   * fp32 buffers in the layout of k_scale_kind / v_scale_kind (default of
+   * flashcl_decode_desc_init: FLASHCL_KV_SCALE_TOKEN, which the append fills).
+   * flashcl_attention_decode reads them; flashcl_kv_cache_append reads them
+   * (TENSOR, HEAD) or writes the new rows' entries (TOKEN); a scale buffer
+   * the append writes must share no byte with any other buffer of the call
+   * (the other side's scales included), one it reads none with the caches,
+   * and the decode's none with o, lse or the workspace
+   * (FLASHCL_ERROR_INVALID_ARGUMENT). Ignored for a plain cache. */
+  cl_mem k_scale;
+  cl_mem v_scale;
+  flashcl_kv_scale k_scale_kind;
+  flashcl_kv_scale v_scale_kind;
 } flashcl_decode_desc;
 
 /* The library fills the first `size` bytes (sizeof the caller's struct) with
@@ -718,7 +785,9 @@ static inline void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
  * Attention of a few new query tokens per sequence against a (paged or contiguous)
  * KV cache, split over the keys (FlashDecoding).
  *   q: (B, q_len, Hq, d), 1 <= q_len <= FLASHCL_DECODE_MAX_Q_LEN; o: q's shape
- *   k_cache, v_cache: see flashcl_decode_desc; q, o and the caches share a dtype
+ *   k_cache, v_cache: see flashcl_decode_desc; q, o and the caches share a dtype,
+ *     except that each cache may instead be quantized (I8, F8E4M3, F8E5M2 with
+ *     desc.k_scale / v_scale: "Quantized KV cache" above)
  *   seqlens_k: int32 buffer [B], sequence b's KV length L_b, including the q_len
  *     new tokens, which must already be the cache's last q_len entries (append
  *     them first). Query t (0-based) of sequence b sees keys j <= L_b - q_len + t
@@ -750,9 +819,12 @@ FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_conte
                                                                    int *num_splits);
 
 /*
- * Writes new tokens into the cache: k_new[b, t] and v_new[b, t], (B, T, Hkv, d) in
- * the cache's dtype, go to positions seqlens[b] + t of sequence b (t < T), with the
- * cache layout of desc (page_size, block_table, max_pages; other fields ignored).
+ * Writes new tokens into the cache: k_new[b, t] and v_new[b, t], (B, T, Hkv, d) of
+ * one plain dtype (f32, f16 or bf16) that is the dtype of each plain cache
+ * (a quantized cache takes any of the three and quantizes on write, see
+ * "Quantized KV cache" above), go to positions seqlens[b] + t of sequence b
+ * (t < T), with the cache layout of desc (page_size, block_table, max_pages;
+ * for quantized caches the scale fields; other fields ignored).
  * seqlens is an int32 buffer [B] of lengths BEFORE the append; it is not modified
  * (add T yourself, e.g. before calling flashcl_attention_decode). Positions outside
  * [0, capacity) and, for a paged cache, tokens whose page index is outside

@@ -173,6 +173,9 @@ size_t fct_dtype_size(flashcl_dtype dtype) {
     case FLASHCL_F32: return 4;
     case FLASHCL_F16:
     case FLASHCL_BF16: return 2;
+    case FLASHCL_I8:
+    case FLASHCL_F8E4M3:
+    case FLASHCL_F8E5M2: return 1; /* KV-cache codes: tests/reference_kvq.h reads them */
   }
   return 0;
 }
@@ -182,6 +185,9 @@ const char *fct_dtype_str(flashcl_dtype dtype) {
     case FLASHCL_F32: return "f32";
     case FLASHCL_F16: return "f16";
     case FLASHCL_BF16: return "bf16";
+    case FLASHCL_I8: return "i8";
+    case FLASHCL_F8E4M3: return "f8e4m3";
+    case FLASHCL_F8E5M2: return "f8e5m2";
   }
   return "?";
 }
@@ -212,6 +218,7 @@ double fct_load(flashcl_dtype dtype, const void *base, size_t index) {
     case FLASHCL_F32: memcpy(&f, (const unsigned char *)base + 4 * index, 4); return f;
     case FLASHCL_F16: memcpy(&h, (const unsigned char *)base + 2 * index, 2); return fct_f16_to_f32(h);
     case FLASHCL_BF16: memcpy(&h, (const unsigned char *)base + 2 * index, 2); return fct_bf16_to_f32(h);
+    default: break; /* a quantized code has no value without its scale (reference_kvq.h) */
   }
   return NAN;
 }

@@ -59,6 +59,15 @@
  *   tile, a tile ahead; otherwise once per key row.
  * L = clamp(seqlens[b], 0, capacity).
  *
+ * Quantized caches (K_DTYPE / V_DTYPE one of kv_quant.cl's formats, each side on
+ *   its own): the work-item's 8 codes of a key row are loaded as a uchar8 (8
+ *   bytes, any alignment) and dequantized on the conversion to fp32, times the
+ *   row's scale: K_SCALE / V_SCALE KVQ_SCALE_TENSOR or _HEAD read it once per
+ *   work-group, _TOKEN with the row (index (page * rows_per_page + slot) *
+ *   heads_kv + hk, rows_per_page = page_size, or capacity when contiguous),
+ *   so the scale travels through the same prefetch as its codes. Register
+ *   path only (the cp.async stages copy 16-bit rows).
+ *
  * Score variants (the forward's rules, flashcl.h; query t sits at position
  *   i = L - q_len + t): WINDOW = 1 hides key j where j < i - window_left
  *   (window_left >= 0) or j > i + window_right (window_right >= 0), and the
@@ -77,10 +86,13 @@
  *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
  *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS, ASYNC_STAGES (0: the register
- *   path; >= 2 needs USE_PTX = 1, i.e. the program "mma_ptx.cl+dtype.cl+decode.cl"),
- *   WINDOW, SOFTCAP, ALIBI, SINKS (0 or 1: the score variants above).
+ *   path; >= 2 needs USE_PTX = 1, i.e. the program
+ *   "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl"), WINDOW, SOFTCAP,
+ *   ALIBI, SINKS (0 or 1: the score variants above), K_DTYPE, V_DTYPE (the caches'
+ *   storage: DTYPE, or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2), K_SCALE, V_SCALE (their
+ *   KVQ_SCALE_* layouts; ignored for a plain cache).
  *
- * requires: dtype.cl score_variant.cl
+ * requires: dtype.cl kv_quant.cl score_variant.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -124,6 +136,43 @@
 #ifndef USE_PTX
 #define USE_PTX 0
 #endif
+#ifndef K_DTYPE
+#define K_DTYPE DTYPE
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE DTYPE
+#endif
+#ifndef K_SCALE
+#define K_SCALE KVQ_SCALE_TOKEN
+#endif
+#ifndef V_SCALE
+#define V_SCALE KVQ_SCALE_TOKEN
+#endif
+/* 0 / 1 literals (a logical && on constants in code draws compiler warnings):
+ * *_QUANT a quantized side, *_ROWSCALE its scale comes with each row (TOKEN),
+ * *_UNISCALE once per work-group (TENSOR, HEAD). */
+#if K_DTYPE != DTYPE
+#define K_QUANT 1
+#else
+#define K_QUANT 0
+#endif
+#if V_DTYPE != DTYPE
+#define V_QUANT 1
+#else
+#define V_QUANT 0
+#endif
+#if K_QUANT && K_SCALE == KVQ_SCALE_TOKEN
+#define K_ROWSCALE 1
+#else
+#define K_ROWSCALE 0
+#endif
+#if V_QUANT && V_SCALE == KVQ_SCALE_TOKEN
+#define V_ROWSCALE 1
+#else
+#define V_ROWSCALE 0
+#endif
+#define K_UNISCALE (K_QUANT - K_ROWSCALE)
+#define V_UNISCALE (V_QUANT - V_ROWSCALE)
 
 #define D4 (HEAD_DIM / 4)
 #define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */
@@ -148,8 +197,11 @@
     (MERGE_THREADS & (MERGE_THREADS - 1))
 #error "inconsistent decode_attn mapping"
 #endif
-#if ASYNC_STAGES && (ASYNC_STAGES < 2 || !USE_PTX || DTYPE == 0 || !VEC_ALIGNED)
-#error "ASYNC_STAGES needs >= 2 stages, USE_PTX = 1, a 16-bit DTYPE and VEC_ALIGNED = 1"
+#if ASYNC_STAGES && (ASYNC_STAGES < 2 || !USE_PTX || DTYPE == 0 || !VEC_ALIGNED || K_QUANT || V_QUANT)
+#error "ASYNC_STAGES needs >= 2 stages, USE_PTX = 1, a 16-bit DTYPE, VEC_ALIGNED = 1 and plain caches"
+#endif
+#if (K_QUANT && (K_DTYPE < KVQ_I8 || K_DTYPE > KVQ_E5M2)) || (V_QUANT && (V_DTYPE < KVQ_I8 || V_DTYPE > KVQ_E5M2))
+#error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
 #endif
 
 /* 8 consecutive cache elements, raw (loaded) and converted to fp32. */
@@ -175,6 +227,35 @@ inline float8 raw_cvt8(ushort8 x) {
 inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
 #endif
 #define RAW_CVT8(x) raw_cvt8(x)
+#endif
+
+/* A cache's rows as loaded (k*_t) and their element type: the plain raw8_t, or
+ * 8 codes of a quantized format. *_CVT8 gives fp32 before the scale. */
+#if K_QUANT
+typedef uchar kstore_t;
+typedef uchar8 kraw8_t;
+#define K_LOAD8(p, i) vload8(0, (p) + (i))
+#define K_ZERO8 ((uchar8)(0))
+#define K_CVT8(x) kvq_decode8((x), K_DTYPE)
+#else
+typedef store_t kstore_t;
+typedef raw8_t kraw8_t;
+#define K_LOAD8(p, i) RAW_LOAD8(p, i)
+#define K_ZERO8 RAW_ZERO8
+#define K_CVT8(x) RAW_CVT8(x)
+#endif
+#if V_QUANT
+typedef uchar vstore_t;
+typedef uchar8 vraw8_t;
+#define V_LOAD8(p, i) vload8(0, (p) + (i))
+#define V_ZERO8 ((uchar8)(0))
+#define V_CVT8(x) kvq_decode8((x), V_DTYPE)
+#else
+typedef store_t vstore_t;
+typedef raw8_t vraw8_t;
+#define V_LOAD8(p, i) RAW_LOAD8(p, i)
+#define V_ZERO8 RAW_ZERO8
+#define V_CVT8(x) RAW_CVT8(x)
 #endif
 
 inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
@@ -212,18 +293,25 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
   PG = b;                         \
   SLOT = (j)
 #endif
-#define LOAD_ROWS(R, PTR, OFF, SB, SN, SH, KB, TPG)                   \
-  for (int u = 0; u < KPT; u++) {                                      \
-    const int j = (KB) + u * KG + kg;                                  \
-    R[u] = RAW_ZERO8;                                                  \
-    if (j < kend) {                                                    \
-      int pg_, sl_;                                                    \
-      KEY_ROW(j, pg_, sl_, TPG);                                       \
-      R[u] = RAW_LOAD8(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x); \
-    }                                                                  \
+/* SC[u] receives the row's scale where ROWSCALE (TOKEN scales), from SCL; 0
+ * past kend, where a stale or unset scale could be inf and turn the zero
+ * codes into NaN. */
+#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, SCL, PTR, OFF, SB, SN, SH, KB, TPG)                   \
+  for (int u = 0; u < KPT; u++) {                                                              \
+    const int j = (KB) + u * KG + kg;                                                          \
+    R[u] = Z;                                                                                  \
+    if (ROWSCALE) SC[u] = 0.0f;                                                                \
+    if (j < kend) {                                                                            \
+      int pg_, sl_;                                                                            \
+      KEY_ROW(j, pg_, sl_, TPG);                                                               \
+      R[u] = LD(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x);                             \
+      if (ROWSCALE) SC[u] = SCL[kvq_scale_index(KVQ_SCALE_TOKEN, (long)pg_ * srows + sl_, heads_kv, hk)]; \
+    }                                                                                          \
   }
-#define LOAD_K(R, KB, TPG) LOAD_ROWS(R, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
-#define LOAD_V(R, KB, TPG) LOAD_ROWS(R, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
+#define LOAD_K(R, SC, KB, TPG) \
+  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
+#define LOAD_V(R, SC, KB, TPG) \
+  LOAD_ROWS(R, SC, V_LOAD8, V_ZERO8, V_ROWSCALE, v_scale, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
 
 #if ASYNC_STAGES
 /* Copies this work-item's KPT key rows of the tile at KB into the slot at byte
@@ -254,15 +342,16 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
-    __global const store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
-    __global const store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
+    __global const kstore_t *k, long k_off, long k_sb, long k_sn, long k_sh,
+    __global const vstore_t *v, long v_off, long v_sb, long v_sn, long v_sh,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
     int page_size, int num_pages,
     int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits, float scale_log2,
     __global float *work, long wo_off, long wl_off, int window_left, int window_right,
-    __global const float *alibi, float softcap_in, float softcap_log2, __global const float *sinks) {
+    __global const float *alibi, float softcap_in, float softcap_log2, __global const float *sinks,
+    __global const float *k_scale, __global const float *v_scale) {
   /* partial dots [2][TPK][PSTR] (then the stage slots); at the end O partials [KG][ROWS][HEAD_DIM] */
   __local float Sh[SH_FLOATS] __attribute__((aligned(16)));
   __local float Sc[2 * SR];    /* scores [2][TILE][ROWS]; at the end row max / sum [KG][ROWS] each */
@@ -277,6 +366,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   const int row0 = rb * ROWS;
 
   const int L = clamp(seqlens[b], 0, capacity);
+  /* Scales: a tensor's or head's once here, a row's with its codes (LOAD_ROWS). */
+  const int heads_kv = heads_q / group, srows = PAGED ? page_size : capacity;
+  const float k_uni = K_UNISCALE ? k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk)] : 1.0f;
+  const float v_uni = V_UNISCALE ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk)] : 1.0f;
+  float ksc[KPT], vsc[KPT];
+  for (int u = 0; u < KPT; u++) ksc[u] = vsc[u] = 1.0f;
   /* With a left window no row sees a key before kbase; a tile-aligned start
    * keeps the paged path's one-page-per-tile rule. */
   int kbase = 0;
@@ -328,12 +423,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #else
   /* Pages of the current and the next tile (0 unless a tile never crosses a page). */
   int pg = TILE_PAGE(kstart);
-  raw8_t kr[KPT];
-  LOAD_K(kr, kstart, pg)
+  kraw8_t kr[KPT];
+  LOAD_K(kr, ksc, kstart, pg)
   int pgn = TILE_PAGE(kstart + TILE);
 #if PREFETCH >= 2
-  raw8_t vr[KPT];
-  LOAD_V(vr, kstart, pg)
+  vraw8_t vr[KPT];
+  LOAD_V(vr, vsc, kstart, pg)
 #endif
 #endif
   int buf = 0;
@@ -354,22 +449,24 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #else
     const int pgnn = TILE_PAGE(k0 + 2 * TILE);
 #if PREFETCH < 2
-    raw8_t vr[KPT];
-    LOAD_V(vr, k0, pg)
+    vraw8_t vr[KPT];
+    LOAD_V(vr, vsc, k0, pg)
 #endif
 #endif
     /* Partial dots of this work-item's 8 elements. */
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
     for (int u = 0; u < KPT; u++) {
-      const float8 kf = RAW_CVT8(kr[u]);
+      float8 kf = K_CVT8(kr[u]);
+      if (K_QUANT) kf *= K_ROWSCALE ? ksc[u] : k_uni;
       for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
     }
 #if !ASYNC_STAGES && PREFETCH >= 1
-    LOAD_K(kr, k0 + TILE, pgn)
+    LOAD_K(kr, ksc, k0 + TILE, pgn)
 #endif
 #if !ASYNC_STAGES && PREFETCH >= 2
-    raw8_t vn[KPT];
-    LOAD_V(vn, k0 + TILE, pgn)
+    vraw8_t vn[KPT];
+    float vsn[KPT];
+    LOAD_V(vn, vsn, k0 + TILE, pgn)
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
     /* Sum the partials of each (key, row); mask. */
@@ -416,7 +513,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     for (int u = 0; u < KPT; u++) vr[u] = SLOT_ROW(so + SLOT_BYTES / 8, u);
 #endif
     for (int u = 0; u < KPT; u++) {
-      const float8 vf = RAW_CVT8(vr[u]);
+      float8 vf = V_CVT8(vr[u]);
+      if (V_QUANT) vf *= V_ROWSCALE ? vsc[u] : v_uni;
       for (int r = 0; r < ROWS; r++) {
         const float p = exp2(S[(u * KG + kg) * ROWS + r] - pivot[r]);
         l[r] += p;
@@ -427,10 +525,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     slot = slot == ASYNC_STAGES - 1 ? 0 : slot + 1;
 #else
 #if PREFETCH >= 2
-    for (int u = 0; u < KPT; u++) vr[u] = vn[u];
+    for (int u = 0; u < KPT; u++) {
+      vr[u] = vn[u];
+      if (V_ROWSCALE) vsc[u] = vsn[u];
+    }
 #endif
 #if PREFETCH == 0
-    LOAD_K(kr, k0 + TILE, pgn)
+    LOAD_K(kr, ksc, k0 + TILE, pgn)
 #endif
     pg = pgn;
     pgn = pgnn;

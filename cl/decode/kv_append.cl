@@ -8,15 +8,39 @@
  * Global (HEAD_DIM / 4, T * heads_kv, batch): one work-item per four elements of
  * K and of V. Offsets and strides in elements.
  *
- * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM (multiple of 4), PAGED.
  *
- * requires: dtype.cl
+ * kv_append_quant: the same positions, for a cache with a quantized side
+ *   (K_DTYPE or V_DTYPE one of kv_quant.cl's formats; the other side, if plain,
+ *   is copied as above). Global (2, T * heads_kv, batch): work-item (0, ...)
+ *   writes the K row, (1, ...) the V row, all HEAD_DIM elements, since a TOKEN
+ *   scale needs the row's absmax first: scale = absmax / kvq_qmax (fp32),
+ *   written at the row's index of kv_quant.cl's layout (rows_per_page =
+ *   page_size, or capacity when contiguous). TENSOR and HEAD scales are read.
+ *   The codes are kvq_encode(x, scale).
+ *
+ * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only: the new
+ * tokens' dtype), HEAD_DIM (multiple of 4), PAGED, K_DTYPE, V_DTYPE (the caches:
+ * DTYPE or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2), K_SCALE, V_SCALE (KVQ_SCALE_* layouts).
+ *
+ * requires: dtype.cl kv_quant.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
 #ifndef PAGED
 #define PAGED 0
+#endif
+#ifndef K_DTYPE
+#define K_DTYPE DTYPE
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE DTYPE
+#endif
+#ifndef K_SCALE
+#define K_SCALE KVQ_SCALE_TOKEN
+#endif
+#ifndef V_SCALE
+#define V_SCALE KVQ_SCALE_TOKEN
 #endif
 
 __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long kn_sn, long kn_sh,
@@ -41,4 +65,55 @@ __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long 
           kc + kc_off + page * kc_sb + slot * kc_sn + h * kc_sh + 4 * g);
   vstore4(vload4(0, vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh + 4 * g), 0,
           vc + vc_off + page * vc_sb + slot * vc_sn + h * vc_sh + 4 * g);
+}
+
+/* One row of HEAD_DIM new values src[0..HEAD_DIM) into cache row dst (element
+ * index, bytes for a quantized format) of format fmt; scale_at: this row's
+ * slot of the scale buffer. */
+inline void kv_append_row(__global const store_t *src, __global uchar *cache, long dst, int fmt, int kind,
+                          __global float *scales, long scale_at) {
+  if (fmt == DTYPE) {
+    __global raw_t *c = (__global raw_t *)cache;
+    __global const raw_t *s = (__global const raw_t *)src;
+    for (int x = 0; x < HEAD_DIM; x++) c[dst + x] = s[x];
+    return;
+  }
+  float scale;
+  if (kind == KVQ_SCALE_TOKEN) {
+    /* fmax drops NaN, so a NaN element does not take the whole row with it. */
+    float amax = 0.0f;
+    for (int x = 0; x < HEAD_DIM; x++) amax = fmax(amax, fabs(LOAD(src, x)));
+    scale = amax / kvq_qmax(fmt);
+    scales[scale_at] = scale;
+  } else {
+    scale = scales[scale_at];
+  }
+  for (int x = 0; x < HEAD_DIM; x++) cache[dst + x] = kvq_encode(LOAD(src, x), scale, fmt);
+}
+
+__kernel void kv_append_quant(__global const store_t *kn, long kn_off, long kn_sb, long kn_sn, long kn_sh,
+                              __global const store_t *vn, long vn_off, long vn_sb, long vn_sn, long vn_sh,
+                              __global uchar *kc, long kc_off, long kc_sb, long kc_sn, long kc_sh,
+                              __global uchar *vc, long vc_off, long vc_sb, long vc_sn, long vc_sh,
+                              __global const int *seqlens, __global const int *block_table, int max_pages,
+                              int page_size, int num_pages, int capacity, int heads_kv, __global float *k_scale,
+                              __global float *v_scale) {
+  const int side = get_global_id(0);
+  const int th = get_global_id(1), b = get_global_id(2);
+  const int t = th / heads_kv, h = th - (th / heads_kv) * heads_kv;
+  const long pos = (long)seqlens[b] + t;
+  if (pos < 0 || pos >= capacity) return;
+#if PAGED
+  const int pe = block_table[(long)b * max_pages + (int)(pos / page_size)];
+  if (pe < 0 || pe >= num_pages) return;
+  const long page = pe, slot = pos % page_size, row = page * page_size + slot;
+#else
+  const long page = b, slot = pos, row = (long)b * capacity + pos;
+#endif
+  if (side == 0)
+    kv_append_row(kn + kn_off + b * kn_sb + t * kn_sn + h * kn_sh, kc, kc_off + page * kc_sb + slot * kc_sn + h * kc_sh,
+                  K_DTYPE, K_SCALE, k_scale, kvq_scale_index(K_SCALE, row, heads_kv, h));
+  else
+    kv_append_row(vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh, vc, vc_off + page * vc_sb + slot * vc_sn + h * vc_sh,
+                  V_DTYPE, V_SCALE, v_scale, kvq_scale_index(V_SCALE, row, heads_kv, h));
 }

@@ -271,6 +271,12 @@ int fcl_rows_aligned16(const flashcl_tensor *t);
 /* Checks one tensor: non-NULL buffer, positive shape, strides, fits in its cl_mem. */
 flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
                                 int need_unit_last_stride);
+/* fcl_check_tensor (unit head_dim stride) for a KV cache, which may also be
+ * stored in a quantized format (fcl_dtype_is_kv_quant); fcl_check_tensor
+ * refuses those with FLASHCL_ERROR_DTYPE_MISMATCH. */
+flashcl_status fcl_check_kv_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name);
+/* 1 for FLASHCL_I8, _F8E4M3, _F8E5M2: the one-byte KV-cache formats. */
+int fcl_dtype_is_kv_quant(flashcl_dtype dtype);
 
 
 /* Prints a kernel's build log and resource figures to stderr (verbose >= 2;

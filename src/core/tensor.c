@@ -15,6 +15,9 @@ size_t flashcl_dtype_size(flashcl_dtype dtype) {
   case FLASHCL_F32: return 4;
   case FLASHCL_F16: return 2;
   case FLASHCL_BF16: return 2;
+  case FLASHCL_I8:
+  case FLASHCL_F8E4M3:
+  case FLASHCL_F8E5M2: return 1;
   }
   return 0;
 }
@@ -24,8 +27,15 @@ const char *flashcl_dtype_name(flashcl_dtype dtype) {
   case FLASHCL_F32: return "f32";
   case FLASHCL_F16: return "f16";
   case FLASHCL_BF16: return "bf16";
+  case FLASHCL_I8: return "i8";
+  case FLASHCL_F8E4M3: return "f8e4m3";
+  case FLASHCL_F8E5M2: return "f8e5m2";
   }
   return "invalid";
+}
+
+int fcl_dtype_is_kv_quant(flashcl_dtype dtype) {
+  return dtype == FLASHCL_I8 || dtype == FLASHCL_F8E4M3 || dtype == FLASHCL_F8E5M2;
 }
 
 /* a * b * c (a * b when c is 1) for the contiguous strides. Dimensions below 1
@@ -135,13 +145,19 @@ flashcl_status fcl_buffer_size(flashcl_context *ctx, cl_mem m, const char *name,
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
-                                int need_unit_last_stride) {
+/* The checks of fcl_check_tensor; kv_cache admits the quantized cache formats. */
+static flashcl_status fcl_check_view(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
+                                     int need_unit_last_stride, int kv_cache) {
   static const char *dims[4] = {"batch", "seqlen", "heads", "head_dim"};
   if (!t) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
   if (!t->buffer) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s.buffer is NULL", name);
   size_t es = flashcl_dtype_size(t->dtype);
   if (es == 0) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s has an unknown dtype %d", name, (int)t->dtype);
+  if (!kv_cache && fcl_dtype_is_kv_quant(t->dtype))
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
+                    "%s has dtype %s, a quantized KV-cache format: only the k_cache / v_cache of decode and "
+                    "flashcl_kv_cache_append take it (f32, f16 or bf16 here)",
+                    name, flashcl_dtype_name(t->dtype));
   for (int i = 0; i < 4; i++) {
     if (t->shape[i] <= 0)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s.shape[%d] (%s) is %lld; every dimension must be >= 1",
@@ -179,6 +195,15 @@ flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, c
                     "%s needs %zu bytes (offset %zu + extent) but its cl_mem holds %zu", name, end, t->offset,
                     mem_size);
   return FLASHCL_SUCCESS;
+}
+
+flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name,
+                                int need_unit_last_stride) {
+  return fcl_check_view(ctx, t, name, need_unit_last_stride, 0);
+}
+
+flashcl_status fcl_check_kv_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name) {
+  return fcl_check_view(ctx, t, name, 1, 1);
 }
 
 flashcl_status fcl_check_variants(flashcl_context *ctx, int window_left, int window_right, float softcap,

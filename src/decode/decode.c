@@ -142,7 +142,7 @@ static flashcl_status fcl_decode_check_aux(const fcl_decode_launch *L) {
   const flashcl_decode_desc *desc = L->desc;
   const fcl_decode_plan *p = L->p;
   const size_t b4 = (size_t)p->batch * sizeof(cl_int);
-  fcl_aux aux[6];
+  fcl_aux aux[8];
   int n = 0;
   flashcl_status st;
   aux[n++] = (fcl_aux){L->seqlens_k, 0, b4, "seqlens_k"};
@@ -151,6 +151,8 @@ static flashcl_status fcl_decode_check_aux(const fcl_decode_launch *L) {
   if (desc->alibi_slopes)
     aux[n++] = (fcl_aux){desc->alibi_slopes, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
   if (desc->sinks) aux[n++] = (fcl_aux){desc->sinks, 0, (size_t)p->heads_q * sizeof(float), "desc.sinks"};
+  if (p->kv.k_quant) aux[n++] = (fcl_aux){desc->k_scale, 0, p->kv.k_scale_bytes, "desc.k_scale"};
+  if (p->kv.v_quant) aux[n++] = (fcl_aux){desc->v_scale, 0, p->kv.v_scale_bytes, "desc.v_scale"};
   const flashcl_tensor *outs[2] = {L->o, L->lse};
   static const char *const out_names[2] = {"o", "lse"};
   if ((st = fcl_check_aux_buffers(ctx, aux, n, outs, out_names, 2))) return st;
@@ -171,13 +173,15 @@ static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char 
   const flashcl_decode_desc *desc = L->desc;
   const fcl_decode_plan *p = L->p;
   const char *extra = L->ctx->build_options;
+  char quant[96];
+  fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
   snprintf(opts, size,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
-           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s",
+           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s%s",
            (int)L->q->dtype, p->head_dim, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
            p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->stages,
-           p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, desc->sinks != NULL,
+           p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, desc->sinks != NULL, quant,
            extra ? " " : "", extra ? extra : "");
 }
 
@@ -221,8 +225,8 @@ static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
   flashcl_status st;
   fcl_decode_options(L, page_shift, opts, sizeof opts);
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
-  const char *file =
-      p->stages ? "mma_ptx.cl+dtype.cl+score_variant.cl+decode.cl" : "dtype.cl+score_variant.cl+decode.cl";
+  const char *file = p->stages ? "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl"
+                               : "dtype.cl+kv_quant.cl+score_variant.cl+decode.cl";
   L->merge = NULL;
   L->threads = p->threads;
   if (p->mma && (st = fcl_decode_mma_kernel(L, page_shift))) return st;
@@ -272,7 +276,11 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
     fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
     fcl_arg_float(&a, desc->softcap * log2e);
   }
-  fcl_arg_mem(&a, desc->sinks); /* both kernels take it last */
+  fcl_arg_mem(&a, desc->sinks); /* both kernels take it after the rest */
+  if (!p->mma) { /* the quantized caches' scales: decode_attn only (the plan keeps decode_mma out) */
+    fcl_arg_mem(&a, p->kv.k_quant ? desc->k_scale : NULL);
+    fcl_arg_mem(&a, p->kv.v_quant ? desc->v_scale : NULL);
+  }
   return a.err;
 }
 

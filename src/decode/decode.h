@@ -15,10 +15,24 @@ typedef struct fcl_kv_layout {
   int heads_kv, head_dim;
   int page_size, max_pages, num_pages;
   int capacity; /* tokens per sequence */
+  /* Quantized sides (flashcl.h, "Quantized KV cache"): 1 where that cache is
+   * I8 / F8E4M3 / F8E5M2, its flashcl_kv_scale (0 for a plain side) and the
+   * bytes of its scale buffer the layout spans (0 for a plain side). */
+  int k_quant, v_quant;
+  int k_scale_kind, v_scale_kind;
+  size_t k_scale_bytes, v_scale_bytes;
 } fcl_kv_layout;
 
 flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
                                   const flashcl_tensor *vc, int batch, fcl_kv_layout *out);
+/* The plain dtype both caches share where neither is quantized, else the
+ * plain one's, else -1 (both quantized): what q (decode) or k_new (append)
+ * must be. */
+int fcl_kv_plain_dtype(const flashcl_tensor *kc, const flashcl_tensor *vc);
+/* The build options naming the caches' formats and scale layouts
+ * (-DK_DTYPE -DV_DTYPE -DK_SCALE -DV_SCALE) for tokens of plain dtype `dtype`. */
+void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, const flashcl_tensor *vc,
+                          flashcl_dtype dtype, char *buf, size_t cap);
 /* An int32 buffer of at least batch entries. */
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch);
 

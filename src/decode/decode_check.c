@@ -9,16 +9,80 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+int fcl_kv_plain_dtype(const flashcl_tensor *kc, const flashcl_tensor *vc) {
+  if (!fcl_dtype_is_kv_quant(kc->dtype)) return (int)kc->dtype;
+  return fcl_dtype_is_kv_quant(vc->dtype) ? -1 : (int)vc->dtype;
+}
+
+void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, const flashcl_tensor *vc,
+                          flashcl_dtype dtype, char *buf, size_t cap) {
+  /* A plain side is named by the tokens' dtype with scale kind 0, so that the
+   * ignored scale fields of a plain cache do not build programs of their own. */
+  snprintf(buf, cap, " -DK_DTYPE=%d -DV_DTYPE=%d -DK_SCALE=%d -DV_SCALE=%d",
+           kv->k_quant ? (int)kc->dtype : (int)dtype, kv->v_quant ? (int)vc->dtype : (int)dtype, kv->k_scale_kind,
+           kv->v_scale_kind);
+}
+
+/* The scale buffer and kind of one quantized cache (name "k" or "v"): present,
+ * a flashcl_kv_scale, and as large as its layout; *bytes gets that size. */
+static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, const char *name,
+                                         const fcl_kv_layout *kv, size_t *bytes) {
+  static const char *const kinds[3] = {"TENSOR", "HEAD", "TOKEN"};
+  /* Each factor is below 2^31 (validated shapes): the product fits 64 bits. */
+  uint64_t floats = 1;
+  if (kind == FLASHCL_KV_SCALE_HEAD) floats = (uint64_t)kv->heads_kv;
+  else if (kind == FLASHCL_KV_SCALE_TOKEN)
+    floats = (uint64_t)kv->num_pages * (uint64_t)(kv->paged ? kv->page_size : kv->capacity) * (uint64_t)kv->heads_kv;
+  else if (kind != FLASHCL_KV_SCALE_TENSOR)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.%s_scale_kind (%d) is not a flashcl_kv_scale", name,
+                    (int)kind);
+  if (!scale)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "%s_cache is quantized but desc.%s_scale is NULL: a quantized cache needs its fp32 scales",
+                    name, name);
+  const uint64_t need = floats * sizeof(float);
+  if (need > SIZE_MAX) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "desc.%s_scale's size overflows size_t", name);
+  size_t have = 0;
+  char what[32];
+  snprintf(what, sizeof what, "desc.%s_scale", name);
+  flashcl_status st = fcl_buffer_size(ctx, scale, what, &have);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.%s_scale holds %zu bytes but its %s layout needs %zu",
+                    name, have, kinds[kind], (size_t)need);
+  *bytes = (size_t)need;
+  return FLASHCL_SUCCESS;
+}
+
+/* The quantized sides of a validated layout: their scales, recorded in out. */
+static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_decode_desc *desc,
+                                         const flashcl_tensor *kc, const flashcl_tensor *vc, fcl_kv_layout *out) {
+  flashcl_status st;
+  out->k_quant = fcl_dtype_is_kv_quant(kc->dtype);
+  out->v_quant = fcl_dtype_is_kv_quant(vc->dtype);
+  if (out->k_quant) {
+    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, "k", out, &out->k_scale_bytes))) return st;
+    out->k_scale_kind = (int)desc->k_scale_kind;
+  }
+  if (out->v_quant) {
+    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, "v", out, &out->v_scale_bytes))) return st;
+    out->v_scale_kind = (int)desc->v_scale_kind;
+  }
+  return FLASHCL_SUCCESS;
+}
 
 flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
                                   const flashcl_tensor *vc, int batch, fcl_kv_layout *out) {
   flashcl_status st;
   if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
-  if ((st = fcl_check_tensor(ctx, kc, "k_cache", 1)) || (st = fcl_check_tensor(ctx, vc, "v_cache", 1))) return st;
-  if (kc->dtype != vc->dtype)
+  if ((st = fcl_check_kv_tensor(ctx, kc, "k_cache")) || (st = fcl_check_kv_tensor(ctx, vc, "v_cache"))) return st;
+  /* Each side is plain or quantized on its own; two plain sides share a dtype. */
+  if (kc->dtype != vc->dtype && !fcl_dtype_is_kv_quant(kc->dtype) && !fcl_dtype_is_kv_quant(vc->dtype))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "k_cache and v_cache dtypes differ (%s, %s)",
                     flashcl_dtype_name(kc->dtype), flashcl_dtype_name(vc->dtype));
   for (int i = 0; i < 4; i++)
@@ -65,7 +129,7 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
     out->capacity = (int)kc->shape[1];
     out->num_pages = batch;
   }
-  return FLASHCL_SUCCESS;
+  return fcl_check_kv_quant(ctx, desc, kc, vc, out);
 }
 
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch) {
@@ -90,10 +154,13 @@ static flashcl_status fcl_decode_check_inputs(flashcl_context *ctx, const flashc
   if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
   if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
   if ((st = fcl_check_kv_cache(ctx, desc, kc, vc, (int)q->shape[0], &p->kv))) return st;
-  if (kc->dtype != q->dtype || (o && o->dtype != q->dtype))
-    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "q, the caches and o must share one dtype (q %s, cache %s%s%s)",
-                    flashcl_dtype_name(q->dtype), flashcl_dtype_name(kc->dtype), o ? ", o " : "",
-                    o ? flashcl_dtype_name(o->dtype) : "");
+  const int plain = fcl_kv_plain_dtype(kc, vc);
+  if ((plain >= 0 && plain != (int)q->dtype) || (o && o->dtype != q->dtype))
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
+                    "q, the plain caches and o must share one dtype (q %s, k_cache %s, v_cache %s%s%s); a cache may "
+                    "instead be quantized (i8, f8e4m3, f8e5m2)",
+                    flashcl_dtype_name(q->dtype), flashcl_dtype_name(kc->dtype), flashcl_dtype_name(vc->dtype),
+                    o ? ", o " : "", o ? flashcl_dtype_name(o->dtype) : "");
   if (lse && lse->dtype != FLASHCL_F32)
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "lse must be f32, got %s", flashcl_dtype_name(lse->dtype));
   return FLASHCL_SUCCESS;

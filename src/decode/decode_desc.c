@@ -6,7 +6,8 @@
 #include <string.h>
 
 /* The smallest flashcl_decode_desc taken: 0.2's, the first layout with
- * struct_size. Fields added later go at the end, and this stays. */
+ * struct_size. Fields added later go at the end, and this stays. (0.2 is
+ * unreleased: its layout includes the quantized cache's scale fields.) */
 #define FCL_DECODE_DESC_FIRST sizeof(flashcl_decode_desc)
 
 static void fcl_decode_desc_defaults(flashcl_decode_desc *desc) {
@@ -14,6 +15,10 @@ static void fcl_decode_desc_defaults(flashcl_decode_desc *desc) {
   desc->struct_size = sizeof *desc;
   desc->window_left = -1;
   desc->window_right = -1;
+  /* The kind the append fills by itself, so a quantized cache needs no
+   * calibration to start with. */
+  desc->k_scale_kind = FLASHCL_KV_SCALE_TOKEN;
+  desc->v_scale_kind = FLASHCL_KV_SCALE_TOKEN;
 }
 
 flashcl_status flashcl_decode_desc_init_size(flashcl_decode_desc *desc, size_t size) {

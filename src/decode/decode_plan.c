@@ -38,6 +38,11 @@
  *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
  *     kernel. A per-call tuning whose values do not run as given (they do not
  *     fit, or the kernel they belong to does not run) is refused.
+ * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
+ *   register path of decode.cl, which dequantizes on load; no cp.async stages
+ *   (they copy 16-bit rows), hence no tensor-core kernel either, whatever
+ *   desc.kernel says (NVIDIA_MMA runs the portable kernel on problems it does
+ *   not cover, as for fp32).
  * Score variants (desc.window_left/right, alibi_slopes, softcap): decode.cl
  *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
  *   a left window caps the keys the split count is planned for at
@@ -193,12 +198,17 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
-  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
+  /* A quantized side loads 8 bytes with vload8, which needs no alignment. */
+  const int quant = p->kv.k_quant || p->kv.v_quant;
+  p->vec_aligned = (p->kv.k_quant || fcl_dec_vec_aligned(kc)) && (p->kv.v_quant || fcl_dec_vec_aligned(vc));
   flashcl_status st = fcl_decode_nvidia(ctx, desc, &nvidia);
   if (st != FLASHCL_SUCCESS) return st;
-  /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches and
-   * unaligned rows keep the register path. */
-  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned) stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
+  /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches, unaligned
+   * rows and quantized caches (whose rows the register path dequantizes) keep
+   * the register path, and with it the tensor-core kernel out: under
+   * NVIDIA_MMA too, as for its other uncovered problems. */
+  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned && !quant)
+    stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
   if (stages == 1) stages = 0; /* one stage is no pipeline: cl/decode/decode.cl refuses it (a call's 1 is refused) */
   if (stages) {
     /* The cp.async kernel gives up stages (down to 2), then keys per work-item;

@@ -333,6 +333,10 @@ static flashcl_status fcl_attention_block_plan_locked(flashcl_context *ctx, int 
   fcl_clear_error(ctx);
   if (!out) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "plan is NULL");
   if (flashcl_dtype_size(dtype) == 0) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype");
+  if (fcl_dtype_is_kv_quant(dtype))
+    return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
+                    "dtype %s is a quantized KV-cache format; the forward's tiles are planned for f32, f16 or bf16",
+                    flashcl_dtype_name(dtype));
   fcl_plan p;
   fcl_tuned tu;
   const fcl_tune_key key = {head_dim, dtype, 0, -1, 0};
