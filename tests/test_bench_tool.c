@@ -216,6 +216,9 @@ static void test_json(void **state) {
   const char *decode[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
                           "1", "--warmup", "0", "--json", NULL};
   check_json_run(decode, "decode", 1);
+  const char *quant[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
+                         "1", "--warmup", "0", "--kv-dtype", "i8,f8e4m3", "--json", NULL};
+  check_json_run(quant, "decode", 2);
   const char *sparse[] = {"--block-sparse", "1,0.5", "--n", "128", "--d", "16", "--dtype", "f32", "--reps", "1",
                           "--batch-tokens", "128", "--hidden", "32", "--json", NULL};
   check_json_run(sparse, "block-sparse", 2);
@@ -274,6 +277,14 @@ static void test_bad_arguments(void **state) {
   FCT_CHECK(run_bench(args, &out, &err) == 1, "--csv --json accepted");
   FCT_CHECK(strstr(err, "mutually exclusive") != NULL, "no reason given:\n%s", err);
   FCT_CHECK(*out == '\0', "stdout not empty:\n%s", out);
+  free(out);
+  free(err);
+  const char *kv[] = {SHAPE, "--kv-dtype", "i8", NULL};
+  FCT_CHECK(run_bench(kv, &out, &err) == 1 && strstr(err, "needs --decode"), "--kv-dtype without --decode:\n%s", err);
+  free(out);
+  free(err);
+  const char *kvbad[] = {"--decode", "--kv-dtype", "int4", NULL};
+  FCT_CHECK(run_bench(kvbad, &out, &err) == 1, "--kv-dtype int4 accepted:\n%s", err);
   free(out);
   free(err);
 }

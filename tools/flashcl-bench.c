@@ -40,6 +40,8 @@ typedef struct bench_opts {
   double softcap;           /* --softcap */
   int alibi;                /* --alibi */
   int sinks;                /* --sinks */
+  tools_list kv_dtype;      /* --kv-dtype: the decode caches' storage (-1: --dtype's) */
+  int have_kv_dtype;
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
@@ -108,6 +110,10 @@ static const char usage_text[] =
     "                       is the host time of one flashcl_attention_decode call\n"
 
     "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
+    "  --kv-dtype LIST      --decode: the caches' storage, same (--dtype's; the default), i8,\n"
+    "                       f8e4m3, f8e5m2 (quantized, one fp32 scale per token and kv head);\n"
+    "                       the dtype column then reads e.g. f16/i8, and GB/s counts codes\n"
+    "                       and scales\n"
     "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
     "                       q_len tokens (token t sees t and its ancestors, parent\n"
     "                       (t - 1) / 2) instead of the causal rule\n"
@@ -205,6 +211,24 @@ static int parse_bit(const char *s, void *dest) {
 
 static int parse_layout(const char *s, void *dest) { return tools_parse_layout(s, (int *)dest); }
 
+/* --kv-dtype: "same" (the --dtype), i8, f8e4m3, f8e5m2. */
+static int parse_kv_dtype_list(const char *text, void *dest) {
+  tools_list *out = (tools_list *)dest;
+  char buf[256];
+  out->count = 0;
+  if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) return -1;
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    long v = -2;
+    if (!strcmp(tok, "same")) v = -1;
+    else
+      for (int dt = FLASHCL_I8; dt <= FLASHCL_F8E5M2; ++dt)
+        if (!strcmp(tok, flashcl_dtype_name((flashcl_dtype)dt))) v = dt;
+    if (v == -2 || out->count >= TOOLS_MAX_LIST) return -1;
+    out->v[out->count++] = v;
+  }
+  return out->count ? 0 : -1;
+}
+
 static args_status parse_table(int argc, char **argv, bench_opts *o) {
   const args_opt table[] = {
       {.name = "--device", .kind = ARG_STRING, .dest = &o->device},
@@ -225,6 +249,8 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
       {.name = "--softcap", .kind = ARG_CUSTOM, .dest = &o->softcap, .parse = parse_positive_double},
       {.name = "--alibi", .kind = ARG_FLAG, .dest = &o->alibi},
       {.name = "--sinks", .kind = ARG_FLAG, .dest = &o->sinks},
+      {.name = "--kv-dtype", .kind = ARG_CUSTOM, .dest = &o->kv_dtype, .seen = &o->have_kv_dtype,
+       .parse = parse_kv_dtype_list},
       {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .seen = &o->have_reps, .lo = 1, .hi = LONG_MAX},
       {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .seen = &o->have_warmup, .lo = 0, .hi = LONG_MAX},
       {.name = "--budget", .kind = ARG_CUSTOM, .dest = &o->budget_s, .parse = parse_positive_double},
@@ -261,6 +287,10 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
   if (st == ARGS_OK && o->page_size && !o->decode && (o->bwd || o->bhnd || o->block_sparse)) {
     fprintf(stderr, "flashcl-bench: --page-size without --decode times the paged forward: it does not combine "
                     "with --bwd, --layout bhnd or --block-sparse\n");
+    return ARGS_BAD_VALUE;
+  }
+  if (st == ARGS_OK && o->have_kv_dtype && !o->decode) {
+    fprintf(stderr, "flashcl-bench: --kv-dtype needs --decode (the quantized caches are decode's)\n");
     return ARGS_BAD_VALUE;
   }
   if (st == ARGS_OK && o->csv && o->json) {
@@ -567,7 +597,9 @@ static void free_row(row *r) {
 
 /* One decode config: its sizes, and the K/V bytes its GB/s counts. */
 typedef struct decode_shape {
-  flashcl_dtype dt;
+  flashcl_dtype dt, kvt; /* q's dtype, the caches' (dt, or a quantized one) */
+  int quant;
+  char dtname[32];
   long d, b, n, T, hq, hkv;
   long P, pages_per, rows; /* page size (0: contiguous), pages per sequence, cache tokens */
   size_t es, kv_elems, kv_read;
@@ -577,23 +609,28 @@ typedef struct decode_shape {
 /* Device buffers of one decode config; desc owns its slopes, tree mask and block table. */
 typedef struct decode_bufs {
   cl_mem mem[6]; /* q, k cache, v cache, out, lse, key counts */
+  cl_mem scale;  /* --kv-dtype: the K and V scales, one buffer for both (read-only) */
   flashcl_tensor q, kc, vc, out, lse;
   flashcl_decode_desc desc;
   void *scratch;
 } decode_bufs;
 
-static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, long d, long b, long n, long hq,
-                                      long hkv, int li) {
+static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, long kvt, long d, long b, long n,
+                                      long hq, long hkv, int li) {
   decode_shape s;
   s.dt = dt, s.d = d, s.b = b, s.n = n, s.T = o->q_len, s.hq = hq, s.hkv = hkv;
-  s.es = flashcl_dtype_size(dt);
+  s.quant = kvt >= 0 && kvt != dt;
+  s.kvt = s.quant ? (flashcl_dtype)kvt : dt;
+  snprintf(s.dtname, sizeof s.dtname, "%s%s%s", flashcl_dtype_name(dt), s.quant ? "/" : "",
+           s.quant ? flashcl_dtype_name(s.kvt) : "");
+  s.es = flashcl_dtype_size(s.kvt);
   s.P = o->page_size;
   s.pages_per = s.P ? (n + s.P - 1) / s.P : 0;
   s.rows = s.P ? b * s.pages_per * s.P : b * n;
   /* With a left window a call reads only the window's keys (and the new tokens). */
   const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
   s.kv_elems = (size_t)s.rows * hkv * d;
-  s.kv_read = 2 * (size_t)b * n_read * hkv * d * s.es;
+  s.kv_read = 2 * (size_t)b * n_read * hkv * (d * s.es + (s.quant ? sizeof(float) : 0));
   s.seed = 7 + (uint64_t)li;
   return s;
 }
@@ -627,6 +664,16 @@ static cl_mem int_buffer(cl_context clctx, cl_mem_flags flags, long count, long 
   return m;
 }
 
+/* count fp32 scales of 1/64 (read-only: K and V may share it). */
+static cl_mem scale_buffer(cl_context clctx, size_t count, cl_int *err) {
+  float *host = malloc(sizeof(float) * count);
+  cl_mem m;
+  for (size_t i = 0; host && i < count; ++i) host[i] = 1.0f / 64;
+  m = host ? clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * count, host, err) : NULL;
+  free(host);
+  return m;
+}
+
 /* Creates the buffers and the desc's; 0 or the status that stopped it. */
 static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_shape *s, decode_bufs *u) {
   cl_context clctx = flashcl_context_cl_context(ctx);
@@ -638,10 +685,15 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
                          : NULL;
   if (u->mem[0]) u->mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
   if (u->mem[1]) u->mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
-  if (u->mem[2]) u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems * s->es, NULL, &err);
+  if (u->mem[2]) u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems * flashcl_dtype_size(s->dt), NULL, &err);
+  if (u->mem[3] && s->quant) u->scale = scale_buffer(clctx, (size_t)s->rows * s->hkv, &err);
   if (u->mem[3]) u->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)s->b * s->T * s->hq * 4, NULL, &err);
   flashcl_decode_desc_init(&u->desc);
   u->desc.kernel = o->kernel;
+  if (s->quant) {
+    u->desc.k_scale = u->desc.v_scale = u->scale;
+    u->desc.k_scale_kind = u->desc.v_scale_kind = FLASHCL_KV_SCALE_TOKEN;
+  }
   if (o->window >= 0) u->desc.window_left = (int)o->window;
   u->desc.softcap = (float)o->softcap;
   if (o->sinks && u->scratch) {
@@ -662,7 +714,7 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
     u->desc.page_size = (int)s->P;
     u->desc.max_pages = (int)s->pages_per;
   }
-  if (!u->mem[5] || err != CL_SUCCESS || (s->P && !u->desc.block_table) || (o->tree && !u->desc.tree_mask) ||
+  if (!u->mem[5] || err != CL_SUCCESS || (s->quant && !u->scale) || (s->P && !u->desc.block_table) || (o->tree && !u->desc.tree_mask) ||
       (o->alibi && !u->desc.alibi_slopes) || (o->sinks && !u->desc.sinks))
     return err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
   return 0;
@@ -674,10 +726,11 @@ static int decode_fill(cl_command_queue queue, const decode_shape *s, const deco
    * driver never finished a 2-byte-pattern fill of a 4 GiB buffer (the batch
    * 64, 32K-token caches), while a 4-byte one is quick. kv_elems is even (d is a
    * multiple of 8). */
-  const cl_ushort h = s->dt == FLASHCL_F16 ? 0x2000 : 0x3c00;
+  const cl_ushort h = s->kvt == FLASHCL_F16 ? 0x2000 : 0x3c00;
   const cl_uint pat16 = (cl_uint)h | ((cl_uint)h << 16);
   const cl_float pat32 = 0.01f;
-  const void *pat = s->es == 2 ? (const void *)&pat16 : (const void *)&pat32;
+  const cl_uint pat8 = 0x10101010u; /* quantized: code 0x10 in every byte */
+  const void *pat = s->quant ? (const void *)&pat8 : s->es == 2 ? (const void *)&pat16 : (const void *)&pat32;
   cl_int err = clEnqueueFillBuffer(queue, u->mem[1], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
   if (!err) err = clEnqueueFillBuffer(queue, u->mem[2], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
   return err;
@@ -687,8 +740,8 @@ static int decode_fill(cl_command_queue queue, const decode_shape *s, const deco
 static int decode_tensors(const decode_shape *s, decode_bufs *u) {
   const long seqs = s->P ? s->b * s->pages_per : s->b, len = s->P ? s->P : s->n;
   int st = flashcl_tensor_init_bnhd(&u->q, u->mem[0], 0, s->dt, s->b, s->T, s->hq, s->d);
-  if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->dt, seqs, len, s->hkv, s->d);
-  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->dt, seqs, len, s->hkv, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->kvt, seqs, len, s->hkv, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->kvt, seqs, len, s->hkv, s->d);
   if (!st) st = flashcl_tensor_init_bnhd(&u->out, u->mem[3], 0, s->dt, s->b, s->T, s->hq, s->d);
   if (!st) st = flashcl_tensor_init_lse(&u->lse, u->mem[4], 0, s->b, s->T, s->hq);
   return st;
@@ -701,6 +754,7 @@ static void decode_release(decode_bufs *u) {
   if (u->desc.tree_mask) clReleaseMemObject(u->desc.tree_mask);
   if (u->desc.alibi_slopes) clReleaseMemObject(u->desc.alibi_slopes);
   if (u->desc.sinks) clReleaseMemObject(u->desc.sinks);
+  if (u->scale) clReleaseMemObject(u->scale);
   free(u->scratch);
 }
 
@@ -717,7 +771,7 @@ static void print_decode_json(const bench_opts *o, const flashcl_device_info *in
   tools_json_int(&j, "n", s->n);
   tools_json_int(&j, "batch", s->b);
   tools_json_int(&j, "d", s->d);
-  tools_json_str(&j, "dtype", flashcl_dtype_name(s->dt));
+  tools_json_str(&j, "dtype", s->dtname);
   tools_json_int(&j, "heads", s->hq);
   tools_json_int(&j, "heads_kv", s->hkv);
   tools_json_int(&j, "page_size", s->P);
@@ -741,9 +795,9 @@ static void print_decode_unrun(const bench_opts *o, const flashcl_device_info *i
   if (o->json) print_decode_json(o, info, s, 0, NULL, NULL, 0, csv_status);
   else if (o->csv)
     printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, s->n, s->b, s->d,
-           flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, s->kv_read, csv_status);
+           s->dtname, s->hq, s->hkv, s->P, s->T, o->tree, s->kv_read, csv_status);
   else
-    printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", s->n, s->b, s->d, flashcl_dtype_name(s->dt), "-", "-",
+    printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", s->n, s->b, s->d, s->dtname, "-", "-",
            text_status, mib(s->kv_read), "-");
 }
 
@@ -755,10 +809,10 @@ static void print_decode_row(const bench_opts *o, const flashcl_device_info *inf
   if (o->json) print_decode_json(o, info, s, splits, times, hosts, nrep, "ok");
   else if (o->csv)
     printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n", info->device_name,
-           s->n, s->b, s->d, flashcl_dtype_name(s->dt), s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
+           s->n, s->b, s->d, s->dtname, s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
            s->kv_read, gbps, o->calls, hmed);
   else
-    printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", s->n, s->b, s->d, flashcl_dtype_name(s->dt),
+    printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", s->n, s->b, s->d, s->dtname,
            splits, nrep, med, mib(s->kv_read), gbps, hmed);
 }
 
@@ -768,7 +822,7 @@ static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashc
   decode_bufs u;
   double times[1000], hosts[1000], ms = 0, hus = 0;
   int st, splits = 0, r, nrep = 0;
-  report_row_start("decode N=%ld batch=%ld d=%ld %s", s->n, s->b, s->d, flashcl_dtype_name(s->dt));
+  report_row_start("decode N=%ld batch=%ld d=%ld %s", s->n, s->b, s->d, s->dtname);
   if (s->kv_elems * s->es > info->max_mem_alloc_size || 2 * s->kv_elems * s->es > info->global_mem_size) {
     report_count(0, 1);
     print_decode_unrun(o, info, s, "OOM", "OOM");
@@ -851,14 +905,17 @@ static int run_decode_bench(flashcl_context *ctx, bench_opts *o, const flashcl_d
   else tools_parse_dtype_list("f16", &dts);
   print_decode_header(ctx, o, hq, hkv, warmup, reps);
   g_report.rows_total = dts.count * ds.count * batches.count * lens_list.count;
+  const tools_list same = {1, {-1}}, *kvs = o->have_kv_dtype ? &o->kv_dtype : &same;
+  g_report.rows_total *= kvs->count;
   for (int ti = 0; ti < dts.count; ++ti)
-    for (int di = 0; di < ds.count; ++di)
-      for (int bi = 0; bi < batches.count; ++bi)
-        for (int li = 0; li < lens_list.count; ++li) {
-          const decode_shape s = make_decode_shape(o, (flashcl_dtype)dts.v[ti], ds.v[di], batches.v[bi],
-                                                   lens_list.v[li], hq, hkv, li);
-          failures += decode_config(ctx, o, info, &s, reps, warmup);
-        }
+    for (int ki = 0; ki < kvs->count; ++ki)
+      for (int di = 0; di < ds.count; ++di)
+        for (int bi = 0; bi < batches.count; ++bi)
+          for (int li = 0; li < lens_list.count; ++li) {
+            const decode_shape s = make_decode_shape(o, (flashcl_dtype)dts.v[ti], kvs->v[ki], ds.v[di],
+                                                     batches.v[bi], lens_list.v[li], hq, hkv, li);
+            failures += decode_config(ctx, o, info, &s, reps, warmup);
+          }
   if (report_text() && g_report.host_timer) printf("\nnote: no usable profiling timestamps; times are host wall-clock.\n");
   return failures ? 1 : 0;
 }
