@@ -88,6 +88,7 @@ typedef struct qcase {
   int page_size;              /* 0: contiguous */
   int num_splits;             /* desc.num_splits (0: the library's choice) */
   const char *tuning;         /* a decode tuning for the call ("decode prefetch=2"), or NULL */
+  int elem_offset;            /* both caches start this many elements into their buffers */
 } qcase;
 
 #define I8 FLASHCL_I8
@@ -113,6 +114,10 @@ static const qcase QCASES[] = {
      "decode kpt=4"},
     {"quant_e4m3_token_contig_f32_prefetch0", FLASHCL_F32, E4, I8, TOK, TOK, 2, 1, 4, 1, 64, {90, 41}, 0, 2,
      "decode prefetch=0 kpt=1"},
+    /* Caches 3 elements into their buffers: rows not 8-byte aligned, so the
+     * kernel's unaligned loads (vload8) instead of 8-byte vector loads. */
+    {"quant_i8_e4m3_token_paged16_f16_offset3", FLASHCL_F16, I8, E4, TOK, TOK, 2, 1, 8, 2, 64, {47, 19}, 16, 2, NULL,
+     3},
 };
 
 /* One side (K or V) of a cache: codes or plain elements, dense
@@ -134,6 +139,11 @@ typedef struct qcache {
   qside k, v;
 } qcache;
 
+/* Element x = 0 of (row, h) in a side's buffer. */
+static size_t elem_at(const qcase *c, size_t row, int h) {
+  return (row * (size_t)c->heads_kv + (size_t)h) * (size_t)c->head_dim + (size_t)c->elem_offset;
+}
+
 /* Row (page * rows + slot) of sequence b's token j. */
 static size_t cache_row(const qcache *cc, const qcase *c, int b, int j) {
   if (!c->page_size) return (size_t)b * cc->rows + (size_t)j;
@@ -153,7 +163,7 @@ static void side_make(qside *s, const qcache *cc, const qcase *c, flashcl_dtype 
   s->fmt = fmt;
   s->kind = kind;
   s->es = fct_dtype_size(fmt);
-  const size_t n = (size_t)cc->pages * cc->rows * c->heads_kv * c->head_dim;
+  const size_t n = (size_t)cc->pages * cc->rows * c->heads_kv * c->head_dim + (size_t)c->elem_offset;
   qbuf_make(&s->data, n * s->es);
   if (is_quant(fmt)) {
     memset(s->data.host, 0xff, s->data.bytes);
@@ -165,7 +175,8 @@ static void side_make(qside *s, const qcache *cc, const qcase *c, flashcl_dtype 
     qbuf_make(&s->scale, ns * 4);
     for (size_t i = 0; i < ns; i++) set_f32(&s->scale, i, NAN);
   }
-  FCT_CHECK(flashcl_tensor_init_bnhd(&s->t, s->data.mem, 0, fmt, cc->pages, cc->rows, c->heads_kv, c->head_dim) ==
+  FCT_CHECK(flashcl_tensor_init_bnhd(&s->t, s->data.mem, (size_t)c->elem_offset * s->es, fmt, cc->pages, cc->rows,
+                                     c->heads_kv, c->head_dim) ==
                 FLASHCL_SUCCESS,
             "tensor init");
 }
@@ -269,7 +280,7 @@ static void side_fixed_scales(qside *s, const qcase *c, const float *vals, const
 
 /* The host writes row (b, j, h) as a backend would. */
 static void side_host_row(qside *s, const qcache *cc, const qcase *c, const float *r, int b, int j, int h) {
-  const size_t row = cache_row(cc, c, b, j), at = (row * c->heads_kv + h) * c->head_dim;
+  const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h);
   if (!is_quant(s->fmt)) {
     for (int x = 0; x < c->head_dim; x++) fct_store(s->fmt, s->data.host, at + x, r[x]);
     return;
@@ -292,7 +303,7 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
     for (int j = c->seqlens[b] - c->q_len; j < c->seqlens[b]; j++)
       for (int h = 0; h < c->heads_kv; h++) {
         const float *r = row_of(vals, c, qv, b, j, h);
-        const size_t row = cache_row(cc, c, b, j), at = (row * c->heads_kv + h) * c->head_dim;
+        const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h);
         if (!is_quant(s->fmt)) {
           for (int x = 0; x < c->head_dim; x++)
             FCT_CHECK(fct_load(s->fmt, got, at + x) == (double)r[x], "%s %s: plain element (b %d, j %d, h %d, x %d)",
@@ -336,7 +347,7 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
 
 /* The value the device reads at (b, j, h, x): code * scale in fp32, or the plain element. */
 static double side_value(const qside *s, const qcache *cc, const qcase *c, int b, int j, int h, int x) {
-  const size_t row = cache_row(cc, c, b, j), at = (row * c->heads_kv + h) * c->head_dim + x;
+  const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h) + (size_t)x;
   if (!is_quant(s->fmt)) return fct_load(s->fmt, s->data.host, at);
   const float v = kvq_ref_decode(s->fmt, s->data.host[at]) * get_f32(&s->scale, scale_index(c, s->kind, row, h));
   return v;

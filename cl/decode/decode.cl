@@ -81,7 +81,8 @@
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
- *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
+ *   are multiples of 8 elements, so the 8-element vector loads are aligned: 16
+ *   bytes of a 16-bit cache, 8 of a quantized one), SPLIT, PAGED,
  *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
  *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
@@ -231,10 +232,15 @@ inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
 
 /* A cache's rows as loaded (k*_t) and their element type: the plain raw8_t, or
  * 8 codes of a quantized format. *_CVT8 gives fp32 before the scale. */
+#if VEC_ALIGNED
+#define QUANT_LOAD8(p, i) as_uchar8(*(__global const uint2 *)((p) + (i)))
+#else
+#define QUANT_LOAD8(p, i) vload8(0, (p) + (i))
+#endif
 #if K_QUANT
 typedef uchar kstore_t;
 typedef uchar8 kraw8_t;
-#define K_LOAD8(p, i) vload8(0, (p) + (i))
+#define K_LOAD8(p, i) QUANT_LOAD8(p, i)
 #define K_ZERO8 ((uchar8)(0))
 #define K_CVT8(x) kvq_decode8((x), K_DTYPE)
 #else
@@ -247,7 +253,7 @@ typedef raw8_t kraw8_t;
 #if V_QUANT
 typedef uchar vstore_t;
 typedef uchar8 vraw8_t;
-#define V_LOAD8(p, i) vload8(0, (p) + (i))
+#define V_LOAD8(p, i) QUANT_LOAD8(p, i)
 #define V_ZERO8 ((uchar8)(0))
 #define V_CVT8(x) kvq_decode8((x), V_DTYPE)
 #else

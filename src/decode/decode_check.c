@@ -32,7 +32,7 @@ void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, con
  * a flashcl_kv_scale, and as large as its layout; *bytes gets that size. */
 static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, const char *name,
                                          const fcl_kv_layout *kv, size_t *bytes) {
-  static const char *const kinds[3] = {"TENSOR", "HEAD", "TOKEN"};
+  static const char *const kinds[3] = {"TOKEN", "HEAD", "TENSOR"}; /* flashcl_kv_scale order */
   /* Each factor is below 2^31 (validated shapes): the product fits 64 bits. */
   uint64_t floats = 1;
   if (kind == FLASHCL_KV_SCALE_HEAD) floats = (uint64_t)kv->heads_kv;
