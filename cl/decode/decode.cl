@@ -462,9 +462,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     /* Partial dots of this work-item's 8 elements. */
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
     for (int u = 0; u < KPT; u++) {
-      float8 kf = K_CVT8(kr[u]);
-      if (K_QUANT) kf *= K_ROWSCALE ? ksc[u] : k_uni;
-      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
+      /* A quantized row's scale multiplies each of its ROWS dots, not its 8 codes. */
+      const float8 kf = K_CVT8(kr[u]);
+      const float ks = K_QUANT ? (K_ROWSCALE ? ksc[u] : k_uni) : 1.0f;
+      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf) * ks;
     }
 #if !ASYNC_STAGES && PREFETCH >= 1
     LOAD_K(kr, ksc, k0 + TILE, pgn)
@@ -519,12 +520,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     for (int u = 0; u < KPT; u++) vr[u] = SLOT_ROW(so + SLOT_BYTES / 8, u);
 #endif
     for (int u = 0; u < KPT; u++) {
-      float8 vf = V_CVT8(vr[u]);
-      if (V_QUANT) vf *= V_ROWSCALE ? vsc[u] : v_uni;
+      /* Likewise the V scale goes into each row's weight. */
+      const float8 vf = V_CVT8(vr[u]);
+      const float vs = V_QUANT ? (V_ROWSCALE ? vsc[u] : v_uni) : 1.0f;
       for (int r = 0; r < ROWS; r++) {
         const float p = exp2(S[(u * KG + kg) * ROWS + r] - pivot[r]);
         l[r] += p;
-        acc[r] = mad((float8)(p), vf, acc[r]);
+        acc[r] = mad((float8)(p * vs), vf, acc[r]);
       }
     }
 #if ASYNC_STAGES
