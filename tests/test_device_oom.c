@@ -4,12 +4,17 @@
  * (or succeed, where the driver still found room), write nothing on failure,
  * and leave the context working once memory is free again.
  *
+ * Covered: the naive forward and backward (their N x N workspaces), the flash
+ * backward (its scratch) and decode with split-KV on a context that has no
+ * decode scratch yet (the context allocates it on first need).
+ *
  * It fills a GPU's whole memory, so it runs only with FLASHCL_TEST_OOM=1 and
  * on a GPU (CTest label long); elsewhere it reports itself skipped. On a CPU
  * device "device memory" is the host's, which the test must not exhaust.
  */
 #include "common.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,6 +112,107 @@ static void calls_on_full_device(fct_problem *p) {
   fct_tensor_release(&dq), fct_tensor_release(&dk), fct_tensor_release(&dv);
 }
 
+/* Decode's buffers: q (B, 1, Hq, d), a contiguous cache (B, L, Hkv, d), o. */
+typedef struct dec_bufs {
+  fct_tensor q, kc, vc, o;
+  cl_mem lens;
+  flashcl_decode_desc desc;
+} dec_bufs;
+
+static void dec_create(dec_bufs *d, const fct_case *c) {
+  fct_rng rng;
+  fct_rng_init(&rng, "device_oom_decode");
+  const int B = 2, L = 4096;
+  const cl_int lens[2] = {L, L - 77};
+  fct_tensor_create(&d->q, c->dtype, FCT_BNHD, B, 1, c->heads_q, c->head_dim, 911);
+  fct_tensor_create(&d->kc, c->dtype, FCT_BNHD, B, L, c->heads_kv, c->head_dim, 912);
+  fct_tensor_create(&d->vc, c->dtype, FCT_BNHD, B, L, c->heads_kv, c->head_dim, 913);
+  fct_tensor_create(&d->o, c->dtype, FCT_BNHD, B, 1, c->heads_q, c->head_dim, 914);
+  fct_tensor_fill_random(&d->q, &rng);
+  fct_tensor_fill_random(&d->kc, &rng);
+  fct_tensor_fill_random(&d->vc, &rng);
+  d->lens = fct_create_buffer(sizeof lens, lens);
+  flashcl_decode_desc_init(&d->desc);
+  d->desc.num_splits = 16; /* split-KV: the context's scratch, allocated on first need */
+}
+
+static flashcl_status dec_run(dec_bufs *d) {
+  fct_env *env = fct_env_get();
+  fct_tensor_poison(&d->o);
+  const flashcl_status st = flashcl_attention_decode(env->ctx, &d->desc, &d->q.t, &d->kc.t, &d->vc.t, d->lens,
+                                                     &d->o.t, NULL, 0, NULL, NULL);
+  clFinish(env->queue);
+  fct_tensor_download(&d->o);
+  return st;
+}
+
+static void dec_release(dec_bufs *d) {
+  fct_tensor_release(&d->q), fct_tensor_release(&d->kc), fct_tensor_release(&d->vc), fct_tensor_release(&d->o);
+  clReleaseMemObject(d->lens);
+}
+
+/* After the device is free again: the split decode against the unsplit one
+ * (no scratch), element by element within the dtype's tolerance. */
+static void dec_check_after(dec_bufs *d) {
+  FCT_CHECK_STATUS(dec_run(d), FLASHCL_SUCCESS, "split decode after the device was freed");
+  const size_t n = d->o.bytes / flashcl_dtype_size(d->o.t.dtype);
+  double *split = malloc(n * sizeof *split), num = 0, den = 0;
+  FCT_CHECK(split != NULL, "out of host memory");
+  for (size_t i = 0; i < n; i++) split[i] = fct_load(d->o.t.dtype, d->o.host, i);
+  d->desc.num_splits = 1;
+  FCT_CHECK_STATUS(dec_run(d), FLASHCL_SUCCESS, "unsplit decode after the device was freed");
+  for (size_t i = 0; i < n; i++) {
+    const double u = fct_load(d->o.t.dtype, d->o.host, i);
+    FCT_CHECK(split[i] == split[i] && u == u, "NaN in a decode output (element %zu)", i);
+    num += (split[i] - u) * (split[i] - u), den += u * u;
+  }
+  free(split);
+  FCT_CHECK(den > 0 && sqrt(num / den) <= fct_tolerance(d->o.t.dtype), "split against unsplit decode: rel-L2 %.3e",
+            sqrt(num / den));
+}
+
+/* Decode and the naive backward on a full device: out of memory and nothing
+ * written, or success. */
+static void more_calls_on_full_device(fct_problem *p, dec_bufs *dec) {
+  fct_env *env = fct_env_get();
+  const fct_case *c = &p->c;
+  fct_tensor o, lse, d_o, dq, dk, dv;
+  flashcl_attention_desc desc;
+  fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
+  fct_tensor_create(&o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 921);
+  fct_tensor_create_lse(&lse, FCT_BNHD, p->B, p->Nq, c->heads_q, 922);
+  fct_tensor_create(&d_o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 923);
+  fct_tensor_create(&dq, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 924);
+  fct_tensor_create(&dk, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, 925);
+  fct_tensor_create(&dv, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, 926);
+  fct_problem_desc(p, &run, &desc);
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &o.t, &lse.t, 0, NULL,
+                                             NULL),
+                   FLASHCL_SUCCESS, "the forward that feeds the naive backward");
+  clFinish(env->queue);
+  filler f;
+  fill_device(&f);
+  flashcl_status st = dec_run(dec);
+  print_message("    split decode on a full device (no scratch yet): %s (%s)\n", flashcl_status_string(st),
+                flashcl_context_last_error(env->ctx));
+  FCT_CHECK(oom_or_success(st), "decode on a full device: %s", flashcl_status_string(st));
+  if (st != FLASHCL_SUCCESS) FCT_CHECK(fct_tensor_count_unpoisoned(&dec->o) == 0, "a failed decode wrote o");
+  run.algo = FLASHCL_ALGO_NAIVE;
+  fct_problem_desc(p, &run, &desc);
+  fct_tensor_poison(&dq), fct_tensor_poison(&dk), fct_tensor_poison(&dv);
+  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &o.t, &lse.t, &d_o.t, &dq.t, &dk.t,
+                                  &dv.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  print_message("    naive backward on a full device: %s (%s)\n", flashcl_status_string(st),
+                flashcl_context_last_error(env->ctx));
+  FCT_CHECK(oom_or_success(st), "naive backward on a full device: %s", flashcl_status_string(st));
+  fct_tensor *grads[3] = {&dq, &dk, &dv};
+  if (st != FLASHCL_SUCCESS) FCT_CHECK(fct_tensors_written(grads, 3) == 0, "a failed naive backward wrote a gradient");
+  release_filler(&f);
+  fct_tensor_release(&o), fct_tensor_release(&lse), fct_tensor_release(&d_o);
+  fct_tensor_release(&dq), fct_tensor_release(&dk), fct_tensor_release(&dv);
+}
+
 static void full_device(void **state) {
   (void)state;
   fct_env *env = fct_env_get();
@@ -117,8 +223,13 @@ static void full_device(void **state) {
   }
   const fct_case c = {FLASHCL_F16, 2, 2048, 2048, 8, 8, 64, 1, 0.0f, FCT_BNHD, 0, 0, 0, NULL, NULL};
   fct_problem p;
+  dec_bufs dec;
   fct_problem_create(&p, &c);
+  dec_create(&dec, &c);
   calls_on_full_device(&p);
+  more_calls_on_full_device(&p, &dec);
+  dec_check_after(&dec);
+  dec_release(&dec);
   /* The context works again once memory is free: both algorithms, checked. */
   fct_run flash = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
   fct_run naive = {FLASHCL_ALGO_NAIVE, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
