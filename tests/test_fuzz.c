@@ -30,6 +30,7 @@
  */
 #include "common.h"
 #include "reference_bwd.h"
+#include "reference_kvq.h"
 #include "reference_masks.h"
 
 #include <errno.h>
@@ -1259,7 +1260,62 @@ typedef struct dec {
   size_t ws_need; /* decode_workspace_size of the valid case */
   int call;       /* 1: flashcl_attention_decode (the workspace matters) */
   int ws_mut;     /* the caller's workspace made bad: 1 one byte short, 2 over q */
+  flashcl_dtype fmt[2]; /* the K and V caches' storage: dt, or a quantized format */
+  fz_buf *scale[2];     /* their fp32 scales (quantized sides) */
 } dec;
+
+static int is_kv_quant(flashcl_dtype t) { return t == FLASHCL_I8 || t == FLASHCL_F8E4M3 || t == FLASHCL_F8E5M2; }
+
+/* A random code of fmt that is finite (no NaN or inf: the reference's values
+ * must be numbers). */
+static uint8_t finite_code(frng *r, flashcl_dtype fmt) {
+  for (;;) {
+    const uint8_t c = (uint8_t)rbelow(r, 256);
+    if (isfinite(kvq_ref_decode(fmt, c))) return c;
+  }
+}
+
+/* Makes side k (0: K, 1: V) of a decode cache quantized with probability p:
+ * random finite codes and positive scales of a random kind, so that the
+ * values stay within a few units. */
+static void dec_quantize(fz_case *c, dec *d, int k, double p) {
+  static const flashcl_dtype fmts[3] = {FLASHCL_I8, FLASHCL_F8E4M3, FLASHCL_F8E5M2};
+  fz_tensor *t = k ? &d->vc : &d->kc;
+  flashcl_decode_desc *ds = &d->desc;
+  d->fmt[k] = d->dt;
+  if (!rchance(&c->r, p)) return;
+  const flashcl_dtype fmt = fmts[rbelow(&c->r, 3)];
+  const flashcl_kv_scale kind = (flashcl_kv_scale)rbelow(&c->r, 3);
+  const size_t rows = (size_t)(t->t.shape[0] * t->t.shape[1]);
+  const size_t n = kind == FLASHCL_KV_SCALE_TOKEN ? rows * (size_t)d->Hkv : kind == FLASHCL_KV_SCALE_HEAD ? (size_t)d->Hkv : 1;
+  int64_t b, j, h, x;
+  tensor_make(c, t, fmt, t->t.shape[0], t->t.shape[1], d->Hkv, d->D, 0, k ? "v_cache_q" : "k_cache_q");
+  for (b = 0; b < t->t.shape[0]; b++)
+    for (j = 0; j < t->t.shape[1]; j++)
+      for (h = 0; h < d->Hkv; h++)
+        for (x = 0; x < d->D; x++) t->b->init[tidx(&t->t, b, j, h, x)] = finite_code(&c->r, fmt);
+  d->scale[k] = buf_new(c, n * 4, k ? "v_scale" : "k_scale");
+  for (size_t i = 0; i < n; i++) {
+    const float f = (float)((0.5 + runif(&c->r)) * 2.0 / kvq_ref_qmax(fmt));
+    memcpy(d->scale[k]->init + 4 * i, &f, 4);
+  }
+  d->fmt[k] = fmt;
+  if (k) ds->v_scale = d->scale[k]->mem, ds->v_scale_kind = kind;
+  else ds->k_scale = d->scale[k]->mem, ds->k_scale_kind = kind;
+}
+
+/* The value the decode reads at (bb, nn, h, x) of side k. */
+static double dec_value(const dec *d, int k, int64_t bb, int64_t nn, int64_t h, int64_t x) {
+  const fz_tensor *t = k ? &d->vc : &d->kc;
+  const size_t at = tidx(&t->t, bb, nn, h, x);
+  if (!is_kv_quant(d->fmt[k])) return fct_load(d->dt, t->b->init, at);
+  const flashcl_kv_scale kind = k ? d->desc.v_scale_kind : d->desc.k_scale_kind;
+  const size_t si = kind == FLASHCL_KV_SCALE_TOKEN ? (size_t)(bb * t->t.shape[1] + nn) * (size_t)d->Hkv + (size_t)h
+                    : kind == FLASHCL_KV_SCALE_HEAD ? (size_t)h : 0;
+  float sc;
+  memcpy(&sc, d->scale[k]->init + 4 * si, 4);
+  return (double)(kvq_ref_decode(d->fmt[k], t->b->init[at]) * sc);
+}
 
 static void dec_make(fz_case *c, dec *d, int append) {
   flashcl_decode_desc *ds = &d->desc;
@@ -1336,6 +1392,11 @@ static void dec_make(fz_case *c, dec *d, int append) {
     }
     ds->sinks = sb->mem;
   }
+  /* One side at most: a plain side pins q's dtype, which decode_config and
+   * decode_workspace_size (no o) would otherwise not check. Both sides
+   * quantized is test_decode_quant's. */
+  dec_quantize(c, d, 0, 0.15);
+  dec_quantize(c, d, 1, d->fmt[0] == d->dt ? 0.15 : 0.0);
 }
 
 /* Index of the cache row holding token j of sequence b. */
@@ -1367,8 +1428,8 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
       dec_slot(d, b, j, &bb, &nn);
       for (h = 0; h < d->Hkv; h++)
         for (x = 0; x < d->D; x++) {
-          kd[((size_t)j * d->Hkv + h) * d->D + x] = fct_load(d->dt, d->kc.b->init, tidx(&d->kc.t, bb, nn, h, x));
-          vd[((size_t)j * d->Hkv + h) * d->D + x] = fct_load(d->dt, d->vc.b->init, tidx(&d->vc.t, bb, nn, h, x));
+          kd[((size_t)j * d->Hkv + h) * d->D + x] = dec_value(d, 0, bb, nn, h, x);
+          vd[((size_t)j * d->Hkv + h) * d->D + x] = dec_value(d, 1, bb, nn, h, x);
         }
     }
     k = ref_tensor_bnhd(kd, 1, L, d->Hkv, d->D);
@@ -1418,13 +1479,43 @@ static void append_check(fz_case *c, dec *d) {
   if (bad) finding(c, "kv_cache_append: %ld element(s) not copied into their slots", bad);
 }
 
+/* A quantized cache's scales made bad (14: NULL, 15: one float short, 16: an
+ * invalid kind); a plain side ignores its scale fields. */
+static void mutate_kv_scale(fz_case *c, dec *d, int kind) {
+  flashcl_decode_desc *ds = &d->desc;
+  const int k = rbelow(&c->r, 2);
+  cl_mem *buf = k ? &ds->v_scale : &ds->k_scale;
+  flashcl_kv_scale *sk = k ? &ds->v_scale_kind : &ds->k_scale_kind;
+  const int quant = is_kv_quant(d->fmt[k]);
+  if (kind == 14) {
+    clog_(c, "desc.%s_scale = NULL", k ? "v" : "k");
+    *buf = NULL;
+  } else if (kind == 15) {
+    const size_t bytes = d->scale[k] ? d->scale[k]->bytes : 8;
+    fz_buf *b = buf_new(c, bytes - (bytes > 4 && rbelow(&c->r, 2) ? 4 : 1), "scale_short");
+    clog_(c, "desc.%s_scale %zu bytes short", k ? "v" : "k", bytes - b->bytes);
+    *buf = b->mem;
+    *sk = d->scale[k] ? *sk : FLASHCL_KV_SCALE_TENSOR;
+  } else {
+    static const int bad[] = {3, -1, 99, INT_MAX};
+    const int v = bad[rbelow(&c->r, 4)];
+    clog_(c, "desc.%s_scale_kind = %d", k ? "v" : "k", v);
+    *sk = (flashcl_kv_scale)v;
+  }
+  if (quant) c->must_fail = 1;
+}
+
 static void mutate_ddesc(fz_case *c, dec *d, int append) {
   flashcl_decode_desc *ds = &d->desc;
   int v;
   float f;
-  const int kind = rbelow(&c->r, append ? 6 : 14);
+  const int kind = rbelow(&c->r, append ? 6 : 17);
   c->mutated = 1;
   if (!claim(c, "ddesc%d", kind)) return;
+  if (kind >= 14) {
+    mutate_kv_scale(c, d, kind);
+    return;
+  }
   switch (kind) {
     case 0: {
       static const size_t sz[] = {1, 7, sizeof(flashcl_decode_desc) + 1, SIZE_MAX, 0};
@@ -1537,7 +1628,7 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
       if (v < 0 || v > 2 || (v == 2 && !g_has_mma)) c->must_fail = 1;
       break;
     }
-    default: /* the caller's workspace: one byte short, or over q */
+    default: /* 13: the caller's workspace: one byte short, or over q */
     {
       const size_t need = d->ws_need;
       if (need == 0 || !d->call) {
