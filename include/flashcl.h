@@ -325,7 +325,7 @@ typedef struct flashcl_attention_desc {
    * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
    * it otherwise. */
   size_t struct_size;
-  /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim). */
+  /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim) (q's head dim). */
   float scale;
   /* Causal mask, aligned to the bottom-right corner (FlashAttention-2): query i of
    * a sequence with Nq queries and Nk keys sees key j iff j <= i + (Nk - Nq).
@@ -461,6 +461,20 @@ typedef struct flashcl_attention_desc {
    * and backward. */
   cl_mem sinks;
   cl_mem dsinks;
+
+  /* Head dim of v and o (and of d_o and dv in the backward) when it differs from
+   * q and k's (MLA-style models, e.g. DeepSeek's prefill with d_qk = 192 and
+   * d_v = 128). 0 (the default of flashcl_attention_desc_init) means v and o
+   * have q's head dim, and any other v/o head dim is FLASHCL_ERROR_INVALID_SHAPE
+   * as before. When > 0, v.shape[3] and o.shape[3] (d_o and dv too) must equal
+   * head_dim_v, q and k keep head_dim_qk = q.shape[3], and both are multiples of
+   * 8 in [8, 256]. Q K^T reduces over head_dim_qk, P V over head_dim_v; the
+   * default scale stays 1/sqrt(head_dim_qk). The portable flash kernels and the
+   * naive path run it (forward and backward); the tensor-core kernels do not:
+   * AUTO runs the portable kernels, and desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA
+   * (or a desc.tuning of a tensor-core family) fails with
+   * FLASHCL_ERROR_UNSUPPORTED. */
+  int head_dim_v;
 } flashcl_attention_desc;
 
 
@@ -504,6 +518,7 @@ static inline void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
 /*
  * O = softmax(scale * Q K^T + mask) V, per batch and query head.
  *   q: (B, Nq, Hq, d)   k, v: (B, Nk, Hkv, d)   o: (B, Nq, Hq, d)
+ *   (with desc.head_dim_v = dv > 0: v (B, Nk, Hkv, dv) and o (B, Nq, Hq, dv))
  *   q, k, v and o share one dtype; head_dim is a multiple of 8 in [8, 256].
  *   lse (nullable): fp32, (B, Nq, Hq, 1) logical shape, gets the natural-log
  *   log-sum-exp of each scaled score row: lse = log(sum_j exp(scale * q.k_j)).
@@ -529,7 +544,9 @@ FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx, const
 /*
  * Gradients of flashcl_attention_forward with the same desc (scale, causal, GQA,
  * varlen, dropout). o and lse are the forward's outputs (lse is required).
- * dq has q's shape, dk/dv have k's shape; all share q's dtype. With GQA, dk and
+ * dq has q's shape, dk has k's shape and dv v's (d_o has o's: with
+ * desc.head_dim_v set, d_o, o, v and dv have head dim head_dim_v); all share
+ * q's dtype. With GQA, dk and
  * dv are summed over the query heads that share a key/value head. Query rows
  * that see no key get dq = 0 and contribute nothing to dk/dv.
  * dq, dk and dv must not share elements with q, k, v, o, lse, d_o or each other

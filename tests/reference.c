@@ -42,10 +42,11 @@ int ref_attention_check(const ref_attention_params *p, const ref_tensor *q, cons
   int i;
   if (!p || !q || !k || !v) return -1;
   for (i = 0; i < 4; i++) {
-    if (q->shape[i] < 0 || k->shape[i] < 0 || v->shape[i] != k->shape[i]) return -1;
+    /* v may have its own head dim (MLA-style d_v != d_qk); o then has v's. */
+    if (q->shape[i] < 0 || k->shape[i] < 0 || (i != REF_D && v->shape[i] != k->shape[i])) return -1;
     if (q->stride[i] < 0 || k->stride[i] < 0 || v->stride[i] < 0) return -1;
   }
-  if (q->shape[REF_D] != k->shape[REF_D] || q->shape[REF_D] <= 0) return -1;
+  if (q->shape[REF_D] != k->shape[REF_D] || q->shape[REF_D] <= 0 || v->shape[REF_D] <= 0) return -1;
   if (q->shape[REF_H] <= 0 || k->shape[REF_H] <= 0 || q->shape[REF_H] % k->shape[REF_H] != 0) return -1;
   if (p->cu_seqlens_q || p->cu_seqlens_k) {
     int s;
@@ -140,7 +141,7 @@ double ref_attention_probs(const ref_attention_params *p, const ref_tensor *q, c
 
 int ref_attention_forward(const ref_attention_params *p, const ref_tensor *q, const ref_tensor *k,
                           const ref_tensor *v, const ref_out *o, const ref_out *lse) {
-  const int64_t d = q->shape[REF_D];
+  const int64_t d = v->shape[REF_D]; /* O's columns: v's head dim */
   const int64_t hq_count = q->shape[REF_H];
   int64_t nseg, s, max_nk = 1;
   double *probs;

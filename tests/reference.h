@@ -77,8 +77,9 @@ typedef struct ref_segment {
   int64_t k_batch, k_row0, nk;
 } ref_segment;
 
-/* Checks shapes (q/k/v agree, Hq % Hkv == 0, varlen consistency). 0 if usable,
- * -1 otherwise. Every function below calls it. */
+/* Checks shapes (q/k/v agree, but for v's head dim, which may differ from q
+ * and k's; Hq % Hkv == 0, varlen consistency). 0 if usable, -1 otherwise.
+ * Every function below calls it. */
 int ref_attention_check(const ref_attention_params *p, const ref_tensor *q, const ref_tensor *k,
                         const ref_tensor *v);
 
@@ -102,7 +103,7 @@ int64_t ref_attention_visible_keys(const ref_attention_params *p, const ref_segm
 double ref_attention_probs(const ref_attention_params *p, const ref_tensor *q, const ref_tensor *k,
                            const ref_segment *seg, int64_t hq, int64_t i, double *probs, double *scores);
 
-/* O (shape of q) and LSE (logical shape (Bq, Nq, Hq, 1); may be NULL). A row that
+/* O (shape of q, with v's head dim) and LSE (logical shape (Bq, Nq, Hq, 1); may be NULL). A row that
  * sees no key gets O = 0 and LSE = -INFINITY. Returns 0, or -1 on bad input. */
 int ref_attention_forward(const ref_attention_params *p, const ref_tensor *q, const ref_tensor *k,
                           const ref_tensor *v, const ref_out *o, const ref_out *lse);

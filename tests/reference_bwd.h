@@ -40,7 +40,9 @@ double ref_dropout_factor(const ref_dropout *dr, int64_t stream, int64_t i, int6
 int ref_attention_forward_dropout(const ref_attention_params *p, const ref_dropout *dr, const ref_tensor *q,
                                   const ref_tensor *k, const ref_tensor *v, const ref_out *o, const ref_out *lse);
 
-/* Backward: dq has q's shape, dk/dv have k's shape (all fully overwritten).
+/* Backward: dq has q's shape, dk k's and dv v's (all fully overwritten); v, o
+ * and d_o may have a head dim of their own (d_v != d_qk), d_o and o q's shape
+ * otherwise.
  * o is the forward output used for D = rowsum(dO * O): pass the exact tensor the
  * device's backward reads, or NULL to recompute O in double. 0, or -1 on bad input. */
 int ref_attention_backward(const ref_attention_params *p, const ref_dropout *dr, const ref_tensor *q,

@@ -11,8 +11,9 @@
  * summing a fixed share of the rows into part[h][x];
  * sink_grad_sum, one work-group per head, adding the PARTS partial sums.
  *
- * Parameters (-D): DTYPE (dtype.cl), HEAD_DIM, VARLEN (seq_bounds.cl), WG
- * (work-items per work-group, a power of two).
+ * Parameters (-D): DTYPE (dtype.cl), HEAD_DIM (the head dim of o and dO, which
+ * is v's: the host passes desc.head_dim_v where it is set), VARLEN
+ * (seq_bounds.cl), WG (work-items per work-group, a power of two).
  *
  * requires: dtype.cl seq_bounds.cl
  */

@@ -4,13 +4,17 @@
  * The baseline materialises S = scale * Q K^T and P = softmax(S) in device
  * memory as fp32 and multiplies with CLBlast; these kernels move data between
  * the caller's strided tensors and the dense fp32 layout the GEMMs use:
- *   dense[s][h][n][x], s < sequences, h < heads, n < padded length, x < HEAD_DIM,
- * with rows past a sequence's length set to zero. Query heads of one GQA group
+ *   dense[s][h][n][x], s < sequences, h < heads, n < padded length, x < the
+ * tensor's head dim (HEAD_DIM for q and k, HEAD_DIM_V for v, o and dO: the
+ * pack and unpack kernels take it as their global size 0), with rows past a
+ * sequence's length set to zero. Query heads of one GQA group
  * are adjacent (h = kv_head * group + g), so Q of a group is one tall matrix.
  *
  * Parameters (-D):
  *   DTYPE      0 = fp32, 1 = fp16, 2 = bf16 (storage type of the caller's tensors)
- *   HEAD_DIM   head dimension
+ *   HEAD_DIM   head dimension of q and k
+ *   HEAD_DIM_V head dimension of v, o and dO (default HEAD_DIM): naive_ds's
+ *              D = rowsum(dO * O) runs over it
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens
  *   WG         work-group size of naive_softmax (power of two)
@@ -35,6 +39,9 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V HEAD_DIM
+#endif
 #ifndef WG
 #define WG 64
 #endif
@@ -47,7 +54,7 @@
 #define NAIVE_PAGED_PARAMS
 #endif
 
-/* Global size (HEAD_DIM, padded, sequences * heads). */
+/* Global size (the tensor's head dim, padded, sequences * heads). */
 __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn, long sh,
                          __global float *dst, int heads, int padded, __global const int *cu, int total) {
   const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
@@ -58,7 +65,7 @@ __kernel void naive_pack(__global const store_t *src, long off, long sb, long sn
     long bs = VARLEN ? 0 : s;
     val = LOAD(src, off + bs * sb + (long)(r.x + n) * sn + (long)h * sh + x);
   }
-  dst[((long)sh_id * padded + n) * HEAD_DIM + x] = val;
+  dst[((long)sh_id * padded + n) * get_global_size(0) + x] = val;
 }
 
 /* One work-group per score row: masked softmax in place, natural-log LSE out.
@@ -138,7 +145,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_softmax(
   if (lid == 0) lse_ws[row] = l > 0.0f ? m + log(l) : -INFINITY;
 }
 
-/* Global size (HEAD_DIM, padded_q, sequences * heads). Writes only real rows. */
+/* Global size (the tensor's head dim, padded_q, sequences * heads). Writes only real rows. */
 __kernel void naive_unpack(__global const float *src, __global const float *lse_ws,
                            __global store_t *dst, long off, long sb, long sn, long sh,
                            __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
@@ -149,7 +156,7 @@ __kernel void naive_unpack(__global const float *src, __global const float *lse_
   if (n >= r.y) return;
   const long bs = VARLEN ? 0 : s;
   const long row = (long)sh_id * padded + n;
-  STORE(dst, off + bs * sb + (long)(r.x + n) * sn + (long)h * sh + x, src[row * HEAD_DIM + x]);
+  STORE(dst, off + bs * sb + (long)(r.x + n) * sn + (long)h * sh + x, src[row * get_global_size(0) + x]);
   if (has_lse && x == 0) lse[l_off + bs * l_sb + (long)(r.x + n) * l_sn + (long)h * l_sh] = lse_ws[row];
 }
 
@@ -163,7 +170,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void naive_ds(
   const long row = get_group_id(0);
   const int lid = get_local_id(0);
   float acc = 0.0f;
-  for (int x = lid; x < HEAD_DIM; x += WG) acc = mad(o[row * HEAD_DIM + x], dout[row * HEAD_DIM + x], acc);
+  for (int x = lid; x < HEAD_DIM_V; x += WG) acc = mad(o[row * HEAD_DIM_V + x], dout[row * HEAD_DIM_V + x], acc);
   red[lid] = acc;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = WG / 2; w > 0; w >>= 1) {
@@ -195,7 +202,7 @@ __kernel void naive_dropout(__global const float *src, __global float *dst, int 
 #endif
 
 #if PAGED_KV
-/* Global size (HEAD_DIM, padded, sequences * heads): naive_pack from page pools
+/* Global size (the tensor's head dim, padded, sequences * heads): naive_pack from page pools
  * (num_pages, page_size, heads, d): row n of sequence s is slot n % page_size of
  * page block_table[s * max_pages + n / page_size] (clamped to [0, num_pages)); rows
  * at or past clamp(kv_lens[s], 0, padded) are zero. */
@@ -210,6 +217,6 @@ __kernel void naive_pack_paged(__global const store_t *src, long off, long sb, l
     const int pg = clamp(block_table[(long)s * max_pages + pi], 0, num_pages - 1);
     val = LOAD(src, off + (long)pg * sb + (long)(n - pi * page_size) * sn + (long)h * sh + x);
   }
-  dst[((long)sh_id * padded + n) * HEAD_DIM + x] = val;
+  dst[((long)sh_id * padded + n) * get_global_size(0) + x] = val;
 }
 #endif

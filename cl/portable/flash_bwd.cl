@@ -28,19 +28,26 @@
  * are dense fp32 scratch indexed [seq_id][head][row] (x HEAD_DIM), rows padded to
  * the (max) sequence length.
  *
+ * V, O and dO (so dV too) may have their own head dim, HEAD_DIM_V. The local
+ * tiles then all have rows of DM = max(HEAD_DIM, HEAD_DIM_V) floats, the
+ * columns past a tensor's own head dim staged as 0: the products and grids
+ * below run over DM, the zero columns add nothing to S, dP or dQ and give
+ * columns of dK / dV that are never stored.
+ *
  * Parameters (-D):
  *   DTYPE      0 = fp32, 1 = fp16, 2 = bf16 (storage only)
- *   HEAD_DIM   head dimension
+ *   HEAD_DIM   head dimension of q and k (and dq, dk)
+ *   HEAD_DIM_V head dimension of v, o and dout (and dv); default HEAD_DIM
  *   BLOCK_R, BLOCK_C   query rows / key rows per tile (multiples of 8)
  *   NTHREADS   work-items per work-group
  *   A_TM, A_TN     bwd_dkdv scores per work-item (keys x queries):
  *                  (BLOCK_C / A_TM) * (BLOCK_R / A_TN) == NTHREADS
  *   B_TM, B_TD     bwd_dkdv dK/dV per work-item (keys x columns, B_TD a multiple of 4):
- *                  (BLOCK_C / B_TM) * (HEAD_DIM / B_TD) <= NTHREADS
+ *                  (BLOCK_C / B_TM) * (DM / B_TD) <= NTHREADS
  *   QA_TM, QA_TN   bwd_dq scores per work-item (queries x keys):
  *                  (BLOCK_R / QA_TM) * (BLOCK_C / QA_TN) == NTHREADS
  *   QB_TM, QB_TD   bwd_dq dQ per work-item (queries x columns, QB_TD a multiple of 4):
- *                  (BLOCK_R / QB_TM) * (HEAD_DIM / QB_TD) <= NTHREADS
+ *                  (BLOCK_R / QB_TM) * (DM / QB_TD) <= NTHREADS
  *   CAUSAL     1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN     1: sequence bounds come from cu_seqlens_q/k
  *   ATOMIC_DQ  1: bwd_dkdv also accumulates dQ (needs the dq_acc buffer); the
@@ -125,6 +132,10 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V HEAD_DIM
+#endif
+#define DM (HEAD_DIM > HEAD_DIM_V ? HEAD_DIM : HEAD_DIM_V) /* the local tiles' head dim */
 #ifndef BLOCK_R
 #define BLOCK_R 16
 #endif
@@ -300,12 +311,12 @@ inline void atomic_add_float(volatile __global float *p, float val) {
 #endif
 
 /* Global (ceil(padded_q / PRE_ROWS) * 64, heads_q, seqs), local (64, 1, 1). Each
- * row's D is computed by PRE_TPR = HEAD_DIM / 8 work-items of 8 elements each (a
+ * row's D is computed by PRE_TPR = HEAD_DIM_V / 8 work-items of 8 elements each (a
  * row's loads are one contiguous run: coalesced on GPUs), reduced through local
  * memory. With ATOMIC_DQ the same work-items zero the row of the fp32 dQ
- * accumulator, so that no separate fill is needed. Rows past the sequence get
- * D = 0 (and a zero accumulator row). */
-#define PRE_TPR (HEAD_DIM / 8)
+ * accumulator (HEAD_DIM floats), so that no separate fill is needed. Rows past
+ * the sequence get D = 0 (and a zero accumulator row). */
+#define PRE_TPR (HEAD_DIM_V / 8)
 #define PRE_ROWS (64 / PRE_TPR)
 __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
     CTENSOR(o), CTENSOR(dout), __global float *dsum, __global float *dq_acc, int padded_q, int heads_q,
@@ -327,15 +338,16 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
      * 32-byte aligned, so this is one vector store, not eight. */
     const long split = (long)get_global_size(2) * heads_q * padded_q * HEAD_DIM;
     for (int sp = 0; sp < splits; sp++)
-      *(__global float8 *)(dq_acc + sp * split + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * x) =
-          (float8)(0.0f);
+      for (int c = x; c < HEAD_DIM / 8; c += PRE_TPR) /* one pass unless HEAD_DIM > HEAD_DIM_V */
+        *(__global float8 *)(dq_acc + sp * split + (((long)b * heads_q + h) * padded_q + i) * HEAD_DIM + 8 * c) =
+            (float8)(0.0f);
   }
 #endif
   red[tid] = acc;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = 1; w < PRE_TPR; w <<= 1) {
     /* PRE_TPR is a power of two only for some head dims: add the partner when it
-     * exists, so any HEAD_DIM / 8 works. */
+     * exists, so any HEAD_DIM_V / 8 works. */
     const float mine = red[tid];
     const float other = (r < PRE_ROWS && x % (2 * w) == 0 && x + w < PRE_TPR) ? red[tid + w] : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -347,9 +359,16 @@ __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void bwd_preprocess(
 
 /* Shared by both kernels: local tiles are fp32 rows padded to LDA floats, so the
  * float4 granule g of consecutive rows falls in consecutive bank groups. */
-#define LDA (HEAD_DIM + 4)
+#define LDA (DM + 4)
 #define LDA4 (LDA / 4)
-#define D4 (HEAD_DIM / 4)
+#define D4 (DM / 4) /* granules of a local tile's row */
+/* Granules of a row of each tensor the tiles stage (by its argument name):
+ * those past it are staged as 0. */
+#define GR_q (HEAD_DIM / 4)
+#define GR_k (HEAD_DIM / 4)
+#define GR_v (HEAD_DIM_V / 4)
+#define GR_dout (HEAD_DIM_V / 4)
+#define TILE_COL_IN(src, g) (GR_##src == D4 || (g) < GR_##src)
 /* Score tiles are read four entries at a time along their rows: bwd_dkdv keeps
  * P and dS transposed, [key][query], and its dK/dV loop reads four queries of
  * a key at once; bwd_dq keeps dS as [query][key] and reads four keys of a
@@ -407,12 +426,13 @@ typedef uint2 stage_t;
  * stepped by a constant stride, instead of a 64-bit multiply per granule. */
 #define TILE_FETCH(regs, src, bb, seq0, row0, rows, head, nrows)                   \
   {                                                                                \
-    const int r0_ = tid / D4;                                                      \
-    __global const store_t *p_ = src + ROWPTR(src, bb, (seq0) + (row0) + r0_, head) + 4 * (tid - r0_ * D4); \
+    const int r0_ = tid / D4, g0_ = tid - r0_ * D4;                                \
+    const int col_in_ = TILE_COL_IN(src, g0_);                                     \
+    __global const store_t *p_ = src + ROWPTR(src, bb, (seq0) + (row0) + r0_, head) + 4 * g0_; \
     for (int u_ = 0; u_ < TILE_REGS(nrows); u_++) {                                \
       const int r_ = r0_ + u_ * (NTHREADS / D4);                                   \
       stage_t v_ = STAGE_ZERO;                                                     \
-      if (r_ < (nrows) && (row0) + r_ < (rows)) v_ = STAGE_GLOAD(p_);              \
+      if (col_in_ && r_ < (nrows) && (row0) + r_ < (rows)) v_ = STAGE_GLOAD(p_);   \
       regs[u_] = v_;                                                               \
       p_ += (long)(NTHREADS / D4) * src##_sn;                                      \
     }                                                                              \
@@ -423,7 +443,7 @@ typedef uint2 stage_t;
     const int e_ = tid + u_ * NTHREADS;                                            \
     const int r_ = e_ / D4, g_ = e_ - r_ * D4;                                     \
     stage_t v_ = STAGE_ZERO;                                                       \
-    if (e_ < (nrows) * D4 && (row0) + r_ < (rows))                                 \
+    if (e_ < (nrows) * D4 && (row0) + r_ < (rows) && TILE_COL_IN(src, g_))         \
       v_ = STAGE_GLOAD(src + ROWPTR(src, bb, (seq0) + (row0) + r_, head) + 4 * g_); \
     regs[u_] = v_;                                                                 \
   }
@@ -526,7 +546,7 @@ inline float dot4(float4 a, float4 b, float acc) {
  * while Q/dO tiles of BLOCK_R rows stream through. Per tile:
  *   A: S^T = K Q^T and dP^T = V dO^T, work-item grid (BLOCK_C / A_TM) x
  *      (BLOCK_R / A_TN), then P and dS = P * (dP - D) into local memory;
- *   B: dV += P^T dO and dK += dS^T Q, grid (BLOCK_C / B_TM) x (HEAD_DIM / B_TD).
+ *   B: dV += P^T dO and dK += dS^T Q, grid (BLOCK_C / B_TM) x (DM / B_TD).
  * Global (kblocks * NTHREADS, heads_kv, seqs), local NTHREADS.
  */
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
@@ -590,7 +610,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
 #endif
   const int ac = GRID_ROW(art, A_WQ, A_CT), ar = GRID_COL(art, A_WQ, A_CT);
   /* Phase B mapping: keys c = bc + B_RT*i, column granules g = bx + B_CT*u. */
-#define B_CT (HEAD_DIM / B_TD)
+#define B_CT (DM / B_TD)
 #define B_RT (BLOCK_C / B_TM)
 #if B_WX && (32 % B_WX || B_CT % B_WX || B_RT % (32 / B_WX) || B_RT * B_CT != GRID_N)
 #error "B_WX must divide 32 and B_CT, 32 / B_WX must divide B_RT, and the grid must use every work-item"
@@ -602,7 +622,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   /* The atomic dQ grid: bwd_dq's dQ grid (QB_*) over this tile's rows, but
    * each work-item takes QB_TM consecutive rows (QB_TM * dqr + i), so that it
    * reads a key's dS for them four at a time. */
-#define DQA_CT (HEAD_DIM / QB_TD)
+#define DQA_CT (DM / QB_TD)
 #define DQA_RT (BLOCK_R / QB_TM)
   const int dqr = GRID_ROW(tid, QB_WX, DQA_CT), dqx = GRID_COL(tid, QB_WX, DQA_CT);
 #endif
@@ -854,7 +874,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
           const int r = QB_TM * dqr + i;
           if (i0 + r >= nq) continue;
           __global float *dst = dq_acc + (((long)b * heads_q + h) * padded_q + i0 + r) * HEAD_DIM + 4 * dqx;
-          for (int u = 0; u < QB_TD / 4; u++) ATOMIC_ADD4(dst + 4 * DQA_CT * u, acc[i][u] * scale);
+          for (int u = 0; u < QB_TD / 4; u++)
+            if (DM == HEAD_DIM || 4 * (dqx + DQA_CT * u) < HEAD_DIM) ATOMIC_ADD4(dst + 4 * DQA_CT * u, acc[i][u] * scale);
         }
       }
 #endif
@@ -866,6 +887,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
   if (b_active) {
     __global store_t *dst = role ? dk : dv;
     const float mul = role ? scale : 1.0f;
+    const int cols = role ? HEAD_DIM : HEAD_DIM_V;
     for (int i = 0; i < B_TM; i++) {
       const int c = bc + B_RT * i;
       if (k0 + c >= nk) continue;
@@ -873,7 +895,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = acc[i][u] * mul;
-        STORE_EACH4(dst, pr + x, a);
+        if (x < cols) STORE_EACH4(dst, pr + x, a);
       }
     }
   }
@@ -886,8 +908,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
       for (int u = 0; u < B_TD / 4; u++) {
         const int x = 4 * (bx + B_CT * u);
         const float4 a = dk_acc[i][u] * scale, w = dv_acc[i][u];
-        STORE_EACH4(dk, pk + x, a);
-        STORE_EACH4(dv, pv + x, w);
+        if (DM == HEAD_DIM || x < HEAD_DIM) STORE_EACH4(dk, pk + x, a);
+        if (DM == HEAD_DIM_V || x < HEAD_DIM_V) STORE_EACH4(dv, pv + x, w);
       }
     }
   }
@@ -899,7 +921,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv(
  * local memory and dQ in registers while K/V tiles of BLOCK_C keys stream by:
  *   A: S = Q K^T and dP = dO V^T, grid (BLOCK_R / QA_TM) x (BLOCK_C / QA_TN),
  *      then dS into local memory;
- *   B: dQ += dS K, grid (BLOCK_R / QB_TM) x (HEAD_DIM / QB_TD).
+ *   B: dQ += dS K, grid (BLOCK_R / QB_TM) x (DM / QB_TD).
  * Global (qblocks * NTHREADS, heads_q, seqs), local NTHREADS.
  */
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
@@ -949,7 +971,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
   const int rt = tid;
 #endif
   const int ar = GRID_ROW(rt, QA_WK, QA_CT), ac = GRID_COL(rt, QA_WK, QA_CT);
-#define QB_CT (HEAD_DIM / QB_TD)
+#define QB_CT (DM / QB_TD)
 #define QB_RT (BLOCK_R / QB_TM)
 #if QB_WX && (32 % QB_WX || QB_CT % QB_WX || QB_RT % (32 / QB_WX) || QB_RT * QB_CT != NTHREADS)
 #error "QB_WX must divide 32 and QB_CT, 32 / QB_WX must divide QB_RT, and the grid must use every work-item"
@@ -1081,7 +1103,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq(
       for (int u = 0; u < QB_TD / 4; u++) {
         const int x = 4 * (bx + QB_CT * u);
         const float4 a = dq_acc[i][u] * scale;
-        STORE_EACH4(dq, po + x, a);
+        if (DM == HEAD_DIM || x < HEAD_DIM) STORE_EACH4(dq, po + x, a);
       }
     }
   }

@@ -15,10 +15,13 @@
  * Out-of-range keys and causally hidden keys are masked with -inf before the
  * exp; tiles past the causal diagonal are never loaded.
  *
- * Local memory (all fp32, float4 granules, no padding):
- *   Qs  [BLOCK_R][HEAD_DIM]   the Q tile, row-major (GPU variant: times scale_log2)
- *   KVs [BLOCK_C][HEAD_DIM]   the K tile, then the V tile of the same keys
- *                             (SEP_KV: Ks and Vs, one tile each)
+ * Local memory (all fp32, float4 granules, no padding; DM = max(HEAD_DIM,
+ * HEAD_DIM_V), the row length of every Q/K/V tile, so that V can take K's
+ * place whichever is wider):
+ *   Qs  [BLOCK_R][DM]         the Q tile (HEAD_DIM used), row-major (GPU variant:
+ *                             times scale_log2)
+ *   KVs [BLOCK_C][DM]         the K tile (HEAD_DIM), then the V tile (HEAD_DIM_V)
+ *                             of the same keys (SEP_KV: Ks and Vs, one tile each)
  *   Ps  [BLOCK_R][BLOCK_C]    probabilities of the current tile
  *   Red [BLOCK_R][S_CT]       per-work-item partial row maxima / sums
  *   Alpha [BLOCK_R]           per-row rescale factor of the current tile
@@ -49,14 +52,15 @@
  *
  * Parameters (-D):
  *   DTYPE        0 = fp32, 1 = fp16, 2 = bf16 (storage only; fp16 through vload_half)
- *   HEAD_DIM     head dimension, multiple of 8
+ *   HEAD_DIM     head dimension of q and k (S = Q K^T), multiple of 8
+ *   HEAD_DIM_V   head dimension of v and o (O = P V), multiple of 8 (default HEAD_DIM)
  *   BLOCK_R      query rows per work-group (Br), multiple of 8
  *   BLOCK_C      key/value rows per tile (Bc), multiple of 8
  *   NTHREADS     work-items per work-group
  *   S_TM, S_TN   scores per work-item: rows x keys (S_RT = BLOCK_R / S_TM,
  *                S_CT = BLOCK_C / S_TN, S_RT * S_CT = NTHREADS)
  *   O_TM, O_TD   output per work-item: rows x columns, O_TD a multiple of 4
- *                (O_RT = BLOCK_R / O_TM, O_CT = HEAD_DIM / O_TD, O_RT * O_CT <= NTHREADS;
+ *                (O_RT = BLOCK_R / O_TM, O_CT = HEAD_DIM_V / O_TD, O_RT * O_CT <= NTHREADS;
  *                work-items past O_RT * O_CT sit out the O phase)
  *   CAUSAL       1: key j is visible to query i iff j <= i + (Nk - Nq)
  *   VARLEN       1: sequence bounds come from cu_seqlens_q/k
@@ -153,14 +157,16 @@
 #define S_RT (BLOCK_R / S_TM)
 #define S_CT (BLOCK_C / S_TN)
 #define O_RT (BLOCK_R / O_TM)
-#define O_CT (HEAD_DIM / O_TD)
+#define O_CT (HEAD_DIM_V / O_TD)
 #define O_TG (O_TD / 4)
-#define D4 (HEAD_DIM / 4)
+#define D4 (HEAD_DIM / 4)    /* granules of a Q or K row */
+#define DV4 (HEAD_DIM_V / 4) /* granules of a V or O row */
+#define DM4 (D4 > DV4 ? D4 : DV4) /* the tiles' row length */
 #define C4 (BLOCK_C / 4)
 
 #define O_NT (O_RT * O_CT)
 #if S_RT * S_CT != NTHREADS || O_NT > NTHREADS || BLOCK_R % S_TM || BLOCK_C % S_TN || \
-    BLOCK_R % O_TM || HEAD_DIM % O_TD || O_TD % 4 || HEAD_DIM % 8 || BLOCK_C % 8
+    BLOCK_R % O_TM || HEAD_DIM_V % O_TD || O_TD % 4 || HEAD_DIM % 8 || HEAD_DIM_V % 8 || BLOCK_C % 8
 #error "inconsistent flash_fwd work-item mapping"
 #endif
 #if FWD_SHFL && (NTHREADS % 32 || S_CT > 32 || (S_CT & (S_CT - 1)))
@@ -172,32 +178,30 @@
 
 /* Swizzle masks: the largest power of two <= 8 dividing the granules per row, - 1. */
 #define LOWBIT(x) ((x) & -(x))
-#define SWM_D ((LOWBIT(D4) < 8 ? LOWBIT(D4) : 8) - 1)
+#define SWM_D ((LOWBIT(DM4) < 8 ? LOWBIT(DM4) : 8) - 1)
 #define SWM_C ((LOWBIT(C4) < 8 ? LOWBIT(C4) : 8) - 1)
 #if PAD_ROWS
-/* Rows padded by one granule: D4 and C4 are even, so the row stride is odd in
+/* Rows padded by one granule: DM4 and C4 are even, so the row stride is odd in
  * granules and any 8 consecutive rows start in 8 different bank groups, while a
  * work-item's addresses stay linear in the granule (immediate offsets, no XOR
  * in the inner loops). */
-#define QKV_LD (D4 + 1)
+#define QKV_LD (DM4 + 1)
 #define P_LD (C4 + 1)
 #define QKV_AT(row, g) ((row) * QKV_LD + (g))
 #define P_AT(row, g) ((row) * P_LD + (g))
 #else
-#define QKV_LD D4
+#define QKV_LD DM4
 #define P_LD C4
-#define QKV_AT(row, g) ((row) * D4 + ((g) ^ ((row) & SWM_D)))
+#define QKV_AT(row, g) ((row) * DM4 + ((g) ^ ((row) & SWM_D)))
 #define P_AT(row, g) ((row) * C4 + ((g) ^ ((row) & SWM_C)))
 #endif
 
-/* Global K/V granules (float4) each work-item stages per tile. */
-#define KV_VECS (BLOCK_C * D4)
-#define KV_PER ((KV_VECS + NTHREADS - 1) / NTHREADS)
-#if KV_VECS % NTHREADS == 0
-#define KV_IN(e) 1
-#else
-#define KV_IN(e) ((e) < KV_VECS)
-#endif
+/* Global K/V granules (float4) each work-item stages per tile of GR granules
+ * per row (D4 for K, DV4 for V); the registers hold the wider of the two. */
+#define KV_VECS(GR) (BLOCK_C * (GR))
+#define KV_PER_OF(GR) ((KV_VECS(GR) + NTHREADS - 1) / NTHREADS)
+#define KV_PER KV_PER_OF(DM4)
+#define KV_IN(e, GR) (KV_VECS(GR) % NTHREADS == 0 || (e) < KV_VECS(GR))
 
 /* Staging registers: fp16 and bf16 stay packed (ushort4) until they are
  * written to local memory, which halves the registers the prefetch costs. */
@@ -223,40 +227,40 @@ typedef uint2 stage_t;
 #endif
 #endif
 
-/* Read this work-item's granules of a K or V tile (rows past nk read as 0: P is
- * 0 there, but 0 * garbage could be NaN). */
-#if !PAGED_KV && NTHREADS % D4 == 0
+/* Read this work-item's granules of a K (GR = D4) or V (GR = DV4) tile (rows
+ * past nk read as 0: P is 0 there, but 0 * garbage could be NaN). */
+#if !PAGED_KV && NTHREADS % D4 == 0 && NTHREADS % DV4 == 0
 /* Every pass of the loop moves the work-item down by the same number of rows:
  * one 64-bit row address per tile, stepped by a constant stride, instead of a
  * 64-bit multiply per granule. */
-#define STAGE_LOAD(stage, src, base, sb, sn, kstart)                                \
+#define STAGE_LOAD(stage, src, base, sb, sn, kstart, GR)                            \
   {                                                                                 \
-    const int c0 = tid / D4;                                                        \
-    __global const store_t *sp = (src) + (base) + (long)((kstart) + c0) * (sn) + 4 * (tid - c0 * D4); \
-    for (int u = 0; u < KV_PER; u++) {                                              \
+    const int c0 = tid / (GR);                                                      \
+    __global const store_t *sp = (src) + (base) + (long)((kstart) + c0) * (sn) + 4 * (tid - c0 * (GR)); \
+    for (int u = 0; u < KV_PER_OF(GR); u++) {                                       \
       stage_t val = STAGE_ZERO;                                                     \
-      if (KV_IN(tid + u * NTHREADS) && (kstart) + c0 + u * (NTHREADS / D4) < nk)    \
+      if (KV_IN(tid + u * NTHREADS, GR) && (kstart) + c0 + u * (NTHREADS / (GR)) < nk) \
         val = STAGE_GLOAD(sp, 0);                                                   \
       stage[u] = val;                                                               \
-      sp += (long)(NTHREADS / D4) * (sn);                                           \
+      sp += (long)(NTHREADS / (GR)) * (sn);                                         \
     }                                                                               \
   }
 #else
-#define STAGE_LOAD(stage, src, base, sb, sn, kstart)                                \
-  for (int u = 0; u < KV_PER; u++) {                                                \
+#define STAGE_LOAD(stage, src, base, sb, sn, kstart, GR)                            \
+  for (int u = 0; u < KV_PER_OF(GR); u++) {                                         \
     const int e = tid + u * NTHREADS;                                               \
-    const int c = e / D4, g = e - (e / D4) * D4;                                    \
+    const int c = e / (GR), g = e - (e / (GR)) * (GR);                              \
     stage_t val = STAGE_ZERO;                                                       \
-    if (KV_IN(e) && (kstart) + c < nk)                                              \
+    if (KV_IN(e, GR) && (kstart) + c < nk)                                          \
       val = STAGE_GLOAD(src, (base) + KV_OFF((kstart) + c, sb, sn) + 4 * g);        \
     stage[u] = val;                                                                 \
   }
 #endif
-#define STAGE_STORE(stage, dst)                                                     \
-  for (int u = 0; u < KV_PER; u++) {                                                \
+#define STAGE_STORE(stage, dst, GR)                                                 \
+  for (int u = 0; u < KV_PER_OF(GR); u++) {                                         \
     const int e = tid + u * NTHREADS;                                               \
-    const int c = e / D4, g = e - (e / D4) * D4;                                    \
-    if (KV_IN(e)) (dst)[QKV_AT(c, g)] = STAGE_CVT(stage[u]);                        \
+    const int c = e / (GR), g = e - (e / (GR)) * (GR);                              \
+    if (KV_IN(e, GR)) (dst)[QKV_AT(c, g)] = STAGE_CVT(stage[u]);                    \
   }
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
@@ -332,18 +336,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
   stage_t vstage[KV_PER];
 #endif
   if (kend > kstart) {
-    STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart)
-    STAGE_STORE(stage, Ks)
+    STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart, D4)
+    STAGE_STORE(stage, Ks, D4)
 #if SEP_KV == 2
-    STAGE_LOAD(vstage, v, vbase, v_sb, v_sn, kstart)
-    if (kstart + BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart + BLOCK_C)
+    STAGE_LOAD(vstage, v, vbase, v_sb, v_sn, kstart, DV4)
+    if (kstart + BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart + BLOCK_C, D4)
 #else
-    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, kstart)
+    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, kstart, DV4)
 #endif
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 #elif PREFETCH
-  if (kend > kstart) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart)
+  if (kend > kstart) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, kstart, D4)
 #endif
 
 #if MASK
@@ -356,12 +360,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #if !SEP_KV
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is fully consumed */
 #if !PREFETCH
-    STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0)
+    STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0, D4)
 #endif
-    STAGE_STORE(stage, KVs) /* K */
+    STAGE_STORE(stage, KVs, D4) /* K */
     barrier(CLK_LOCAL_MEM_FENCE);
 #if PREFETCH
-    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0) /* V arrives while S is computed */
+    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0, DV4) /* V arrives while S is computed */
 #endif
 #endif
 
@@ -435,21 +439,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
 #if SEP_KV == 2
     /* The previous P V has finished with Vs and this S with Ks: both are
      * refilled here, and the barrier below makes them visible. */
-    STAGE_STORE(vstage, Vs) /* V */
+    STAGE_STORE(vstage, Vs, DV4) /* V */
     if (k0 + BLOCK_C < kend) {
-      STAGE_STORE(stage, Ks) /* next K */
-      STAGE_LOAD(vstage, v, vbase, v_sb, v_sn, k0 + BLOCK_C)
-      if (k0 + 2 * BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0 + 2 * BLOCK_C)
+      STAGE_STORE(stage, Ks, D4) /* next K */
+      STAGE_LOAD(vstage, v, vbase, v_sb, v_sn, k0 + BLOCK_C, DV4)
+      if (k0 + 2 * BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0 + 2 * BLOCK_C, D4)
     }
 #elif SEP_KV
-    STAGE_STORE(stage, Vs) /* V */
-    if (k0 + BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0 + BLOCK_C) /* next K arrives during P V */
+    STAGE_STORE(stage, Vs, DV4) /* V */
+    if (k0 + BLOCK_C < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, k0 + BLOCK_C, D4) /* next K arrives during P V */
 #elif PREFETCH
-    STAGE_STORE(stage, KVs) /* V */
-    if (KNEXT < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, KNEXT) /* next K arrives during P V */
+    STAGE_STORE(stage, KVs, DV4) /* V */
+    if (KNEXT < kend) STAGE_LOAD(stage, k, kbase, k_sb, k_sn, KNEXT, D4) /* next K arrives during P V */
 #else
-    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0)
-    STAGE_STORE(stage, KVs) /* V */
+    STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0, DV4)
+    STAGE_STORE(stage, KVs, DV4) /* V */
 #endif
 
     for (int i = 0; i < S_TM; i++) {
@@ -538,8 +542,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     /* This S has finished with Ks long ago: the next K goes in now, and V of
      * the next tile starts on its way. */
     if (k0 + BLOCK_C < kend) {
-      STAGE_STORE(stage, Ks)
-      STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0 + BLOCK_C)
+      STAGE_STORE(stage, Ks, D4)
+      STAGE_LOAD(stage, v, vbase, v_sb, v_sn, k0 + BLOCK_C, DV4)
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* next K visible */
 #endif

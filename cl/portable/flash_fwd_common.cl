@@ -4,7 +4,7 @@
  * both read, four-element row access (GLOAD4 / GSTORE4), the paged K/V row
  * offsets and the attention-mask tile walk.
  *
- * Parameters (-D), as flash_fwd.cl's banner describes them: HEAD_DIM, BLOCK_R,
+ * Parameters (-D), as flash_fwd.cl's banner describes them: HEAD_DIM, HEAD_DIM_V, BLOCK_R,
  * BLOCK_C, VEC_ALIGNED, DROPOUT, MASK; DTYPE, VARLEN and PAGED_KV come with
  * dtype.cl and seq_bounds.cl, and CAUSAL, WINDOW, ALIBI, SOFTCAP and SINKS with
  * score_variant.cl, which the kernels join in front of this file.
@@ -14,6 +14,9 @@
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V HEAD_DIM
 #endif
 #ifndef BLOCK_R
 #define BLOCK_R 32

@@ -11,20 +11,20 @@
  * of rank-1 updates along the keys and O += P V one along the head dimension,
  * both in explicit float8 vectors over 4-row register blocks.
  *
- * Parameters (-D): those of flash_fwd_common.cl (HEAD_DIM a multiple of 8,
- * BLOCK_R a multiple of 4 and BLOCK_C of 8, here). One work-item per
+ * Parameters (-D): those of flash_fwd_common.cl (HEAD_DIM and HEAD_DIM_V
+ * multiples of 8, BLOCK_R a multiple of 4 and BLOCK_C of 8, here). One work-item per
  * work-group: flash_fwd.cl's NTHREADS / S_* / O_* mapping does not apply.
  *
  * requires: dtype.cl seq_bounds.cl score_variant.cl flash_fwd_common.cl
  */
 
-#define VW 8 /* float8: one AVX register, and HEAD_DIM and BLOCK_C are multiples of 8 */
+#define VW 8 /* float8: one AVX register, and the head dims and BLOCK_C are multiples of 8 */
 #define CV (BLOCK_C / VW)
-#define DV (HEAD_DIM / VW)
+#define DV (HEAD_DIM_V / VW) /* O and V columns */
 #define RB 4 /* rows per register block; BLOCK_R is a multiple of 8 */
 #define CB (CV % 4 == 0 ? 4 : CV % 2 == 0 ? 2 : 1) /* key vectors per register block of S */
 #define DB (DV % 4 == 0 ? 4 : DV % 2 == 0 ? 2 : 1) /* head-dim vectors per register block of O */
-#if BLOCK_R % RB || BLOCK_C % VW || HEAD_DIM % VW
+#if BLOCK_R % RB || BLOCK_C % VW || HEAD_DIM % VW || HEAD_DIM_V % VW
 #error "inconsistent flash_fwd CPU tile"
 #endif
 
@@ -40,10 +40,10 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
     long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS) {
   __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
-  __local float Vs[BLOCK_C * HEAD_DIM]; /* V tile: Vs[j][x] */
+  __local float Vs[BLOCK_C * HEAD_DIM_V]; /* V tile: Vs[j][x] */
   float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
   float Sp[BLOCK_R * BLOCK_C];          /* scores, then probabilities of the tile */
-  float Op[BLOCK_R * HEAD_DIM];         /* output accumulators */
+  float Op[BLOCK_R * HEAD_DIM_V];       /* output accumulators */
   float m_r[BLOCK_R], l_r[BLOCK_R];
 
   const int q0 = get_group_id(0) * BLOCK_R;
@@ -57,7 +57,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     for (int g = 0; g < HEAD_DIM / 4; g++)
       vstore4((q0 + r < nq) ? GLOAD4(q, qbase + (long)(q0 + r) * q_sn + 4 * g) : (float4)(0.0f), g,
               Qp + r * HEAD_DIM);
-    for (int x = 0; x < HEAD_DIM; x += VW) vstore8((float8)(0.0f), 0, Op + r * HEAD_DIM + x);
+    for (int x = 0; x < HEAD_DIM_V; x += VW) vstore8((float8)(0.0f), 0, Op + r * HEAD_DIM_V + x);
     const float2 row0 = sv_row_start(sinks, h, M_LOG2E_F, 1);
     m_r[r] = row0.x;
     l_r[r] = row0.y;
@@ -84,8 +84,9 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
         Kt[(4 * g + 1) * BLOCK_C + j] = kv.y;
         Kt[(4 * g + 2) * BLOCK_C + j] = kv.z;
         Kt[(4 * g + 3) * BLOCK_C + j] = kv.w;
-        vstore4(in ? GLOAD4(v, vbase + KV_OFF(k0 + j, v_sb, v_sn) + 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM);
       }
+      for (int g = 0; g < HEAD_DIM_V / 4; g++)
+        vstore4(in ? GLOAD4(v, vbase + KV_OFF(k0 + j, v_sb, v_sn) + 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM_V);
     }
 
     /* S = Q K^T, RB rows x CB*VW keys at a time. */
@@ -168,7 +169,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
       const float4 s4 = sv.lo + sv.hi;
       l_r[r] = l_r[r] * alpha + ((s4.x + s4.y) + (s4.z + s4.w));
       if (alpha != 1.0f)
-        for (int c = 0; c < DV; c++) vstore8(vload8(c, Op + r * HEAD_DIM) * alpha, c, Op + r * HEAD_DIM);
+        for (int c = 0; c < DV; c++) vstore8(vload8(c, Op + r * HEAD_DIM_V) * alpha, c, Op + r * HEAD_DIM_V);
     }
 
     /* O += P V, RB rows x DB*VW columns at a time. */
@@ -178,11 +179,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
         float8 a[RB][DB];
         #pragma unroll
         for (int i = 0; i < RB; i++)
-          for (int c = 0; c < DB; c++) a[i][c] = vload8(d0 + c, Op + (r0 + i) * HEAD_DIM);
+          for (int c = 0; c < DB; c++) a[i][c] = vload8(d0 + c, Op + (r0 + i) * HEAD_DIM_V);
         for (int j = 0; j < jn; j++) {
           float8 vv[DB];
           #pragma unroll
-          for (int c = 0; c < DB; c++) vv[c] = vload8(d0 + c, Vs + j * HEAD_DIM);
+          for (int c = 0; c < DB; c++) vv[c] = vload8(d0 + c, Vs + j * HEAD_DIM_V);
           #pragma unroll
           for (int i = 0; i < RB; i++) {
             const float8 pv = (float8)(Sp[(r0 + i) * BLOCK_C + j]);
@@ -192,7 +193,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
         }
         #pragma unroll
         for (int i = 0; i < RB; i++)
-          for (int c = 0; c < DB; c++) vstore8(a[i][c], d0 + c, Op + (r0 + i) * HEAD_DIM);
+          for (int c = 0; c < DB; c++) vstore8(a[i][c], d0 + c, Op + (r0 + i) * HEAD_DIM_V);
       }
   }
 
@@ -201,7 +202,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     const float l = l_r[r];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const long orow = obase + (long)(q0 + r) * o_sn;
-    for (int g = 0; g < HEAD_DIM / 4; g++) GSTORE4(o, orow + 4 * g, vload4(g, Op + r * HEAD_DIM) * inv);
+    for (int g = 0; g < HEAD_DIM_V / 4; g++) GSTORE4(o, orow + 4 * g, vload4(g, Op + r * HEAD_DIM_V) * inv);
     if (has_lse)
       lse[l_off + bq * l_sb + (row_q + q0 + r) * l_sn + (long)h * l_sh] =
           l > 0.0f ? (m_r[r] + log2(l)) * M_LN2_F : -INFINITY;

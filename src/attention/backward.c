@@ -75,8 +75,10 @@ static flashcl_status fcl_attention_backward_locked(flashcl_context *ctx, const 
   if (p.paged_kv)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "the backward pass does not support a paged K/V source (desc.kv_block_table is forward-only)");
-  if ((st = fcl_check_like(ctx, d_o, "d_o", q)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
-      (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", k)))
+  /* d_o and dv have o's and v's head dim, which desc.head_dim_v may set apart
+   * from q's and k's. */
+  if ((st = fcl_check_like(ctx, d_o, "d_o", o)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
+      (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", v)))
     return st;
   if ((st = fcl_check_output_distinct(ctx, dq, "dq")) || (st = fcl_check_output_distinct(ctx, dk, "dk")) ||
       (st = fcl_check_output_distinct(ctx, dv, "dv")))

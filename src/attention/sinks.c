@@ -45,8 +45,9 @@ flashcl_status fcl_sinks_grad_prepare(flashcl_context *ctx, const flashcl_attent
                                       fcl_sinks_grad *g) {
   char opts[256];
   const char *extra = ctx->build_options;
+  /* rowsum(dO * O) runs over o's head dim, v's (desc.head_dim_v). */
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DVARLEN=%d -DWG=%d%s%s", (int)p->dtype,
-           p->head_dim, p->varlen, FCL_SINK_GRAD_WG, extra ? " " : "", extra ? extra : "");
+           p->head_dim_v, p->varlen, FCL_SINK_GRAD_WG, extra ? " " : "", extra ? extra : "");
   const char *src = "dtype.cl+seq_bounds.cl+sink_grad.cl";
   g->parts = fcl_sink_parts(p);
   flashcl_status st;

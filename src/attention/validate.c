@@ -29,11 +29,6 @@ int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fc
   return n;
 }
 
-static int fcl_same_shape(const flashcl_tensor *a, const flashcl_tensor *b) {
-  return a->shape[0] == b->shape[0] && a->shape[1] == b->shape[1] && a->shape[2] == b->shape[2] &&
-         a->shape[3] == b->shape[3];
-}
-
 /* The attention mask of desc against the validated sizes in p (batch, lengths,
  * heads); fills p's mask fields. */
 static flashcl_status fcl_check_mask(flashcl_context *ctx, const flashcl_attention_desc *desc, fcl_problem *p) {
@@ -158,15 +153,27 @@ static flashcl_status fcl_check_shapes(flashcl_context *ctx, const flashcl_atten
                                        const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                        const flashcl_tensor *o, const flashcl_tensor *lse) {
   int64_t d = q->shape[3];
-  if (k->shape[3] != d || v->shape[3] != d)
+  if (desc->head_dim_v < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "desc.head_dim_v is %d: it must be 0 (v and o have q's head dim) or v's head dim",
+                    desc->head_dim_v);
+  if (!desc->head_dim_v && (k->shape[3] != d || v->shape[3] != d))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
                     (long long)k->shape[3], (long long)v->shape[3]);
-  if (d % 8 != 0 || d < 8 || d > 256)
+  if (desc->head_dim_v && (k->shape[3] != d || v->shape[3] != desc->head_dim_v))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "head_dim differs: q %lld, k %lld (must be equal), v %lld (desc.head_dim_v %d)", (long long)d,
+                    (long long)k->shape[3], (long long)v->shape[3], desc->head_dim_v);
+  const int64_t dv = v->shape[3];
+  if (d % 8 != 0 || d < 8 || d > 256 || dv % 8 != 0 || dv < 8 || dv > 256)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
-  if (o && !fcl_same_shape(o, q))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
-  if (!fcl_same_shape(k, v))
+                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]",
+                    (long long)(d % 8 != 0 || d < 8 || d > 256 ? d : dv));
+  if (o && (o->shape[0] != q->shape[0] || o->shape[1] != q->shape[1] || o->shape[2] != q->shape[2] ||
+            o->shape[3] != dv))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    desc->head_dim_v ? "o must have q's shape with head dim desc.head_dim_v" : "o must have q's shape");
+  if (k->shape[0] != v->shape[0] || k->shape[1] != v->shape[1] || k->shape[2] != v->shape[2])
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k and v must have the same shape");
   if (!desc->kv_block_table && k->shape[0] != q->shape[0]) /* paged: k's batch counts pages */
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q and k batch differ (%lld vs %lld)",
@@ -231,13 +238,14 @@ static flashcl_status fcl_check_varlen(flashcl_context *ctx, const flashcl_atten
 /* p's fields that come straight from the validated tensors and desc: dtype,
  * heads, scale, causal and dropout. */
 static void fcl_fill_problem(const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
-                             fcl_problem *p) {
+                             const flashcl_tensor *v, fcl_problem *p) {
   const int64_t d = q->shape[3];
   memset(p, 0, sizeof *p);
   p->dtype = q->dtype;
   p->heads_q = (int)q->shape[2];
   p->heads_kv = (int)k->shape[2];
   p->head_dim = (int)d;
+  p->head_dim_v = (int)v->shape[3];
   p->causal = desc->causal != 0;
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
   p->dropout = desc->dropout_p > 0.0f;
@@ -277,7 +285,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
       (st = fcl_check_head_floats(ctx, desc->sinks, q->shape[2], "desc.sinks")))
     return st;
 
-  fcl_fill_problem(desc, q, k, p);
+  fcl_fill_problem(desc, q, k, v, p);
   if ((st = fcl_check_varlen(ctx, desc, q, k, p))) return st;
   if (desc->kv_block_table && (st = fcl_check_paged_kv(ctx, desc, k, p))) return st;
   fcl_fill_variants(desc, p);

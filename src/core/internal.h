@@ -222,7 +222,8 @@ typedef struct fcl_problem {
   int seqlen_k;
   int heads_q;
   int heads_kv;
-  int head_dim;
+  int head_dim;     /* of q and k */
+  int head_dim_v;   /* of v and o: head_dim unless desc.head_dim_v says otherwise */
   int varlen;
   int causal;
   float scale;
@@ -252,8 +253,9 @@ typedef struct fcl_problem {
   cl_mem kv_block_table, kv_seqlens;
 } fcl_problem;
 
-/* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1 -DMASK=k" for the variants p uses ("" for none), so
- * that problems without them build exactly the options they always did. */
+/* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1 -DMASK=k" for the variants p uses ("" for none), and
+ * " -DHEAD_DIM_V=dv" where v's head dim differs from q's, so that problems
+ * without them build exactly the options they always did. */
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap);
 
 /* Appends the dropout kernel arguments (seed, offset, threshold, keep_scale). */

@@ -348,9 +348,13 @@ flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_ten
 }
 
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s%s%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
+  /* A v head dim apart from q's is an option only where it differs, like the
+   * variants: the programs of the common case keep their options. */
+  char dv[32] = "";
+  if (p->head_dim_v && p->head_dim_v != p->head_dim) snprintf(dv, sizeof dv, " -DHEAD_DIM_V=%d", p->head_dim_v);
+  snprintf(buf, cap, "%s%s%s%s%s%s%s", p->window ? " -DWINDOW=1" : "", p->alibi ? " -DALIBI=1" : "",
            p->softcap > 0.0f ? " -DSOFTCAP=1" : "", p->sinks ? " -DSINKS=1" : "",
            p->mask_kind == FLASHCL_MASK_BLOCK ? " -DMASK=1" : p->mask_kind == FLASHCL_MASK_BITS ? " -DMASK=2" : "",
-           p->paged_kv ? " -DPAGED_KV=1" : "");
+           p->paged_kv ? " -DPAGED_KV=1" : "", dv);
   return buf;
 }

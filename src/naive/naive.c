@@ -14,8 +14,12 @@
 #include <stdio.h>
 
 typedef struct fcl_naive_sizes {
-  size_t q, kv, s, lse; /* floats in Q/O, in each of K and V, in S/P, in the LSE scratch */
+  /* Floats in Q (and dQ), K (and dK), O (and dO), V (and dV), S/P and the LSE
+   * scratch; o and v count head_dim_v columns, q and kv head_dim. */
+  size_t q, kv, o, v, s, lse;
 } fcl_naive_sizes;
+
+static size_t fcl_size_max(size_t a, size_t b) { return a > b ? a : b; }
 
 static flashcl_status fcl_naive_sizes_of(flashcl_context *ctx, const fcl_problem *p, fcl_naive_sizes *z,
                                          size_t *bytes) {
@@ -23,10 +27,12 @@ static flashcl_status fcl_naive_sizes_of(flashcl_context *ctx, const fcl_problem
   int ok = fcl_mul_size((size_t)p->batch * (size_t)p->heads_q, (size_t)p->seqlen_q, &rows_q) &&
            fcl_mul_size((size_t)p->batch * (size_t)p->heads_kv, (size_t)p->seqlen_k, &rows_k) &&
            fcl_mul_size(rows_q, (size_t)p->head_dim, &z->q) && fcl_mul_size(rows_k, (size_t)p->head_dim, &z->kv) &&
+           fcl_mul_size(rows_q, (size_t)p->head_dim_v, &z->o) && fcl_mul_size(rows_k, (size_t)p->head_dim_v, &z->v) &&
            fcl_mul_size(rows_q, (size_t)p->seqlen_k, &z->s);
   z->lse = rows_q;
-  ok = ok && fcl_add_size(z->q, z->kv, &t) && fcl_add_size(t, z->kv, &t) && fcl_add_size(t, z->s, &t) &&
-       fcl_add_size(t, z->lse, &t) && fcl_mul_size(t, sizeof(float), bytes);
+  /* The forward's buffers: Q (then O), K, V, S and the LSE scratch. */
+  ok = ok && fcl_add_size(fcl_size_max(z->q, z->o), z->kv, &t) && fcl_add_size(t, z->v, &t) &&
+       fcl_add_size(t, z->s, &t) && fcl_add_size(t, z->lse, &t) && fcl_mul_size(t, sizeof(float), bytes);
   if (!ok) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "naive workspace size overflows size_t");
   return FLASHCL_SUCCESS;
 }
@@ -43,7 +49,8 @@ flashcl_status fcl_naive_workspace(flashcl_context *ctx, const fcl_problem *p, s
 #define FCL_BLAS_MAX_ELEMENTS ((size_t)1 << 31)
 
 static flashcl_status fcl_blas_limit(flashcl_context *ctx, const fcl_naive_sizes *z) {
-  if (z->s <= FCL_BLAS_MAX_ELEMENTS && z->q <= FCL_BLAS_MAX_ELEMENTS && z->kv <= FCL_BLAS_MAX_ELEMENTS)
+  if (z->s <= FCL_BLAS_MAX_ELEMENTS && fcl_size_max(z->q, z->o) <= FCL_BLAS_MAX_ELEMENTS &&
+      fcl_size_max(z->kv, z->v) <= FCL_BLAS_MAX_ELEMENTS)
     return FLASHCL_SUCCESS;
   return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
                   "naive attention: the score matrices of this call hold %zu floats, more than the 2^31 that "
@@ -105,7 +112,7 @@ static flashcl_status fcl_pack_paged(flashcl_context *ctx, cl_kernel kern, const
   fcl_arg_int(&a, p->kv_num_pages);
   fcl_arg_mem(&a, p->kv_seqlens);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_pack_paged)");
-  return fcl_enqueue(ctx, kern, (size_t)p->head_dim, (size_t)p->seqlen_k, (size_t)p->batch * p->heads_kv, 0, nwait,
+  return fcl_enqueue(ctx, kern, (size_t)t->shape[3], (size_t)p->seqlen_k, (size_t)p->batch * p->heads_kv, 0, nwait,
                      wait, NULL, "enqueue naive_pack_paged");
 }
 
@@ -180,7 +187,7 @@ static flashcl_status fcl_dropout_apply(flashcl_context *ctx, const char *src, c
  * cannot index, before anything is built or allocated. */
 static flashcl_status fcl_naive_fits(flashcl_context *ctx, const fcl_naive_sizes *z, size_t total_bytes,
                                      int backward) {
-  const size_t largest = z->s > z->q ? z->s : z->q;
+  const size_t largest = fcl_size_max(z->s, fcl_size_max(z->q, z->o));
   if (largest * sizeof(float) > ctx->info.max_mem_alloc_size || total_bytes > ctx->info.global_mem_size) {
     if (backward)
       return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
@@ -202,13 +209,13 @@ typedef struct fcl_naive_call {
   flashcl_context *ctx;
   const fcl_problem *p;
   int wg; /* work-items per softmax / dS row */
-  char opts[256];
+  char opts[288];
   const char *src;
   cl_kernel pack, soft, unpack;
   cl_kernel extra; /* naive_pack_paged (paged forward) or naive_ds (backward) */
   int ooo;         /* CLBlast takes no wait list, so an out-of-order queue needs explicit barriers */
   cl_mem cu_q, cu_k;
-  int tq, tk, d;
+  int tq, tk, d, dv; /* d: q/k head dim, dv: v/o head dim */
   size_t g, lq, lk, groups; /* GQA group, lengths, and the GEMMs' batch of (sequence, kv-head) groups */
 } fcl_naive_call;
 
@@ -217,7 +224,7 @@ static flashcl_status fcl_naive_kernels(fcl_naive_call *c, const char *extra) {
   flashcl_context *ctx = c->ctx;
   const fcl_problem *p = c->p;
   c->wg = ctx->info.max_work_group_size >= 64 ? 64 : 1;
-  char variants[128];
+  char variants[160];
   snprintf(c->opts, sizeof c->opts,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s", (int)p->dtype,
            p->head_dim, p->causal && !p->window, p->varlen, c->wg, p->dropout,
@@ -263,6 +270,7 @@ static void fcl_naive_layout(fcl_naive_call *c, const flashcl_attention_desc *de
   c->tq = (int)q->shape[1];
   c->tk = (int)k->shape[1];
   c->d = p->head_dim;
+  c->dv = p->head_dim_v;
   c->g = (size_t)(p->heads_q / p->heads_kv);
   c->lq = (size_t)p->seqlen_q;
   c->lk = (size_t)p->seqlen_k;
@@ -274,13 +282,16 @@ static void fcl_naive_order(const fcl_naive_call *c) {
   if (c->ooo) clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, NULL);
 }
 
-/* Packs a query-side (q_side) or key-side tensor of the caller into dense fp32. */
+/* Packs a query-side (q_side) or key-side tensor of the caller into dense fp32,
+ * rows of its own head dim (q/k: head_dim, v/o/dO: head_dim_v). */
 static flashcl_status fcl_naive_pack(const fcl_naive_call *c, const flashcl_tensor *t, cl_mem dst, int q_side,
                                      cl_uint nwait, const cl_event *wait) {
   const fcl_problem *p = c->p;
   if (q_side)
-    return fcl_pack(c->ctx, c->pack, t, dst, p->heads_q, p->seqlen_q, p->batch, c->cu_q, c->tq, nwait, wait, c->d);
-  return fcl_pack(c->ctx, c->pack, t, dst, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk, nwait, wait, c->d);
+    return fcl_pack(c->ctx, c->pack, t, dst, p->heads_q, p->seqlen_q, p->batch, c->cu_q, c->tq, nwait, wait,
+                    (int)t->shape[3]);
+  return fcl_pack(c->ctx, c->pack, t, dst, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk, nwait, wait,
+                  (int)t->shape[3]);
 }
 
 /* Writes a dense fp32 query-side (q_side) or key-side result into a caller's tensor. */
@@ -289,9 +300,9 @@ static flashcl_status fcl_naive_unpack(const fcl_naive_call *c, cl_mem src, cl_m
   const fcl_problem *p = c->p;
   if (q_side)
     return fcl_unpack(c->ctx, c->unpack, src, lse_ws, t, lse, p->heads_q, p->seqlen_q, p->batch, c->cu_q, c->tq,
-                      c->d, ev);
+                      (int)t->shape[3], ev);
   return fcl_unpack(c->ctx, c->unpack, src, lse_ws, t, lse, p->heads_kv, p->seqlen_k, p->batch, c->cu_k, c->tk,
-                    c->d, ev);
+                    (int)t->shape[3], ev);
 }
 
 enum { FWD_Q, FWD_K, FWD_V, FWD_S, FWD_LSE, FWD_NBUF }; /* FWD_Q is reused for O */
@@ -319,7 +330,7 @@ static flashcl_status fcl_naive_forward_run(const fcl_naive_call *c, const fcl_n
                                             const flashcl_tensor *o, const flashcl_tensor *lse, cl_event *out_event) {
   flashcl_context *ctx = c->ctx;
   const fcl_problem *p = c->p;
-  const size_t g = c->g, lq = c->lq, lk = c->lk, d = (size_t)c->d;
+  const size_t g = c->g, lq = c->lq, lk = c->lk, d = (size_t)c->d, dv = (size_t)c->dv;
   flashcl_status st;
   if ((st = fcl_gemm(ctx, "S = QK^T", 0, 1, g * lq, lk, d, p->scale, buf[FWD_Q], d, g * lq * d, buf[FWD_K], d,
                      lk * d, buf[FWD_S], lk, g * lq * lk, c->groups)))
@@ -334,8 +345,8 @@ static flashcl_status fcl_naive_forward_run(const fcl_naive_call *c, const fcl_n
     fcl_naive_order(c);
   }
 
-  if ((st = fcl_gemm(ctx, "O = PV", 0, 0, g * lq, d, lk, 1.0f, buf[FWD_S], lk, g * lq * lk, buf[FWD_V], d, lk * d,
-                     buf[FWD_Q], d, g * lq * d, c->groups)))
+  if ((st = fcl_gemm(ctx, "O = PV", 0, 0, g * lq, dv, lk, 1.0f, buf[FWD_S], lk, g * lq * lk, buf[FWD_V], dv,
+                     lk * dv, buf[FWD_Q], dv, g * lq * dv, c->groups)))
     return st;
   fcl_naive_order(c);
 
@@ -355,7 +366,7 @@ flashcl_status fcl_naive_forward(flashcl_context *ctx, const fcl_problem *p, con
   if ((st = fcl_naive_kernels(&c, p->paged_kv ? "naive_pack_paged" : NULL))) return st;
 
   cl_mem buf[FWD_NBUF] = {NULL, NULL, NULL, NULL, NULL};
-  const size_t counts[FWD_NBUF] = {z.q, z.kv, z.kv, z.s, z.lse};
+  const size_t counts[FWD_NBUF] = {fcl_size_max(z.q, z.o), z.kv, z.v, z.s, z.lse};
   if (!(st = fcl_naive_alloc(ctx, buf, counts, FWD_NBUF, -1, "allocating the naive workspace"))) {
     fcl_naive_layout(&c, desc, q, k);
     if (!(st = fcl_naive_forward_pack(&c, q, k, v, buf, nwait, wait)))
@@ -372,9 +383,12 @@ flashcl_status fcl_naive_backward_workspace(flashcl_context *ctx, const fcl_prob
   size_t fwd, t;
   flashcl_status st = fcl_naive_sizes_of(ctx, p, &z, &fwd);
   if (st != FLASHCL_SUCCESS) return st;
-  /* Forward's Q/K/V/S/LSE, plus O, dO, dV and dP, and with softcap a copy of the
-   * scaled scores (for the tanh derivative). */
-  if (!fcl_add_size(fwd, (2 * z.q + z.kv) * sizeof(float), &t) ||
+  /* The buffers of fcl_naive_backward: Q, K, V (then dK: the larger of the two
+   * head dims), dO, O (then dQ: likewise), P, dP, dV and the LSE scratch, and
+   * with softcap a copy of the scaled scores (for the tanh derivative). Over
+   * the forward's figure that is Q, dO and K-or-V more, and dP (below). */
+  const size_t more = z.q + z.o + fcl_size_max(z.kv, z.v);
+  if (!fcl_add_size(fwd, more * sizeof(float), &t) ||
       !fcl_mul_size(z.s, (p->softcap > 0.0f ? 2 : 1) * sizeof(float), bytes) || !fcl_add_size(t, *bytes, bytes))
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "naive backward workspace size overflows size_t");
   return FLASHCL_SUCCESS;
@@ -449,14 +463,14 @@ static flashcl_status fcl_naive_ds(const fcl_naive_call *c, const fcl_naive_size
 static flashcl_status fcl_naive_backward_grads(const fcl_naive_call *c, const fcl_naive_sizes *z, const cl_mem *buf) {
   flashcl_context *ctx = c->ctx;
   const fcl_problem *p = c->p;
-  const size_t gq = c->g * c->lq, lk = c->lk, d = (size_t)c->d, groups = c->groups;
+  const size_t gq = c->g * c->lq, lk = c->lk, d = (size_t)c->d, dv = (size_t)c->dv, groups = c->groups;
   flashcl_status st;
-  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, d, gq, 1.0f, buf[p->dropout ? BWD_DP : BWD_P], lk, gq * lk,
-                     buf[BWD_DO], d, gq * d, buf[BWD_DV], d, lk * d, groups)))
+  if ((st = fcl_gemm(ctx, "dV = P^T dO", 1, 0, lk, dv, gq, 1.0f, buf[p->dropout ? BWD_DP : BWD_P], lk, gq * lk,
+                     buf[BWD_DO], dv, gq * dv, buf[BWD_DV], dv, lk * dv, groups)))
     return st;
   /* With dropout dV read dP's buffer, which dP = dO V^T now overwrites. */
   if (p->dropout) fcl_naive_order(c);
-  if ((st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, d, 1.0f, buf[BWD_DO], d, gq * d, buf[BWD_V], d, lk * d,
+  if ((st = fcl_gemm(ctx, "dP = dO V^T", 0, 1, gq, lk, dv, 1.0f, buf[BWD_DO], dv, gq * dv, buf[BWD_V], dv, lk * dv,
                      buf[BWD_DP], lk, gq * lk, groups)))
     return st;
   fcl_naive_order(c);
@@ -509,7 +523,8 @@ flashcl_status fcl_naive_backward(flashcl_context *ctx, const fcl_problem *p, co
   if ((st = fcl_naive_kernels(&c, "naive_ds"))) return st;
 
   cl_mem buf[BWD_NBUF] = {0};
-  const size_t counts[BWD_NBUF] = {z.q, z.kv, z.kv, z.q, z.q, z.s, z.s, z.kv, z.lse, z.s};
+  const size_t counts[BWD_NBUF] = {z.q, z.kv, fcl_size_max(z.kv, z.v), z.o, fcl_size_max(z.q, z.o), z.s, z.s,
+                                   z.v, z.lse, z.s};
   const int skip = p->softcap > 0.0f ? -1 : BWD_RAW; /* the raw scores only serve softcap */
   if (!(st = fcl_naive_alloc(ctx, buf, counts, BWD_NBUF, skip, "allocating the naive backward workspace"))) {
     fcl_naive_layout(&c, desc, q, k);

@@ -19,7 +19,8 @@
  * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
  * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
  * softcap, attention masks and (forward only) a paged K/V source compose. Other
- * problems run the portable kernels.
+ * problems run the portable kernels; a v head dim apart from q's
+ * (desc.head_dim_v) is refused when the tensor cores are asked for by name.
  *
  * FLASHCL_KERNEL ("portable" or "nvidia_mma") overrides desc.kernel = AUTO; a
  * desc.tuning of a family decides the family itself. The tiles are the mma_fwd
@@ -53,6 +54,19 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     fam = ctx->env_kernel;
   }
   if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
+  /* The tensor-core kernels take one head dim for q, k and v: a call that asks
+   * for them by name is refused rather than run elsewhere (flashcl.h,
+   * head_dim_v), and AUTO runs the portable kernels without the probe. */
+  if (p->head_dim_v != p->head_dim) {
+    if (desc->kernel == FLASHCL_KERNEL_NVIDIA_MMA || forced == FLASHCL_KERNEL_NVIDIA_MMA)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                      "the tensor-core kernels do not take head_dim_v %d != head_dim %d: use the portable kernels "
+                      "(desc.kernel = FLASHCL_KERNEL_AUTO or PORTABLE)",
+                      p->head_dim_v, p->head_dim);
+    fcl_log(ctx, "tensor-core kernels do not cover head_dim_v %d != head_dim %d: running the portable kernels",
+            p->head_dim_v, p->head_dim);
+    return FLASHCL_SUCCESS;
+  }
   const int explicit_mma = fam == FLASHCL_KERNEL_NVIDIA_MMA;
   if (!fcl_mma_available(ctx)) {
     if (explicit_mma)

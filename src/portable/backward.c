@@ -167,6 +167,12 @@ static void fcl_bwd_record(flashcl_context *ctx, const fcl_problem *p, fcl_bwd_r
   for (int i = 0; i < FCL_BWD_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
 }
 
+/* The head dim the portable backward's tiles are planned for: the larger of
+ * q/k's and v/o's (cl/portable/flash_bwd.cl's DM, every local tile's rows). */
+static int fcl_bwd_tile_dim(const fcl_problem *p) {
+  return p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+}
+
 static flashcl_status fcl_bwd_prepare(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                       fcl_tuned *tu, fcl_bwd_run *r) {
   r->use_mma = tu->family == FLASHCL_TUNE_MMA_BWD;
@@ -175,22 +181,23 @@ static flashcl_status fcl_bwd_prepare(flashcl_context *ctx, const fcl_problem *p
   r->acc_dq = r->splits > 0;
   r->knobs = fcl_bwd_knobs(tu, &r->rules);
   memset(&r->bq, 0, sizeof r->bq);
-  int ok = fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 0, &r->bp) &&
-           (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 1, &r->bq));
+  const int dm = fcl_bwd_tile_dim(p);
+  int ok = fcl_bwd_make_plan(ctx, r->knobs, dm, 0, &r->bp) &&
+           (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, dm, 1, &r->bq));
   if (!ok && r->knobs == tu && tu->source != FLASHCL_TUNING_SOURCE_DEFAULT) {
     if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "bwd tuning refused: its tiles for head_dim %d do not fit %zu "
-                      "bytes of local memory or map to the work-items", p->head_dim, fcl_local_budget(ctx));
+                      "bytes of local memory or map to the work-items", dm, fcl_local_budget(ctx));
     fcl_log(ctx, "bwd tuning from %s ignored (its tiles do not fit or map): the default rule runs", tu->origin);
     memset(tu->set, 0, sizeof tu->set);
     memset(tu->call, 0, sizeof tu->call);
     tu->source = FLASHCL_TUNING_SOURCE_DEFAULT;
-    ok = fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 0, &r->bp) &&
-         (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, p->head_dim, 1, &r->bq));
+    ok = fcl_bwd_make_plan(ctx, r->knobs, dm, 0, &r->bp) &&
+         (r->acc_dq || r->use_mma ? (r->bq = r->bp, 1) : fcl_bwd_make_plan(ctx, r->knobs, dm, 1, &r->bq));
   }
   if (!ok)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "backward tiles for head_dim %d do not fit in %zu bytes of local memory",
-                    p->head_dim, fcl_local_budget(ctx));
+                    dm, fcl_local_budget(ctx));
   /* On a GPU each kernel ends in a partly filled wave that the other can fill;
    * on a CPU device both would only compete for the same cores. */
   r->concurrent = fcl_tuned_get(r->knobs, FCL_BWD_CONCURRENT, ctx->info.is_gpu);
@@ -213,7 +220,7 @@ flashcl_status fcl_bwd_config(flashcl_context *ctx, const fcl_problem *p, const 
   c->block_r = r.bp.br;
   c->block_c = r.bp.bc;
   c->threads = r.bp.threads;
-  c->local_bytes = fcl_bwd_local_bytes(r.bp.br, r.bp.bc, p->head_dim, r.bp.pad);
+  c->local_bytes = fcl_bwd_local_bytes(r.bp.br, r.bp.bc, fcl_bwd_tile_dim(p), r.bp.pad);
   return FLASHCL_SUCCESS;
 }
 
@@ -328,8 +335,8 @@ static flashcl_status fcl_bwd_preprocess(const fcl_bwd_launch *L, cl_uint nwait,
   fcl_arg_int(&a, L->tq);
   fcl_arg_int(&a, L->r->splits);
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(bwd_preprocess)");
-  /* cl/portable/flash_bwd.cl bwd_preprocess: 64 work-items, HEAD_DIM / 8 per row. */
-  const size_t pre_rows = (size_t)(64 / (p->head_dim / 8));
+  /* cl/portable/flash_bwd.cl bwd_preprocess: 64 work-items, HEAD_DIM_V / 8 per row. */
+  const size_t pre_rows = (size_t)(64 / (p->head_dim_v / 8));
   size_t g_pre[3] = {((size_t)p->seqlen_q + pre_rows - 1) / pre_rows * 64, (size_t)p->heads_q, (size_t)p->batch};
   size_t l_pre[3] = {64, 1, 1};
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->pre, 3, NULL, g_pre, l_pre, nwait, nwait ? wait : NULL, pre_done);

@@ -30,7 +30,7 @@ static int fcl_fwd_shfl(flashcl_context *ctx, const fcl_plan *plan) {
  * device or head dim, the default rule plans instead (the call's own values
  * are never replaced: fcl_tuned_honoured refuses them). */
 static flashcl_status fcl_fwd_plan(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, fcl_plan *plan) {
-  flashcl_status st = fcl_make_plan(ctx, tu, p->head_dim, plan);
+  flashcl_status st = fcl_make_plan(ctx, tu, p->head_dim, p->head_dim_v, plan);
   static const int shape[] = {FCL_FWD_BR, FCL_FWD_BC, FCL_FWD_THREADS, FCL_FWD_S_TM, FCL_FWD_S_TN, FCL_FWD_O_TM,
                               FCL_FWD_O_TD};
   int from_file = 0, from_call = 0;
@@ -42,7 +42,7 @@ static flashcl_status fcl_fwd_plan(flashcl_context *ctx, const fcl_problem *p, f
   fcl_tuned rule = *tu;
   for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) rule.set[shape[i]] = 0;
   fcl_clear_error(ctx);
-  st = fcl_make_plan(ctx, &rule, p->head_dim, plan);
+  st = fcl_make_plan(ctx, &rule, p->head_dim, p->head_dim_v, plan);
   if (st == FLASHCL_SUCCESS) *tu = rule;
   return st;
 }
@@ -88,7 +88,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   if (st != FLASHCL_SUCCESS) return st;
   const int aligned = fcl_vec_aligned(q) && fcl_vec_aligned(k) && fcl_vec_aligned(v) && fcl_vec_aligned(o);
   const char *extra = ctx->build_options;
-  char opts[768], variants[128];
+  char opts[800], variants[160];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   if (cpu) { /* the CPU rule of fwd_plan.c: one work-item per work-group */

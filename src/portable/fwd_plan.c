@@ -64,6 +64,11 @@
  * (BENCHMARKS.md). local_bytes = 2 * Bc * d * 4 and threads = 1. This gives 64x64
  * at d = 64, 64x32 at d = 128 and 64x16 at d = 256. Explicit block sizes are used
  * as given.
+ *
+ * A v head dim apart from q's (desc.head_dim_v): the GPU rule's d is the larger
+ * of the two, the row length of every Q/K/V tile (flash_fwd.cl's DM), the S
+ * grid's work counts q/k's head dim and the O += P V grid spans v's; the CPU
+ * rule's 2 * d (its K^T and V tiles, its Q and O rows) is d_qk + d_v.
  */
 #include "core/internal.h"
 #include "core/tuning.h"
@@ -111,25 +116,26 @@ static void fcl_fwd_tuning_from(const fcl_tuned *tu, fcl_fwd_tuning *t) {
   t->shfl = fcl_tuned_get(tu, FCL_FWD_SHFL, 0);
 }
 
-static int fcl_shape_valid(int br, int bc, int d, const fcl_fwd_shape *s) {
+/* dv: the head dim of V and O, which the O += P V grid spans. */
+static int fcl_shape_valid(int br, int bc, int dv, const fcl_fwd_shape *s) {
   if (s->threads <= 0 || s->s_tm <= 0 || s->s_tn <= 0 || s->o_tm <= 0 || s->o_td <= 0) return 0;
-  if (br % s->s_tm || bc % s->s_tn || br % s->o_tm || s->o_td % 4 || d % s->o_td) return 0;
-  return (br / s->s_tm) * (bc / s->s_tn) == s->threads && (br / s->o_tm) * (d / s->o_td) <= s->threads;
+  if (br % s->s_tm || bc % s->s_tn || br % s->o_tm || s->o_td % 4 || dv % s->o_td) return 0;
+  return (br / s->s_tm) * (bc / s->s_tn) == s->threads && (br / s->o_tm) * (dv / s->o_td) <= s->threads;
 }
 
 /* Issue cost of one tile, in warp instructions (32-wide), counting a float4
  * local load as FCL_LOAD_COST multiply-adds. */
 #define FCL_LOAD_COST 2
-static long fcl_shape_cost(int br, int bc, int d, const fcl_fwd_shape *s) {
+static long fcl_shape_cost(int br, int bc, int d, int dv, const fcl_fwd_shape *s) {
   const long s_warps = (s->threads + 31) / 32;
-  const long o_warps = ((br / s->o_tm) * (d / s->o_td) + 31) / 32;
+  const long o_warps = ((br / s->o_tm) * (dv / s->o_td) + 31) / 32;
   const long s_work = (long)s->s_tm * s->s_tn * d + FCL_LOAD_COST * (long)(d / 4) * (s->s_tm + s->s_tn);
   const long o_work = (long)s->o_tm * s->o_td * bc + FCL_LOAD_COST * ((long)(bc / 4) * s->o_tm + (long)bc * (s->o_td / 4));
   return s_warps * s_work + o_warps * o_work;
 }
 
-static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, const fcl_fwd_tuning *tune,
-                                fcl_fwd_shape *out);
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, int dv, size_t max_wg, int want,
+                                const fcl_fwd_tuning *tune, fcl_fwd_shape *out);
 
 /* Lower cost wins; on a tie more work-items, then (with `tall`) the taller S
  * micro-tile, then the S micro-tile with the smaller perimeter. */
@@ -142,11 +148,12 @@ static int fcl_shape_better(const fcl_fwd_shape *c, long cost, const fcl_fwd_sha
 
 /* The mapping for a tile; returns 0 if none. The tuning's mapping fields that
  * are set (tune->want) restrict the search. */
-static int fcl_fwd_shape_pick(int br, int bc, int d, size_t max_wg, const fcl_fwd_tuning *tune, fcl_fwd_shape *out) {
-  if (tune->want.threads) return fcl_fwd_shape_pick_t(br, bc, d, max_wg, tune->want.threads, tune, out);
+static int fcl_fwd_shape_pick(int br, int bc, int d, int dv, size_t max_wg, const fcl_fwd_tuning *tune,
+                              fcl_fwd_shape *out) {
+  if (tune->want.threads) return fcl_fwd_shape_pick_t(br, bc, d, dv, max_wg, tune->want.threads, tune, out);
   int found = 0;
   for (size_t pi = 0; pi <= sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0] && !found; pi++)
-    found = fcl_fwd_shape_pick_t(br, bc, d, max_wg,
+    found = fcl_fwd_shape_pick_t(br, bc, d, dv, max_wg,
                                  pi < sizeof FCL_PREFERRED_THREADS / sizeof FCL_PREFERRED_THREADS[0]
                                      ? FCL_PREFERRED_THREADS[pi]
                                      : 0,
@@ -161,8 +168,8 @@ static int fcl_shape_wanted(const fcl_fwd_shape *w, const fcl_fwd_shape *c) {
 }
 
 /* The cheapest mapping with exactly `want` work-items (any count if want == 0). */
-static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, const fcl_fwd_tuning *tune,
-                                fcl_fwd_shape *out) {
+static int fcl_fwd_shape_pick_t(int br, int bc, int d, int dv, size_t max_wg, int want,
+                                const fcl_fwd_tuning *tune, fcl_fwd_shape *out) {
   int found = 0;
   long best_cost = 0;
   for (int sa = 1; sa <= 8; sa++) /* S_TM */
@@ -173,9 +180,9 @@ static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, 
       for (int oa = 1; oa <= 8; oa++) /* O_TM */
         for (int ob = 4; ob <= FCL_MAX_O / oa; ob += 4) { /* O_TD */
           fcl_fwd_shape c = {t, sa, sb, oa, ob};
-          if (!fcl_shape_valid(br, bc, d, &c) || !fcl_shape_wanted(&tune->want, &c)) continue;
+          if (!fcl_shape_valid(br, bc, dv, &c) || !fcl_shape_wanted(&tune->want, &c)) continue;
           /* Work-items idle in the O phase only when nothing else fits. */
-          const long cost = fcl_shape_cost(br, bc, d, &c) * ((br / oa) * (d / ob) == t ? 1 : 4);
+          const long cost = fcl_shape_cost(br, bc, d, dv, &c) * ((br / oa) * (dv / ob) == t ? 1 : 4);
           if (!found || fcl_shape_better(&c, cost, out, best_cost, tune->tall)) {
             *out = c;
             best_cost = cost;
@@ -186,6 +193,7 @@ static int fcl_fwd_shape_pick_t(int br, int bc, int d, size_t max_wg, int want, 
   return found;
 }
 
+/* d: the Q/K/V tiles' row length, the larger head dim (flash_fwd.cl's DM). */
 static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct, int pad) {
   const size_t pd = (size_t)d + 4 * pad, pc = (size_t)bc + 4 * pad; /* PAD_ROWS: one float4 per row */
   return 4u * ((size_t)br * pd + (size_t)bc * pd + (size_t)br * pc + (((size_t)br * s_ct + 3) & ~(size_t)3) + br);
@@ -193,11 +201,12 @@ static size_t fcl_plan_local_bytes(int d, int br, int bc, int s_ct, int pad) {
 
 /* Fills the mapping fields; returns 0 when no mapping fits (local_bytes is then
  * computed with one key column per work-item, a lower bound). */
-static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, const fcl_fwd_tuning *tune) {
+static int fcl_plan_threads(int d, int dv, fcl_plan *p, size_t max_wg, const fcl_fwd_tuning *tune) {
   fcl_fwd_shape s;
-  if (!fcl_fwd_shape_pick(p->br, p->bc, d, max_wg, tune, &s)) {
+  const int dm = d > dv ? d : dv;
+  if (!fcl_fwd_shape_pick(p->br, p->bc, d, dv, max_wg, tune, &s)) {
     p->threads = 0;
-    p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, 1, tune->pad);
+    p->local_bytes = fcl_plan_local_bytes(dm, p->br, p->bc, 1, tune->pad);
     return 0;
   }
   p->tm = s.s_tm;
@@ -207,7 +216,7 @@ static int fcl_plan_threads(int d, fcl_plan *p, size_t max_wg, const fcl_fwd_tun
   p->threads = s.threads;
   p->shape = s;
   p->tune = *tune;
-  p->local_bytes = fcl_plan_local_bytes(d, p->br, p->bc, p->ct, tune->pad);
+  p->local_bytes = fcl_plan_local_bytes(dm, p->br, p->bc, p->ct, tune->pad);
   return 1;
 }
 
@@ -226,20 +235,23 @@ int fcl_fwd_cpu_map(const flashcl_context *ctx, const fcl_tuned *tu) {
 }
 
 /* The CPU rule (see the top of this file). */
-static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r, int block_c, fcl_plan *plan) {
+static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int dv, int block_r, int block_c,
+                                        fcl_plan *plan) {
   const size_t M = ctx->info.local_mem_size, s = 4;
   const size_t budget = M < FCL_CPU_TILE_BYTES ? M : FCL_CPU_TILE_BYTES;
   fcl_plan p = {0};
-  p.bc = block_c ? block_c : fcl_round_tile(budget / (FCL_TILES * (size_t)d * s));
+  /* The K^T tile has d columns and the V tile dv: FCL_TILES * d when they agree. */
+  const size_t kv = (size_t)d + (size_t)dv;
+  p.bc = block_c ? block_c : fcl_round_tile(budget / (kv * s));
   p.br = block_r ? block_r : FCL_CPU_ROWS;
   p.rt = p.ct = p.tm = p.tn = 1;
   p.threads = 1;
-  p.local_bytes = FCL_TILES * (size_t)p.bc * d * s;
+  p.local_bytes = (size_t)p.bc * kv * s;
   if (p.local_bytes > M)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Bc=%d at head_dim %d needs %zu bytes of local memory; the device has %zu", p.bc, d,
                     p.local_bytes, M);
-  const size_t priv = s * ((size_t)2 * p.br * d + (size_t)p.br * p.bc);
+  const size_t priv = s * ((size_t)p.br * kv + (size_t)p.br * p.bc); /* Q, O and S */
   if (priv > FCL_CPU_PRIVATE_CAP)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                     "Br=%d, Bc=%d at head_dim %d need %zu bytes of private memory per work-item on this (CPU) device; "
@@ -254,17 +266,18 @@ static flashcl_status fcl_make_plan_cpu(flashcl_context *ctx, int d, int block_r
  * Bc = Br / 2, Bc stepping down (not below 32) until the tiles fit the budget
  * and map, then Br stepping down (while above M's Br) the same way. *p is
  * replaced only by such a plan (then 1 is returned). */
-static int fcl_plan_wide(int d, size_t budget, size_t max_wg, const fcl_fwd_tuning *tune, fcl_plan *p) {
+static int fcl_plan_wide(int d, int dv, size_t budget, size_t max_wg, const fcl_fwd_tuning *tune, fcl_plan *p) {
   /* A mapping needs br * bc <= FCL_MAX_S * T and br * d <= FCL_MAX_O * T: tiles
    * past that are skipped before the (costly) search of fcl_plan_threads. */
   const long tmax = (long)(max_wg < FCL_MAX_THREADS ? max_wg : FCL_MAX_THREADS);
   fcl_plan w = {0};
-  for (w.br = fcl_round_tile((size_t)d); w.br > p->br && w.br >= 16; w.br = fcl_round_tile((size_t)w.br - 1))
+  const int dm = d > dv ? d : dv;
+  for (w.br = fcl_round_tile((size_t)dm); w.br > p->br && w.br >= 16; w.br = fcl_round_tile((size_t)w.br - 1))
     for (w.bc = fcl_round_tile((size_t)w.br / 2); w.bc >= 32; w.bc = fcl_round_tile((size_t)w.bc - 1)) {
-      if ((long)w.br * w.bc > FCL_MAX_S * tmax || (long)w.br * d > FCL_MAX_O * tmax ||
-          fcl_plan_local_bytes(d, w.br, w.bc, 1, tune->pad) > budget)
+      if ((long)w.br * w.bc > FCL_MAX_S * tmax || (long)w.br * dv > FCL_MAX_O * tmax ||
+          fcl_plan_local_bytes(dm, w.br, w.bc, 1, tune->pad) > budget)
         continue;
-      if (fcl_plan_threads(d, &w, max_wg, tune) && w.local_bytes <= budget) {
+      if (fcl_plan_threads(d, dv, &w, max_wg, tune) && w.local_bytes <= budget) {
         *p = w;
         return 1;
       }
@@ -272,18 +285,20 @@ static int fcl_plan_wide(int d, size_t budget, size_t max_wg, const fcl_fwd_tuni
   return 0;
 }
 
-flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, fcl_plan *plan) {
+flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, int dv, fcl_plan *plan) {
   const int block_r = fcl_tuned_get(tu, FCL_FWD_BR, 0), block_c = fcl_tuned_get(tu, FCL_FWD_BC, 0);
-  if (d % 8 != 0 || d < 8 || d > 256)
+  const int dm = d > dv ? d : dv; /* the tiles' row length */
+  if (d % 8 != 0 || d < 8 || d > 256 || dv % 8 != 0 || dv < 8 || dv > 256)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %d is not supported: it must be a multiple of 8 in [8, 256]", d);
+                    "head_dim %d is not supported: it must be a multiple of 8 in [8, 256]",
+                    d % 8 != 0 || d < 8 || d > 256 ? d : dv);
   if (block_r < 0 || block_c < 0 || block_r % 8 || block_c % 8)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "block sizes must be 0 or multiples of 8 (got %d, %d)",
                     block_r, block_c);
   const size_t M = ctx->info.local_mem_size;
   const size_t max_wg = ctx->info.max_work_group_size;
   const size_t s = 4;
-  if (fcl_fwd_cpu_map(ctx, tu)) return fcl_make_plan_cpu(ctx, d, block_r, block_c, plan);
+  if (fcl_fwd_cpu_map(ctx, tu)) return fcl_make_plan_cpu(ctx, d, dv, block_r, block_c, plan);
   /* Explicit tiles may use all the local memory a work-group can have; the
    * automatic rule starts from the reported M (see the top of this file). */
   const size_t budget = fcl_local_budget(ctx);
@@ -294,9 +309,9 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, f
                               fcl_tuned_get(tu, FCL_FWD_O_TD, 0)};
   size_t fit = block_r || block_c ? budget : M;
   fcl_plan p = {0};
-  p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)d * s));
-  p.br = block_r ? block_r : fcl_round_tile(p.bc < d ? (size_t)p.bc : (size_t)d);
-  int mapped = fcl_plan_threads(d, &p, max_wg, &tune);
+  p.bc = block_c ? block_c : fcl_round_tile(M / (FCL_TILES * (size_t)dm * s));
+  p.br = block_r ? block_r : fcl_round_tile(p.bc < dm ? (size_t)p.bc : (size_t)dm);
+  int mapped = fcl_plan_threads(d, dv, &p, max_wg, &tune);
   while (p.local_bytes > fit || !mapped) {
     int *shrink = NULL;
     if (!block_r && !block_c) shrink = p.bc > 8 ? &p.bc : &p.br;
@@ -304,14 +319,14 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, f
     else if (!block_c) shrink = &p.bc;
     if (!shrink || *shrink <= 8) break;
     *shrink = fcl_round_tile((size_t)*shrink - 1);
-    mapped = fcl_plan_threads(d, &p, max_wg, &tune);
+    mapped = fcl_plan_threads(d, dv, &p, max_wg, &tune);
   }
-  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && 2 * p.br < d &&
-      fcl_plan_wide(d, budget, max_wg, &tune, &p))
+  if (!block_r && !block_c && budget > M && mapped && p.local_bytes <= M && 2 * p.br < dm &&
+      fcl_plan_wide(d, dv, budget, max_wg, &tune, &p))
     fit = budget;
   if (p.local_bytes > fit)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "Br=%d, Bc=%d at head_dim %d need %zu bytes of local memory; the device has %zu", p.br, p.bc, d,
+                    "Br=%d, Bc=%d at head_dim %d need %zu bytes of local memory; the device has %zu", p.br, p.bc, dm,
                     p.local_bytes, fit);
   if (!mapped)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
@@ -320,7 +335,7 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, f
   /* The second K/V tile never shapes the tiles (so the tuned plans stay as
    * measured): where it does not fit what a work-group may use, the kernel
    * shares one. */
-  const size_t kv_bytes = 4u * (size_t)p.bc * ((size_t)d + 4 * (size_t)p.tune.pad);
+  const size_t kv_bytes = 4u * (size_t)p.bc * ((size_t)dm + 4 * (size_t)p.tune.pad);
   if (p.tune.sep_kv && p.local_bytes + kv_bytes <= fcl_local_limit(ctx)) p.local_bytes += kv_bytes;
   else p.tune.sep_kv = 0;
   *plan = p;
@@ -342,7 +357,7 @@ static flashcl_status fcl_attention_block_plan_locked(flashcl_context *ctx, int 
   const fcl_tune_key key = {head_dim, dtype, 0, -1, 0};
   fcl_tuning_resolve(ctx, FLASHCL_TUNE_FWD, NULL, &key, &tu);
   flashcl_status st = fcl_tuned_blocks(ctx, &tu, block_r, block_c);
-  if (st != FLASHCL_SUCCESS || (st = fcl_make_plan(ctx, &tu, head_dim, &p)) != FLASHCL_SUCCESS) return st;
+  if (st != FLASHCL_SUCCESS || (st = fcl_make_plan(ctx, &tu, head_dim, head_dim, &p)) != FLASHCL_SUCCESS) return st;
   out->block_r = p.br;
   out->block_c = p.bc;
   out->threads = p.threads;

@@ -36,8 +36,10 @@ typedef struct fcl_plan {
   fcl_fwd_tuning tune;  /* GPU variant: the device's tuning choices */
 } fcl_plan;
 
-/* The portable forward's plan under a resolved fwd tuning (br / bc included). */
-flashcl_status fcl_make_plan(flashcl_context *ctx, const struct fcl_tuned *tu, int head_dim, fcl_plan *plan);
+/* The portable forward's plan under a resolved fwd tuning (br / bc included),
+ * for q/k head dim head_dim and v/o head dim head_dim_v. */
+flashcl_status fcl_make_plan(flashcl_context *ctx, const struct fcl_tuned *tu, int head_dim, int head_dim_v,
+                             fcl_plan *plan);
 /* 1 when the portable forward runs its CPU variant (src/portable/fwd_plan.c). */
 int fcl_fwd_cpu_map(const flashcl_context *ctx, const struct fcl_tuned *tu);
 
