@@ -114,8 +114,8 @@ static const qcase QCASES[] = {
      "decode kpt=4"},
     {"quant_e4m3_token_contig_f32_prefetch0", FLASHCL_F32, E4, I8, TOK, TOK, 2, 1, 4, 1, 64, {90, 41}, 0, 2,
      "decode prefetch=0 kpt=1"},
-    /* Caches 3 elements into their buffers: rows not 8-byte aligned, so the
-     * kernel's unaligned loads (vload8) instead of 8-byte vector loads. */
+    /* Caches 3 elements into their buffers: rows not 8-byte aligned (the
+     * kernel loads codes with vload8, which must not assume alignment). */
     {"quant_i8_e4m3_token_paged16_f16_offset3", FLASHCL_F16, I8, E4, TOK, TOK, 2, 1, 8, 2, 64, {47, 19}, 16, 2, NULL,
      3},
 };

@@ -81,8 +81,7 @@
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
  *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
- *   are multiples of 8 elements, so the 8-element vector loads are aligned: 16
- *   bytes of a 16-bit cache, 8 of a quantized one), SPLIT, PAGED,
+ *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
  *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
  *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
@@ -232,15 +231,10 @@ inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
 
 /* A cache's rows as loaded (k*_t) and their element type: the plain raw8_t, or
  * 8 codes of a quantized format. *_CVT8 gives fp32 before the scale. */
-#if VEC_ALIGNED
-#define QUANT_LOAD8(p, i) as_uchar8(*(__global const uint2 *)((p) + (i)))
-#else
-#define QUANT_LOAD8(p, i) vload8(0, (p) + (i))
-#endif
 #if K_QUANT
 typedef uchar kstore_t;
 typedef uchar8 kraw8_t;
-#define K_LOAD8(p, i) QUANT_LOAD8(p, i)
+#define K_LOAD8(p, i) vload8(0, (p) + (i))
 #define K_ZERO8 ((uchar8)(0))
 #define K_CVT8(x) kvq_decode8((x), K_DTYPE)
 #else
@@ -253,7 +247,7 @@ typedef raw8_t kraw8_t;
 #if V_QUANT
 typedef uchar vstore_t;
 typedef uchar8 vraw8_t;
-#define V_LOAD8(p, i) QUANT_LOAD8(p, i)
+#define V_LOAD8(p, i) vload8(0, (p) + (i))
 #define V_ZERO8 ((uchar8)(0))
 #define V_CVT8(x) kvq_decode8((x), V_DTYPE)
 #else
@@ -462,10 +456,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     /* Partial dots of this work-item's 8 elements. */
     __local float *P = Sh + buf * (TPK * PSTR) + x * PSTR;
     for (int u = 0; u < KPT; u++) {
-      /* A quantized row's scale multiplies each of its ROWS dots, not its 8 codes. */
-      const float8 kf = K_CVT8(kr[u]);
-      const float ks = K_QUANT ? (K_ROWSCALE ? ksc[u] : k_uni) : 1.0f;
-      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf) * ks;
+      float8 kf = K_CVT8(kr[u]);
+      if (K_QUANT) kf *= K_ROWSCALE ? ksc[u] : k_uni;
+      for (int r = 0; r < ROWS; r++) P[(u * KG + kg) * ROWS + r] = dot8(qr[r], kf);
     }
 #if !ASYNC_STAGES && PREFETCH >= 1
     LOAD_K(kr, ksc, k0 + TILE, pgn)
@@ -520,13 +513,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     for (int u = 0; u < KPT; u++) vr[u] = SLOT_ROW(so + SLOT_BYTES / 8, u);
 #endif
     for (int u = 0; u < KPT; u++) {
-      /* Likewise the V scale goes into each row's weight. */
-      const float8 vf = V_CVT8(vr[u]);
-      const float vs = V_QUANT ? (V_ROWSCALE ? vsc[u] : v_uni) : 1.0f;
+      float8 vf = V_CVT8(vr[u]);
+      if (V_QUANT) vf *= V_ROWSCALE ? vsc[u] : v_uni;
       for (int r = 0; r < ROWS; r++) {
         const float p = exp2(S[(u * KG + kg) * ROWS + r] - pivot[r]);
         l[r] += p;
-        acc[r] = mad((float8)(p * vs), vf, acc[r]);
+        acc[r] = mad((float8)(p), vf, acc[r]);
       }
     }
 #if ASYNC_STAGES

@@ -111,14 +111,12 @@ size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages) {
   return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
 
-/* The kernel's vector loads are aligned for every key row: 16 bytes (8
- * 16-bit elements; fp32 rows load with vload8 either way), 8 for the 8 codes
- * of a quantized cache. */
+/* 16-byte vector loads of 8 elements are aligned for every key row. */
 static int fcl_dec_vec_aligned(const flashcl_tensor *t) {
-  const size_t es = flashcl_dtype_size(t->dtype), vec = es == 1 ? 8 : 16;
-  if (t->offset % vec) return 0;
+  const size_t es = flashcl_dtype_size(t->dtype);
+  if (t->offset % 16) return 0;
   for (int i = 0; i < 3; i++)
-    if (((size_t)t->stride[i] * es) % vec) return 0;
+    if (((size_t)t->stride[i] * es) % 16) return 0;
   return 1;
 }
 
@@ -200,10 +198,9 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
-  /* A quantized side's 8 codes are one 8-byte load where aligned (vload8
-   * otherwise, which some compilers split into byte loads). */
+  /* A quantized side loads 8 bytes with vload8, which needs no alignment. */
   const int quant = p->kv.k_quant || p->kv.v_quant;
-  p->vec_aligned = fcl_dec_vec_aligned(kc) && fcl_dec_vec_aligned(vc);
+  p->vec_aligned = (p->kv.k_quant || fcl_dec_vec_aligned(kc)) && (p->kv.v_quant || fcl_dec_vec_aligned(vc));
   flashcl_status st = fcl_decode_nvidia(ctx, desc, &nvidia);
   if (st != FLASHCL_SUCCESS) return st;
   /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches, unaligned
