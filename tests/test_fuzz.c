@@ -806,7 +806,7 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
   flashcl_attention_desc *d = &a->desc;
   float f;
   int v;
-  const int kind = rbelow(&c->r, 18);
+  const int kind = rbelow(&c->r, 19);
   c->mutated = 1;
   if (!claim(c, "desc%d", kind == 5 ? 4 : kind)) return;
   switch (kind) {
@@ -1048,6 +1048,14 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
         if (c->entry && strcmp(c->entry, "flashcl_attention_backward") == 0) c->must_fail = 1;
         else c->garbage_dev = 1;
       }
+      break;
+    }
+    case 17: { /* head_dim_v: 0 and v's head dim are the valid values */
+      static const int hv[] = {-1, INT_MIN, 7, 16, 64, 1000, 0, 32};
+      v = hv[rbelow(&c->r, 8)];
+      clog_(c, "desc.head_dim_v = %d", v);
+      d->head_dim_v = v;
+      if (v != 0 && v != a->D) c->must_fail = 1;
       break;
     }
     default:
