@@ -126,8 +126,10 @@ static int json_value(json_in *in) {
 static int json_valid(const char *text, const char **where) {
   json_in in = {text, 0};
   int bad = json_value(&in);
-  json_ws(&in);
-  if (*in.p) bad = -1;
+  if (!bad) { /* a failed parse may have stepped past the terminator: read no further */
+    json_ws(&in);
+    if (*in.p) bad = -1;
+  }
   *where = in.p;
   return bad;
 }
@@ -302,6 +304,8 @@ static void test_tune_json(void **state) {
   FCT_CHECK(json_valid(out, &where) == 0, "invalid JSON at offset %d:\n%s", (int)(where - out), out);
   FCT_CHECK(count(out, "\"status\":\"ok\"") == 1 && strstr(out, "\"entry\":\"fwd d=32"), "no tuned problem:\n%s",
             out);
+  free(out);
+  free(err);
   const char *both[] = {"--csv", "--json", NULL};
   FCT_CHECK(run_exe(FLASHCL_TUNE_EXE, both, &out, &err) == 1, "flashcl-tune --csv --json accepted");
   free(out);
