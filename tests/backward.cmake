@@ -45,7 +45,7 @@ flashcl_add_test_variant(test_backward_split test_backward
 # desc.head_dim_v (v and o with their own head dim): forward and backward,
 # flash and naive, against the double reference; error paths and queries.
 add_executable(test_head_dim_v ${CMAKE_CURRENT_LIST_DIR}/test_head_dim_v.c)
-target_link_libraries(test_head_dim_v PRIVATE flashcl_test_bwd)
+target_link_libraries(test_head_dim_v PRIVATE flashcl_test_masks)
 if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
   target_compile_options(test_head_dim_v PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
 endif()

@@ -63,7 +63,8 @@ int ref_masks_forward(const ref_attention_params *p, const ref_masks *m, const r
                       const ref_tensor *q, const ref_tensor *k, const ref_tensor *v, const ref_out *o,
                       const ref_out *lse) {
   if (ref_attention_check(p, q, k, v) != 0 || !o) return -1;
-  const int64_t d = q->shape[REF_D], hqn = q->shape[REF_H], nseg = ref_attention_num_segments(p, q);
+  /* O has v's head dim (d_v may differ from q/k's, MLA-style). */
+  const int64_t dv = v->shape[REF_D], hqn = q->shape[REF_H], nseg = ref_attention_num_segments(p, q);
   const int64_t mk = max_nk(p, q, k);
   double *probs = (double *)malloc((size_t)mk * sizeof(double)), *tanhs = (double *)malloc((size_t)mk * sizeof(double));
   if (!probs || !tanhs) {
@@ -77,7 +78,7 @@ int ref_masks_forward(const ref_attention_params *p, const ref_masks *m, const r
       const int64_t hk = ref_attention_kv_head(q, k, hq);
       for (int64_t i = 0; i < seg.nq; i++) {
         double l = row_probs(p, m, q, k, &seg, hq, i, probs, tanhs);
-        for (int64_t x = 0; x < d; x++) {
+        for (int64_t x = 0; x < dv; x++) {
           double acc = 0.0;
           for (int64_t j = 0; j < seg.nk; j++)
             if (probs[j] != 0.0)
@@ -98,11 +99,12 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
                        const ref_tensor *q, const ref_tensor *k, const ref_tensor *v, const ref_tensor *o,
                        const ref_tensor *d_o, const ref_out *dq, const ref_out *dk, const ref_out *dv) {
   if (ref_attention_check(p, q, k, v) != 0 || !d_o || !dq || !dk || !dv) return -1;
-  const int64_t d = q->shape[REF_D], hqn = q->shape[REF_H], hkn = k->shape[REF_H];
+  /* dq, dk over q/k's head dim d; o, d_o and dv over v's, dvd. */
+  const int64_t d = q->shape[REF_D], dvd = v->shape[REF_D], hqn = q->shape[REF_H], hkn = k->shape[REF_H];
   const int64_t nseg = ref_attention_num_segments(p, q), mk = max_nk(p, q, k);
   const double scale = ref_attention_scale(p, q);
   double *probs = (double *)malloc((size_t)mk * sizeof(double)), *tanhs = (double *)malloc((size_t)mk * sizeof(double));
-  double *orow = (double *)malloc((size_t)d * sizeof(double));
+  double *orow = (double *)malloc((size_t)dvd * sizeof(double));
   if (!probs || !tanhs || !orow) {
     free(probs);
     free(tanhs);
@@ -117,7 +119,10 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
   for (int64_t b = 0; b < k->shape[REF_B]; b++)
     for (int64_t n = 0; n < k->shape[REF_N]; n++)
       for (int64_t h = 0; h < hkn; h++)
-        for (int64_t x = 0; x < d; x++) *ref_at(dk, b, n, h, x) = *ref_at(dv, b, n, h, x) = 0.0;
+        for (int64_t x = 0; x < (d > dvd ? d : dvd); x++) {
+          if (x < d) *ref_at(dk, b, n, h, x) = 0.0;
+          if (x < dvd) *ref_at(dv, b, n, h, x) = 0.0;
+        }
   if (m && m->dsinks)
     for (int64_t h = 0; h < hqn; h++) m->dsinks[h] = 0.0;
 
@@ -129,7 +134,7 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
         const int64_t qi = seg.q_row0 + i;
         double l = row_probs(p, m, q, k, &seg, hq, i, probs, tanhs), dsum = 0.0;
         if (l == -INFINITY) continue;
-        for (int64_t x = 0; x < d; x++) {
+        for (int64_t x = 0; x < dvd; x++) {
           if (o) {
             orow[x] = ref_get(o, seg.q_batch, qi, hq, x);
           } else {
@@ -147,11 +152,13 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
           const int64_t kj = seg.k_row0 + j;
           const double f = ref_dropout_factor(dr, s * hqn + hq, i, j);
           double dp = 0.0;
-          for (int64_t x = 0; x < d; x++) dp += ref_get(d_o, seg.q_batch, qi, hq, x) * ref_get(v, seg.k_batch, kj, hk, x);
+          for (int64_t x = 0; x < dvd; x++)
+            dp += ref_get(d_o, seg.q_batch, qi, hq, x) * ref_get(v, seg.k_batch, kj, hk, x);
           double ds = probs[j] * (dp * f - dsum);
           if (m && m->softcap > 0.0) ds *= 1.0 - tanhs[j] * tanhs[j];
-          for (int64_t x = 0; x < d; x++) {
+          for (int64_t x = 0; x < dvd; x++)
             *ref_at(dv, seg.k_batch, kj, hk, x) += probs[j] * f * ref_get(d_o, seg.q_batch, qi, hq, x);
+          for (int64_t x = 0; x < d; x++) {
             *ref_at(dq, seg.q_batch, qi, hq, x) += scale * ds * ref_get(k, seg.k_batch, kj, hk, x);
             *ref_at(dk, seg.k_batch, kj, hk, x) += scale * ds * ref_get(q, seg.q_batch, qi, hq, x);
           }

@@ -37,13 +37,13 @@ typedef struct ref_masks {
   double *dsinks;                /* backward: d/dsinks per query head (NULL: not wanted) */
 } ref_masks;
 
-/* O (q's shape) and LSE ((Bq, Nq, Hq, 1), may be NULL). m and dr may be NULL.
+/* O (q's shape with v's head dim) and LSE ((Bq, Nq, Hq, 1), may be NULL). m and dr may be NULL.
  * 0, or -1 on bad input. */
 int ref_masks_forward(const ref_attention_params *p, const ref_masks *m, const ref_dropout *dr,
                       const ref_tensor *q, const ref_tensor *k, const ref_tensor *v, const ref_out *o,
                       const ref_out *lse);
 
-/* dq (q's shape), dk and dv (k's shape), fully overwritten. o: the forward output
+/* dq (q's shape), dk (k's shape) and dv (v's shape), fully overwritten. o: the forward output
  * used for D (NULL recomputes it in double). 0, or -1 on bad input. */
 int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const ref_dropout *dr,
                        const ref_tensor *q, const ref_tensor *k, const ref_tensor *v, const ref_tensor *o,

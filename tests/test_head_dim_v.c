@@ -12,7 +12,8 @@
  * each view must be written and nothing past it.
  *
  * Cases: (d_qk, d_v) = (64, 32), (32, 64), (192, 128), (128, 192); causal and
- * not, GQA 2:1, f32 / f16 / bf16, dropout, the flash kernels (CPU variant, the GPU
+ * not, GQA 2:1, f32 / f16 / bf16, dropout, the score variants (a window,
+ * softcap, ALiBi, sinks and their gradient, against reference_masks.c), the flash kernels (CPU variant, the GPU
  * mapping through fwd map=0, the backward's split/warp-tiled/read-ahead build
  * and its atomic dQ) and the naive path, and a varlen batch. Then the error
  * paths: a head_dim_v that v or o does not have, head_dim_v = 0 with v's head
@@ -31,6 +32,7 @@
 
 #include "common.h"
 #include "reference_bwd.h"
+#include "reference_masks.h"
 
 #define NOISE_ULPS 4.0
 #define U32 5.9604644775390625e-8 /* 2^-24 */
@@ -46,6 +48,7 @@ typedef struct hdv_case {
   int atomic_dq;        /* desc.deterministic = 0 */
   int varlen;           /* three packed sequences instead of the batch */
   float dropout;        /* desc.dropout_p (seed and offset fixed) */
+  int variants;         /* 1: window (8, 2), softcap 20, ALiBi, sinks and their gradient */
 } hdv_case;
 
 /* Device tensors and the reference of one case. */
@@ -59,6 +62,10 @@ typedef struct hdv_run {
   int max_q, max_k;
   ref_attention_params rp;
   ref_dropout dr;
+  float slopes[8], sinks[8];
+  double dsinks_ref[8];
+  cl_mem slopes_mem, sinks_mem, dsinks_mem;
+  ref_masks rm;
 } hdv_run;
 
 static const int VARLEN_Q[3] = {5, 17, 9}, VARLEN_K[3] = {12, 17, 3};
@@ -110,6 +117,26 @@ static double *ref_alloc(int64_t B, int64_t N, int64_t H, int64_t D) {
   return p;
 }
 
+/* The score variants of a variants case: slopes and sink logits drawn per
+ * query head, the reference's masks, and the dsinks output poisoned. */
+static void hdv_variants(hdv_run *r, fct_rng *rng) {
+  const int hq = r->c->hq;
+  const float nan = NAN;
+  FCT_CHECK(hq <= 8, "at most 8 query heads");
+  for (int h = 0; h < hq; h++) {
+    r->slopes[h] = (float)(0.05 + 0.3 * fct_rng_uniform(rng));
+    r->sinks[h] = (float)(2.0 * fct_rng_uniform(rng) - 0.5);
+  }
+  r->slopes_mem = fct_create_buffer(sizeof(float) * (size_t)hq, r->slopes);
+  r->sinks_mem = fct_create_buffer(sizeof(float) * (size_t)hq, r->sinks);
+  r->dsinks_mem = fct_create_buffer(sizeof(float) * (size_t)hq, NULL);
+  FCT_CHECK(clEnqueueFillBuffer(fct_env_get()->queue, r->dsinks_mem, &nan, sizeof nan, 0, sizeof(float) * (size_t)hq,
+                                0, NULL, NULL) == CL_SUCCESS,
+            "poison dsinks");
+  r->rm.window_left = 8, r->rm.window_right = 2, r->rm.softcap = 20.0;
+  r->rm.alibi = r->slopes, r->rm.sinks = r->sinks, r->rm.dsinks = r->dsinks_ref;
+}
+
 static void hdv_create(hdv_run *r, const hdv_case *c) {
   fct_rng rng;
   memset(r, 0, sizeof *r);
@@ -153,6 +180,7 @@ static void hdv_create(hdv_run *r, const hdv_case *c) {
   fct_tensor_poison(&r->dq);
   fct_tensor_poison(&r->dk);
   fct_tensor_poison(&r->dv);
+  if (c->variants) hdv_variants(r, &rng);
 }
 
 static void hdv_release(hdv_run *r) {
@@ -160,6 +188,9 @@ static void hdv_release(hdv_run *r) {
   for (int i = 0; i < 9; i++) fct_tensor_release(all[i]);
   if (r->cu_q_mem) clReleaseMemObject(r->cu_q_mem);
   if (r->cu_k_mem) clReleaseMemObject(r->cu_k_mem);
+  cl_mem extra[3] = {r->slopes_mem, r->sinks_mem, r->dsinks_mem};
+  for (int i = 0; i < 3; i++)
+    if (extra[i]) clReleaseMemObject(extra[i]);
 }
 
 static void hdv_desc(const hdv_run *r, flashcl_attention_desc *desc) {
@@ -172,6 +203,11 @@ static void hdv_desc(const hdv_run *r, flashcl_attention_desc *desc) {
   if (r->c->varlen) {
     desc->cu_seqlens_q = r->cu_q_mem, desc->cu_seqlens_k = r->cu_k_mem;
     desc->num_seqs = 3, desc->max_seqlen_q = r->max_q, desc->max_seqlen_k = r->max_k;
+  }
+  if (r->c->variants) {
+    desc->window_left = r->rm.window_left, desc->window_right = r->rm.window_right;
+    desc->softcap = (float)r->rm.softcap;
+    desc->alibi_slopes = r->slopes_mem, desc->sinks = r->sinks_mem;
   }
 }
 
@@ -189,12 +225,30 @@ static void hdv_forward(hdv_run *r) {
   const ref_tensor q = fct_tensor_ref(&r->q), k = fct_tensor_ref(&r->k), v = fct_tensor_ref(&r->v);
   double *ro = ref_alloc(r->B, r->Nq, c->hq, c->dv), *rl = ref_alloc(r->B, r->Nq, c->hq, 1);
   const ref_out oo = ref_out_bnhd(ro, r->B, r->Nq, c->hq, c->dv), lo = ref_out_bnhd(rl, r->B, r->Nq, c->hq, 1);
-  FCT_CHECK(ref_attention_forward_dropout(&r->rp, &r->dr, &q, &k, &v, &oo, &lo) == 0,
+  FCT_CHECK((c->variants ? ref_masks_forward(&r->rp, &r->rm, &r->dr, &q, &k, &v, &oo, &lo)
+                         : ref_attention_forward_dropout(&r->rp, &r->dr, &q, &k, &v, &oo, &lo)) == 0,
             "%s: the reference refused the case", r->name);
   check_view(r, "O", &r->o, ro, NULL, fct_tolerance(c->dtype));
   check_view(r, "LSE", &r->lse, rl, NULL, fct_lse_tolerance(c->dtype));
   free(ro);
   free(rl);
+}
+
+/* The sinks' gradient against the reference's, relative L2 over the heads. */
+static void hdv_check_dsinks(hdv_run *r) {
+  const int hq = r->c->hq;
+  float got[8];
+  double e2 = 0, r2 = 0;
+  FCT_CHECK(clEnqueueReadBuffer(fct_env_get()->queue, r->dsinks_mem, CL_TRUE, 0, sizeof(float) * (size_t)hq, got, 0,
+                                NULL, NULL) == CL_SUCCESS,
+            "read dsinks");
+  for (int h = 0; h < hq; h++) {
+    FCT_CHECK(!isnan(got[h]), "%s: dsinks[%d] is NaN (not written)", r->name, h);
+    e2 += (got[h] - r->dsinks_ref[h]) * (got[h] - r->dsinks_ref[h]);
+    r2 += r->dsinks_ref[h] * r->dsinks_ref[h];
+  }
+  FCT_CHECK(r2 > 0 && sqrt(e2 / r2) <= fct_tolerance(r->c->dtype), "%s: dsinks relative L2 error %.3e", r->name,
+            r2 > 0 ? sqrt(e2 / r2) : 0.0);
 }
 
 /* The backward from the device's O and LSE, against the reference fed that O. */
@@ -207,6 +261,7 @@ static void hdv_backward(hdv_run *r) {
     FCT_CHECK_STATUS(flashcl_tuning_parse(NULL, c->bwd_tune, &tune), FLASHCL_SUCCESS, "parse '%s'", c->bwd_tune);
     desc.tuning = &tune;
   }
+  if (c->variants) desc.dsinks = r->dsinks_mem;
   FCT_CHECK_STATUS(flashcl_attention_backward(fct_env_get()->ctx, &desc, &r->q.t, &r->k.t, &r->v.t, &r->o.t,
                                               &r->lse.t, &r->d_o.t, &r->dq.t, &r->dk.t, &r->dv.t, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "%s: backward", r->name);
@@ -225,12 +280,15 @@ static void hdv_backward(hdv_run *r) {
     go[i] = ref_out_bnhd(g[i], r->B, rows[i], heads[i], dims[i]);
     mo[i] = ref_out_bnhd(m[i], r->B, rows[i], heads[i], dims[i]);
   }
-  FCT_CHECK(ref_attention_backward_mag(&r->rp, &r->dr, &q, &k, &v, &o, &d_o, &go[0], &go[1], &go[2], &mo[0], &mo[1],
-                                       &mo[2]) == 0,
+  /* The variants' reference has no rounding-noise magnitudes: no allowance there. */
+  FCT_CHECK((c->variants ? ref_masks_backward(&r->rp, &r->rm, &r->dr, &q, &k, &v, &o, &d_o, &go[0], &go[1], &go[2])
+                         : ref_attention_backward_mag(&r->rp, &r->dr, &q, &k, &v, &o, &d_o, &go[0], &go[1], &go[2],
+                                                      &mo[0], &mo[1], &mo[2])) == 0,
             "%s: the backward reference refused the case", r->name);
   const fct_tensor *got[3] = {&r->dq, &r->dk, &r->dv};
   static const char *const names[3] = {"dQ", "dK", "dV"};
-  for (int i = 0; i < 3; i++) check_view(r, names[i], got[i], g[i], m[i], fct_tolerance(c->dtype));
+  for (int i = 0; i < 3; i++) check_view(r, names[i], got[i], g[i], c->variants ? NULL : m[i], fct_tolerance(c->dtype));
+  if (c->variants) hdv_check_dsinks(r);
   for (int i = 0; i < 3; i++) free(g[i]), free(m[i]);
 }
 
@@ -284,7 +342,8 @@ static void hdv_check(const hdv_case *c) {
 #define NAIVE FLASHCL_ALGO_NAIVE
 #define SPLIT_TUNE "bwd split=1 unroll=1 warp=1 ahead=1"
 
-/* dtype, dqk, dv, causal, batch, nq, nk, hq, hkv, algo, gpu_map, bwd_tune, atomic_dq, varlen, dropout */
+/* dtype, dqk, dv, causal, batch, nq, nk, hq, hkv, algo, gpu_map, bwd_tune, atomic_dq, varlen, dropout,
+ * variants */
 static const hdv_case CASES[] = {
     {FLASHCL_F32, 64, 32, 0, 2, 37, 45, 4, 2, FLASH, 0, NULL, 0, 0},
     {FLASHCL_F32, 64, 32, 1, 1, 45, 37, 2, 1, FLASH, 1, SPLIT_TUNE, 1, 0},
@@ -299,6 +358,10 @@ static const hdv_case CASES[] = {
     {FLASHCL_F32, 32, 64, 0, 1, 19, 19, 2, 1, NAIVE, 0, NULL, 0, 0, 0.2f},
     {FLASHCL_F32, 64, 32, 1, 1, 0, 0, 4, 2, FLASH, 0, NULL, 0, 1},
     {FLASHCL_F32, 32, 64, 0, 1, 0, 0, 2, 1, NAIVE, 0, NULL, 0, 1},
+    /* window, softcap, ALiBi, sinks and dsinks with the separate V head dim */
+    {FLASHCL_F32, 192, 128, 0, 1, 33, 41, 4, 2, FLASH, 0, NULL, 0, 0, 0.0f, 1},
+    {FLASHCL_F16, 64, 32, 1, 2, 29, 35, 2, 1, FLASH, 1, SPLIT_TUNE, 1, 0, 0.0f, 1},
+    {FLASHCL_F32, 32, 64, 0, 1, 27, 31, 2, 2, NAIVE, 0, NULL, 0, 0, 0.0f, 1},
 };
 #define NCASES (sizeof CASES / sizeof CASES[0])
 
@@ -455,9 +518,10 @@ int main(void) {
   static char names[NCASES][96];
   for (size_t i = 0; i < NCASES; i++) {
     const hdv_case *c = &CASES[i];
-    snprintf(names[i], sizeof names[i], "%s_dqk%d_dv%d_%s%s%s%s%s", fct_dtype_str(c->dtype), c->dqk, c->dv,
+    snprintf(names[i], sizeof names[i], "%s_dqk%d_dv%d_%s%s%s%s%s%s", fct_dtype_str(c->dtype), c->dqk, c->dv,
              fct_algo_str(c->algo), c->causal ? "_causal" : "", c->hq != c->hkv ? "_gqa" : "",
-             c->varlen ? "_varlen" : c->dropout > 0 ? "_dropout" : "", c->gpu_map || c->bwd_tune ? "_mappings" : "");
+             c->varlen ? "_varlen" : c->dropout > 0 ? "_dropout" : "", c->gpu_map || c->bwd_tune ? "_mappings" : "",
+             c->variants ? "_variants" : "");
     tests[i] = (struct CMUnitTest){names[i], test_case, NULL, NULL, (void *)c};
   }
   const struct CMUnitTest bad = cmocka_unit_test(test_bad_input), mma = cmocka_unit_test(test_nvidia_mma_refused),
