@@ -24,6 +24,11 @@
  * row, HEAD one per kv head, TENSOR one float; TOKEN (row = page * rows_per_page +
  * slot, rows_per_page = page_size for a paged cache, max_len for a contiguous
  * one), dense over (row, kv head).
+ *
+ * Parameters (-D) of the kernels that join this file, defaulted here once:
+ * K_DTYPE, V_DTYPE (each cache's storage: DTYPE, the tokens' dtype from
+ * dtype.cl, or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2) and K_SCALE, V_SCALE (their
+ * KVQ_SCALE_* layouts; ignored for a plain cache).
  */
 #ifndef KV_QUANT_CL
 #define KV_QUANT_CL
@@ -34,6 +39,19 @@
 #define KVQ_SCALE_TOKEN 0
 #define KVQ_SCALE_HEAD 1
 #define KVQ_SCALE_TENSOR 2
+
+#ifndef K_DTYPE
+#define K_DTYPE DTYPE
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE DTYPE
+#endif
+#ifndef K_SCALE
+#define K_SCALE KVQ_SCALE_TOKEN
+#endif
+#ifndef V_SCALE
+#define V_SCALE KVQ_SCALE_TOKEN
+#endif
 
 /* The largest code magnitude: TOKEN scales are absmax / kvq_qmax. */
 inline float kvq_qmax(int fmt) { return fmt == KVQ_I8 ? 127.0f : fmt == KVQ_E4M3 ? 448.0f : 57344.0f; }

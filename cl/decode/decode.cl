@@ -136,18 +136,7 @@
 #ifndef USE_PTX
 #define USE_PTX 0
 #endif
-#ifndef K_DTYPE
-#define K_DTYPE DTYPE
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE DTYPE
-#endif
-#ifndef K_SCALE
-#define K_SCALE KVQ_SCALE_TOKEN
-#endif
-#ifndef V_SCALE
-#define V_SCALE KVQ_SCALE_TOKEN
-#endif
+/* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
 /* 0 / 1 literals (a logical && on constants in code draws compiler warnings):
  * *_QUANT a quantized side, *_ROWSCALE its scale comes with each row (TOKEN),
  * *_UNISCALE once per work-group (TENSOR, HEAD). */

@@ -30,18 +30,7 @@
 #ifndef PAGED
 #define PAGED 0
 #endif
-#ifndef K_DTYPE
-#define K_DTYPE DTYPE
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE DTYPE
-#endif
-#ifndef K_SCALE
-#define K_SCALE KVQ_SCALE_TOKEN
-#endif
-#ifndef V_SCALE
-#define V_SCALE KVQ_SCALE_TOKEN
-#endif
+/* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
 
 __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long kn_sn, long kn_sh,
                         __global const raw_t *vn, long vn_off, long vn_sb, long vn_sn, long vn_sh,
