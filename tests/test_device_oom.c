@@ -68,48 +68,62 @@ static int oom_or_success(flashcl_status st) {
   return st == FLASHCL_SUCCESS || st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY || st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
 }
 
+/* The outputs and gradients of p's forward and backward. */
+typedef struct outs {
+  fct_tensor o, lse, d_o, dq, dk, dv;
+} outs;
+
+static void outs_create(outs *t, const fct_problem *p, int salt) {
+  const fct_case *c = &p->c;
+  fct_tensor_create(&t->o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, salt);
+  fct_tensor_create_lse(&t->lse, FCT_BNHD, p->B, p->Nq, c->heads_q, salt + 1);
+  fct_tensor_create(&t->d_o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, salt + 2);
+  fct_tensor_create(&t->dq, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, salt + 3);
+  fct_tensor_create(&t->dk, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, salt + 4);
+  fct_tensor_create(&t->dv, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, salt + 5);
+}
+
+static void outs_release(outs *t) {
+  fct_tensor_release(&t->o), fct_tensor_release(&t->lse), fct_tensor_release(&t->d_o);
+  fct_tensor_release(&t->dq), fct_tensor_release(&t->dk), fct_tensor_release(&t->dv);
+}
+
 /* The naive forward (an N x N workspace) and the flash backward (its scratch)
  * on a full device: out of memory and nothing written, or success. */
 static void calls_on_full_device(fct_problem *p) {
   fct_env *env = fct_env_get();
-  const fct_case *c = &p->c;
-  fct_tensor o, lse, d_o, dq, dk, dv;
+  outs t;
   flashcl_attention_desc desc;
   fct_run run = {FLASHCL_ALGO_NAIVE, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
-  fct_tensor_create(&o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 901);
-  fct_tensor_create_lse(&lse, FCT_BNHD, p->B, p->Nq, c->heads_q, 902);
-  fct_tensor_create(&d_o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 903);
-  fct_tensor_create(&dq, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 904);
-  fct_tensor_create(&dk, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, 905);
-  fct_tensor_create(&dv, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, 906);
+  outs_create(&t, p, 901);
   filler f;
   fill_device(&f);
-  fct_tensor_poison(&o);
-  fct_tensor_poison(&lse);
+  fct_tensor_poison(&t.o);
+  fct_tensor_poison(&t.lse);
   fct_problem_desc(p, &run, &desc);
-  flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &o.t, &lse.t, 0, NULL, NULL);
+  flashcl_status st =
+      flashcl_attention_forward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, 0, NULL, NULL);
   clFinish(env->queue);
   print_message("    naive forward on a full device: %s (%s)\n", flashcl_status_string(st),
                 flashcl_context_last_error(env->ctx));
   FCT_CHECK(oom_or_success(st), "naive forward on a full device: %s", flashcl_status_string(st));
-  fct_tensor_download(&o);
+  fct_tensor_download(&t.o);
   if (st != FLASHCL_SUCCESS)
-    FCT_CHECK(fct_tensor_count_unpoisoned(&o) == 0, "a failed naive forward wrote o");
+    FCT_CHECK(fct_tensor_count_unpoisoned(&t.o) == 0, "a failed naive forward wrote o");
   run.algo = FLASHCL_ALGO_FLASH;
   fct_problem_desc(p, &run, &desc);
-  fct_tensor_poison(&dq);
-  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &o.t, &lse.t, &d_o.t, &dq.t, &dk.t,
-                                  &dv.t, 0, NULL, NULL);
+  fct_tensor_poison(&t.dq);
+  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, &t.d_o.t, &t.dq.t,
+                                  &t.dk.t, &t.dv.t, 0, NULL, NULL);
   clFinish(env->queue);
   print_message("    flash backward on a full device: %s (%s)\n", flashcl_status_string(st),
                 flashcl_context_last_error(env->ctx));
   FCT_CHECK(oom_or_success(st), "flash backward on a full device: %s", flashcl_status_string(st));
-  fct_tensor_download(&dq);
+  fct_tensor_download(&t.dq);
   if (st != FLASHCL_SUCCESS)
-    FCT_CHECK(fct_tensor_count_unpoisoned(&dq) == 0, "a failed flash backward wrote dq");
+    FCT_CHECK(fct_tensor_count_unpoisoned(&t.dq) == 0, "a failed flash backward wrote dq");
   release_filler(&f);
-  fct_tensor_release(&o), fct_tensor_release(&lse), fct_tensor_release(&d_o);
-  fct_tensor_release(&dq), fct_tensor_release(&dk), fct_tensor_release(&dv);
+  outs_release(&t);
 }
 
 /* Decode's buffers: q (B, 1, Hq, d), a contiguous cache (B, L, Hkv, d), o. */
@@ -175,18 +189,12 @@ static void dec_check_after(dec_bufs *d) {
  * written, or success. */
 static void more_calls_on_full_device(fct_problem *p, dec_bufs *dec) {
   fct_env *env = fct_env_get();
-  const fct_case *c = &p->c;
-  fct_tensor o, lse, d_o, dq, dk, dv;
+  outs t;
   flashcl_attention_desc desc;
   fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
-  fct_tensor_create(&o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 921);
-  fct_tensor_create_lse(&lse, FCT_BNHD, p->B, p->Nq, c->heads_q, 922);
-  fct_tensor_create(&d_o, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 923);
-  fct_tensor_create(&dq, c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 924);
-  fct_tensor_create(&dk, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, 925);
-  fct_tensor_create(&dv, c->dtype, FCT_BNHD, p->B, p->Nk, c->heads_kv, c->head_dim, 926);
+  outs_create(&t, p, 921);
   fct_problem_desc(p, &run, &desc);
-  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &o.t, &lse.t, 0, NULL,
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, 0, NULL,
                                              NULL),
                    FLASHCL_SUCCESS, "the forward that feeds the naive backward");
   clFinish(env->queue);
@@ -199,18 +207,17 @@ static void more_calls_on_full_device(fct_problem *p, dec_bufs *dec) {
   if (st != FLASHCL_SUCCESS) FCT_CHECK(fct_tensor_count_unpoisoned(&dec->o) == 0, "a failed decode wrote o");
   run.algo = FLASHCL_ALGO_NAIVE;
   fct_problem_desc(p, &run, &desc);
-  fct_tensor_poison(&dq), fct_tensor_poison(&dk), fct_tensor_poison(&dv);
-  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &o.t, &lse.t, &d_o.t, &dq.t, &dk.t,
-                                  &dv.t, 0, NULL, NULL);
+  fct_tensor_poison(&t.dq), fct_tensor_poison(&t.dk), fct_tensor_poison(&t.dv);
+  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, &t.d_o.t, &t.dq.t,
+                                  &t.dk.t, &t.dv.t, 0, NULL, NULL);
   clFinish(env->queue);
   print_message("    naive backward on a full device: %s (%s)\n", flashcl_status_string(st),
                 flashcl_context_last_error(env->ctx));
   FCT_CHECK(oom_or_success(st), "naive backward on a full device: %s", flashcl_status_string(st));
-  fct_tensor *grads[3] = {&dq, &dk, &dv};
+  fct_tensor *grads[3] = {&t.dq, &t.dk, &t.dv};
   if (st != FLASHCL_SUCCESS) FCT_CHECK(fct_tensors_written(grads, 3) == 0, "a failed naive backward wrote a gradient");
   release_filler(&f);
-  fct_tensor_release(&o), fct_tensor_release(&lse), fct_tensor_release(&d_o);
-  fct_tensor_release(&dq), fct_tensor_release(&dk), fct_tensor_release(&dv);
+  outs_release(&t);
 }
 
 static void full_device(void **state) {
