@@ -32,6 +32,23 @@
 #endif
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
 
+/* The cache page and slot of new token t of sequence b; 0 when the token is
+ * skipped (a position outside [0, capacity), or a page index outside the pool). */
+inline int kv_target(__global const int *seqlens, __global const int *block_table, int b, int t, int max_pages,
+                     int page_size, int num_pages, int capacity, long *page, long *slot) {
+  const long pos = (long)seqlens[b] + t;
+  if (pos < 0 || pos >= capacity) return 0;
+#if PAGED
+  const int pe = block_table[(long)b * max_pages + (int)(pos / page_size)];
+  if (pe < 0 || pe >= num_pages) return 0;
+  *page = pe, *slot = pos % page_size;
+#else
+  (void)block_table, (void)max_pages, (void)page_size, (void)num_pages;
+  *page = b, *slot = pos;
+#endif
+  return 1;
+}
+
 __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long kn_sn, long kn_sh,
                         __global const raw_t *vn, long vn_off, long vn_sb, long vn_sn, long vn_sh,
                         __global raw_t *kc, long kc_off, long kc_sb, long kc_sn, long kc_sh,
@@ -41,15 +58,8 @@ __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long 
   const int g = get_global_id(0);
   const int th = get_global_id(1), b = get_global_id(2);
   const int t = th / heads_kv, h = th - (th / heads_kv) * heads_kv;
-  const long pos = (long)seqlens[b] + t;
-  if (pos < 0 || pos >= capacity) return;
-#if PAGED
-  const int pe = block_table[(long)b * max_pages + (int)(pos / page_size)];
-  if (pe < 0 || pe >= num_pages) return;
-  const long page = pe, slot = pos % page_size;
-#else
-  const long page = b, slot = pos;
-#endif
+  long page, slot;
+  if (!kv_target(seqlens, block_table, b, t, max_pages, page_size, num_pages, capacity, &page, &slot)) return;
   vstore4(vload4(0, kn + kn_off + b * kn_sb + t * kn_sn + h * kn_sh + 4 * g), 0,
           kc + kc_off + page * kc_sb + slot * kc_sn + h * kc_sh + 4 * g);
   vstore4(vload4(0, vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh + 4 * g), 0,
@@ -90,15 +100,9 @@ __kernel void kv_append_quant(__global const store_t *kn, long kn_off, long kn_s
   const int side = get_global_id(0);
   const int th = get_global_id(1), b = get_global_id(2);
   const int t = th / heads_kv, h = th - (th / heads_kv) * heads_kv;
-  const long pos = (long)seqlens[b] + t;
-  if (pos < 0 || pos >= capacity) return;
-#if PAGED
-  const int pe = block_table[(long)b * max_pages + (int)(pos / page_size)];
-  if (pe < 0 || pe >= num_pages) return;
-  const long page = pe, slot = pos % page_size, row = page * page_size + slot;
-#else
-  const long page = b, slot = pos, row = (long)b * capacity + pos;
-#endif
+  long page, slot;
+  if (!kv_target(seqlens, block_table, b, t, max_pages, page_size, num_pages, capacity, &page, &slot)) return;
+  const long row = page * (PAGED ? page_size : capacity) + slot; /* the TOKEN scales' row */
   if (side == 0)
     kv_append_row(kn + kn_off + b * kn_sb + t * kn_sn + h * kn_sh, kc, kc_off + page * kc_sb + slot * kc_sn + h * kc_sh,
                   K_DTYPE, K_SCALE, k_scale, kvq_scale_index(K_SCALE, row, heads_kv, h));
