@@ -42,6 +42,8 @@ typedef struct bench_opts {
   int sinks;                /* --sinks */
   tools_list kv_dtype;      /* --kv-dtype: the decode caches' storage (-1: --dtype's) */
   int have_kv_dtype;
+  int kv_scale;             /* --kv-scale: the quantized caches' flashcl_kv_scale */
+  int have_kv_scale;
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
@@ -111,9 +113,11 @@ static const char usage_text[] =
 
     "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
     "  --kv-dtype LIST      --decode: the caches' storage, same (--dtype's; the default), i8,\n"
-    "                       f8e4m3, f8e5m2 (quantized, one fp32 scale per token and kv head);\n"
+    "                       f8e4m3, f8e5m2 (quantized; fp32 scales as --kv-scale says);\n"
     "                       the dtype column then reads e.g. f16/i8, and GB/s counts codes\n"
     "                       and scales\n"
+    "  --kv-scale KIND      --kv-dtype's scales: token (one per token and kv head; the\n"
+    "                       default), head (one per kv head) or tensor (one)\n"
     "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
     "                       q_len tokens (token t sees t and its ancestors, parent\n"
     "                       (t - 1) / 2) instead of the causal rule\n"
@@ -211,6 +215,17 @@ static int parse_bit(const char *s, void *dest) {
 
 static int parse_layout(const char *s, void *dest) { return tools_parse_layout(s, (int *)dest); }
 
+/* --kv-scale: token, head or tensor. */
+static int parse_kv_scale(const char *text, void *dest) {
+  static const char *const names[] = {"token", "head", "tensor"};
+  for (int i = 0; i < 3; ++i)
+    if (!strcmp(text, names[i])) {
+      *(int *)dest = i == 0 ? FLASHCL_KV_SCALE_TOKEN : i == 1 ? FLASHCL_KV_SCALE_HEAD : FLASHCL_KV_SCALE_TENSOR;
+      return 0;
+    }
+  return -1;
+}
+
 /* --kv-dtype: "same" (the --dtype), i8, f8e4m3, f8e5m2. */
 static int parse_kv_dtype_list(const char *text, void *dest) {
   tools_list *out = (tools_list *)dest;
@@ -251,6 +266,8 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
       {.name = "--sinks", .kind = ARG_FLAG, .dest = &o->sinks},
       {.name = "--kv-dtype", .kind = ARG_CUSTOM, .dest = &o->kv_dtype, .seen = &o->have_kv_dtype,
        .parse = parse_kv_dtype_list},
+      {.name = "--kv-scale", .kind = ARG_CUSTOM, .dest = &o->kv_scale, .seen = &o->have_kv_scale,
+       .parse = parse_kv_scale},
       {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .seen = &o->have_reps, .lo = 1, .hi = LONG_MAX},
       {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .seen = &o->have_warmup, .lo = 0, .hi = LONG_MAX},
       {.name = "--budget", .kind = ARG_CUSTOM, .dest = &o->budget_s, .parse = parse_positive_double},
@@ -291,6 +308,10 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
   }
   if (st == ARGS_OK && o->have_kv_dtype && !o->decode) {
     fprintf(stderr, "flashcl-bench: --kv-dtype needs --decode (the quantized caches are decode's)\n");
+    return ARGS_BAD_VALUE;
+  }
+  if (st == ARGS_OK && o->have_kv_scale && !o->have_kv_dtype) {
+    fprintf(stderr, "flashcl-bench: --kv-scale needs --kv-dtype (it sets the quantized caches' scales)\n");
     return ARGS_BAD_VALUE;
   }
   if (st == ARGS_OK && o->csv && o->json) {
@@ -621,8 +642,11 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
   s.dt = dt, s.d = d, s.b = b, s.n = n, s.T = o->q_len, s.hq = hq, s.hkv = hkv;
   s.quant = kvt >= 0 && kvt != dt;
   s.kvt = s.quant ? (flashcl_dtype)kvt : dt;
-  snprintf(s.dtname, sizeof s.dtname, "%s%s%s", flashcl_dtype_name(dt), s.quant ? "/" : "",
-           s.quant ? flashcl_dtype_name(s.kvt) : "");
+  /* e.g. f16/i8, f16/i8:head (a scale per kv head), f16/f8e4m3:tensor. */
+  const int uni = s.quant && o->kv_scale != FLASHCL_KV_SCALE_TOKEN;
+  snprintf(s.dtname, sizeof s.dtname, "%s%s%s%s", flashcl_dtype_name(dt), s.quant ? "/" : "",
+           s.quant ? flashcl_dtype_name(s.kvt) : "",
+           uni ? (o->kv_scale == FLASHCL_KV_SCALE_HEAD ? ":head" : ":tensor") : "");
   s.es = flashcl_dtype_size(s.kvt);
   s.P = o->page_size;
   s.pages_per = s.P ? (n + s.P - 1) / s.P : 0;
@@ -630,7 +654,8 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
   /* With a left window a call reads only the window's keys (and the new tokens). */
   const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
   s.kv_elems = (size_t)s.rows * hkv * d;
-  s.kv_read = 2 * (size_t)b * n_read * hkv * (d * s.es + (s.quant ? sizeof(float) : 0));
+  s.kv_read = 2 * (size_t)b * n_read * hkv *
+              (d * s.es + (s.quant && o->kv_scale == FLASHCL_KV_SCALE_TOKEN ? sizeof(float) : 0));
   s.seed = 7 + (uint64_t)li;
   return s;
 }
@@ -692,7 +717,7 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
   u->desc.kernel = o->kernel;
   if (s->quant) {
     u->desc.k_scale = u->desc.v_scale = u->scale;
-    u->desc.k_scale_kind = u->desc.v_scale_kind = FLASHCL_KV_SCALE_TOKEN;
+    u->desc.k_scale_kind = u->desc.v_scale_kind = (flashcl_kv_scale)o->kv_scale;
   }
   if (o->window >= 0) u->desc.window_left = (int)o->window;
   u->desc.softcap = (float)o->softcap;
