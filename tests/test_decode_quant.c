@@ -111,13 +111,23 @@ static const qcase QCASES[] = {
     /* Other load schedules: 4 keys per work-item, and K loaded at the end of
      * the tile (prefetch 0) with 1 key per work-item. */
     {"quant_k_i8_v_e5m2_paged16_f16_kpt4", FLASHCL_F16, I8, E5, TOK, TOK, 2, 2, 8, 2, 64, {70, 33}, 16, 2,
-     "decode kpt=4"},
+     "decode kpt=4 stages=0"},
     {"quant_e4m3_token_contig_f32_prefetch0", FLASHCL_F32, E4, I8, TOK, TOK, 2, 1, 4, 1, 64, {90, 41}, 0, 2,
-     "decode prefetch=0 kpt=1"},
+     "decode prefetch=0 kpt=1 stages=0"},
     /* Caches 3 elements into their buffers: rows not 8-byte aligned (the
      * kernel loads codes with vload8, which must not assume alignment). */
     {"quant_i8_e4m3_token_paged16_f16_offset3", FLASHCL_F16, I8, E4, TOK, TOK, 2, 1, 8, 2, 64, {47, 19}, 16, 2, NULL,
      3},
+    /* Shapes the NVIDIA tensor-core decode takes (d = 128, 16-bit tokens): one
+     * token and four (several m-tiles), split and not, paged with a page size
+     * that is and one that is not a power of two, every format and scale kind,
+     * a quantized side beside a plain one. */
+    {"quant_i8_token_contig_f16_d128_split5", FLASHCL_F16, I8, I8, TOK, TOK, 2, 1, 16, 4, 128, {300, 97}, 0, 5},
+    {"quant_e4m3_head_paged32_bf16_d128", FLASHCL_BF16, E4, E4, HEAD, HEAD, 2, 4, 16, 2, 128, {130, 66}, 32, 0},
+    {"quant_e5m2_tensor_paged24_f16_d128_q4", FLASHCL_F16, E5, E5, TENS, TENS, 2, 4, 32, 2, 128, {75, 150}, 24, 3},
+    {"quant_k_i8_v_f16_contig_f16_d128", FLASHCL_F16, I8, FLASHCL_F16, TOK, TOK, 1, 2, 8, 1, 128, {211}, 0, 2},
+    {"quant_k_bf16_v_e4m3tok_paged16_bf16_d64", FLASHCL_BF16, FLASHCL_BF16, E4, TOK, TOK, 3, 1, 32, 4, 64,
+     {17, 64, 129}, 16, 0},
 };
 
 /* One side (K or V) of a cache: codes or plain elements, dense
@@ -476,7 +486,15 @@ static void run_quant_case(const qcase *c) {
   flashcl_config cfg;
   FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, &cfg), FLASHCL_SUCCESS,
                    "%s: config", c->name);
-  FCT_CHECK(strcmp(cfg.kernel, "decode_attn") == 0, "%s: a quantized call reports kernel %s", c->name, cfg.kernel);
+  /* The tensor-core kernel dequantizes in local memory where it covers the
+   * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows) on a device
+   * that must have it; decode.cl's register path takes every other call. */
+  char what[128];
+  const int mma_case = c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning;
+  const int want_mma = mma_case && fct_device_requires_mma(env->device, what, sizeof what);
+  FCT_CHECK(strcmp(cfg.kernel, want_mma ? "decode_mma" : "decode_attn") == 0 ||
+                (!want_mma && strcmp(cfg.kernel, "decode_mma") == 0 && mma_case),
+            "%s: a quantized call reports kernel %s", c->name, cfg.kernel);
   int splits = -1;
   size_t ws = 0;
   FCT_CHECK_STATUS(flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, &ws, &splits),

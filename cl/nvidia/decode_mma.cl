@@ -31,14 +31,30 @@
  * on zero Q and never written. A row that sees no key in its range gets o = 0
  * and LSE = -inf.
  *
+ * Quantized caches (K_DTYPE / V_DTYPE a kv_quant.cl format, kv_quant.cl
+ * compiled first: "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl"): a
+ * quantized side's rows (HEAD_DIM bytes) reach local memory through cp.async as
+ * they are (with their TOKEN scales, 4-byte cp.async), and once a tile is in,
+ * the work-group writes it out as 16-bit elements in a tile of the plain
+ * side's layout, from which the tensor cores read as from a 16-bit cache. K
+ * becomes its codes, exactly (int8, e4m3 and e5m2 codes are all fp16 and bf16
+ * values), and each key's score is multiplied by its scale in fp32. V becomes
+ * code * scale, in fp32 rounded once to DTYPE, with TOKEN scales; with a HEAD
+ * or TENSOR scale it becomes its codes and O is multiplied by the scale at the
+ * end. This costs a barrier per tile and the conversion, but halves (int8,
+ * fp8) the bytes that cross the memory bus, which is what bounds decode.
+ *
  * Requirements (host, src/decode/decode.c): fp16/bf16; HEAD_DIM 64 or 128; q and the
- * caches with 16-byte aligned rows (offsets and strides multiples of 8
- * elements); o and lse any layout.
+ * caches with 16-byte aligned rows (offsets and strides multiples of 16 bytes);
+ * o and lse any layout.
  *
  * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
  * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
  * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
- * sinks of flashcl_decode_desc.sinks; no other score variant runs here).
+ * sinks of flashcl_decode_desc.sinks; no other score variant runs here),
+ * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches),
+ * CVT_E4M3 (1: the device has sm_89's cvt.rn.f16x2.e4m3x2; the host sets it
+ * from the compute capability).
  */
 #ifndef SINKS
 #define SINKS 0
@@ -73,6 +89,38 @@
 #ifndef TREE_MASK
 #define TREE_MASK 0
 #endif
+#ifndef CVT_E4M3
+#define CVT_E4M3 0
+#endif
+/* kv_quant.cl, when joined, has defined these already. */
+#ifndef K_DTYPE
+#define K_DTYPE DTYPE
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE DTYPE
+#endif
+#ifndef K_SCALE
+#define K_SCALE 0
+#endif
+#ifndef V_SCALE
+#define V_SCALE 0
+#endif
+#if K_DTYPE != DTYPE
+#define K_Q 1
+#else
+#define K_Q 0
+#endif
+#if V_DTYPE != DTYPE
+#define V_Q 1
+#else
+#define V_Q 0
+#endif
+#if (K_Q && (K_DTYPE < 3 || K_DTYPE > 5)) || (V_Q && (V_DTYPE < 3 || V_DTYPE > 5))
+#error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
+#endif
+#if (K_Q || V_Q) && !defined(KV_QUANT_CL)
+#error "decode_mma.cl with a quantized cache needs kv_quant.cl compiled first in the same program"
+#endif
 
 #define NTHREADS (32 * WR * WK)
 #define BLOCK_C (16 * WK)
@@ -80,13 +128,120 @@
 #define SWZ_ROW CH           /* HEAD_DIM is a multiple of 64: no padding */
 #define KT (HEAD_DIM / 16)   /* k-steps of Q K^T */
 #define DT (HEAD_DIM / 8)    /* 8-column n-tiles of O */
-#define TILE_BYTES (BLOCK_C * CH * 16)
-#define STAGE_BYTES (2 * TILE_BYTES) /* K | V */
+#define TILE_BYTES (BLOCK_C * CH * 16) /* a tile of 16-bit rows */
+/* A stage is K | V as copied: 16-bit rows (swizzled), or a quantized side's
+ * HEAD_DIM-byte rows, dense. The dequantized tiles follow the stages. */
+#define K_TILE_BYTES (K_Q ? TILE_BYTES / 2 : TILE_BYTES)
+#define V_TILE_BYTES (V_Q ? TILE_BYTES / 2 : TILE_BYTES)
+/* TOKEN scales come with their tile: BLOCK_C floats after the V rows. */
+#define K_SC_OFF (K_TILE_BYTES + V_TILE_BYTES)
+#define V_SC_OFF (K_SC_OFF + K_ROWSCALE * BLOCK_C * 4)
+#define STAGE_BYTES (V_SC_OFF + V_ROWSCALE * BLOCK_C * 4)
+#define CONV_OFF (KV_STAGES * STAGE_BYTES)
+#define CONV_BYTES ((K_Q + V_Q) * TILE_BYTES)
 #define OBUF_FLOATS (WR * 16 * HEAD_DIM)
-#define SMEM_CHUNKS (KV_STAGES * STAGE_BYTES / 16 > OBUF_FLOATS / 4 ? KV_STAGES * STAGE_BYTES / 16 : OBUF_FLOATS / 4)
+#define SMEM_CHUNKS ((CONV_OFF + CONV_BYTES) / 16 > OBUF_FLOATS / 4 ? (CONV_OFF + CONV_BYTES) / 16 : OBUF_FLOATS / 4)
 
 #if HEAD_DIM % 64 || KV_STAGES < 2 || WR < 1 || WK < 1
 #error "inconsistent decode_mma parameters"
+#endif
+
+/* A side's elements as stored, and its 16-byte chunks per row. */
+#if K_Q
+typedef uchar kel_t;
+#define K_EPC 16
+#else
+typedef ushort kel_t;
+#define K_EPC 8
+#endif
+#if V_Q
+typedef uchar vel_t;
+#define V_EPC 16
+#else
+typedef ushort vel_t;
+#define V_EPC 8
+#endif
+#define K_CH (HEAD_DIM / K_EPC)
+#define V_CH (HEAD_DIM / V_EPC)
+#if K_Q && K_SCALE == 0
+#define K_ROWSCALE 1
+#else
+#define K_ROWSCALE 0
+#endif
+#if V_Q && V_SCALE == 0
+#define V_ROWSCALE 1
+#else
+#define V_ROWSCALE 0
+#endif
+
+#if K_Q || V_Q
+/* Eight codes of format fmt in fp32, before the scale. int8 goes through the
+ * fp32 bits of 2^23 + (code + 128), less 2^23 + 128 (exact; the integer to
+ * float conversion runs at a quarter of the fp32 rate); fp8 as in decode.cl. */
+#if USE_PTX
+/* Bytes of {b, a} (b the high word) picked by the selector's nibbles. */
+inline uint dmq_prmt(uint a, uint b, uint sel) {
+  uint r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+/* Code i of x = w ^ 0x80808080 as the fp32 bits of 2^23 + code + 128. */
+#define DMQ_I8F(x, i) as_float(dmq_prmt((x), 0x4b000000u, 0x7540u + (i)))
+#endif
+
+inline float8 dmq_decode8(uint2 w, int fmt) {
+#if USE_PTX
+  if (fmt == KVQ_I8) {
+    const uint x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;
+    return (float8)(DMQ_I8F(x, 0), DMQ_I8F(x, 1), DMQ_I8F(x, 2), DMQ_I8F(x, 3), DMQ_I8F(y, 0), DMQ_I8F(y, 1),
+                    DMQ_I8F(y, 2), DMQ_I8F(y, 3)) -
+           8388736.0f;
+  }
+#endif
+  return kvq_decode8(as_uchar8(w), fmt);
+}
+
+#if USE_PTX
+/* Two int8 codes (bytes sel picks of x = w ^ 0x80808080) as exact fp16 values:
+ * 0x64XX is 1024 + XX, and XX is code + 128. */
+inline uint dmq_i8x2_f16(uint x, uint sel) {
+  uint r = dmq_prmt(x, 0x64646464u, sel);
+  asm("sub.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0x64806480u)); /* 1152, 1152 */
+  return r;
+}
+/* Eight codes as eight exact DTYPE values (no scale): int8 and e5m2 (binary16's
+ * top byte) by byte permutes into fp16, the others through fp32. */
+inline uint4 dmq_codes8(uint2 w, int fmt) {
+#if DTYPE == 1
+  if (fmt == KVQ_I8) {
+    const uint x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;
+    return (uint4)(dmq_i8x2_f16(x, 0x4140u), dmq_i8x2_f16(x, 0x4342u), dmq_i8x2_f16(y, 0x4140u),
+                   dmq_i8x2_f16(y, 0x4342u));
+  }
+  if (fmt == KVQ_E5M2)
+    return (uint4)(dmq_prmt(w.x, 0u, 0x1404u), dmq_prmt(w.x, 0u, 0x3424u), dmq_prmt(w.y, 0u, 0x1404u),
+                   dmq_prmt(w.y, 0u, 0x3424u));
+#if CVT_E4M3
+  /* sm_89's conversion, NaN included (kv_quant.cl's decoding, in hardware). */
+  if (fmt == KVQ_E4M3) {
+    uint4 h;
+    asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %4;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t"
+        "mov.b32 {a, b}, %5;\n\tcvt.rn.f16x2.e4m3x2 %2, a;\n\tcvt.rn.f16x2.e4m3x2 %3, b;}"
+        : "=r"(h.x), "=r"(h.y), "=r"(h.z), "=r"(h.w)
+        : "r"(w.x), "r"(w.y));
+    return h;
+  }
+#endif
+#endif
+  const float8 f = dmq_decode8(w, fmt);
+  return (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));
+}
+#if K_ROWSCALE || V_ROWSCALE
+inline void cp_async4(uint saddr, __global const float *src, uint bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(saddr), "l"(src), "r"(bytes));
+}
+#endif
+#endif /* USE_PTX */
 #endif
 
 #if USE_PTX
@@ -113,17 +268,27 @@
 #define TILE_PAGE(KB) 0
 #define ROW_OFF(j, SB, SN) ((long)b * (SB) + (long)(j) * (SN))
 #endif
+/* The cache row of key j that a TOKEN scale is indexed by (kv_quant.cl):
+ * page * page_size + slot, or b * capacity + j when contiguous. */
+#if PAGED
+#define SCALE_ROW(j)                                                                           \
+  ((long)clamp(block_table[(long)b * max_pages + (j) / page_size], 0, num_pages - 1) * page_size + \
+   (j) % page_size)
+#else
+#define SCALE_ROW(j) ((long)b * capacity + (j))
+#endif
 #endif /* USE_PTX */
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
-    __global const ushort *k, long k_off, long k_sb, long k_sn, long k_sh,
-    __global const ushort *v, long v_off, long v_sb, long v_sn, long v_sh,
+    __global const kel_t *k, long k_off, long k_sb, long k_sn, long k_sh,
+    __global const vel_t *v, long v_off, long v_sb, long v_sn, long v_sh,
     __global ushort *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
     int page_size, int num_pages, int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits,
-    float scale_log2, __global float *work, long wo_off, long wl_off, __global const float *sinks) {
+    float scale_log2, __global float *work, long wo_off, long wl_off, __global const float *sinks,
+    __global const float *k_scale, __global const float *v_scale) {
 #if USE_PTX
 #if SINKS && !defined(SCORE_VARIANT_CL)
 #error "decode_mma.cl with SINKS needs score_variant.cl compiled first in the same program"
@@ -178,25 +343,102 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
 
   const uint sbase = SADDR(smem);
+  __local uchar *smb = (__local uchar *)smem;
+  (void)smb;
+  /* Scales: a tensor's or head's once here, a row's with its tile. */
+  const int heads_kv = heads_q / group;
+  (void)heads_kv;
+#if K_Q && !K_ROWSCALE
+  const float k_uni = k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk)];
+#else
+  const float k_uni = 1.0f;
+#endif
+#if V_Q && !V_ROWSCALE
+  const float v_uni = v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk)];
+#else
+  const float v_uni = 1.0f;
+#endif
+  (void)k_uni;
+  (void)v_uni;
   const long kb0 = k_off + (long)hk * k_sh, vb0 = v_off + (long)hk * v_sh;
+/* One side's rows of the tile at KB (on page tpg where tiles never cross
+ * pages) into local byte address DST: every work-item copies chunks tid, tid +
+ * NTHREADS, ... of NCH 16-byte chunks (EPC elements) per row, swizzled (SWZD, a
+ * 16-bit side) or dense (a quantized side); rows past kend are zero-filled (a
+ * source size of 0 reads nothing; the address stays in bounds). */
+#define COPY_ROWS(PTR, B0, SB, SN, NCH, EPC, DST, SWZD, KB)                                            \
+  for (int i = tid; i < BLOCK_C * (NCH); i += NTHREADS) {                                              \
+    const int r = i / (NCH), c = i - (i / (NCH)) * (NCH), j = (KB) + r;                                \
+    const int ok = j < kend;                                                                           \
+    const long ro = ok ? ROW_OFF(j, SB, SN) : 0;                                                       \
+    cp_async16((DST) + ((SWZD) ? SWZ(r, c) : (uint)(i * 16)),                                          \
+               (__global const ushort *)((PTR) + (B0) + ro + c * (EPC)), ok ? 16u : 0u);              \
+  }
+#if K_Q || V_Q
+#define COPY_KV(SB, KB)                                                         \
+  COPY_ROWS(k, kb0, k_sb, k_sn, K_CH, K_EPC, SB, !K_Q, KB)                      \
+  COPY_ROWS(v, vb0, v_sb, v_sn, V_CH, V_EPC, (SB) + K_TILE_BYTES, !V_Q, KB)     \
+  COPY_K_SCALES((SB) + K_SC_OFF, KB)                                            \
+  COPY_V_SCALES((SB) + V_SC_OFF, KB)
+#else
+/* Plain caches: K and V chunks in one loop (the rows' offsets computed once). */
+#define COPY_KV(SB, KB)                                                                         \
+  for (int i = tid; i < BLOCK_C * CH; i += NTHREADS) {                                          \
+    const int r = i / CH, c = i - (i / CH) * CH, j = (KB) + r;                                  \
+    const int ok = j < kend;                                                                    \
+    const long ko = ok ? ROW_OFF(j, k_sb, k_sn) : 0, vo = ok ? ROW_OFF(j, v_sb, v_sn) : 0;     \
+    cp_async16((SB) + SWZ(r, c), k + kb0 + ko + c * 8, ok ? 16u : 0u);                          \
+    cp_async16((SB) + TILE_BYTES + SWZ(r, c), v + vb0 + vo + c * 8, ok ? 16u : 0u);             \
+  }
+#endif
 /* The tile at KB (on page tpg where tiles never cross pages) into stage ST:
- * every work-item copies chunks tid, tid + NTHREADS, ... of K and of V; rows past
- * kend are zero-filled (a source size of 0 reads nothing; the address stays in
- * bounds). Always one commit group per call. */
+ * K then V (then TOKEN scales); always one commit group per call. */
 #define LOAD_TILE(KB, ST, TPG)                                                                         \
   {                                                                                                    \
     const uint sb_ = sbase + (uint)((ST) * STAGE_BYTES);                                               \
     const int tpg = (TPG);                                                                             \
     (void)tpg;                                                                                         \
-    if ((KB) < kend)                                                                                   \
-      for (int i = tid; i < BLOCK_C * CH; i += NTHREADS) {                                             \
-        const int r = i / CH, c = i - (i / CH) * CH, j = (KB) + r;                                     \
-        const int ok = j < kend;                                                                       \
-        const long ko = ok ? ROW_OFF(j, k_sb, k_sn) : 0, vo = ok ? ROW_OFF(j, v_sb, v_sn) : 0;        \
-        cp_async16(sb_ + SWZ(r, c), k + kb0 + ko + c * 8, ok ? 16u : 0u);                              \
-        cp_async16(sb_ + TILE_BYTES + SWZ(r, c), v + vb0 + vo + c * 8, ok ? 16u : 0u);                 \
-      }                                                                                                \
+    if ((KB) < kend) {                                                                                 \
+      COPY_KV(sb_, KB)                                                                                 \
+    }                                                                                                  \
     cp_commit();                                                                                       \
+  }
+/* A side's TOKEN scales for the tile's rows (0 past kend: zero-filled). */
+#define COPY_SCALES(SCL, DST, KB)                                                                      \
+  for (int r = tid; r < BLOCK_C; r += NTHREADS) {                                                      \
+    const int j = (KB) + r, ok = j < kend;                                                             \
+    const long si = ok ? kvq_scale_index(KVQ_SCALE_TOKEN, SCALE_ROW(j), heads_kv, hk) : 0;           \
+    cp_async4((DST) + (uint)(r * 4), (SCL) + si, ok ? 4u : 0u);                                        \
+  }
+#if K_ROWSCALE
+#define COPY_K_SCALES(DST, KB) COPY_SCALES(k_scale, DST, KB)
+#else
+#define COPY_K_SCALES(DST, KB)
+#endif
+#if V_ROWSCALE
+#define COPY_V_SCALES(DST, KB) COPY_SCALES(v_scale, DST, KB)
+#else
+#define COPY_V_SCALES(DST, KB)
+#endif
+/* A quantized side's tile at local byte offset RAW (dense rows of HEAD_DIM
+ * codes) into the 16-bit tile at CONV (the plain side's swizzled layout), 8
+ * codes per work-item and step: the codes themselves (SCO < 0), or code *
+ * scale with the row's scale at local byte offset SCO, in fp32 rounded once. */
+#define DQ_STEPS ((BLOCK_C * CH + NTHREADS - 1) / NTHREADS)
+#define DEQUANT_TILE(RAW, CONV, FMT, SCO)                                                              \
+  _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                            \
+    const int i = tid + it * NTHREADS;                                                                 \
+    if (DQ_STEPS * NTHREADS > BLOCK_C * CH && i >= BLOCK_C * CH) break;                                \
+    const int r = i / CH, c = i - (i / CH) * CH;                                                       \
+    const uint2 w = *(__local const uint2 *)(smb + (RAW) + i * 8);                                     \
+    uint4 h;                                                                                           \
+    if ((SCO) < 0) {                                                                                   \
+      h = dmq_codes8(w, FMT);                                                                          \
+    } else {                                                                                           \
+      const float8 f = dmq_decode8(w, FMT) * *(__local const float *)(smb + (SCO) + r * 4);          \
+      h = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));         \
+    }                                                                                                  \
+    *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = h;                                                  \
   }
 
   for (int s = 0; s < KV_STAGES - 1; s++) LOAD_TILE(kstart + s * BLOCK_C, s, TILE_PAGE(kstart + s * BLOCK_C))
@@ -212,7 +454,23 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       pga = TILE_PAGE(kb_ + BLOCK_C);
       LOAD_TILE(kb_, ns, tp)
     }
-    const uint kb = sbase + (uint)(stage * STAGE_BYTES), vb = kb + TILE_BYTES;
+    const int so = stage * STAGE_BYTES; /* this stage's local byte offset */
+    uint kb = sbase + (uint)so, vb = kb + K_TILE_BYTES;
+#if K_Q || V_Q
+    {
+      /* Every work-item is past the loop head's barrier, so the dequantized
+       * tiles of the previous step have been read. */
+#if K_Q
+      DEQUANT_TILE(so, CONV_OFF, K_DTYPE, -1)
+      kb = sbase + CONV_OFF;
+#endif
+#if V_Q
+      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE, V_ROWSCALE ? so + V_SC_OFF : -1)
+      vb = sbase + CONV_OFF + K_Q * TILE_BYTES;
+#endif
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#endif
     stage = stage == KV_STAGES - 1 ? 0 : stage + 1;
     const int j0 = k0 + wk * 16; /* this warp's first key */
     if (j0 >= kend) continue;    /* no barrier until the loop head */
@@ -228,6 +486,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       MMA(s[0], qf[ks], b0, b1);
       MMA(s[1], qf[ks], b2, b3);
     }
+#if K_Q
+    /* K held codes: each key's score times its scale. */
+    #pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++)
+#if K_ROWSCALE
+        s[nt][e] *= *(__local const float *)(smb + so + K_SC_OFF + (wk * 16 + nt * 8 + 2 * t4 + (e & 1)) * 4);
+#else
+        s[nt][e] *= k_uni;
+#endif
+#endif
     /* Masks only where the slice reaches the new tokens or the range's end. */
     if (j0 + 16 > kend || j0 + 16 > newk) {
       #pragma unroll
@@ -324,14 +594,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     float ls = 0.0f;
     for (int i = 0; i < WK; i++) ls += Ml[1][i][wr * 16 + r];
     const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
-    float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+    /* A V of codes under one scale: O times that scale (1 otherwise). */
+    float inv = ls > 0.0f ? v_uni / ls : 0.0f;
     float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * scale_log2;
 #if SINKS
     /* The sink joins split 0's (or the only) partial state, at the end (fp16 P). */
     if (split == 0) {
       const float3 j = sv_sink_join(sinks[hq] * M_LOG2E_F, ls > 0.0f ? mx : -INFINITY, ls);
       ls = j.y;
-      inv = ls > 0.0f ? j.z / ls : 0.0f;
+      inv = ls > 0.0f ? j.z * v_uni / ls : 0.0f;
       mx = j.x;
     }
 #endif
@@ -352,5 +623,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #endif
   }
 #undef LOAD_TILE
+#undef COPY_ROWS
+#undef COPY_KV
+#undef DEQUANT_TILE
+#undef COPY_SCALES
+#undef COPY_K_SCALES
+#undef COPY_V_SCALES
 #endif /* USE_PTX */
 }

@@ -190,15 +190,22 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
   flashcl_context *ctx = L->ctx;
   fcl_decode_plan *p = L->p;
   const char *extra = ctx->build_options;
-  char mopts[384];
+  char mopts[512], quant[96] = "";
   flashcl_status st;
   L->threads = 32 * p->mma_wr * p->mma_wk;
+  const int kvq = p->kv.k_quant || p->kv.v_quant;
+  if (kvq) fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
   snprintf(mopts, sizeof mopts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
-           "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s",
+           "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
-           L->desc->tree_mask != NULL, L->desc->sinks != NULL, extra ? " " : "", extra ? extra : "");
-  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma", &L->kern)))
+           L->desc->tree_mask != NULL, L->desc->sinks != NULL, quant,
+           kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
+  /* kv_quant.cl only where a cache is quantized: plain caches keep the program they had. */
+  if ((st = fcl_get_kernel(ctx,
+                           kvq ? "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl"
+                               : "mma_ptx.cl+score_variant.cl+decode_mma.cl",
+                           mopts, "decode_mma", &L->kern)))
     return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
   size_t mwg = 0;
@@ -276,11 +283,10 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
     fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
     fcl_arg_float(&a, desc->softcap * log2e);
   }
-  fcl_arg_mem(&a, desc->sinks); /* both kernels take it after the rest */
-  if (!p->mma) { /* the quantized caches' scales: decode_attn only (the plan keeps decode_mma out) */
-    fcl_arg_mem(&a, p->kv.k_quant ? desc->k_scale : NULL);
-    fcl_arg_mem(&a, p->kv.v_quant ? desc->v_scale : NULL);
-  }
+  /* Both kernels take the sinks and the quantized caches' scales after the rest. */
+  fcl_arg_mem(&a, desc->sinks);
+  fcl_arg_mem(&a, p->kv.k_quant ? desc->k_scale : NULL);
+  fcl_arg_mem(&a, p->kv.v_quant ? desc->v_scale : NULL);
   return a.err;
 }
 
@@ -423,7 +429,7 @@ static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flash
   c.block_r = p.mma ? 16 * p.mma_wr : p.rows;
   c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
   c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;
-  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages) : p.local_bytes;
+  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, p.kv.k_quant, p.kv.v_quant) : p.local_bytes;
   *config = c;
   return FLASHCL_SUCCESS;
 }

@@ -39,10 +39,11 @@
  *     kernel. A per-call tuning whose values do not run as given (they do not
  *     fit, or the kernel they belong to does not run) is refused.
  * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
- *   register path of decode.cl, which dequantizes on load; no cp.async stages
- *   (they copy 16-bit rows), hence no tensor-core kernel either, whatever
- *   desc.kernel says (NVIDIA_MMA runs the portable kernel on problems it does
- *   not cover, as for fp32).
+ *   tensor-core kernel where it applies (as above, with fp16/bf16 tokens and
+ *   16-byte aligned cache rows), which copies the codes through cp.async and
+ *   dequantizes each tile in local memory; else the register path of
+ *   decode.cl, which dequantizes on load. decode.cl's cp.async stages copy
+ *   16-bit rows only, so a quantized call never takes them.
  * Score variants (desc.window_left/right, alibi_slopes, softcap): decode.cl
  *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
  *   a left window caps the keys the split count is planned for at
@@ -87,6 +88,11 @@
  * At 33-48 rows (3 m-tiles) two warps per m-tile, 2 stages and 2 per CU were
  * faster. */
 #define FCL_DEC_MMA_MIN_ROWS 1
+/* With a quantized cache (int8, fp8) the kernel dequantizes every tile in
+ * local memory: 8 work-groups per CU instead of 4 was faster on the H100 for
+ * every format, scale layout, batch 1 and 8 and 4K and 32K keys but one
+ * (BENCHMARKS.md, "Quantized KV cache on the tensor-core decode"). */
+#define FCL_DEC_MMA_WG_PER_CU_QUANT 8
 /* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
  * H100 found the best split counts at 43-171 keys per split for batch 1-4 and
  * 1K-16K keys; the portable kernel's floor of 256 held batch 1 at 8K keys to
@@ -105,9 +111,12 @@ static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int sta
   return 4 * (sh > obuf ? sh : obuf) + 4 * 2 * sr;
 }
 
-/* cl/nvidia/decode_mma.cl's K | V stages, or the merge buffer reusing them, and Ml. */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages) {
-  const size_t kv = (size_t)stages * 2 * 16 * (size_t)wk * (size_t)d * 2, ob = (size_t)wr * 16 * (size_t)d * 4;
+/* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
+ * per element) and dequantized tiles, or the merge buffer reusing them, and Ml. */
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq) {
+  const size_t row = 16 * (size_t)wk * (size_t)d; /* elements of one side's tile */
+  const size_t kv = (size_t)stages * row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + (size_t)(kq + vq) * row * 2;
+  const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
   return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
 
@@ -152,6 +161,7 @@ static flashcl_status fcl_decode_nvidia(flashcl_context *ctx, const flashcl_deco
  * with the decode tuning's mma_* values over the rule of the top of this file. */
 static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor *q, int variants, size_t cap,
                                 fcl_decode_plan *p) {
+  const int kq = p->kv.k_quant, vq = p->kv.v_quant;
   const int d = p->head_dim, need_rows = p->group * p->q_len;
   const int wr = need_rows >= 64 ? 4 : (need_rows + 15) / 16;
   const fcl_tuned *tu = &p->tu;
@@ -159,19 +169,21 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
   const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
   int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
-  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2) > cap) st2--;
+  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) > cap) st2--;
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
    * kernel keeps raw scores and their row max, which needs a positive scale. */
   if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
-      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2) <= cap &&
+      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
     p->mma = 1;
     p->mma_wr = wr;
     p->mma_wk = wk;
     p->mma_stages = st2;
     p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
-    p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_MMA_WG_PER_CU, wr == 3 ? 2 : 4);
+    /* A quantized cache's tiles are half the bytes and cost a dequantization
+     * each: more work-groups per CU, so that more of them are in flight. */
+    p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_MMA_WG_PER_CU, wr == 3 ? 2 : kq || vq ? FCL_DEC_MMA_WG_PER_CU_QUANT : 4);
   }
 }
 
@@ -238,7 +250,14 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   p->local_bytes = fcl_dec_local_bytes(d, rows, threads, kpt, stages);
   p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU);
   p->mma = 0;
-  if (stages) fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f, cap, p);
+  /* A quantized cache keeps decode.cl's register path, but the tensor-core
+   * kernel copies its rows as they are and dequantizes them in local memory:
+   * it may run where a plain cache would take the cp.async stages (a tuning's
+   * stages = 0 keeps it out here too), with 16-byte aligned rows on both sides. */
+  const int quant_mma = quant && nvidia && q->dtype != FLASHCL_F32 && fcl_dec_vec_aligned(kc) &&
+                        fcl_dec_vec_aligned(vc) && fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES) >= 2;
+  if (stages || quant_mma)
+    fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f, cap, p);
   return FLASHCL_SUCCESS;
 }
 
