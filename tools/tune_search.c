@@ -6,7 +6,11 @@
  * first), and then beat the incumbent in a paired comparison: both are timed
  * alternately (ABBA order), so clock and thermal drift land on both sides.
  * A configuration the library would run identically to one already timed is
- * not timed again. Switches are visited before tiles (ts_order).
+ * not timed again. Switches are visited before tiles (ts_order). Where a
+ * pass changes nothing and budget is left, pairs of switches change together
+ * (ts_pair_pass): two switches can each lose alone and win together (the
+ * backward's warp-tiled mapping and its unrolled loops, say), a local optimum
+ * that single changes never leave.
  */
 #include "tune_search.h"
 
@@ -225,6 +229,63 @@ static int ts_pass(ts_state *s, flashcl_tuning *inc) {
   return kept;
 }
 
+/* The switches of the selected parameters (two or three candidates), in
+ * declaration order; their count. */
+static int ts_switches(const ts_state *s, int *out, int cap) {
+  flashcl_tuning_param_info info;
+  int n = 0;
+  for (int i = 0; flashcl_tuning_space(s->r->family, i, &info) == FLASHCL_SUCCESS && n < cap; ++i)
+    if (info.num_candidates <= 3 && ts_selected(s->o->params, info.name)) out[n++] = i;
+  return n;
+}
+
+/* The candidates of one pair pass at most: every value of switch a with every
+ * value of switch b (the pass skips those that keep either switch's value). */
+static int ts_pair_count(const ts_state *s) {
+  flashcl_tuning_param_info ia, ib;
+  int sw[64], total = 0;
+  const int n = ts_switches(s, sw, 64);
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b)
+      if (flashcl_tuning_space(s->r->family, sw[a], &ia) == FLASHCL_SUCCESS &&
+          flashcl_tuning_space(s->r->family, sw[b], &ib) == FLASHCL_SUCCESS)
+        total += ia.num_candidates * ib.num_candidates;
+  return total;
+}
+
+/* One pass over pairs of switches, each value of one with each value of the
+ * other, the incumbent's values excepted; 1 when a pair was kept (the search
+ * then runs single changes again), 0 when none, -1 on a dead context. */
+static int ts_pair_pass(ts_state *s, flashcl_tuning *inc) {
+  flashcl_tuning_param_info ia, ib;
+  int sw[64];
+  const int n = ts_switches(s, sw, 64);
+  s->total += ts_pair_count(s);
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b) {
+      flashcl_tuning_space(s->r->family, sw[a], &ia);
+      flashcl_tuning_space(s->r->family, sw[b], &ib);
+      for (int x = 0; x < ia.num_candidates; ++x)
+        for (int y = 0; y < ib.num_candidates; ++y, ++s->done) {
+          if (s->o->progress) s->o->progress(s->o->user, s->done, s->total);
+          if (s->o->deadline_ms > 0 && tools_now_ms() > s->o->deadline_ms) {
+            s->r->timed_out = 1;
+            return 0;
+          }
+          int cur = 0;
+          if (flashcl_tuning_get(inc, ia.name, &cur) == FLASHCL_SUCCESS && cur == ia.candidates[x]) continue;
+          if (flashcl_tuning_get(inc, ib.name, &cur) == FLASHCL_SUCCESS && cur == ib.candidates[y]) continue;
+          flashcl_tuning cand = *inc;
+          if (flashcl_tuning_set(NULL, &cand, ia.name, ia.candidates[x]) ||
+              flashcl_tuning_set(NULL, &cand, ib.name, ib.candidates[y]))
+            continue;
+          const int t = ts_try(s, inc, &cand);
+          if (t) return t < 0 ? -1 : 1;
+        }
+    }
+  return 0;
+}
+
 /* The incumbent the search starts from: the sources' values, less those the
  * library dropped for this problem (a file's values are a preference, which
  * the library may drop where they do not fit; a call's must run as given). */
@@ -283,10 +344,15 @@ int tune_search(flashcl_context *ctx, tune_problem *p, const tune_search_opts *o
     flashcl_tuning inc;
     ts_start(s, &base, &inc);
     s->total = ts_pass_size(r->family, o->params) * (o->passes > 0 ? o->passes : 1);
-    for (int pass = 0; pass < (o->passes > 0 ? o->passes : 1); ++pass) {
-      const int kept = ts_pass(s, &inc);
+    /* Single changes until a pass keeps none (or --passes run out); then,
+     * with budget left, pairs of switches, and single changes again after a
+     * kept pair. */
+    int passes = o->passes > 0 ? o->passes : 1;
+    for (int pass = 0; pass < passes && !st && !r->timed_out; ++pass) {
+      int kept = ts_pass(s, &inc);
+      if (kept == 0 && !r->timed_out) kept = ts_pair_pass(s, &inc);
       if (kept < 0) st = FLASHCL_ERROR_INTERNAL;
-      if (kept <= 0 || r->timed_out) break;
+      if (kept <= 0) break;
     }
     if (!st) st = ts_final(s, &inc);
   }
