@@ -175,9 +175,6 @@ typedef ushort vel_t;
 #endif
 
 #if K_Q || V_Q
-/* Eight codes of format fmt in fp32, before the scale. int8 goes through the
- * fp32 bits of 2^23 + (code + 128), less 2^23 + 128 (exact; the integer to
- * float conversion runs at a quarter of the fp32 rate); fp8 as in decode.cl. */
 #if USE_PTX
 /* Bytes of {b, a} (b the high word) picked by the selector's nibbles. */
 inline uint dmq_prmt(uint a, uint b, uint sel) {
@@ -187,10 +184,47 @@ inline uint dmq_prmt(uint a, uint b, uint sel) {
 }
 /* Code i of x = w ^ 0x80808080 as the fp32 bits of 2^23 + code + 128. */
 #define DMQ_I8F(x, i) as_float(dmq_prmt((x), 0x4b000000u, 0x7540u + (i)))
+
+/* Eight fp8 codes as exact fp16 values: e5m2 is binary16's top byte (byte
+ * permutes); e4m3 through sm_89's conversion, NaN included. Only for formats
+ * DMQ_FP8_FAST takes. */
+#define DMQ_FP8_FAST(fmt) ((fmt) == KVQ_E5M2 || (CVT_E4M3 && (fmt) == KVQ_E4M3))
+inline uint4 dmq_fp8_f16x8(uint2 w, int fmt) {
+  if (fmt == KVQ_E5M2)
+    return (uint4)(dmq_prmt(w.x, 0u, 0x1404u), dmq_prmt(w.x, 0u, 0x3424u), dmq_prmt(w.y, 0u, 0x1404u),
+                   dmq_prmt(w.y, 0u, 0x3424u));
+  uint4 h = (uint4)(0u);
+#if CVT_E4M3
+  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %4;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t"
+      "mov.b32 {a, b}, %5;\n\tcvt.rn.f16x2.e4m3x2 %2, a;\n\tcvt.rn.f16x2.e4m3x2 %3, b;}"
+      : "=r"(h.x), "=r"(h.y), "=r"(h.z), "=r"(h.w)
+      : "r"(w.x), "r"(w.y));
+#endif
+  return h;
+}
+/* A packed pair of fp16 values as two floats (lo first). */
+inline float2 dmq_f16x2_f32(uint h) {
+  float2 f;
+  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;}"
+      : "=f"(f.x), "=f"(f.y)
+      : "r"(h));
+  return f;
+}
+#else
+#define DMQ_FP8_FAST(fmt) 0
 #endif
 
+/* Eight codes of format fmt in fp32, before the scale. int8 goes through the
+ * fp32 bits of 2^23 + (code + 128), less 2^23 + 128 (exact; the integer to
+ * float conversion runs at a quarter of the fp32 rate), fp8 through exact
+ * fp16 where DMQ_FP8_FAST, else as decode.cl does. */
 inline float8 dmq_decode8(uint2 w, int fmt) {
 #if USE_PTX
+  if (DMQ_FP8_FAST(fmt)) {
+    const uint4 h = dmq_fp8_f16x8(w, fmt);
+    const float2 a = dmq_f16x2_f32(h.x), b = dmq_f16x2_f32(h.y), c = dmq_f16x2_f32(h.z), d = dmq_f16x2_f32(h.w);
+    return (float8)(a, b, c, d);
+  }
   if (fmt == KVQ_I8) {
     const uint x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;
     return (float8)(DMQ_I8F(x, 0), DMQ_I8F(x, 1), DMQ_I8F(x, 2), DMQ_I8F(x, 3), DMQ_I8F(y, 0), DMQ_I8F(y, 1),
@@ -209,8 +243,9 @@ inline uint dmq_i8x2_f16(uint x, uint sel) {
   asm("sub.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0x64806480u)); /* 1152, 1152 */
   return r;
 }
-/* Eight codes as eight exact DTYPE values (no scale): int8 and e5m2 (binary16's
- * top byte) by byte permutes into fp16, the others through fp32. */
+/* Eight codes as eight exact DTYPE values (no scale): into fp16 directly where
+ * a fast conversion exists (int8 by byte permutes, DMQ_FP8_FAST), else through
+ * fp32. */
 inline uint4 dmq_codes8(uint2 w, int fmt) {
 #if DTYPE == 1
   if (fmt == KVQ_I8) {
@@ -218,20 +253,7 @@ inline uint4 dmq_codes8(uint2 w, int fmt) {
     return (uint4)(dmq_i8x2_f16(x, 0x4140u), dmq_i8x2_f16(x, 0x4342u), dmq_i8x2_f16(y, 0x4140u),
                    dmq_i8x2_f16(y, 0x4342u));
   }
-  if (fmt == KVQ_E5M2)
-    return (uint4)(dmq_prmt(w.x, 0u, 0x1404u), dmq_prmt(w.x, 0u, 0x3424u), dmq_prmt(w.y, 0u, 0x1404u),
-                   dmq_prmt(w.y, 0u, 0x3424u));
-#if CVT_E4M3
-  /* sm_89's conversion, NaN included (kv_quant.cl's decoding, in hardware). */
-  if (fmt == KVQ_E4M3) {
-    uint4 h;
-    asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %4;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t"
-        "mov.b32 {a, b}, %5;\n\tcvt.rn.f16x2.e4m3x2 %2, a;\n\tcvt.rn.f16x2.e4m3x2 %3, b;}"
-        : "=r"(h.x), "=r"(h.y), "=r"(h.z), "=r"(h.w)
-        : "r"(w.x), "r"(w.y));
-    return h;
-  }
-#endif
+  if (DMQ_FP8_FAST(fmt)) return dmq_fp8_f16x8(w, fmt);
 #endif
   const float8 f = dmq_decode8(w, fmt);
   return (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));
