@@ -647,6 +647,118 @@ static void device_decodes_codes(flashcl_dtype fmt) {
   fct_tensor_release(&kc);
 }
 
+/* Every code through the kernel AUTO picks for f16 tokens at d = 128 (the
+ * tensor-core decode on NVIDIA, with its own conversions: byte permutes,
+ * sm_89's e4m3 conversion; the portable kernel elsewhere), in two calls of
+ * 128 codes: one key whose K and V rows hold the codes, and 128 query heads of
+ * one kv head, head h's q one-hot at dim h. Then o (every head) is V's row
+ * times the scale, and head h's LSE (its only score) is K's code h times K's
+ * scale times desc.scale. Both exact: every code and every scaled value here
+ * is an fp16 value. K's non-finite codes become 0 (with a one-hot q a NaN
+ * anywhere in K's row would make every score NaN). kkind / vkind: the scales'
+ * layouts (a TOKEN V is dequantized with its scale, a TENSOR V scaled at the
+ * end). */
+static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl_kv_scale vkind) {
+  fct_env *env = fct_env_get();
+  enum { D = 128, H = 128 };
+  const float vs = 0.125f, ks = 0.25f, scale = 0.5f;
+  char what[128];
+  for (int half = 0; half < 2; half++) {
+    fct_tensor q, o, lse;
+    fct_tensor_create(&q, FLASHCL_F16, FCT_BNHD, 1, 1, H, D, 1);
+    fct_tensor_create(&o, FLASHCL_F16, FCT_BNHD, 1, 1, H, D, 2);
+    fct_tensor_create_lse(&lse, FCT_BNHD, 1, 1, H, 3);
+    fct_tensor_poison(&o);
+    fct_tensor_poison(&lse);
+    for (int h = 0; h < H; h++)
+      for (int x = 0; x < D; x++) fct_store(FLASHCL_F16, q.host, fct_tensor_index(&q, 0, 0, h, x), x == h ? 1.0f : 0.0f);
+    cl_int err = clEnqueueWriteBuffer(env->queue, q.t.buffer, CL_TRUE, 0, q.bytes, q.host, 0, NULL, NULL);
+    FCT_CHECK(err == CL_SUCCESS, "clEnqueueWriteBuffer: %d", (int)err);
+    qbuf kc, vc, ksc, vsc;
+    qbuf_make(&kc, D);
+    qbuf_make(&vc, D);
+    float kval[D];
+    for (int x = 0; x < D; x++) {
+      const uint8_t c = (uint8_t)(128 * half + x);
+      vc.host[x] = c;
+      kc.host[x] = isfinite(kvq_ref_decode(fmt, c)) ? c : 0;
+      kval[x] = kvq_ref_decode(fmt, kc.host[x]);
+    }
+    qbuf_make(&ksc, 4);
+    qbuf_make(&vsc, 4);
+    set_f32(&ksc, 0, ks);
+    set_f32(&vsc, 0, vs);
+    qbuf_upload(&kc);
+    qbuf_upload(&vc);
+    qbuf_upload(&ksc);
+    qbuf_upload(&vsc);
+    flashcl_tensor kt, vt;
+    flashcl_tensor_init_bnhd(&kt, kc.mem, 0, fmt, 1, 1, 1, D);
+    flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, D);
+    const int32_t one = 1;
+    cl_mem lens = fct_create_buffer(4, &one);
+    flashcl_decode_desc desc;
+    flashcl_decode_desc_init(&desc);
+    desc.num_splits = 1;
+    desc.scale = scale;
+    desc.k_scale = ksc.mem;
+    desc.v_scale = vsc.mem;
+    desc.k_scale_kind = kkind;
+    desc.v_scale_kind = vkind;
+    flashcl_config cfg;
+    FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q.t, &kt, &vt, &cfg), FLASHCL_SUCCESS, "config");
+    FCT_CHECK(!fct_device_requires_mma(env->device, what, sizeof what) || strcmp(cfg.kernel, "decode_mma") == 0,
+              "every %s code: kernel %s on an %s", fct_dtype_str(fmt), cfg.kernel, what);
+    FCT_CHECK_STATUS(flashcl_attention_decode(env->ctx, &desc, &q.t, &kt, &vt, lens, &o.t, &lse.t, 0, NULL, NULL),
+                     FLASHCL_SUCCESS, "decode of every %s code", fct_dtype_str(fmt));
+    fct_finish();
+    fct_tensor_download(&o);
+    fct_tensor_download(&lse);
+    int bad = 0;
+    for (int h = 0; h < H && bad < 4; h++) {
+      for (int x = 0; x < D && bad < 4; x++) {
+        const float want = kvq_ref_decode(fmt, vc.host[x]) * vs, got = (float)fct_tensor_get(&o, 0, 0, h, x);
+        if (isnan(want) ? !isnan(got) : got != want) {
+          bad++;
+          print_message("  %s %s V code 0x%02x (head %d, %s): o %.9g, the format says %.9g\n", fct_dtype_str(fmt),
+                        cfg.kernel, vc.host[x], h, vkind == TOK ? "TOKEN" : "TENSOR", (double)got, (double)want);
+        }
+      }
+      const double want = (double)kval[h] * ks * scale, got = fct_tensor_get(&lse, 0, 0, h, 0);
+      if (!(fabs(got - want) <= 1e-6 * fmax(1.0, fabs(want)))) {
+        bad++;
+        print_message("  %s %s K code 0x%02x: LSE %.9g, want %.9g\n", fct_dtype_str(fmt), cfg.kernel, kc.host[h], got,
+                      want);
+      }
+    }
+    FCT_CHECK(bad == 0, "every %s code through %s: %d mismatches (first ones above)", fct_dtype_str(fmt), cfg.kernel, bad);
+    clReleaseMemObject(lens);
+    qbuf_free(&kc);
+    qbuf_free(&vc);
+    qbuf_free(&ksc);
+    qbuf_free(&vsc);
+    fct_tensor_release(&q);
+    fct_tensor_release(&o);
+    fct_tensor_release(&lse);
+  }
+}
+
+static void test_mma_codes_i8(void **state) {
+  (void)state;
+  mma_decodes_codes(I8, TOK, TOK);
+  mma_decodes_codes(I8, HEAD, TENS);
+}
+static void test_mma_codes_e4m3(void **state) {
+  (void)state;
+  mma_decodes_codes(E4, TOK, TOK);
+  mma_decodes_codes(E4, TENS, HEAD);
+}
+static void test_mma_codes_e5m2(void **state) {
+  (void)state;
+  mma_decodes_codes(E5, TOK, TOK);
+  mma_decodes_codes(E5, HEAD, TENS);
+}
+
 static void test_device_decode_i8(void **state) {
   (void)state;
   device_decodes_codes(I8);
@@ -951,12 +1063,15 @@ static void test_quant_errors(void **state) {
 
 int main(void) {
   enum { NQ = sizeof QCASES / sizeof QCASES[0] };
-  struct CMUnitTest tests[NQ + 8];
+  struct CMUnitTest tests[NQ + 11];
   size_t n = 0;
   tests[n++] = (struct CMUnitTest){"quant_host_formats", test_host_formats, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"quant_device_decode_i8", test_device_decode_i8, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"quant_device_decode_e4m3", test_device_decode_e4m3, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"quant_device_decode_e5m2", test_device_decode_e5m2, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"quant_kernel_codes_i8", test_mma_codes_i8, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"quant_kernel_codes_e4m3", test_mma_codes_e4m3, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"quant_kernel_codes_e5m2", test_mma_codes_e5m2, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"quant_device_encode_i8", test_device_encode_i8, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"quant_device_encode_e4m3", test_device_encode_e4m3, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"quant_device_encode_e5m2", test_device_encode_e5m2, NULL, NULL, NULL};
