@@ -289,6 +289,39 @@ static void test_bad_arguments(void **state) {
   FCT_CHECK(run_bench(kvbad, &out, &err) == 1, "--kv-dtype int4 accepted:\n%s", err);
   free(out);
   free(err);
+  const char *scale[] = {"--decode", "--kv-scale", "head", NULL};
+  FCT_CHECK(run_bench(scale, &out, &err) == 1 && strstr(err, "needs --kv-dtype"), "--kv-scale alone:\n%s", err);
+  free(out);
+  free(err);
+  const char *dvdec[] = {"--decode", "--head-dim-v", "32", NULL};
+  FCT_CHECK(run_bench(dvdec, &out, &err) == 1 && strstr(err, "--head-dim-v"), "--head-dim-v with --decode:\n%s", err);
+  free(out);
+  free(err);
+}
+
+/* --head-dim-v: v and o get their own head dim, flash and naive agree on
+ * them (the relL2 column), and a head dim the library refuses is a failed row
+ * with its status, not a crash. */
+static void test_head_dim_v(void **state) {
+  (void)state;
+  const char *args[] = {"--n", "64", "--d", "32", "--head-dim-v", "16", "--dtype", "f32", "--causal", "1", "--reps",
+                        "1", "--warmup", "0", "--batch-tokens", "64", "--hidden", "64", "--bwd", "--json", NULL};
+  check_json_run(args, "sweep", 4);
+  char *out = NULL, *err = NULL;
+  const char *csv[] = {"--n", "64", "--d", "32", "--head-dim-v", "16", "--dtype", "f32", "--causal", "0", "--reps",
+                       "1", "--warmup", "0", "--batch-tokens", "64", "--hidden", "64", "--csv", NULL};
+  FCT_CHECK(run_bench(csv, &out, &err) == 0, "--head-dim-v --csv:\n%s\n%s", out, err);
+  FCT_CHECK(strstr(out, ",64,32/16,f32,") != NULL, "no 32/16 in the d column:\n%s", out);
+  const char *rel = strstr(out, "\"ok\""), *flash = strstr(out, ",flash,");
+  FCT_CHECK(rel && flash, "no ok flash row:\n%s", out);
+  free(out);
+  free(err);
+  const char *bad[] = {"--n", "64", "--d", "32", "--head-dim-v", "20", "--dtype", "f32", "--causal", "0", "--reps",
+                       "1", "--warmup", "0", "--batch-tokens", "64", "--hidden", "64", "--csv", NULL};
+  FCT_CHECK(run_bench(bad, &out, &err) == 1, "--head-dim-v 20 (not a multiple of 8) did not fail:\n%s\n%s", out, err);
+  FCT_CHECK(count(out, "UNSUPPORTED_HEAD_DIM") == 2, "no status in the failed rows:\n%s", out);
+  free(out);
+  free(err);
 }
 
 /* flashcl-tune --json: a dry run of one small problem is one valid document. */
@@ -329,7 +362,8 @@ int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/flashcl-bench-test-XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_validator), cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_json),
+      cmocka_unit_test(test_validator), cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_head_dim_v),
+      cmocka_unit_test(test_json),
       cmocka_unit_test(test_csv),       cmocka_unit_test(test_text),          cmocka_unit_test(test_tune_json),
   };
   const int rc = fct_run_group("bench_tool", tests, sizeof tests / sizeof tests[0], 1);

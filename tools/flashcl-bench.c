@@ -44,6 +44,7 @@ typedef struct bench_opts {
   int have_kv_dtype;
   int kv_scale;             /* --kv-scale: the quantized caches' flashcl_kv_scale */
   int have_kv_scale;
+  long head_dim_v;          /* --head-dim-v: v and o's head dim (0: --d's) */
 } bench_opts;
 
 /* Buffers and tensors of one (N, d, dtype) config. */
@@ -52,7 +53,8 @@ typedef struct config_bufs {
   flashcl_tensor q, k, v, o, lse, d_o, dq, dk, dv;
   flashcl_tensor kp, vp; /* --page-size: k and v as page pools */
   long pages_per_seq;
-  size_t q_count, kv_count;
+  size_t q_count, kv_count; /* elements of q (dq) and of k (dk) */
+  size_t o_count, v_count;  /* elements of o (d_o) and of v (dv): --head-dim-v's head dim */
   size_t fwd_io, bwd_io; /* bytes the pass reads/writes besides its workspace */
 } config_bufs;
 
@@ -116,6 +118,9 @@ static const char usage_text[] =
     "                       f8e4m3, f8e5m2 (quantized; fp32 scales as --kv-scale says);\n"
     "                       the dtype column then reads e.g. f16/i8, and GB/s counts codes\n"
     "                       and scales\n"
+    "  --head-dim-v DV      v and o's head dim (desc.head_dim_v), q and k keeping --d's;\n"
+    "                       the d column then reads e.g. 192/128, and TFLOP/s counts\n"
+    "                       2 d + 2 DV per visible pair forward, 6 d + 4 DV backward\n"
     "  --kv-scale KIND      --kv-dtype's scales: token (one per token and kv head; the\n"
     "                       default), head (one per kv head) or tensor (one)\n"
     "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
@@ -268,6 +273,7 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
        .parse = parse_kv_dtype_list},
       {.name = "--kv-scale", .kind = ARG_CUSTOM, .dest = &o->kv_scale, .seen = &o->have_kv_scale,
        .parse = parse_kv_scale},
+      {.name = "--head-dim-v", .kind = ARG_LONG, .dest = &o->head_dim_v, .lo = 1, .hi = 4096},
       {.name = "--reps", .kind = ARG_LONG, .dest = &o->reps, .seen = &o->have_reps, .lo = 1, .hi = LONG_MAX},
       {.name = "--warmup", .kind = ARG_LONG, .dest = &o->warmup, .seen = &o->have_warmup, .lo = 0, .hi = LONG_MAX},
       {.name = "--budget", .kind = ARG_CUSTOM, .dest = &o->budget_s, .parse = parse_positive_double},
@@ -310,6 +316,10 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
     fprintf(stderr, "flashcl-bench: --kv-dtype needs --decode (the quantized caches are decode's)\n");
     return ARGS_BAD_VALUE;
   }
+  if (st == ARGS_OK && o->head_dim_v && o->decode) {
+    fprintf(stderr, "flashcl-bench: --head-dim-v times the forward and backward (decode takes one head dim)\n");
+    return ARGS_BAD_VALUE;
+  }
   if (st == ARGS_OK && o->have_kv_scale && !o->have_kv_dtype) {
     fprintf(stderr, "flashcl-bench: --kv-scale needs --kv-dtype (it sets the quantized caches' scales)\n");
     return ARGS_BAD_VALUE;
@@ -349,7 +359,7 @@ static void release_bufs(config_bufs *b) {
 /* Allocates the config's buffers (random q, k, v and, for --bwd, d_o). Returns
  * 0 or a status; OOM statuses are recognised by tools_is_oom. */
 static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, long batch, long n,
-                      long heads, long heads_kv, long d, flashcl_dtype dtype, uint64_t seed, void *scratch,
+                      long heads, long heads_kv, long d, long dv, flashcl_dtype dtype, uint64_t seed, void *scratch,
                       config_bufs *b) {
   cl_context clctx = flashcl_context_cl_context(ctx);
   cl_command_queue queue = flashcl_context_cl_queue(ctx);
@@ -363,23 +373,25 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
   memset(b, 0, sizeof *b);
   b->q_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)d;
   b->kv_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)d;
-  b->fwd_io = (2 * b->q_count + 2 * b->kv_count) * esize;
-  b->bwd_io = (4 * b->q_count + 4 * b->kv_count) * esize + lse_bytes;
+  b->o_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)dv;
+  b->v_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)dv;
+  b->fwd_io = (b->q_count + b->kv_count + b->v_count + b->o_count) * esize;
+  b->bwd_io = (2 * (b->q_count + b->kv_count + b->v_count + b->o_count)) * esize + lse_bytes;
   if ((cl_ulong)(o->bwd ? b->bwd_io : b->fwd_io) > info->global_mem_size ||
-      (cl_ulong)(b->q_count * esize) > info->max_mem_alloc_size)
+      (cl_ulong)((b->q_count > b->o_count ? b->q_count : b->o_count) * esize) > info->max_mem_alloc_size)
     return FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY;
 
   b->mem[0] = tools_random_buffer(clctx, queue, dtype, b->q_count, seed + 1, scratch, &err);
   if (b->mem[0]) b->mem[1] = tools_random_buffer(clctx, queue, dtype, b->kv_count, seed + 2, scratch, &err);
-  if (b->mem[1]) b->mem[2] = tools_random_buffer(clctx, queue, dtype, b->kv_count, seed + 3, scratch, &err);
-  if (b->mem[2]) b->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->q_count * esize, NULL, &err);
+  if (b->mem[1]) b->mem[2] = tools_random_buffer(clctx, queue, dtype, b->v_count, seed + 3, scratch, &err);
+  if (b->mem[2]) b->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->o_count * esize, NULL, &err);
   if (!b->mem[3] || err) goto fail;
   if (o->bwd) {
     b->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, lse_bytes, NULL, &err);
-    if (b->mem[4]) b->mem[5] = tools_random_buffer(clctx, queue, dtype, b->q_count, seed + 4, scratch, &err);
+    if (b->mem[4]) b->mem[5] = tools_random_buffer(clctx, queue, dtype, b->o_count, seed + 4, scratch, &err);
     if (b->mem[5]) b->mem[6] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->q_count * esize, NULL, &err);
     if (b->mem[6]) b->mem[7] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->kv_count * esize, NULL, &err);
-    if (b->mem[7]) b->mem[8] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->kv_count * esize, NULL, &err);
+    if (b->mem[7]) b->mem[8] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->v_count * esize, NULL, &err);
     if (!b->mem[8] || err) goto fail;
   }
   if (o->alibi) {
@@ -408,18 +420,18 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
                                                 host, &err);
     if (!b->mem[11] || err) goto fail;
     st = flashcl_tensor_init_bnhd(&b->kp, b->mem[1], 0, dtype, batch * per, P, heads_kv, d);
-    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[2], 0, dtype, batch * per, P, heads_kv, d);
+    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[2], 0, dtype, batch * per, P, heads_kv, dv);
   }
   if (!st) st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
   if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
-  if (!st) st = init(&b->v, b->mem[2], 0, dtype, batch, n, heads_kv, d);
-  if (!st) st = init(&b->o, b->mem[3], 0, dtype, batch, n, heads, d);
+  if (!st) st = init(&b->v, b->mem[2], 0, dtype, batch, n, heads_kv, dv);
+  if (!st) st = init(&b->o, b->mem[3], 0, dtype, batch, n, heads, dv);
   if (!st && o->bwd) {
     st = flashcl_tensor_init_lse(&b->lse, b->mem[4], 0, batch, n, heads);
-    if (!st) st = init(&b->d_o, b->mem[5], 0, dtype, batch, n, heads, d);
+    if (!st) st = init(&b->d_o, b->mem[5], 0, dtype, batch, n, heads, dv);
     if (!st) st = init(&b->dq, b->mem[6], 0, dtype, batch, n, heads, d);
     if (!st) st = init(&b->dk, b->mem[7], 0, dtype, batch, n, heads_kv, d);
-    if (!st) st = init(&b->dv, b->mem[8], 0, dtype, batch, n, heads_kv, d);
+    if (!st) st = init(&b->dv, b->mem[8], 0, dtype, batch, n, heads_kv, dv);
   }
   if (st) {
     tools_print_error(stderr, ctx, "flashcl_tensor_init", st);
@@ -466,6 +478,7 @@ static void row_call(const bench_opts *o, const config_bufs *b, int causal, cons
     desc->heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
     desc->heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
   }
+  if (o->head_dim_v) desc->head_dim_v = (int)o->head_dim_v;
   memset(args, 0, sizeof *args);
   args->desc = desc;
   args->q = &b->q;
@@ -563,9 +576,9 @@ static void read_outputs(cl_command_queue queue, const config_bufs *b, void *scr
   if (r->pass == FLASHCL_PASS_BACKWARD) {
     bad |= read_output(queue, &b->dq, b->q_count, scratch, r);
     bad |= read_output(queue, &b->dk, b->kv_count, scratch, r);
-    bad |= read_output(queue, &b->dv, b->kv_count, scratch, r);
+    bad |= read_output(queue, &b->dv, b->v_count, scratch, r);
   } else {
-    bad |= read_output(queue, &b->o, b->q_count, scratch, r);
+    bad |= read_output(queue, &b->o, b->o_count, scratch, r);
   }
   if (bad) fprintf(stderr, "  (could not read the outputs back for the comparison)\n");
 }
@@ -1223,7 +1236,7 @@ static void print_bench_header(const bench_opts *o, const char *devdesc) {
 
 /* One (N, d, dtype, causal) config of the sweep. */
 typedef struct bench_config {
-  long n, d, batch, heads, heads_kv;
+  long n, d, dv, batch, heads, heads_kv; /* dv: v and o's head dim */
   flashcl_dtype dtype;
   int causal;
   uint64_t seed;
@@ -1255,11 +1268,19 @@ static void compare_with_naive(const row *r, const row *nv, row_stats *rs) {
   }
 }
 
+/* The d column: q and k's head dim, "/v's" where --head-dim-v differs. */
+static const char *d_label(const bench_config *c, char *buf, size_t cap) {
+  if (c->dv == c->d) snprintf(buf, cap, "%ld", c->d);
+  else snprintf(buf, cap, "%ld/%ld", c->d, c->dv);
+  return buf;
+}
+
 static void print_row_csv(const bench_opts *o, const flashcl_device_info *info, const bench_config *c, const row *r,
                           const row_stats *rs) {
   const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
-  printf("\"%s\",%s,%ld,%ld,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info->device_name,
-         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd", c->n, c->d, flashcl_dtype_name(c->dtype), c->causal,
+  char dl[32];
+  printf("\"%s\",%s,%ld,%s,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info->device_name,
+         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd", c->n, d_label(c, dl, sizeof dl), flashcl_dtype_name(c->dtype), c->causal,
          o->bhnd ? "bhnd" : "bnhd", c->batch, c->heads, c->heads_kv, tools_algo_name(r->algo),
          r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
          r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
@@ -1284,6 +1305,7 @@ static void print_row_json(const bench_opts *o, const flashcl_device_info *info,
   tools_json_str(&j, "pass", rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd");
   tools_json_int(&j, "n", c->n);
   tools_json_int(&j, "d", c->d);
+  if (c->dv != c->d) tools_json_int(&j, "d_v", c->dv);
   tools_json_str(&j, "dtype", flashcl_dtype_name(c->dtype));
   tools_json_int(&j, "causal", c->causal);
   tools_json_str(&j, "layout", o->bhnd ? "bhnd" : "bnhd");
@@ -1311,7 +1333,7 @@ static void print_row_json(const bench_opts *o, const flashcl_device_info *info,
 }
 
 static void print_row_text(const bench_config *c, const row *r, const row_stats *rs) {
-  char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32];
+  char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32], dl[32];
   if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
   else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
   else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
@@ -1327,7 +1349,8 @@ static void print_row_text(const bench_config *c, const row *r, const row_stats 
   else snprintf(spd, sizeof spd, "-");
   if (rs->have_rel) snprintf(rl, sizeof rl, "%.2e", rs->rel);
   else snprintf(rl, sizeof rl, "-");
-  printf("%6ld %4ld %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n", c->n, c->d,
+  printf("%6ld %4s %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n", c->n,
+         d_label(c, dl, sizeof dl),
          flashcl_dtype_name(c->dtype), c->causal, c->batch, c->heads, rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd",
          tools_algo_name(r->algo), blocks, reps, ms, tf, mib(rs->io), mib(r->workspace), mib(rs->io + r->workspace),
          spd, rl, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "", r->have_cfg ? " from " : "",
@@ -1340,7 +1363,8 @@ static double g_rate[8][2];
 /* Starts a row's progress label and, from the earlier rows' rate, its estimate. */
 static void start_row(const bench_opts *o, const bench_config *c, const row *r, double flops) {
   const int a = r->algo & 7, p = r->pass == FLASHCL_PASS_BACKWARD;
-  report_row_start("N=%ld d=%ld %s causal=%d %s %s", c->n, c->d, flashcl_dtype_name(c->dtype), c->causal,
+  char dl[32];
+  report_row_start("N=%ld d=%s %s causal=%d %s %s", c->n, d_label(c, dl, sizeof dl), flashcl_dtype_name(c->dtype), c->causal,
                    tools_algo_name(r->algo), p ? "bwd" : "fwd");
   if (g_rate[a][p] > 0) {
     const double call_s = flops / g_rate[a][p] / 1e3;
@@ -1360,8 +1384,11 @@ static void finish_row(const row *r, double flops) {
  * other than by OOM; returns 1 when one of them may have broken the context. */
 static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, const bench_config *c,
                     config_bufs *bufs, int alloc_status, void *scratch, flashcl_pass pass, int *failures) {
-  const double flops = (pass == FLASHCL_PASS_BACKWARD ? 10.0 : 4.0) * visible_pairs(c->n, c->causal, o->window) *
-                       (double)c->d * (double)c->batch * (double)c->heads;
+  /* Per visible pair: forward Q K^T (2 d) and P V (2 dv); backward also S
+   * again (2 d), dP (2 dv), dV (2 dv), dQ and dK (2 d each). */
+  const double per_pair = pass == FLASHCL_PASS_BACKWARD ? 6.0 * (double)c->d + 4.0 * (double)c->dv
+                                                        : 2.0 * (double)c->d + 2.0 * (double)c->dv;
+  const double flops = per_pair * visible_pairs(c->n, c->causal, o->window) * (double)c->batch * (double)c->heads;
   row rows[MAX_ALGOS];
   int flash_i = -1, naive_i = -1, need_reset = 0;
   memset(rows, 0, sizeof rows);
@@ -1391,7 +1418,8 @@ static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_dev
     report_count(r->ran, r->oom);
     if (ai == flash_i && !isnan(rs.speedup)) {
       char label[160];
-      snprintf(label, sizeof label, "N=%ld d=%ld %s causal=%d %s", c->n, c->d, flashcl_dtype_name(c->dtype),
+      char dl[32];
+      snprintf(label, sizeof label, "N=%ld d=%s %s causal=%d %s", c->n, d_label(c, dl, sizeof dl), flashcl_dtype_name(c->dtype),
                c->causal, pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd");
       report_speedup(rs.speedup, label);
     }
@@ -1409,14 +1437,14 @@ static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_dev
 static int run_config(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info,
                       const bench_config *c, int *failures) {
   const size_t esize = flashcl_dtype_size(c->dtype);
-  const size_t max_count = (size_t)c->batch * (size_t)c->n * (size_t)c->heads * (size_t)c->d;
+  const size_t max_count = (size_t)c->batch * (size_t)c->n * (size_t)c->heads * (size_t)(c->d > c->dv ? c->d : c->dv);
   config_bufs bufs;
   int alloc_status, need_reset = 0;
   memset(&bufs, 0, sizeof bufs);
   void *scratch = malloc(max_count * (esize > sizeof(float) ? esize : sizeof(float)));
   if (!scratch) alloc_status = FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
-  else alloc_status = alloc_bufs(ctx, o, info, c->batch, c->n, c->heads, c->heads_kv, c->d, c->dtype, c->seed,
-                                 scratch, &bufs);
+  else alloc_status = alloc_bufs(ctx, o, info, c->batch, c->n, c->heads, c->heads_kv, c->d, c->dv, c->dtype,
+                                 c->seed, scratch, &bufs);
   if (alloc_status && !tools_is_oom(alloc_status))
     fprintf(stderr, "  allocating N=%ld d=%ld %s: %s (%d)\n", c->n, c->d, flashcl_dtype_name(c->dtype),
             flashcl_status_string(alloc_status), alloc_status);
@@ -1447,6 +1475,7 @@ static int recreate_context(const flashcl_context_options *options, flashcl_cont
 /* The config of sweep indices (ni, di, ti, ci); 0 when it is skipped (reported). */
 static int make_config(const bench_opts *o, int ni, int di, int ti, int ci, bench_config *c) {
   c->n = o->n.v[ni], c->d = o->d.v[di];
+  c->dv = o->head_dim_v ? o->head_dim_v : c->d;
   c->dtype = (flashcl_dtype)o->dtype.v[ti];
   c->causal = (int)o->causal.v[ci];
   c->batch = o->batch_tokens / c->n > 0 ? o->batch_tokens / c->n : 1;
