@@ -356,6 +356,40 @@ static void release_bufs(config_bufs *b) {
   }
 }
 
+/* The optional buffers of a config: ALiBi slopes, sinks (and dsinks), the
+ * paged source's block table and key counts. CL_SUCCESS or an OpenCL error. */
+static cl_int alloc_extras(cl_context clctx, const bench_opts *o, long batch, long n, long heads, void *scratch,
+                           config_bufs *b) {
+  cl_int err = CL_SUCCESS;
+  if (o->alibi) {
+    float *slopes = (float *)scratch; /* scratch holds at least q_count >= heads floats */
+    for (long h = 0; h < heads; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)heads);
+    b->mem[9] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), slopes,
+                               &err);
+    if (!b->mem[9] || err) return err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  }
+  if (o->sinks) { /* logit 1: a share of each row comparable to a key's */
+    float *sk = (float *)scratch;
+    for (long h = 0; h < heads; ++h) sk[h] = 1.0f;
+    b->mem[12] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), sk, &err);
+    if (b->mem[12] && o->bwd) b->mem[13] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)heads * sizeof(float), NULL, &err);
+    if (!b->mem[12] || (o->bwd && !b->mem[13]) || err) return err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  }
+  if (o->page_size) { /* the block table of the page pools over the K/V memory */
+    const long P = o->page_size, per = n / P;
+    cl_int *host = (cl_int *)scratch; /* scratch holds q_count >= batch * per ints */
+    b->pages_per_seq = per;
+    for (long i = 0; i < batch * per; ++i) host[i] = (cl_int)i;
+    b->mem[10] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * batch * per, host,
+                                &err);
+    for (long i = 0; i < batch; ++i) host[i] = (cl_int)n;
+    if (b->mem[10]) b->mem[11] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * batch,
+                                                host, &err);
+    if (!b->mem[11] || err) return err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  }
+  return CL_SUCCESS;
+}
+
 /* Allocates the config's buffers (random q, k, v and, for --bwd, d_o). Returns
  * 0 or a status; OOM statuses are recognised by tools_is_oom. */
 static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_device_info *info, long batch, long n,
@@ -394,33 +428,11 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
     if (b->mem[7]) b->mem[8] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, b->v_count * esize, NULL, &err);
     if (!b->mem[8] || err) goto fail;
   }
-  if (o->alibi) {
-    float *slopes = (float *)scratch; /* scratch holds at least q_count >= heads floats */
-    for (long h = 0; h < heads; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)heads);
-    b->mem[9] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), slopes,
-                               &err);
-    if (!b->mem[9] || err) goto fail;
-  }
-  if (o->sinks) { /* logit 1: a share of each row comparable to a key's */
-    float *sk = (float *)scratch;
-    for (long h = 0; h < heads; ++h) sk[h] = 1.0f;
-    b->mem[12] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)heads * sizeof(float), sk, &err);
-    if (b->mem[12] && o->bwd) b->mem[13] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)heads * sizeof(float), NULL, &err);
-    if (!b->mem[12] || (o->bwd && !b->mem[13]) || err) goto fail;
-  }
-  if (o->page_size) { /* the same K/V memory as page pools; sequence b owns pages [b * n / P, (b + 1) * n / P) */
-    const long P = o->page_size, per = n / P;
-    cl_int *host = (cl_int *)scratch; /* scratch holds q_count >= batch * per ints */
-    b->pages_per_seq = per;
-    for (long i = 0; i < batch * per; ++i) host[i] = (cl_int)i;
-    b->mem[10] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * batch * per, host,
-                                &err);
-    for (long i = 0; i < batch; ++i) host[i] = (cl_int)n;
-    if (b->mem[10]) b->mem[11] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(cl_int) * batch,
-                                                host, &err);
-    if (!b->mem[11] || err) goto fail;
-    st = flashcl_tensor_init_bnhd(&b->kp, b->mem[1], 0, dtype, batch * per, P, heads_kv, d);
-    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[2], 0, dtype, batch * per, P, heads_kv, dv);
+  if ((err = alloc_extras(clctx, o, batch, n, heads, scratch, b)) != CL_SUCCESS) goto fail;
+  if (o->page_size) { /* k and v as page pools: sequence b owns pages [b * n / P, (b + 1) * n / P) */
+    st = flashcl_tensor_init_bnhd(&b->kp, b->mem[1], 0, dtype, batch * b->pages_per_seq, o->page_size, heads_kv, d);
+    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[2], 0, dtype, batch * b->pages_per_seq, o->page_size,
+                                           heads_kv, dv);
   }
   if (!st) st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
   if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
