@@ -258,26 +258,6 @@ inline uint4 dmq_codes8(uint2 w, int fmt) {
   const float8 f = dmq_decode8(w, fmt);
   return (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));
 }
-/* Eight codes times a scale as DTYPE values. fp16 with a fast code conversion
- * and a scale that is a normal fp16 value: the exact fp16 codes times the
- * scale rounded to fp16, in fp16 (two roundings of 2^-11 at most, as a 16-bit
- * cache rounds its values once; a third of the instructions); else in fp32,
- * rounded once. */
-inline uint4 dmq_scaled8(uint2 w, int fmt, float sc) {
-#if DTYPE == 1
-  if ((fmt == KVQ_I8 || DMQ_FP8_FAST(fmt)) && sc >= 6.103515625e-05f && sc <= 65504.0f) {
-    const uint4 h = dmq_codes8(w, fmt);
-    const uint s2 = pack2(sc, sc);
-    uint4 o;
-    asm("mul.rn.f16x2 %0, %4, %8;\n\tmul.rn.f16x2 %1, %5, %8;\n\tmul.rn.f16x2 %2, %6, %8;\n\tmul.rn.f16x2 %3, %7, %8;"
-        : "=r"(o.x), "=r"(o.y), "=r"(o.z), "=r"(o.w)
-        : "r"(h.x), "r"(h.y), "r"(h.z), "r"(h.w), "r"(s2));
-    return o;
-  }
-#endif
-  const float8 f = dmq_decode8(w, fmt) * sc;
-  return (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));
-}
 #if K_ROWSCALE || V_ROWSCALE
 inline void cp_async4(uint saddr, __global const float *src, uint bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(saddr), "l"(src), "r"(bytes));
@@ -477,7 +457,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     if ((SCO) < 0) {                                                                                   \
       h = dmq_codes8(w, FMT);                                                                          \
     } else {                                                                                           \
-      h = dmq_scaled8(w, FMT, *(__local const float *)(smb + (SCO) + r * 4));                         \
+      const float8 f = dmq_decode8(w, FMT) * *(__local const float *)(smb + (SCO) + r * 4);          \
+      h = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));         \
     }                                                                                                  \
     *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = h;                                                  \
   }
