@@ -692,14 +692,9 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * [-127, 127] (NaN gives 0); fp8 rounds y to the nearest representable value,
  * ties to even, saturating at the largest finite value (inf too), NaN gives
  * the format's NaN (0x7f / 0x7e with the sign). A scale of 0 (a row of zeros
- * under TOKEN) stores code 0 (+0) for every element of the row. The portable
- * decode kernel dequantizes on load. On NVIDIA, with fp16/bf16 q, head dim 64
- * or 128 and 16-byte aligned cache rows, the tensor-core decode copies the
- * codes and dequantizes each tile in local memory (K as its exact codes, the
- * scale applied to each score in fp32; V as code * scale rounded once to q's
- * dtype, or its codes with one scale applied to O); other quantized calls run
- * the portable kernel (also under kernel NVIDIA_MMA, as for its other
- * uncovered problems).
+ * under TOKEN) stores code 0 (+0) for every element of the row. Which decode
+ * kernels take quantized caches, and how they dequantize: docs/inference.md,
+ * "Quantized KV cache (int8, fp8)".
  */
 /* TOKEN is 0 so that a descriptor zeroed by hand gets the kind that
  * flashcl_decode_desc_init() sets. */
