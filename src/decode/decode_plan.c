@@ -89,9 +89,12 @@
  * faster. */
 #define FCL_DEC_MMA_MIN_ROWS 1
 /* With a quantized cache (int8, fp8) the kernel dequantizes every tile in
- * local memory: 8 work-groups per CU instead of 4 was faster on the H100 for
- * every format, scale layout, batch 1 and 8 and 4K and 32K keys but one
- * (BENCHMARKS.md, "Quantized KV cache on the tensor-core decode"). */
+ * local memory, and a work-group's tiles run one after another: more
+ * work-groups per CU keep more tiles in flight. On the H100, 8 instead of 4
+ * was faster for every format and scale layout at 32K keys (batch 1 and 8)
+ * and at 4K keys, batch 8; at 4K keys, batch 1 (a few microseconds) it ranged
+ * from faster to 22% slower (BENCHMARKS.md, "Quantized KV cache on the
+ * tensor-core decode"). */
 #define FCL_DEC_MMA_WG_PER_CU_QUANT 8
 /* Its split floor: 64 keys (4 tiles) per split. flashcl-tune --decode on the
  * H100 found the best split counts at 43-171 keys per split for batch 1-4 and
