@@ -128,15 +128,6 @@ static const qcase QCASES[] = {
     {"quant_k_i8_v_f16_contig_f16_d128", FLASHCL_F16, I8, FLASHCL_F16, TOK, TOK, 1, 2, 8, 1, 128, {211}, 0, 2},
     {"quant_k_bf16_v_e4m3tok_paged16_bf16_d64", FLASHCL_BF16, FLASHCL_BF16, E4, TOK, TOK, 3, 1, 32, 4, 64,
      {17, 64, 129}, 16, 0},
-    /* The tensor-core decode with 2 and 4 16-key slices per warp and tile
-     * (mma_kpw), quantized and plain: only where that kernel runs (a per-call
-     * tuning of a kernel that does not run is refused). */
-    {"quant_i8_token_contig_f16_d128_kpw2", FLASHCL_F16, I8, I8, TOK, TOK, 2, 1, 16, 4, 128, {300, 97}, 0, 3,
-     "decode mma_kpw=2"},
-    {"quant_e5m2_tensor_paged16_f16_d64_q4_kpw4", FLASHCL_F16, E5, E5, TENS, TENS, 2, 4, 32, 4, 64, {130, 75}, 16, 2,
-     "decode mma_kpw=4"},
-    {"plain_f16_paged16_d128_kpw2", FLASHCL_F16, FLASHCL_F16, FLASHCL_F16, TOK, TOK, 2, 2, 8, 2, 128, {190, 64}, 16,
-     0, "decode mma_kpw=2"},
 };
 
 /* One side (K or V) of a cache: codes or plain elements, dense
@@ -460,13 +451,6 @@ static void fill_cache(const qcase *c, qcache *cc, const qvals *qv) {
 static void run_quant_case(const qcase *c) {
   fct_env *env = fct_env_get();
   const int B = c->batch, T = c->q_len, Hq = c->heads_q, d = c->head_dim;
-  char what[128];
-  const int mma_tuning = c->tuning && strstr(c->tuning, "mma_") != NULL;
-  if (mma_tuning && !fct_device_requires_mma(env->device, what, sizeof what)) {
-    print_message("[ QUANT    ] %-40s skipped: its tuning is the tensor-core decode's, which does not run here\n",
-                  c->name);
-    return;
-  }
   fct_rng rng;
   char tag[256];
   snprintf(tag, sizeof tag, "decode_quant/%s", c->name);
@@ -505,8 +489,8 @@ static void run_quant_case(const qcase *c) {
   /* The tensor-core kernel dequantizes in local memory where it covers the
    * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows) on a device
    * that must have it; decode.cl's register path takes every other call. */
-  const int mma_case =
-      c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && (!c->tuning || mma_tuning);
+  char what[128];
+  const int mma_case = c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning;
   const int want_mma = mma_case && fct_device_requires_mma(env->device, what, sizeof what);
   FCT_CHECK(strcmp(cfg.kernel, want_mma ? "decode_mma" : "decode_attn") == 0 ||
                 (!want_mma && strcmp(cfg.kernel, "decode_mma") == 0 && mma_case),

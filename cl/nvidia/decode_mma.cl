@@ -13,10 +13,8 @@
  *
  * Work-group (split, kv head * row block, sequence), WR x WK warps. Rows as in
  * decode.cl: r = gi * q_len + t for query head hk * G + gi and token t; a row
- * block is 16 * WR rows, warp (wr, wk) owns the 16-row m-tile wr and the KPW
- * 16-key slices [16 (wk KPW + i), 16 (wk KPW + i) + 16) of every tile of
- * BLOCK_C = 16 * WK * KPW keys, one after another (KPW > 1: fewer tiles, so
- * fewer waits and barriers, for the same keys). K and V tiles
+ * block is 16 * WR rows, warp (wr, wk) owns the 16-row m-tile wr and the 16 keys
+ * [16 wk, 16 wk + 16) of every tile of BLOCK_C = 16 * WK keys. K and V tiles
  * stream through local memory with cp.async, KV_STAGES deep (swizzled rows of
  * 16-byte chunks: chunk c of row r at c ^ (r & 7)). Q stays in registers as A
  * fragments, loaded straight from global memory. Each warp keeps its own
@@ -51,8 +49,7 @@
  * o and lse any layout.
  *
  * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
- * i.e. 16-row groups, per work-group), WK (warps along the keys), KPW (16-key
- * slices per warp and tile), KV_STAGES (>= 2),
+ * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
  * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
  * sinks of flashcl_decode_desc.sinks; no other score variant runs here),
  * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches),
@@ -76,9 +73,6 @@
 #endif
 #ifndef WK
 #define WK 1
-#endif
-#ifndef KPW
-#define KPW 1
 #endif
 #ifndef KV_STAGES
 #define KV_STAGES 2
@@ -129,7 +123,7 @@
 #endif
 
 #define NTHREADS (32 * WR * WK)
-#define BLOCK_C (16 * WK * KPW)
+#define BLOCK_C (16 * WK)
 #define CH (HEAD_DIM / 8)    /* 16-byte chunks per row */
 #define SWZ_ROW CH           /* HEAD_DIM is a multiple of 64: no padding */
 #define KT (HEAD_DIM / 16)   /* k-steps of Q K^T */
@@ -148,7 +142,7 @@
 #define OBUF_FLOATS (WR * 16 * HEAD_DIM)
 #define SMEM_CHUNKS ((CONV_OFF + CONV_BYTES) / 16 > OBUF_FLOATS / 4 ? (CONV_OFF + CONV_BYTES) / 16 : OBUF_FLOATS / 4)
 
-#if HEAD_DIM % 64 || KV_STAGES < 2 || WR < 1 || WK < 1 || KPW < 1
+#if HEAD_DIM % 64 || KV_STAGES < 2 || WR < 1 || WK < 1
 #error "inconsistent decode_mma parameters"
 #endif
 
@@ -500,10 +494,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     }
 #endif
     stage = stage == KV_STAGES - 1 ? 0 : stage + 1;
-    for (int sub = 0; sub < KPW; sub++) {
-    const int kw = wk * KPW + sub; /* this slice's 16 keys in the tile */
-    const int j0 = k0 + kw * 16;   /* its first key */
-    if (j0 >= kend) break;         /* no barrier until the loop head */
+    const int j0 = k0 + wk * 16; /* this warp's first key */
+    if (j0 >= kend) continue;    /* no barrier until the loop head */
 
     float s[2][4];
     #pragma unroll
@@ -511,7 +503,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     #pragma unroll
     for (int ks = 0; ks < KT; ks++) {
       uint b0, b1, b2, b3;
-      const int r = kw * 16 + (lane & 7) + (lane >> 4) * 8;
+      const int r = wk * 16 + (lane & 7) + (lane >> 4) * 8;
       LDSM_X4(b0, b1, b2, b3, kb + SWZ(r, 2 * ks + ((lane >> 3) & 1)));
       MMA(s[0], qf[ks], b0, b1);
       MMA(s[1], qf[ks], b2, b3);
@@ -523,7 +515,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       #pragma unroll
       for (int e = 0; e < 4; e++)
 #if K_ROWSCALE
-        s[nt][e] *= *(__local const float *)(smb + so + K_SC_OFF + (kw * 16 + nt * 8 + 2 * t4 + (e & 1)) * 4);
+        s[nt][e] *= *(__local const float *)(smb + so + K_SC_OFF + (wk * 16 + nt * 8 + 2 * t4 + (e & 1)) * 4);
 #else
         s[nt][e] *= k_uni;
 #endif
@@ -572,12 +564,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     #pragma unroll
     for (int dp = 0; dp < DT / 2; dp++) {
       uint b0, b1, b2, b3;
-      const int r = kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int r = wk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
       LDSM_X4_T(b0, b1, b2, b3, vb + SWZ(r, 2 * dp + (lane >> 4)));
       MMA(oacc[2 * dp], pf, b0, b1);
       MMA(oacc[2 * dp + 1], pf, b2, b3);
     }
-    } /* slices */
   }
   CP_WAIT(0);
 

@@ -196,10 +196,10 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
   const int kvq = p->kv.k_quant || p->kv.v_quant;
   if (kvq) fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
   snprintf(mopts, sizeof mopts,
-           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKPW=%d -DKV_STAGES=%d -DSPLIT=%d "
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
            "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
-           (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_kpw, p->mma_stages, L->split, p->kv.paged,
-           page_shift, L->desc->tree_mask != NULL, L->desc->sinks != NULL, quant,
+           (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
+           L->desc->tree_mask != NULL, L->desc->sinks != NULL, quant,
            kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
   /* kv_quant.cl only where a cache is quantized: plain caches keep the program they had. */
   if ((st = fcl_get_kernel(ctx,
@@ -427,10 +427,9 @@ static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flash
   fcl_tuned_report(&p.tu, &c);
   snprintf(c.kernel, sizeof c.kernel, "%s", p.mma ? "decode_mma" : p.stages ? "decode_attn (cp.async)" : "decode_attn");
   c.block_r = p.mma ? 16 * p.mma_wr : p.rows;
-  c.block_c = p.mma ? 16 * p.mma_wk * p.mma_kpw : p.tile;
+  c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
   c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;
-  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_kpw, p.mma_stages, p.kv.k_quant,
-                                                  p.kv.v_quant) : p.local_bytes;
+  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, p.kv.k_quant, p.kv.v_quant) : p.local_bytes;
   *config = c;
   return FLASHCL_SUCCESS;
 }

@@ -49,7 +49,7 @@ typedef struct fcl_decode_plan {
   int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
   int stages; /* cp.async stages (NVIDIA), 0: the register path */
   /* 1: cl/nvidia/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
-  int mma, mma_wr, mma_wk, mma_stages, mma_kpw;
+  int mma, mma_wr, mma_wk, mma_stages;
   int window; /* 1: window_left or window_right >= 0 */
   int wg_per_cu; /* work-groups per compute unit the split count aims at */
   fcl_tuned tu;  /* the decode tuning, with the values that run */
@@ -58,7 +58,7 @@ typedef struct fcl_decode_plan {
 } fcl_decode_plan;
 
 /* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer (decode_plan.c). */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int kpw, int stages, int kq, int vq);
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq);
 /* Checks a decode call's arguments and fills p's shapes (decode_check.c). */
 flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                                    const flashcl_tensor *kc, const flashcl_tensor *vc, const flashcl_tensor *o,

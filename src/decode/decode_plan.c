@@ -116,13 +116,11 @@ static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int sta
 
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
  * per element) and dequantized tiles, or the merge buffer reusing them, and Ml. */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int kpw, int stages, int kq, int vq) {
-  const size_t row = 16 * (size_t)wk * (size_t)kpw * (size_t)d; /* elements of one side's tile */
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq) {
+  const size_t row = 16 * (size_t)wk * (size_t)d; /* elements of one side's tile */
   const size_t kv = (size_t)stages * row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + (size_t)(kq + vq) * row * 2;
   const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
-  /* TOKEN scales travel with their tile (one float per key and quantized side, at most). */
-  const size_t sc = (size_t)stages * 16 * (size_t)wk * (size_t)kpw * 4 * (size_t)(kq + vq);
-  return (kv + sc > ob ? kv + sc : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
+  return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
 
 /* 16-byte vector loads of 8 elements are aligned for every key row. */
@@ -173,19 +171,17 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   /* Three m-tiles: two warps per m-tile (the 32-key tile's halves), 2 per CU. */
   const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
   const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
-  const int kpw = fcl_tuned_get(tu, FCL_DEC_P_MMA_KPW, 1);
   int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
-  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, kpw, st2, kq, vq) > cap) st2--;
+  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) > cap) st2--;
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
    * kernel keeps raw scores and their row max, which needs a positive scale. */
   if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
-      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, kpw, st2, kq, vq) <= cap &&
+      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
     p->mma = 1;
     p->mma_wr = wr;
     p->mma_wk = wk;
-    p->mma_kpw = kpw;
     p->mma_stages = st2;
     p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
     /* A quantized cache's tiles are half the bytes and cost a dequantization
@@ -295,7 +291,7 @@ static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_dec
       p->stages, p->mma ? 0 : fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
       fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS), p->mma ? p->wg_per_cu : 0,
       p->mma ? p->mma_wk : 0, p->mma ? p->mma_stages : 0,
-      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0, p->mma ? p->mma_kpw : 0};
+      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0};
   /* 0: the kernel that runs does not read it (a call that sets it is refused,
    * and flashcl-tune does not time it twice). */
   for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
