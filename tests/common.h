@@ -162,6 +162,22 @@ int fct_device_requires_mma(cl_device_id device, char *what, size_t what_cap);
  * the caller then calls skip(). */
 void fct_mma_unavailable(cl_device_id device, const char *name, const char *reason);
 
+/* 1 when the test was built with AddressSanitizer (its quarantine keeps freed
+ * memory, so resident-memory checks do not apply). */
+static inline int fct_address_sanitized(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  return 1;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return 1;
+#else
+  return 0;
+#endif
+#else
+  return 0;
+#endif
+}
+
 /* For a case run with desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA: 0 when the
  * device has no tensor-core path (the caller skips the case with skip(); a
  * message says so; on an NVIDIA device of compute capability >= 8.0 the test

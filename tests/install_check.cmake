@@ -2,7 +2,11 @@
 #
 #   cmake -DBUILD_DIR=<build> -DWORK=<scratch dir> -DLIBDIR=lib -DLIB_TYPE=STATIC_LIBRARY
 #         -DSOURCE=examples/forward.c -DCONSUMER=examples/consumer -DGENERATOR=<gen>
-#         -DC_COMPILER=cc -DPKG_CONFIG=pkg-config [-DCONFIG=Release] -P install_check.cmake
+#         -DC_COMPILER=cc -DPKG_CONFIG=pkg-config [-DCONFIG=Release] [-DEXTRA_FLAGS="-fsanitize=..."]
+#         -P install_check.cmake
+#
+# EXTRA_FLAGS: compile and link flags both consumers add (a sanitized build's
+# static library needs the sanitizer runtime linked into the program).
 #
 # 1. cmake --install <build> --prefix <scratch>/prefix
 # 2. CMake: configures examples/consumer (find_package(flashcl CONFIG REQUIRED))
@@ -58,7 +62,8 @@ endif()
 run("configuring examples/consumer"
     COMMAND "${CMAKE_COMMAND}" -S "${CONSUMER}" -B "${cbuild}" -G "${GENERATOR}"
             "-DCMAKE_C_COMPILER=${C_COMPILER}" "-DCMAKE_PREFIX_PATH=${prefix}"
-            -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "-DFLASHCL_EXAMPLE_SOURCE=${SOURCE}" ${build_type_args})
+            -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "-DFLASHCL_EXAMPLE_SOURCE=${SOURCE}" ${build_type_args}
+            "-DCMAKE_C_FLAGS=${EXTRA_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXTRA_FLAGS}")
 file(STRINGS "${cbuild}/CMakeCache.txt" dir_line REGEX "^flashcl_DIR:")
 string(REGEX REPLACE "^flashcl_DIR:[A-Z]*=" "" flashcl_dir "${dir_line}")
 string(FIND "${flashcl_dir}" "${prefix}/" at)
@@ -95,6 +100,7 @@ if(at LESS 0)
 endif()
 separate_arguments(pc_args UNIX_COMMAND "${pc_flags}")
 set(pexe "${WORK}/forward-pkg-config")
-run("cc forward.c $(pkg-config ...)" COMMAND "${C_COMPILER}" "${SOURCE}" ${pc_args} -lm -o "${pexe}")
+separate_arguments(extra_args UNIX_COMMAND "${EXTRA_FLAGS}")
+run("cc forward.c $(pkg-config ...)" COMMAND "${C_COMPILER}" ${extra_args} "${SOURCE}" ${pc_args} -lm -o "${pexe}")
 run("running forward (pkg-config)" COMMAND "${CMAKE_COMMAND}" -E env "LD_LIBRARY_PATH=${libpath}" "${pexe}")
 message(STATUS "pkg-config (${pc_flags}): ${run_output}")

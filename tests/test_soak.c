@@ -209,7 +209,11 @@ static void test_soak(void **state) {
   assert_int_equal(refs1, refs0);
   assert_int_equal(stats1.programs_built, stats0.programs_built);
   assert_int_equal(stats1.programs_from_cache, stats0.programs_from_cache);
-  if (rss0 >= 0 && rss1 >= 0) assert_true(rss1 - rss0 <= 1024 * 1024);
+  /* Under AddressSanitizer freed blocks wait in its quarantine (up to 256 MiB)
+   * and the RSS grows with what the steps allocate and free; LeakSanitizer
+   * checks the leaks there, at exit. */
+  if (rss0 >= 0 && rss1 >= 0 && !fct_address_sanitized()) assert_true(rss1 - rss0 <= 1024 * 1024);
+  if (fct_address_sanitized()) print_message("[ SOAK     ] RSS not checked: AddressSanitizer's quarantine holds freed memory\n");
 }
 
 int main(void) {
