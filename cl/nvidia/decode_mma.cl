@@ -41,8 +41,11 @@
  * values), and each key's score is multiplied by its scale in fp32. V becomes
  * code * scale, in fp32 rounded once to DTYPE, with TOKEN scales; with a HEAD
  * or TENSOR scale it becomes its codes and O is multiplied by the scale at the
- * end. This costs a barrier per tile and the conversion, but halves (int8,
- * fp8) the bytes that cross the memory bus, which is what bounds decode.
+ * end. This costs a barrier per tile and the conversion, and halves (int8,
+ * fp8) the bytes that cross the memory bus: that pays where decode is bound
+ * by bandwidth (many sequences); with one sequence the chain of tiles each
+ * work-group walks bounds it more than their bytes (BENCHMARKS.md, "Quantized
+ * KV cache on the tensor-core decode").
  *
  * Requirements (host, src/decode/decode.c): fp16/bf16; HEAD_DIM 64 or 128; q and the
  * caches with 16-byte aligned rows (offsets and strides multiples of 16 bytes);
