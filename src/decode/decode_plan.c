@@ -115,10 +115,12 @@ static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int sta
 }
 
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
- * per element) and dequantized tiles, or the merge buffer reusing them, and Ml. */
+ * per element, and its TOKEN scales, counted for any scale layout) and
+ * dequantized tiles, or the merge buffer reusing them, and Ml. */
 size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq) {
-  const size_t row = 16 * (size_t)wk * (size_t)d; /* elements of one side's tile */
-  const size_t kv = (size_t)stages * row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + (size_t)(kq + vq) * row * 2;
+  const size_t keys = 16 * (size_t)wk, row = keys * (size_t)d; /* one side's tile: keys, elements */
+  const size_t stage = row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + keys * 4 * (size_t)(kq + vq);
+  const size_t kv = (size_t)stages * stage + (size_t)(kq + vq) * row * 2;
   const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
   return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
@@ -186,7 +188,8 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
     p->row_blocks = (need_rows + 16 * wr - 1) / (16 * wr);
     /* A quantized cache's tiles are half the bytes and cost a dequantization
      * each: more work-groups per CU, so that more of them are in flight. */
-    p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_MMA_WG_PER_CU, wr == 3 ? 2 : kq || vq ? FCL_DEC_MMA_WG_PER_CU_QUANT : 4);
+    p->wg_per_cu =
+        fcl_tuned_get(tu, FCL_DEC_P_MMA_WG_PER_CU, wr == 3 ? 2 : kq || vq ? FCL_DEC_MMA_WG_PER_CU_QUANT : 4);
   }
 }
 
