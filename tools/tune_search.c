@@ -347,7 +347,7 @@ int tune_search(flashcl_context *ctx, tune_problem *p, const tune_search_opts *o
     /* Single changes until a pass keeps none (or --passes run out); then,
      * with budget left, pairs of switches, and single changes again after a
      * kept pair. */
-    int passes = o->passes > 0 ? o->passes : 1;
+    const int passes = o->passes > 0 ? o->passes : 1;
     for (int pass = 0; pass < passes && !st && !r->timed_out; ++pass) {
       int kept = ts_pass(s, &inc);
       if (kept == 0 && !r->timed_out) kept = ts_pair_pass(s, &inc);
