@@ -221,6 +221,14 @@ static void test_json(void **state) {
   const char *quant[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
                          "1", "--warmup", "0", "--kv-dtype", "i8,f8e4m3", "--json", NULL};
   check_json_run(quant, "decode", 2);
+  /* --kv-scale head: one scale per kv head, named in the dtype column */
+  const char *qhead[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
+                         "1", "--warmup", "0", "--kv-dtype", "i8", "--kv-scale", "head", "--csv", NULL};
+  char *out = NULL, *err = NULL;
+  FCT_CHECK(run_bench(qhead, &out, &err) == 0 && strstr(out, ",f32/i8:head,") && strstr(out, "\"ok\""),
+            "--kv-scale head:\n%s\n%s", out, err);
+  free(out);
+  free(err);
   const char *sparse[] = {"--block-sparse", "1,0.5", "--n", "128", "--d", "16", "--dtype", "f32", "--reps", "1",
                           "--batch-tokens", "128", "--hidden", "32", "--json", NULL};
   check_json_run(sparse, "block-sparse", 2);
