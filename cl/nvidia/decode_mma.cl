@@ -31,8 +31,8 @@
  * on zero Q and never written. A row that sees no key in its range gets o = 0
  * and LSE = -inf.
  *
- * Quantized caches (K_DTYPE / V_DTYPE a kv_quant.cl format, kv_quant.cl
- * compiled first: "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl"): a
+ * Quantized caches (K_DTYPE / V_DTYPE a kv_quant.cl format; the host always
+ * joins kv_quant.cl, "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl"): a
  * quantized side's rows (HEAD_DIM bytes) reach local memory through cp.async as
  * they are (with their TOKEN scales, 4-byte cp.async), and once a tile is in,
  * the work-group writes it out as 16-bit elements in a tile of the plain
@@ -58,6 +58,8 @@
  * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches),
  * CVT_E4M3 (1: the device has sm_89's cvt.rn.f16x2.e4m3x2; the host sets it
  * from the compute capability).
+ *
+ * requires: kv_quant.cl
  */
 #ifndef SINKS
 #define SINKS 0
@@ -95,18 +97,9 @@
 #ifndef CVT_E4M3
 #define CVT_E4M3 0
 #endif
-/* kv_quant.cl, when joined, has defined these already. */
-#ifndef K_DTYPE
-#define K_DTYPE DTYPE
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE DTYPE
-#endif
-#ifndef K_SCALE
-#define K_SCALE 0
-#endif
-#ifndef V_SCALE
-#define V_SCALE 0
+/* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
+#ifndef KV_QUANT_CL
+#error "decode_mma.cl needs kv_quant.cl compiled first in the same program"
 #endif
 #if K_DTYPE != DTYPE
 #define K_Q 1
@@ -120,9 +113,6 @@
 #endif
 #if (K_Q && (K_DTYPE < 3 || K_DTYPE > 5)) || (V_Q && (V_DTYPE < 3 || V_DTYPE > 5))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
-#endif
-#if (K_Q || V_Q) && !defined(KV_QUANT_CL)
-#error "decode_mma.cl with a quantized cache needs kv_quant.cl compiled first in the same program"
 #endif
 
 #define NTHREADS (32 * WR * WK)

@@ -201,11 +201,8 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
            L->desc->tree_mask != NULL, L->desc->sinks != NULL, quant,
            kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
-  /* kv_quant.cl only where a cache is quantized: plain caches keep the program they had. */
-  if ((st = fcl_get_kernel(ctx,
-                           kvq ? "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl"
-                               : "mma_ptx.cl+score_variant.cl+decode_mma.cl",
-                           mopts, "decode_mma", &L->kern)))
+  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma",
+                           &L->kern)))
     return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
   size_t mwg = 0;
