@@ -140,7 +140,7 @@ static const int VL_K_EMPTY[] = {0, 9, 17, 4};
 
 #ifdef FCT_BWD_MMA
 /* The tensor-core backward (desc.kernel = NVIDIA_MMA): fp16/bf16 at head dims
- * 32 to 128 with 16-byte aligned rows (BNHD/BHND, offset 0), so that every case
+ * 16 to 256 with 16-byte aligned rows (BNHD/BHND, offset 0), so that every case
  * runs bwd_dkdv_mma and, per dQ mode, bwd_dq_mma or its atomic dQ (checked with
  * flashcl_attention_kernel_family). Sizes cross the tiles (64 keys / 32 or 64
  * queries) on both sides. */
@@ -173,6 +173,18 @@ static const bwd_case CASES[] = {
     BWD("mma_f16_d48_N99", F16, 1, 99, 99, 2, 1, 48, 0, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_bf16_d16_causal_N130", BF16, 1, 130, 130, 2, 2, 16, 1, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d112_varlen_like_Nq40_Nk90", F16, 2, 40, 90, 2, 1, 112, 1, 0.1f, R_DET | R_ATOMIC),
+    /* Past d = 128: two warps per 16-key slice, each with half of dK's and dV's
+     * columns (uneven at d = 144: 5 and 4 column pairs), and the dQ from the
+     * atomic tile in both modes (split accumulators when deterministic), whose
+     * warps may hold unequal column shares (d = 160, 144). */
+    BWD("mma_f16_d256_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 256, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT | R_REPEAT),
+    BWD("mma_bf16_d256_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 256, 0, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d192_dropout_causal_Nq129_Nk200", F16, 1, 129, 200, 2, 1, 192, 1, 0.1f, R_DET | R_ATOMIC),
+    BWD_VL("mma_bf16_d192_varlen_causal_gqa_4_2", BF16, 4, 2, 192, 1, 0.0f, R_DET | R_ATOMIC | R_SPLIT, 3, VL_Q_MMA,
+           VL_K_MMA),
+    BWD("mma_f16_d160_N99", F16, 1, 99, 99, 2, 2, 160, 0, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d144_causal_Nq65_Nk97", BF16, 2, 65, 97, 2, 1, 144, 1, 0.0f, R_DET | R_ATOMIC),
+    BWD("mma_f16_d240_N80", F16, 1, 80, 80, 2, 2, 240, 0, 0.0f, R_DET | R_ATOMIC),
 };
 #elif !defined(FCT_BWD_LONG)
 static const bwd_case CASES[] = {

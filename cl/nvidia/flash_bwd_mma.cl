@@ -51,8 +51,8 @@
  * Tensors are strided (batch, seq, head, dim) views with unit dim stride;
  * offsets and strides are in elements. D and the dQ accumulator are dense fp32
  * scratch indexed [seq_id][head][row] (x HEAD_DIM), rows padded to seqlen_q, as
- * in flash_bwd.cl. Requirements (checked by the host): fp16 or bf16, head_dim 64
- * or 128, element offsets and (batch, seq, head) strides multiples of 8 (16-byte
+ * in flash_bwd.cl. Requirements (checked by the host): fp16 or bf16, head_dim a
+ * multiple of 16 up to 256 (bwd_dq_mma: up to 128), element offsets and (batch, seq, head) strides multiples of 8 (16-byte
  * rows for cp.async), scale > 0.
  *
  * Dropout (DROPOUT = 1, philox.cl compiled first) regenerates the forward's
@@ -69,8 +69,15 @@
  * Parameters (-D):
  *   USE_PTX    1: compile the tensor-core kernels; 0: empty bodies, never launched
  *   DTYPE      1 = fp16, 2 = bf16
- *   HEAD_DIM   64 or 128
+ *   HEAD_DIM   a multiple of 16 up to 256; past 128 only bwd_dkdv_mma has a
+ *              body (its dQ comes from ATOMIC_DQ, with DQ_SPLITS where it must
+ *              be deterministic): bwd_dq_mma keeps Q, dO and dQ in registers
  *   NWARPS     warps per work-group (both kernels)
+ *   KV_PARTS   bwd_dkdv_mma: warps per 16-key slice (1 or 2). With 2, both
+ *              warps of a pair compute the slice's S^T and dP^T over the whole
+ *              head dim and each accumulates half of dK's and dV's columns:
+ *              past d = 128 one warp's accumulators alone would take every
+ *              register. KV_BLOCK = NWARPS / KV_PARTS * 16 keys.
  *   BLOCK_R    bwd_dkdv_mma: queries per streamed tile (multiple of 32, and
  *              2 * BLOCK_R >= KV_BLOCK: V is staged through the Q/dO buffers)
  *   M_TILES    bwd_dq_mma: 16-row tiles per warp
@@ -112,6 +119,9 @@
 #endif
 #ifndef BLOCK_R
 #define BLOCK_R 64
+#endif
+#ifndef KV_PARTS
+#define KV_PARTS 1
 #endif
 #ifndef M_TILES
 #define M_TILES 1
@@ -172,18 +182,21 @@
 #define SWZ_ROW ((CH + 7) / 8 * 8)
 #define KT (HEAD_DIM / 16) /* k-steps over head_dim */
 #define DT (HEAD_DIM / 8)  /* 8-column n-tiles over head_dim */
-#define KV_BLOCK (NWARPS * 16)
+#define KV_BLOCK (NWARPS / KV_PARTS * 16)
+#define DPAIRS (HEAD_DIM / 16)                        /* 16-column pairs of n-tiles */
+#define PART_PAIRS ((DPAIRS + KV_PARTS - 1) / KV_PARTS) /* pairs of dK / dV per warp */
 #define QN (BLOCK_R / 8)  /* 8-query n-tiles of S^T */
 #define DS_CH (BLOCK_R / 8)
 #define DQ_WQ (BLOCK_R / 32)           /* warps along the queries of the atomic dQ tile */
 #define DQ_WD (NWARPS / DQ_WQ)         /* warps along head_dim */
-#define DQ_NT (HEAD_DIM / 8 / DQ_WD)   /* 8-column n-tiles per warp */
+#define DQ_NP ((DPAIRS + DQ_WD - 1) / DQ_WD) /* 16-column pairs per warp (the last warps may get fewer) */
+#define DQ_NT (2 * DQ_NP)              /* 8-column n-tiles per warp */
 #define RQ (NWARPS * 16 * M_TILES)     /* bwd_dq_mma: queries per work-group */
 #define NT (BLOCK_C / 8)               /* bwd_dq_mma: 8-key n-tiles of S */
 
-#if HEAD_DIM % 16 || HEAD_DIM > 128 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || QBUF < 1 || \
-    QBUF > 2 || (ATOMIC_DQ && (NWARPS % DQ_WQ || (HEAD_DIM / 8) % DQ_WD || DQ_NT % 2 || DQ_NT < 2)) ||     \
-    (DQ_SPLITS && !ATOMIC_DQ)
+#if HEAD_DIM % 16 || HEAD_DIM > 256 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || QBUF < 1 || \
+    QBUF > 2 || (ATOMIC_DQ && (NWARPS % DQ_WQ || DQ_WD > DPAIRS)) || (DQ_SPLITS && !ATOMIC_DQ) ||             \
+    (KV_PARTS != 1 && KV_PARTS != 2) || NWARPS % KV_PARTS
 #error "unsupported flash_bwd_mma parameters"
 #endif
 
@@ -283,6 +296,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   __local float l2s_all[QBUF * BLOCK_R], dss_all[QBUF * BLOCK_R];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const int kw = warp / KV_PARTS, part = warp % KV_PARTS; /* 16-key slice, dK/dV column part */
   const int hk = get_group_id(1), b = get_group_id(2);
   SEQ_BOUNDS()
   const int diag = nk - nq;
@@ -314,7 +328,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8; /* A-fragment row of this lane */
+  const int arow = kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8; /* A-fragment row of this lane */
 #if V_IN_SMEM
   const uint vbuf = sb + SM_V;
 #else
@@ -324,9 +338,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   barrier(CLK_LOCAL_MEM_FENCE); /* the staged V is dead: Q/dO may overwrite it */
 #endif
 
-  float dka[DT][4], dva[DT][4];
+  /* This warp's n-tiles of dK and dV: pairs part * PART_PAIRS + i. */
+  float dka[2 * PART_PAIRS][4], dva[2 * PART_PAIRS][4];
   #pragma unroll
-  for (int dt = 0; dt < DT; dt++)
+  for (int dt = 0; dt < 2 * PART_PAIRS; dt++)
     #pragma unroll
     for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
@@ -431,7 +446,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     const int need_mask =
         sv_tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right) | !(mcls & 2);
     const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
-    const int key0 = k0 + warp * 16 + g;
+    const int key0 = k0 + kw * 16 + g;
     #pragma unroll
     for (int nt = 0; nt < QN; nt++)
       #pragma unroll
@@ -479,9 +494,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
       sa[2] = pack2(dpt[2 * j + 1][0], dpt[2 * j + 1][1]);
       sa[3] = pack2(dpt[2 * j + 1][2], dpt[2 * j + 1][3]);
 #if ATOMIC_DQ
-      {
+      if (part == 0) { /* both warps of a slice hold the same dS^T */
         __local uint *dsw = (__local uint *)((__local uchar *)smem + SM_DS);
-        const int kr = warp * 16 + g;
+        const int kr = kw * 16 + g;
         dsw[(DSWZ(kr, 2 * j) + 4 * t) / 4] = sa[0];
         dsw[(DSWZ(kr + 8, 2 * j) + 4 * t) / 4] = sa[1];
         dsw[(DSWZ(kr, 2 * j + 1) + 4 * t) / 4] = sa[2];
@@ -490,12 +505,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 #endif
       const int r = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
       #pragma unroll
-      for (int dp = 0; dp < DT / 2; dp++) {
+      for (int dp = 0; dp < PART_PAIRS; dp++) {
+        const int gp = part * PART_PAIRS + dp; /* column pair of the head dim */
+#if DPAIRS % KV_PARTS
+        if (gp >= DPAIRS) break;
+#endif
         uint b0, b1, b2, b3;
-        LDSM_X4_T(b0, b1, b2, b3, dobuf + SWZ(r, 2 * dp + (lane >> 4)));
+        LDSM_X4_T(b0, b1, b2, b3, dobuf + SWZ(r, 2 * gp + (lane >> 4)));
         MMA(dva[2 * dp], pa, b0, b1);
         MMA(dva[2 * dp + 1], pa, b2, b3);
-        LDSM_X4_T(b0, b1, b2, b3, qbuf + SWZ(r, 2 * dp + (lane >> 4)));
+        LDSM_X4_T(b0, b1, b2, b3, qbuf + SWZ(r, 2 * gp + (lane >> 4)));
         MMA(dka[2 * dp], sa, b0, b1);
         MMA(dka[2 * dp + 1], sa, b2, b3);
       }
@@ -528,7 +547,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
           LDSM_X4_T(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
                     dsbuf + DSWZ(kk * 16 + (lane & 7) + (lane >> 4) * 8, wq * 4 + mt * 2 + ((lane >> 3) & 1)));
         #pragma unroll
-        for (int np = 0; np < DQ_NT / 2; np++) {
+        for (int np = 0; np < DQ_NP; np++) {
+#if DPAIRS % DQ_WD
+          if (wd * DQ_NP + np >= DPAIRS) break;
+#endif
           uint b0, b1, b2, b3;
           LDSM_X4_T(b0, b1, b2, b3,
                     kbuf + SWZ(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, wd * DQ_NT + 2 * np + (lane >> 4)));
@@ -549,6 +571,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
           __global float *dst = qacc + (long)row * HEAD_DIM + wd * DQ_NT * 8 + 2 * t;
           #pragma unroll
           for (int nt = 0; nt < DQ_NT; nt++) {
+#if DPAIRS % DQ_WD
+            if (wd * DQ_NP + nt / 2 >= DPAIRS) break;
+#endif
 #if VEC_RED
             asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + nt * 8),
                          "f"(acc[mt][nt][2 * hh] * scale), "f"(acc[mt][nt][2 * hh + 1] * scale) : "memory");
@@ -569,12 +594,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
   const long dvb = dv_off + bq * dv_sb + row_k * dv_sn + (long)hk * dv_sh;
   #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
-    const int key = k0 + warp * 16 + g + hh * 8;
+    const int key = k0 + kw * 16 + g + hh * 8;
     if (key >= nk) continue;
-    __global uint *kr = (__global uint *)(dk + dkb + (long)key * dk_sn + 2 * t);
-    __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + 2 * t);
+    const int c0 = part * PART_PAIRS * 16; /* first column of this warp's part */
+    __global uint *kr = (__global uint *)(dk + dkb + (long)key * dk_sn + c0 + 2 * t);
+    __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + c0 + 2 * t);
     #pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
+    for (int dt = 0; dt < 2 * PART_PAIRS; dt++) {
+#if DPAIRS % KV_PARTS
+      if (c0 + dt * 8 >= HEAD_DIM) break;
+#endif
       kr[dt * 4] = pack2(dka[dt][2 * hh] * scale, dka[dt][2 * hh + 1] * scale);
       vr[dt * 4] = pack2(dva[dt][2 * hh], dva[dt][2 * hh + 1]);
     }
@@ -585,6 +614,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 #undef LOAD_STEP
 }
 
+/* Past d = 128 the Q, dO and dQ registers of this kernel would not fit: the
+ * program has no bwd_dq_mma there, so a host that asked for it would get an
+ * error, never an unwritten dQ. */
+#if HEAD_DIM <= 128
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     CTENSOR(q), CTENSOR(k), CTENSOR(v), CTENSOR(dout), TENSOR(dq),
     __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
@@ -802,6 +835,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
     }
 #undef LOAD_KV
 }
+#endif /* HEAD_DIM <= 128 */
 
 #else /* !USE_PTX: empty bodies, so that the file is valid OpenCL C everywhere */
 

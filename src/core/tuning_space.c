@@ -80,6 +80,9 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
     {"dq_splits", "deterministic dQ: split accumulators of bwd_dkdv_mma (0: the separate dQ kernel). Rule: "
                   "src/nvidia/mma_bwd_plan.c",
      0, 256, 1, FCL_CAND(0, 2, 4, 8)},
+    {"kv_parts", "bwd_dkdv_mma warps per 16-key slice, each accumulating its share of dK's and dV's columns. "
+                 "Rule: 1 up to d = 128, 2 past it",
+     1, 2, 1, FCL_CAND(1, 2)},
 };
 
 static const fcl_param_decl fcl_wgmma_decls[FCL_WG_COUNT] = {

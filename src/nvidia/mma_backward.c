@@ -47,15 +47,15 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DNWARPS=%d -DBLOCK_R=%d -DM_TILES=%d -DBLOCK_C=%d "
            "-DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d -DDQ_SPLITS=%d -DQBUF=%d -DVEC_RED=%d -DV_IN_SMEM=%d "
-           "-DDROPOUT=%d%s%s%s",
+           "-DKV_PARTS=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen,
-           atomic || splits > 0, splits > 0, c.qbuf, c.vec_red, c.v_in_smem, p->dropout, variants,
+           atomic || splits > 0, splits > 0, c.qbuf, c.vec_red, c.v_in_smem, c.kv_parts, p->dropout, variants,
            extra ? " " : "", extra ? extra : "");
   char src[128];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
   L->dq = NULL;
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||
-      (!splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))))
+      (!atomic && !splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))))
     return st;
   if (ctx->verbose >= 2) {
     fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
@@ -71,7 +71,7 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs %d work-items but the compiled kernel allows %zu",
                       i ? "bwd_dq_mma" : "bwd_dkdv_mma", threads, kwg);
   }
-  const size_t kblocks = ((size_t)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
+  const size_t kv = (size_t)(c.nwarps / c.kv_parts) * 16, kblocks = ((size_t)p->seqlen_k + kv - 1) / kv;
   const size_t rq = (size_t)c.nwarps * 16 * c.m_tiles, qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
   L->local[0] = (size_t)threads;
   L->local[1] = L->local[2] = 1;

@@ -12,7 +12,7 @@
  * and of bwd_dq_mma (two K/V stages, or the Q/dO staging). */
 static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int atomic) {
   const size_t d = (size_t)(head_dim + 63) / 64 * 64; /* local rows padded for the swizzle */
-  const size_t kv = (size_t)c->nwarps * 16, br = (size_t)c->block_r, rq = (size_t)c->nwarps * 16 * c->m_tiles;
+  const size_t kv = (size_t)(c->nwarps / c->kv_parts) * 16, br = (size_t)c->block_r, rq = (size_t)c->nwarps * 16 * c->m_tiles;
   const size_t dkdv = (1 + (size_t)c->v_in_smem) * kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) + (atomic ? kv * br * 2 : 0);
   const size_t dq_rows = 4 * (size_t)c->block_c > 2 * rq ? 4 * (size_t)c->block_c : 2 * rq;
   const size_t dq = dq_rows * d * 2;
@@ -20,39 +20,55 @@ static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int a
 }
 
 /* cl/nvidia/flash_bwd_mma.cl's #error rule, so that a tuning it would refuse is
- * refused here (UNSUPPORTED) rather than failing to build: a Q tile at least
- * half the key block, and in atomic mode warps that split the queries in
- * 32-row halves and the head dim in an even number of 8-column n-tiles each. */
+ * refused here (UNSUPPORTED) rather than failing to build: warps in whole
+ * key slices, a Q tile at least half the key block, and in atomic mode warps
+ * that split the queries in 32-row halves and the head dim in 16-column pairs
+ * (the last warps may get fewer). Past d = 128 the dQ comes from the atomic
+ * tile (bwd_dq_mma has no body there), so a deterministic call needs it too. */
 static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
-  if (c->block_r % 32 || 2 * c->block_r < c->nwarps * 16 || c->block_c % 16 || c->qbuf < 1 || c->qbuf > 2) return 0;
-  if (!atomic) return 1;
+  if (c->kv_parts < 1 || c->kv_parts > 2 || c->nwarps % c->kv_parts) return 0;
+  if (c->block_r % 32 || 2 * c->block_r < c->nwarps / c->kv_parts * 16 || c->block_c % 16 || c->qbuf < 1 ||
+      c->qbuf > 2)
+    return 0;
+  if (!atomic && d <= 128) return 1;
   const int wq = c->block_r / 32;
-  if (wq < 1 || c->nwarps % wq) return 0;
-  const int wd = c->nwarps / wq, nt = d / 8 / wd;
-  return (d / 8) % wd == 0 && nt % 2 == 0 && nt >= 2;
+  return wq >= 1 && c->nwarps % wq == 0 && c->nwarps / wq <= d / 16;
+}
+
+/* Up to d = 128 the built-in atomic tiles run only where they split the head dim
+ * evenly in pairs of n-tiles: where none does (d = 48, 80, 112) the
+ * deterministic kernels run instead (src/portable/backward.c), since a 2-warp
+ * atomic tile was slower than them at d = 80 (BENCHMARKS.md). */
+static int fcl_mma_bwd_even(const fcl_mma_bwd_config *c, int d) {
+  const int wd = c->nwarps / (c->block_r / 32), nt = d / 8 / wd;
+  return d > 128 || ((d / 8) % wd == 0 && nt % 2 == 0 && nt >= 2);
 }
 
 /* The first candidate that fits the local memory the device takes (see
- * ctx->mma_local_bytes) and, in atomic mode, splits the head dim evenly; 0 when
- * none does. Head dims up to 64 take the d = 64 lists, the others up to 128 the
- * d = 128 lists; the third atomic entry at d = 128 is for d = 96. Where no atomic
- * entry divides the head dim (d = 48, 80, 112) the deterministic kernels run
- * instead (src/portable/backward.c): a 2-warp atomic tile was slower than them
- * at d = 80 (BENCHMARKS.md). vec_red needs sm_90. */
+ * ctx->mma_local_bytes) and, in atomic mode up to d = 128, splits the head dim
+ * evenly; 0 when none does. Head dims up to 64 take the d = 64 lists, the others
+ * up to 128 the d = 128 lists (the third atomic entry there is for d = 96), the
+ * larger ones the wide list: 2 warps per 16-key slice, since one warp's dK and
+ * dV accumulators alone would take 2 * d of its registers, with V in local
+ * memory; there both dQ modes use the atomic tile (the deterministic one with
+ * split accumulators). vec_red needs sm_90. */
 static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, const fcl_tuned *tu,
                             fcl_mma_bwd_config *out) {
-  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1}, {4, 32, 1, 32, 1, 0, 0}, {0}};
+  static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1, 1}, {4, 32, 1, 32, 1, 0, 0, 1}, {0}};
   static const fcl_mma_bwd_config d128_atomic[] = {
-      {8, 64, 1, 32, 2, 1, 1}, {4, 32, 1, 32, 1, 1, 0}, {4, 64, 1, 32, 1, 1, 0}, {0}};
-  static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0}, {4, 64, 2, 32, 1, 0, 0}, {0}};
+      {8, 64, 1, 32, 2, 1, 1, 1}, {4, 32, 1, 32, 1, 1, 0, 1}, {4, 64, 1, 32, 1, 1, 0, 1}, {0}};
+  static const fcl_mma_bwd_config d64_det[] = {{4, 64, 2, 32, 2, 0, 0, 1}, {4, 64, 2, 32, 1, 0, 0, 1}, {0}};
   static const fcl_mma_bwd_config d64_atomic[] = {
-      {8, 64, 2, 32, 2, 1, 0}, {4, 64, 2, 32, 1, 1, 0}, {0}};
+      {8, 64, 2, 32, 2, 1, 0, 1}, {4, 64, 2, 32, 1, 1, 0, 1}, {0}};
+  static const fcl_mma_bwd_config wide[] = {
+      {8, 64, 1, 32, 2, 1, 1, 2}, {8, 64, 1, 32, 1, 1, 1, 2}, {8, 32, 1, 32, 1, 1, 1, 2}, {0}};
+  const int d = p->head_dim, wants_atomic = atomic || d > 128;
   const fcl_mma_bwd_config *cand =
-      p->head_dim > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
+      d > 128 ? wide : d > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   int found = 0;
   for (int i = 0; cand[i].nwarps && !found; i++)
-    if (fcl_mma_bwd_local(&cand[i], p->head_dim, atomic) <= ctx->mma_local_bytes &&
-        fcl_mma_bwd_valid(&cand[i], p->head_dim, atomic)) {
+    if (fcl_mma_bwd_local(&cand[i], d, wants_atomic) <= ctx->mma_local_bytes &&
+        fcl_mma_bwd_valid(&cand[i], d, atomic) && (!atomic || fcl_mma_bwd_even(&cand[i], d))) {
       *out = cand[i];
       found = 1;
     }
@@ -68,8 +84,8 @@ static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, in
     e.qbuf = fcl_tuned_get(tu, FCL_MMAB_QBUF, c.qbuf);
     e.vec_red = fcl_tuned_get(tu, FCL_MMAB_VEC_RED, c.vec_red) && ctx->mma_cc >= 90;
     e.v_in_smem = fcl_tuned_get(tu, FCL_MMAB_V_IN_SMEM, c.v_in_smem);
-    if (!fcl_mma_bwd_valid(&e, p->head_dim, atomic) ||
-        fcl_mma_bwd_local(&e, p->head_dim, atomic) > ctx->mma_local_bytes)
+    e.kv_parts = fcl_tuned_get(tu, FCL_MMAB_KV_PARTS, c.kv_parts);
+    if (!fcl_mma_bwd_valid(&e, d, atomic) || fcl_mma_bwd_local(&e, d, wants_atomic) > ctx->mma_local_bytes)
       return -1;
     c = e;
   }
@@ -77,9 +93,11 @@ static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, in
   return 1;
 }
 
+/* Past d = 128 a deterministic call needs the split accumulators to fit too. */
 int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
   fcl_mma_bwd_config c;
-  return p->head_dim % 16 == 0 && p->head_dim <= 128 && fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) > 0;
+  if (p->head_dim % 16 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
+  return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, NULL) > 0;
 }
 
 /* The configuration a call runs: the tuned one where the kernel and the local
@@ -112,6 +130,8 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * leave more than a quarter of the compute units idle (few heads, a small
  * batch), and where the splits' accumulators (four bytes per dQ element each)
  * would take more than an eighth of the device memory or one allocation.
+ * Past d = 128 there is no separate dQ kernel: the splits always run there
+ * (0 when no split count fits the memory, and the portable kernels run).
  *
  * The splits also cost memory traffic: every key block adds a whole N x d fp32
  * dQ into its split, and with every head in flight at once those adds miss L2
@@ -126,7 +146,8 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
 int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
   if (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0) return 0;
-  const long kblocks = ((long)p->seqlen_k + 16 * c.nwarps - 1) / (16 * c.nwarps);
+  const int wide = p->head_dim > 128;
+  const long kv = 16L * (c.nwarps / c.kv_parts), kblocks = ((long)p->seqlen_k + kv - 1) / kv;
   const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
   /* Bytes of D and of one accumulator (never more than the scratch the atomic
    * mode allocates, whose size arithmetic src/portable/backward.c checks). src/portable/backward.c
@@ -136,10 +157,11 @@ int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, cons
                cap_one = (double)ctx->info.max_mem_alloc_size - rows * sizeof(float);
   if (tu && fcl_tuned_has(tu, FCL_MMAB_DQ_SPLITS)) {
     const long n = tu->val[FCL_MMAB_DQ_SPLITS];
-    if (n * one <= cap_one) return (int)n;
-    fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: its accumulators do not fit one allocation", n);
+    if (n * one <= cap_one && (n > 0 || !wide)) return (int)n;
+    fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: %s", n,
+            n > 0 ? "its accumulators do not fit one allocation" : "past d = 128 the dQ needs split accumulators");
   }
-  if (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window)) return 0;
+  if (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window))) return 0;
   int best = 0;
   long best_cost = 0;
   for (long s = 1; s <= 16 && s <= kblocks; s++) {
@@ -150,7 +172,7 @@ int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, cons
       best_cost = cost;
     }
   }
-  if (!best) return 0;
+  if (!best || wide) return best;
   const long wgs = units * best, slots = (wgs + cus - 1) / cus * cus;
   return 4 * wgs >= 3 * slots ? best : 0;
 }
@@ -161,13 +183,13 @@ flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, in
   flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
   if (st != FLASHCL_SUCCESS) return st;
   const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
-                                   atomic ? 0 : splits};
+                                   atomic ? 0 : splits, c.kv_parts};
   for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
   if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
   fcl_tuned_report(tu, cfg);
   snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_mma");
   cfg->block_r = c.block_r;
-  cfg->block_c = c.nwarps * 16;
+  cfg->block_c = c.nwarps / c.kv_parts * 16;
   cfg->threads = c.nwarps * 32;
   cfg->local_bytes = fcl_mma_bwd_local(&c, p->head_dim, atomic || splits > 0);
   return FLASHCL_SUCCESS;

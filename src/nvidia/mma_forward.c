@@ -77,11 +77,11 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   const char *why = NULL;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
     why = "dtype is not f16/bf16";
-  else if (p->head_dim % 16 || p->head_dim > (pass == FLASHCL_PASS_BACKWARD ? 128 : 256))
-    why = pass == FLASHCL_PASS_BACKWARD ? "head_dim is not a multiple of 16 up to 128"
-                                        : "head_dim is not a multiple of 16 up to 256";
+  else if (p->head_dim % 16 || p->head_dim > 256)
+    why = "head_dim is not a multiple of 16 up to 256";
   else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, 0))
-    why = "no backward tiles fit the local memory";
+    why = p->head_dim > 128 ? "no backward tiles or dQ split accumulators fit the device's memory"
+                            : "no backward tiles fit the local memory";
   else if (!(p->scale > 0.0f))
     why = "scale is not positive";
   else if (p->paged_kv && pass == FLASHCL_PASS_BACKWARD)

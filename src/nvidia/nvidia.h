@@ -49,7 +49,7 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
 
 /* NVIDIA tensor-core backward kernels (src/nvidia/mma_backward.c). */
 typedef struct fcl_mma_bwd_config {
-  int nwarps, block_r, m_tiles, block_c, qbuf, vec_red, v_in_smem;
+  int nwarps, block_r, m_tiles, block_c, qbuf, vec_red, v_in_smem, kv_parts;
 } fcl_mma_bwd_config;
 typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
