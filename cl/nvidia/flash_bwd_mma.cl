@@ -73,11 +73,12 @@
  *              body (its dQ comes from ATOMIC_DQ, with DQ_SPLITS where it must
  *              be deterministic): bwd_dq_mma keeps Q, dO and dQ in registers
  *   NWARPS     warps per work-group (both kernels)
- *   KV_PARTS   bwd_dkdv_mma: warps per 16-key slice (1 or 2). With 2, both
- *              warps of a pair compute the slice's S^T and dP^T over the whole
- *              head dim and each accumulates half of dK's and dV's columns:
- *              past d = 128 one warp's accumulators alone would take every
- *              register. KV_BLOCK = NWARPS / KV_PARTS * 16 keys.
+ *   KV_PARTS   bwd_dkdv_mma: warps per 16-key slice (1 or 2). With 2, each
+ *              warp of a pair computes S^T and dP^T for half of the tile's
+ *              queries, both halves of P^T and dS^T meet in local memory, and
+ *              each warp accumulates half of dK's and dV's columns over all the
+ *              queries: past d = 128 one warp's accumulators alone would take
+ *              every register. KV_BLOCK = NWARPS / KV_PARTS * 16 keys.
  *   BLOCK_R    bwd_dkdv_mma: queries per streamed tile (multiple of 32, and
  *              2 * BLOCK_R >= KV_BLOCK: V is staged through the Q/dO buffers)
  *   M_TILES    bwd_dq_mma: 16-row tiles per warp
@@ -186,6 +187,7 @@
 #define DPAIRS (HEAD_DIM / 16)                        /* 16-column pairs of n-tiles */
 #define PART_PAIRS ((DPAIRS + KV_PARTS - 1) / KV_PARTS) /* pairs of dK / dV per warp */
 #define QN (BLOCK_R / 8)  /* 8-query n-tiles of S^T */
+#define QW (QN / KV_PARTS)  /* of them computed by one warp */
 #define DS_CH (BLOCK_R / 8)
 #define DQ_WQ (BLOCK_R / 32)           /* warps along the queries of the atomic dQ tile */
 #define DQ_WD (NWARPS / DQ_WQ)         /* warps along head_dim */
@@ -291,7 +293,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 #define SM_QD ((1 + V_IN_SMEM) * KV_BLOCK * SWZ_ROW * 16)
 #define QD_BYTES (2 * BLOCK_R * SWZ_ROW * 16) /* one Q | dO pair */
 #define SM_DS (SM_QD + QBUF * QD_BYTES)
-#define SM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
+#define DS_TILE (ATOMIC_DQ || KV_PARTS > 1) /* dS^T in local memory */
+#define SM_PT (SM_DS + (DS_TILE ? KV_BLOCK * BLOCK_R * 2 : 0)) /* P^T (KV_PARTS > 1) */
+#define SM_BYTES (SM_PT + (KV_PARTS > 1 ? KV_BLOCK * BLOCK_R * 2 : 0))
   __local uint4 smem[SM_BYTES / 16];
   __local float l2s_all[QBUF * BLOCK_R], dss_all[QBUF * BLOCK_R];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
@@ -405,9 +409,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     if (sn < steps) LOAD_STEP(sn, slot ^ 1)
 #endif
 
-    float st[QN][4], dpt[QN][4];
+    /* This warp's queries of the tile: qh0 .. qh0 + 8 * QW. */
+    const int qh0 = part * (BLOCK_R / KV_PARTS);
+    float st[QW][4], dpt[QW][4];
     #pragma unroll
-    for (int nt = 0; nt < QN; nt++)
+    for (int nt = 0; nt < QW; nt++)
       #pragma unroll
       for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
     #pragma unroll
@@ -422,8 +428,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 #define VFRAG vf[ks]
 #endif
       #pragma unroll
-      for (int np = 0; np < QN / 2; np++) {
-        const int r = np * 16 + (lane & 7) + (lane >> 4) * 8, c = 2 * ks + ((lane >> 3) & 1);
+      for (int np = 0; np < QW / 2; np++) {
+        const int r = qh0 + np * 16 + (lane & 7) + (lane >> 4) * 8, c = 2 * ks + ((lane >> 3) & 1);
         uint b0, b1, b2, b3;
         LDSM_X4(b0, b1, b2, b3, qbuf + SWZ(r, c));
         MMA(st[2 * np], ka, b0, b1);
@@ -448,10 +454,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
     const int key0 = k0 + kw * 16 + g;
     #pragma unroll
-    for (int nt = 0; nt < QN; nt++)
+    for (int nt = 0; nt < QW; nt++)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int col = nt * 8 + 2 * t + (e & 1);
+        const int col = qh0 + nt * 8 + 2 * t + (e & 1);
         const int key = key0 + (e >> 1) * 8;
 #if SCORE_LOG2
         float th;
@@ -481,9 +487,25 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 #endif
       }
 
-    /* dV += P^T dO and dK += dS^T Q: k runs over this tile's queries. */
+    /* dV += P^T dO and dK += dS^T Q: k runs over this tile's queries, 16 at a
+     * time (A = P^T and dS^T fragments of queries 16 j ..). */
+#define DKDV_MMA(j, pa, sa)                                                    \
+  {                                                                            \
+    const int r_ = (j) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;              \
+    _Pragma("unroll") for (int dp = 0; dp < PART_PAIRS; dp++) {                \
+      const int gp = part * PART_PAIRS + dp; /* column pair of the head dim */ \
+      if (DPAIRS % KV_PARTS && gp >= DPAIRS) break;                            \
+      uint b0, b1, b2, b3;                                                     \
+      LDSM_X4_T(b0, b1, b2, b3, dobuf + SWZ(r_, 2 * gp + (lane >> 4)));        \
+      MMA(dva[2 * dp], pa, b0, b1);                                            \
+      MMA(dva[2 * dp + 1], pa, b2, b3);                                        \
+      LDSM_X4_T(b0, b1, b2, b3, qbuf + SWZ(r_, 2 * gp + (lane >> 4)));         \
+      MMA(dka[2 * dp], sa, b0, b1);                                            \
+      MMA(dka[2 * dp + 1], sa, b2, b3);                                        \
+    }                                                                          \
+  }
     #pragma unroll
-    for (int j = 0; j < QN / 2; j++) {
+    for (int j = 0; j < QW / 2; j++) {
       uint pa[4], sa[4];
       pa[0] = pack2(st[2 * j][0], st[2 * j][1]);
       pa[1] = pack2(st[2 * j][2], st[2 * j][3]);
@@ -493,37 +515,44 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
       sa[1] = pack2(dpt[2 * j][2], dpt[2 * j][3]);
       sa[2] = pack2(dpt[2 * j + 1][0], dpt[2 * j + 1][1]);
       sa[3] = pack2(dpt[2 * j + 1][2], dpt[2 * j + 1][3]);
-#if ATOMIC_DQ
-      if (part == 0) { /* both warps of a slice hold the same dS^T */
+#if DS_TILE
+      {
+        /* [key][query] tiles: this lane's keys g and g + 8, query chunks c and c + 1. */
         __local uint *dsw = (__local uint *)((__local uchar *)smem + SM_DS);
-        const int kr = kw * 16 + g;
-        dsw[(DSWZ(kr, 2 * j) + 4 * t) / 4] = sa[0];
-        dsw[(DSWZ(kr + 8, 2 * j) + 4 * t) / 4] = sa[1];
-        dsw[(DSWZ(kr, 2 * j + 1) + 4 * t) / 4] = sa[2];
-        dsw[(DSWZ(kr + 8, 2 * j + 1) + 4 * t) / 4] = sa[3];
+        const int kr = kw * 16 + g, c = qh0 / 8 + 2 * j;
+        dsw[(DSWZ(kr, c) + 4 * t) / 4] = sa[0];
+        dsw[(DSWZ(kr + 8, c) + 4 * t) / 4] = sa[1];
+        dsw[(DSWZ(kr, c + 1) + 4 * t) / 4] = sa[2];
+        dsw[(DSWZ(kr + 8, c + 1) + 4 * t) / 4] = sa[3];
+#if KV_PARTS > 1
+        __local uint *ptw = (__local uint *)((__local uchar *)smem + SM_PT);
+        ptw[(DSWZ(kr, c) + 4 * t) / 4] = pa[0];
+        ptw[(DSWZ(kr + 8, c) + 4 * t) / 4] = pa[1];
+        ptw[(DSWZ(kr, c + 1) + 4 * t) / 4] = pa[2];
+        ptw[(DSWZ(kr + 8, c + 1) + 4 * t) / 4] = pa[3];
+#endif
       }
 #endif
-      const int r = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      #pragma unroll
-      for (int dp = 0; dp < PART_PAIRS; dp++) {
-        const int gp = part * PART_PAIRS + dp; /* column pair of the head dim */
-#if DPAIRS % KV_PARTS
-        if (gp >= DPAIRS) break;
+#if KV_PARTS == 1
+      DKDV_MMA(j, pa, sa)
 #endif
-        uint b0, b1, b2, b3;
-        LDSM_X4_T(b0, b1, b2, b3, dobuf + SWZ(r, 2 * gp + (lane >> 4)));
-        MMA(dva[2 * dp], pa, b0, b1);
-        MMA(dva[2 * dp + 1], pa, b2, b3);
-        LDSM_X4_T(b0, b1, b2, b3, qbuf + SWZ(r, 2 * gp + (lane >> 4)));
-        MMA(dka[2 * dp], sa, b0, b1);
-        MMA(dka[2 * dp + 1], sa, b2, b3);
-      }
     }
+#if KV_PARTS > 1
+    barrier(CLK_LOCAL_MEM_FENCE); /* both halves of P^T and dS^T are written */
+    #pragma unroll
+    for (int j = 0; j < QN / 2; j++) {
+      uint pa[4], sa[4];
+      LDSM_X4(pa[0], pa[1], pa[2], pa[3], sb + SM_PT + DSWZ(arow, 2 * j + (lane >> 4)));
+      LDSM_X4(sa[0], sa[1], sa[2], sa[3], sb + SM_DS + DSWZ(arow, 2 * j + (lane >> 4)));
+      DKDV_MMA(j, pa, sa)
+    }
+#endif
+#undef DKDV_MMA
 
 #if QBUF == 1
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with Q, dO, LSE, D (and dS^T is written) */
     if (sn < steps) LOAD_STEP(sn, 0)
-#elif ATOMIC_DQ
+#elif ATOMIC_DQ && KV_PARTS == 1
     barrier(CLK_LOCAL_MEM_FENCE); /* dS^T is written */
 #endif
 

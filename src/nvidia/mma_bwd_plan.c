@@ -8,12 +8,23 @@
 
 #include <stdio.h>
 
-/* Local bytes of bwd_dkdv_mma (K tile, QBUF Q/dO pairs, LSE/D, atomic dS^T)
+/* The local memory the backward's tiles may take: past d = 128, where the
+ * tiles are largest, the larger limit of the second probe (227 KiB on an H100,
+ * where two Q/dO buffers at d = 256 need 208 KiB), probed on first use. */
+static size_t fcl_mma_bwd_cap(flashcl_context *ctx, int head_dim) {
+  if (head_dim <= 128) return ctx->mma_local_bytes;
+  const size_t wide = fcl_local_limit(ctx);
+  return wide > ctx->mma_local_bytes ? wide : ctx->mma_local_bytes;
+}
+
+/* Local bytes of bwd_dkdv_mma (K tile, QBUF Q/dO pairs, LSE/D, dS^T for the
+ * atomic dQ or the query halves, P^T for the query halves)
  * and of bwd_dq_mma (two K/V stages, or the Q/dO staging). */
 static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int atomic) {
   const size_t d = (size_t)(head_dim + 63) / 64 * 64; /* local rows padded for the swizzle */
   const size_t kv = (size_t)(c->nwarps / c->kv_parts) * 16, br = (size_t)c->block_r, rq = (size_t)c->nwarps * 16 * c->m_tiles;
-  const size_t dkdv = (1 + (size_t)c->v_in_smem) * kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) + (atomic ? kv * br * 2 : 0);
+  const size_t dkdv = (1 + (size_t)c->v_in_smem) * kv * d * 2 + (size_t)c->qbuf * (2 * br * d * 2 + 2 * br * 4) +
+                      (atomic || c->kv_parts > 1 ? kv * br * 2 : 0) + (c->kv_parts > 1 ? kv * br * 2 : 0);
   const size_t dq_rows = 4 * (size_t)c->block_c > 2 * rq ? 4 * (size_t)c->block_c : 2 * rq;
   const size_t dq = dq_rows * d * 2;
   return dkdv > dq ? dkdv : dq;
@@ -27,6 +38,7 @@ static size_t fcl_mma_bwd_local(const fcl_mma_bwd_config *c, int head_dim, int a
  * tile (bwd_dq_mma has no body there), so a deterministic call needs it too. */
 static int fcl_mma_bwd_valid(const fcl_mma_bwd_config *c, int d, int atomic) {
   if (c->kv_parts < 1 || c->kv_parts > 2 || c->nwarps % c->kv_parts) return 0;
+  if (d > 128 && c->kv_parts < 2) return 0; /* 2 d accumulator registers alone: spills all through */
   if (c->block_r % 32 || 2 * c->block_r < c->nwarps / c->kv_parts * 16 || c->block_c % 16 || c->qbuf < 1 ||
       c->qbuf > 2)
     return 0;
@@ -45,14 +57,14 @@ static int fcl_mma_bwd_even(const fcl_mma_bwd_config *c, int d) {
 }
 
 /* The first candidate that fits the local memory the device takes (see
- * ctx->mma_local_bytes) and, in atomic mode up to d = 128, splits the head dim
+ * fcl_mma_bwd_cap) and, in atomic mode up to d = 128, splits the head dim
  * evenly; 0 when none does. Head dims up to 64 take the d = 64 lists, the others
  * up to 128 the d = 128 lists (the third atomic entry there is for d = 96), the
  * larger ones the wide list: 2 warps per 16-key slice, since one warp's dK and
  * dV accumulators alone would take 2 * d of its registers, with V in local
  * memory; there both dQ modes use the atomic tile (the deterministic one with
  * split accumulators). vec_red needs sm_90. */
-static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, int atomic, const fcl_tuned *tu,
+static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atomic, const fcl_tuned *tu,
                             fcl_mma_bwd_config *out) {
   static const fcl_mma_bwd_config d128_det[] = {{8, 64, 1, 64, 2, 0, 1, 1}, {4, 32, 1, 32, 1, 0, 0, 1}, {0}};
   static const fcl_mma_bwd_config d128_atomic[] = {
@@ -67,7 +79,7 @@ static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, in
       d > 128 ? wide : d > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   int found = 0;
   for (int i = 0; cand[i].nwarps && !found; i++)
-    if (fcl_mma_bwd_local(&cand[i], d, wants_atomic) <= ctx->mma_local_bytes &&
+    if (fcl_mma_bwd_local(&cand[i], d, wants_atomic) <= fcl_mma_bwd_cap(ctx, d) &&
         fcl_mma_bwd_valid(&cand[i], d, atomic) && (!atomic || fcl_mma_bwd_even(&cand[i], d))) {
       *out = cand[i];
       found = 1;
@@ -85,7 +97,7 @@ static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, in
     e.vec_red = fcl_tuned_get(tu, FCL_MMAB_VEC_RED, c.vec_red) && ctx->mma_cc >= 90;
     e.v_in_smem = fcl_tuned_get(tu, FCL_MMAB_V_IN_SMEM, c.v_in_smem);
     e.kv_parts = fcl_tuned_get(tu, FCL_MMAB_KV_PARTS, c.kv_parts);
-    if (!fcl_mma_bwd_valid(&e, d, atomic) || fcl_mma_bwd_local(&e, d, wants_atomic) > ctx->mma_local_bytes)
+    if (!fcl_mma_bwd_valid(&e, d, atomic) || fcl_mma_bwd_local(&e, d, wants_atomic) > fcl_mma_bwd_cap(ctx, d))
       return -1;
     c = e;
   }
@@ -94,7 +106,7 @@ static int fcl_mma_bwd_pick(const flashcl_context *ctx, const fcl_problem *p, in
 }
 
 /* Past d = 128 a deterministic call needs the split accumulators to fit too. */
-int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic) {
+int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, int atomic) {
   fcl_mma_bwd_config c;
   if (p->head_dim % 16 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
   return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, NULL) > 0;
@@ -109,7 +121,7 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
   if (got > 0) return FLASHCL_SUCCESS;
   if (got < 0 && tu->source == FLASHCL_TUNING_SOURCE_CALL)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "mma_bwd tuning refused: the kernel's dQ tile rule or %zu bytes "
-                    "of local memory do not take it at head_dim %d", ctx->mma_local_bytes, p->head_dim);
+                    "of local memory do not take it at head_dim %d", fcl_mma_bwd_cap(ctx, p->head_dim), p->head_dim);
   if (got < 0) {
     fcl_log(ctx, "mma_bwd tuning from %s ignored (the kernel does not take it): the default rule runs", tu->origin);
     if (fcl_mma_bwd_pick(ctx, p, atomic, NULL, c) > 0) return FLASHCL_SUCCESS;
@@ -143,7 +155,7 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * head dims up to 64, under a causal mask or a window, with at least 64 key
  * blocks. The mma_bwd tuning's dq_splits = n forces n splits (0: the separate
  * kernel). */
-int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
+int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
   if (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0) return 0;
   const int wide = p->head_dim > 128;

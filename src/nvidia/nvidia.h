@@ -16,7 +16,7 @@ flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, 
  * cover less than the forward); it fails only when NVIDIA_MMA was
  * requested explicitly and the device cannot run it. */
 /* 1 if the tensor-core backward has tiles for p in the given dQ mode (src/nvidia/mma_backward.c). */
-int fcl_mma_bwd_covered(const flashcl_context *ctx, const fcl_problem *p, int atomic);
+int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, int atomic);
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use);
@@ -57,7 +57,7 @@ typedef struct fcl_mma_bwd_launch {
 } fcl_mma_bwd_launch;
 flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu,
                                         int atomic, int splits, fcl_mma_bwd_launch *launch);
-int fcl_mma_bwd_dq_splits(const flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu);
+int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu);
 flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
                                   struct fcl_tuned *tu, flashcl_config *cfg);
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
