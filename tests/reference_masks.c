@@ -125,6 +125,8 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
         }
   if (m && m->dsinks)
     for (int64_t h = 0; h < hqn; h++) m->dsinks[h] = 0.0;
+  if (m && m->dsinks && m->dsinks_rss2)
+    for (int64_t h = 0; h < hqn; h++) m->dsinks_rss2[h] = 0.0;
 
   for (int64_t s = 0; s < nseg; s++) {
     ref_segment seg = ref_attention_segment(p, q, k, s);
@@ -146,7 +148,11 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
           }
           dsum += orow[x] * ref_get(d_o, seg.q_batch, qi, hq, x);
         }
-        if (m && m->sinks && m->dsinks) m->dsinks[hq] -= exp((double)m->sinks[hq] - l) * dsum;
+        if (m && m->sinks && m->dsinks) {
+          const double term = exp((double)m->sinks[hq] - l) * dsum;
+          m->dsinks[hq] -= term;
+          if (m->dsinks_rss2) m->dsinks_rss2[hq] += term * term;
+        }
         for (int64_t j = 0; j < seg.nk; j++) {
           if (probs[j] == 0.0) continue;
           const int64_t kj = seg.k_row0 + j;
@@ -170,4 +176,14 @@ int ref_masks_backward(const ref_attention_params *p, const ref_masks *m, const 
   free(tanhs);
   free(orow);
   return 0;
+}
+
+double ref_dsinks_error(const float *got, const double *ref, const double *rss2, int hq) {
+  double e2 = 0.0, r2 = 0.0;
+  for (int h = 0; h < hq; h++) {
+    const double d = (double)got[h] - ref[h], scale2 = ref[h] * ref[h];
+    e2 += d * d;
+    r2 += rss2 && rss2[h] > scale2 ? rss2[h] : scale2;
+  }
+  return r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
 }

@@ -35,7 +35,18 @@ typedef struct ref_masks {
   double softcap;                /* 0: off */
   const float *sinks;            /* one logit per query head, NULL: off */
   double *dsinks;                /* backward: d/dsinks per query head (NULL: not wanted) */
+  double *dsinks_rss2;           /* with dsinks: the sum of its terms' squares per head (NULL: not wanted) */
 } ref_masks;
+
+/* The error of a device dsinks (hq values) against the reference: the L2 norm
+ * of the differences over that of max(|dsinks|, sqrt(dsinks_rss2)) per head.
+ * dsinks is a sum over every row of terms of either sign (-P_sink * D_i), so
+ * where they cancel, the sum is far smaller than its terms, and an fp32 device
+ * sum is off by its rounding of the terms, not of the sum: measured against the
+ * root sum of squares of the terms, that rounding stays near fp32's epsilon,
+ * while a term missing or counted twice still shows at the 1 / sqrt(rows)
+ * level. Without rss2 (NULL) it is the plain relative L2 error. */
+double ref_dsinks_error(const float *got, const double *ref, const double *rss2, int hq);
 
 /* O (q's shape with v's head dim) and LSE ((Bq, Nq, Hq, 1), may be NULL). m and dr may be NULL.
  * 0, or -1 on bad input. */
