@@ -41,7 +41,7 @@
  * (8 rows); k-step ks starts at region ks / 4, byte 32 * (ks % 4). V (N-major):
  * leading offset = one region (the next 64 columns), stride 1024 bytes (8 keys).
  *
- * Coverage (checked by the host): fp16/bf16, HEAD_DIM 64 or 128, head_dim stride
+ * Coverage (checked by the host): fp16/bf16, HEAD_DIM 64, 128, 192 or 256, head_dim stride
  * 1, rows 16-byte aligned, scale > 0; causal, varlen, GQA, the sliding window,
  * ALiBi and softcap. Dropout, attention masks and paged K/V run flash_fwd_mma.cl.
  * Arguments: flash_fwd_mma's up to softcap_log2 (its mask, dropout and paged
@@ -53,7 +53,9 @@
  *                OpenCL C on any device; the host never launches them there)
  *   PROBE_ONLY   1: only the wgmma_probe kernel
  *   DTYPE        1 = fp16, 2 = bf16
- *   HEAD_DIM     64 or 128
+ *   HEAD_DIM     64, 128, 192 or 256 (past 128, O = P V is two products of at
+ *                most 128 columns each: one wgmma's n stops at 256, and its
+ *                operand list at 128 registers would double the asm's)
  *   BLOCK_C      keys per tile: 64, 96, 112 or 128
  *   NWG          warpgroups per work-group
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP   as in flash_fwd_mma.cl
@@ -100,7 +102,7 @@
 #endif
 #define LOG2E 1.4426950408889634f
 
-#if (HEAD_DIM != 64 && HEAD_DIM != 128) || (BLOCK_C != 64 && BLOCK_C != 96 && BLOCK_C != 112 && BLOCK_C != 128)
+#if HEAD_DIM % 64 || HEAD_DIM > 256 || (BLOCK_C != 64 && BLOCK_C != 96 && BLOCK_C != 112 && BLOCK_C != 128)
 #error "unsupported flash_fwd_wgmma parameters"
 #endif
 
@@ -195,6 +197,11 @@ inline ulong wg_desc(uint addr, uint lead, uint stride) {
 #define WG_SS(n) WG_SS_N(n)
 #define WG_RS_N(n) WGMMA_RS_N##n
 #define WG_RS(n) WG_RS_N(n)
+#if HEAD_DIM == 192 /* columns of O past the first 128 (a literal: the name is pasted) */
+#define PV_REST 64
+#else
+#define PV_REST 128
+#endif
 
 /* Compile-and-run probe: one warpgroup, D (64x64) = A (64x64) B^T (B: 64x64,
  * both row-major fp16/bf16 holding small integers) through the same layout,
@@ -439,8 +446,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
        * Fencing oacc and pf here instead removes the notes but ran slower
        * (BENCHMARKS.md), so the compiler's placement stays. */
       wg_fence();
+#if HEAD_DIM <= 128
       _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
           WG_RS(HEAD_DIM)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
+#else
+      /* Columns 0-127 (V's regions 0 and 1), then the rest (regions 2 ..). */
+      _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++) {
+        WG_RS(128)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
+        WG_RS(PV_REST)(oacc + 64, pf[jj], wg_desc(VBUF(j) + 2 * REGION(BLOCK_C) + jj * 2048, REGION(BLOCK_C), 1024));
+      }
+#endif
       wg_commit();
       wg_wait0();
       REG_FENCE(oacc, DT * 4);

@@ -87,7 +87,7 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
 
 static const fcl_param_decl fcl_wgmma_decls[FCL_WG_COUNT] = {
     {"use", "1: the wgmma kernel where it covers the problem; 0: mma.sync. Rule: 1", FCL_BOOL},
-    {"nwg", "warpgroups (64 query rows each). Rule: 3", 1, 4, 1, FCL_CAND(2, 3)},
+    {"nwg", "warpgroups (64 query rows each). Rule: 3 (2 past d = 128)", 1, 4, 1, FCL_CAND(2, 3)},
     {"block_c", "keys per tile: 64, 96, 112 or 128. Rule: the widest that fits", 64, 128, 16,
      FCL_CAND(64, 96, 112, 128)},
 };

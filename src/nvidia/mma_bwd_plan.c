@@ -8,15 +8,6 @@
 
 #include <stdio.h>
 
-/* The local memory the backward's tiles may take: past d = 128, where the
- * tiles are largest, the larger limit of the second probe (227 KiB on an H100,
- * where two Q/dO buffers at d = 256 need 208 KiB), probed on first use. */
-static size_t fcl_mma_bwd_cap(flashcl_context *ctx, int head_dim) {
-  if (head_dim <= 128) return ctx->mma_local_bytes;
-  const size_t wide = fcl_local_limit(ctx);
-  return wide > ctx->mma_local_bytes ? wide : ctx->mma_local_bytes;
-}
-
 /* Local bytes of bwd_dkdv_mma (K tile, QBUF Q/dO pairs, LSE/D, dS^T for the
  * atomic dQ or the query halves, P^T for the query halves)
  * and of bwd_dq_mma (two K/V stages, or the Q/dO staging). */
@@ -79,7 +70,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
       d > 128 ? wide : d > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   int found = 0;
   for (int i = 0; cand[i].nwarps && !found; i++)
-    if (fcl_mma_bwd_local(&cand[i], d, wants_atomic) <= fcl_mma_bwd_cap(ctx, d) &&
+    if (fcl_mma_bwd_local(&cand[i], d, wants_atomic) <= fcl_mma_local_cap(ctx, d) &&
         fcl_mma_bwd_valid(&cand[i], d, atomic) && (!atomic || fcl_mma_bwd_even(&cand[i], d))) {
       *out = cand[i];
       found = 1;
@@ -97,7 +88,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
     e.vec_red = fcl_tuned_get(tu, FCL_MMAB_VEC_RED, c.vec_red) && ctx->mma_cc >= 90;
     e.v_in_smem = fcl_tuned_get(tu, FCL_MMAB_V_IN_SMEM, c.v_in_smem);
     e.kv_parts = fcl_tuned_get(tu, FCL_MMAB_KV_PARTS, c.kv_parts);
-    if (!fcl_mma_bwd_valid(&e, d, atomic) || fcl_mma_bwd_local(&e, d, wants_atomic) > fcl_mma_bwd_cap(ctx, d))
+    if (!fcl_mma_bwd_valid(&e, d, atomic) || fcl_mma_bwd_local(&e, d, wants_atomic) > fcl_mma_local_cap(ctx, d))
       return -1;
     c = e;
   }
@@ -121,7 +112,7 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
   if (got > 0) return FLASHCL_SUCCESS;
   if (got < 0 && tu->source == FLASHCL_TUNING_SOURCE_CALL)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "mma_bwd tuning refused: the kernel's dQ tile rule or %zu bytes "
-                    "of local memory do not take it at head_dim %d", fcl_mma_bwd_cap(ctx, p->head_dim), p->head_dim);
+                    "of local memory do not take it at head_dim %d", fcl_mma_local_cap(ctx, p->head_dim), p->head_dim);
   if (got < 0) {
     fcl_log(ctx, "mma_bwd tuning from %s ignored (the kernel does not take it): the default rule runs", tu->origin);
     if (fcl_mma_bwd_pick(ctx, p, atomic, NULL, c) > 0) return FLASHCL_SUCCESS;

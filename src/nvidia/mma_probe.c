@@ -110,3 +110,9 @@ int fcl_mma_available(flashcl_context *ctx) {
           major, minor, ctx->mma_local_bytes);
   return 1;
 }
+
+size_t fcl_mma_local_cap(flashcl_context *ctx, int head_dim) {
+  if (head_dim <= 128) return ctx->mma_local_bytes;
+  const size_t wide = fcl_local_limit(ctx);
+  return wide > ctx->mma_local_bytes ? wide : ctx->mma_local_bytes;
+}

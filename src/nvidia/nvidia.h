@@ -47,6 +47,13 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
                                  const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
                                  cl_uint nwait, const cl_event *wait, cl_event *out_event);
 
+/* The local memory the tensor-core tiles of head dim d may take: up to d = 128
+ * the budget of the first probe (ctx->mma_local_bytes, 160 KiB on an H100);
+ * past it, where the tiles are largest, the larger limit of the second probe
+ * (fcl_local_limit: 227 KiB on an H100), probed on first use
+ * (src/nvidia/mma_probe.c). */
+size_t fcl_mma_local_cap(flashcl_context *ctx, int head_dim);
+
 /* NVIDIA tensor-core backward kernels (src/nvidia/mma_backward.c). */
 typedef struct fcl_mma_bwd_config {
   int nwarps, block_r, m_tiles, block_c, qbuf, vec_red, v_in_smem, kv_parts;

@@ -27,7 +27,7 @@ int fcl_mma_fwd_fits(const flashcl_context *ctx, const fcl_problem *p);
 
 /* 1 and *out if some wgmma tile fits the local memory (tu: the tuning's
  * values first; NULL: the rule). src/nvidia/wgmma_fwd_plan.c. */
-int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu,
+int fcl_wgmma_pick(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu,
                    fcl_wgmma_config *out);
 /* The wgmma_fwd configuration a call runs (as fcl_mma_config_of). */
 flashcl_status fcl_wgmma_config_of(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu,

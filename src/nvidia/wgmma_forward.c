@@ -15,7 +15,7 @@
  * turns the path off for the context (fcl_wgmma_build_failed) and runs mma.sync.
  *
  * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged
- * K/V, with head_dim 64 or 128 (the kernel's wgmma shapes).
+ * K/V, with head_dim 64, 128, 192 or 256 (the kernel's wgmma shapes).
  *
  * The wgmma_fwd tuning (src/core/tuning_space.c) sets use (0: mma.sync runs
  * instead), nwg and block_c; a per-call tuning whose tiles do not fit is
@@ -119,13 +119,13 @@ static int fcl_wgmma_available(flashcl_context *ctx) {
 }
 
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
-  if (p->head_dim != 64 && p->head_dim != 128) return 0;
+  if (p->head_dim % 64 || p->head_dim > 256) return 0;
   if (p->dropout || p->mask_kind || p->paged_kv) return 0;
   if (!fcl_wgmma_available(ctx)) return 0;
   fcl_wgmma_config c;
   if (fcl_wgmma_pick(ctx, p, NULL, &c)) return 1;
   fcl_log(ctx, "wgmma forward: no tile fits %zu bytes of local memory at d = %d: running mma.sync",
-          ctx->mma_local_bytes, p->head_dim);
+          fcl_mma_local_cap(ctx, p->head_dim), p->head_dim);
   return 0;
 }
 

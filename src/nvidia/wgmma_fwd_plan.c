@@ -20,19 +20,23 @@ static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 ||
  * (145 KiB of the 160 KiB the H100's probe grants). Three warpgroups beat two
  * on the H100 at d = 64 and 128 (BENCHMARKS.md): with one barrier per tile for
  * all of them, more warpgroups are what keeps the tensor cores busy while some
- * run their softmax; two leave them idle part of each tile. */
-int fcl_wgmma_pick(const flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, fcl_wgmma_config *out) {
+ * run their softmax; two leave them idle part of each tile. Past d = 128 two:
+ * O alone takes d / 2 registers of each work-item, and three warpgroups leave
+ * 170 (112 at d = 192 and 64 at d = 256 fit the second probe's 227 KiB). */
+int fcl_wgmma_pick(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, fcl_wgmma_config *out) {
   static const int bcs[4] = {128, 112, 96, 64};
-  fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, 3) : 3, 0};
+  const int nwg = p->head_dim > 128 ? 2 : 3;
+  const size_t cap = fcl_mma_local_cap(ctx, p->head_dim);
+  fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, nwg) : nwg, 0};
   if (tu && fcl_tuned_has(tu, FCL_WG_BLOCK_C)) {
     c.block_c = tu->val[FCL_WG_BLOCK_C];
-    if (!fcl_wgmma_bc_ok(c.block_c) || fcl_wgmma_local(&c, p->head_dim) > ctx->mma_local_bytes) return 0;
+    if (!fcl_wgmma_bc_ok(c.block_c) || fcl_wgmma_local(&c, p->head_dim) > cap) return 0;
     *out = c;
     return 1;
   }
   for (int i = 0; i < 4; i++) {
     c.block_c = bcs[i];
-    if (fcl_wgmma_local(&c, p->head_dim) <= ctx->mma_local_bytes) {
+    if (fcl_wgmma_local(&c, p->head_dim) <= cap) {
       *out = c;
       return 1;
     }
@@ -46,7 +50,7 @@ flashcl_status fcl_wgmma_config_of(flashcl_context *ctx, const fcl_problem *p, f
   if (!fcl_wgmma_pick(ctx, p, tu, c)) {
     if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "wgmma_fwd tuning refused: its tiles do not fit %zu bytes "
-                      "of local memory (block_c must be 64, 96, 112 or 128)", ctx->mma_local_bytes);
+                      "of local memory (block_c must be 64, 96, 112 or 128)", fcl_mma_local_cap(ctx, p->head_dim));
     fcl_log(ctx, "wgmma_fwd tuning from %s ignored (its tiles do not fit): the default rule runs", tu->origin);
     if (!fcl_wgmma_pick(ctx, p, NULL, c)) return fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "flash_fwd_wgmma: no tile fits");
   }
