@@ -680,13 +680,17 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  *     whatever the cache's strides: contiguous (B, max_len, Hkv) with
  *     scale[(b * max_len + j) * Hkv + h]; paged (num_pages, page_size, Hkv) with
  *     scale[(page * page_size + slot) * Hkv + h].
+ *   FLASHCL_KV_SCALE_BLOCK32: one float per 32 consecutive elements of each
+ *     cache row, as ggml's q8_0 has (head_dim a multiple of 32): element e of
+ *     row r (r numbered as for TOKEN) has scale[(r * Hkv + h) * (d / 32) + e / 32].
  * A quantized cache without its scale buffer, or with a buffer smaller than
  * its layout, fails with FLASHCL_ERROR_INVALID_ARGUMENT /
  * FLASHCL_ERROR_BUFFER_TOO_SMALL and writes nothing. Plain caches ignore the
  * scale fields. flashcl_kv_cache_append quantizes on write (k_new / v_new in
  * q's plain dtype, f32/f16/bf16): with TOKEN scales it first writes each new
  * row's scale = absmax / qmax, absmax = max |x| over the row's d values in
- * fp32 and qmax = 127 (I8), 448 (E4M3), 57344 (E5M2); with TENSOR or HEAD
+ * fp32 and qmax = 127 (I8), 448 (E4M3), 57344 (E5M2) (BLOCK32: each block's
+ * scale from the absmax of its 32 values); with TENSOR or HEAD
  * scales it reads the caller's scale. Each value is then coded from
  * y = x / scale (fp32): I8 rounds y to nearest, ties to even, and clamps to
  * [-127, 127] (NaN gives 0); fp8 rounds y to the nearest representable value,
@@ -701,7 +705,8 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
 typedef enum flashcl_kv_scale {
   FLASHCL_KV_SCALE_TOKEN = 0,
   FLASHCL_KV_SCALE_HEAD = 1,
-  FLASHCL_KV_SCALE_TENSOR = 2
+  FLASHCL_KV_SCALE_TENSOR = 2,
+  FLASHCL_KV_SCALE_BLOCK32 = 3
 } flashcl_kv_scale;
 
 typedef struct flashcl_decode_desc {

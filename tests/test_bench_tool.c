@@ -229,6 +229,15 @@ static void test_json(void **state) {
             "--kv-scale head:\n%s\n%s", out, err);
   free(out);
   free(err);
+  /* --kv-scale block32: d / 32 scales per row, counted in kv_bytes (2 x 256 x 8 x (64 + 2 x 4)) */
+  const char *qblk[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
+                        "1", "--warmup", "0", "--kv-dtype", "i8", "--kv-scale", "block32", "--csv", NULL};
+  out = err = NULL;
+  FCT_CHECK(run_bench(qblk, &out, &err) == 0 && strstr(out, ",f32/i8:block32,") && strstr(out, ",294912,") &&
+                strstr(out, "\"ok\""),
+            "--kv-scale block32:\n%s\n%s", out, err);
+  free(out);
+  free(err);
   const char *sparse[] = {"--block-sparse", "1,0.5", "--n", "128", "--d", "16", "--dtype", "f32", "--reps", "1",
                           "--batch-tokens", "128", "--hidden", "32", "--json", NULL};
   check_json_run(sparse, "block-sparse", 2);

@@ -97,6 +97,7 @@ typedef struct qcase {
 #define TOK FLASHCL_KV_SCALE_TOKEN
 #define HEAD FLASHCL_KV_SCALE_HEAD
 #define TENS FLASHCL_KV_SCALE_TENSOR
+#define BLK FLASHCL_KV_SCALE_BLOCK32
 static const qcase QCASES[] = {
     {"quant_i8_token_contig_f32_split1", FLASHCL_F32, I8, I8, TOK, TOK, 2, 1, 8, 2, 64, {37, 70}, 0, 1},
     {"quant_i8_token_paged16_f16_split3", FLASHCL_F16, I8, I8, TOK, TOK, 3, 2, 8, 2, 64, {33, 80, 17}, 16, 3},
@@ -128,6 +129,18 @@ static const qcase QCASES[] = {
     {"quant_k_i8_v_f16_contig_f16_d128", FLASHCL_F16, I8, FLASHCL_F16, TOK, TOK, 1, 2, 8, 1, 128, {211}, 0, 2},
     {"quant_k_bf16_v_e4m3tok_paged16_bf16_d64", FLASHCL_BF16, FLASHCL_BF16, E4, TOK, TOK, 3, 1, 32, 4, 64,
      {17, 64, 129}, 16, 0},
+    /* BLOCK32 scales (one per 32 elements of a row, as ggml's q8_0): every
+     * format, paged and contiguous, beside TOKEN, TENSOR and plain sides, at
+     * d = 32 (one block), 64 and 128 (which AUTO sends to the portable kernel
+     * even where the tensor-core decode takes TOKEN scales). */
+    {"quant_i8_block32_contig_f16_d128_split3", FLASHCL_F16, I8, I8, BLK, BLK, 2, 1, 16, 4, 128, {150, 71}, 0, 3},
+    {"quant_i8_block32_paged16_f32_d64", FLASHCL_F32, I8, I8, BLK, BLK, 2, 2, 8, 2, 64, {45, 90}, 16, 2},
+    {"quant_k_e4m3blk_v_e5m2blk_paged8_bf16_d32", FLASHCL_BF16, E4, E5, BLK, BLK, 2, 1, 4, 1, 32, {33, 17}, 8, 0},
+    {"quant_k_i8blk_v_e4m3tok_contig_f16_d64", FLASHCL_F16, I8, E4, BLK, TOK, 1, 3, 8, 2, 64, {77}, 0, 2},
+    {"quant_k_f16_v_i8blk_paged12_f16_d128_kpt4", FLASHCL_F16, FLASHCL_F16, I8, TOK, BLK, 2, 1, 8, 2, 128, {40, 25},
+     12, 1, "decode kpt=4 stages=0"},
+    {"quant_k_e5m2tens_v_i8blk_contig_f32_d64_offset3", FLASHCL_F32, E5, I8, TENS, BLK, 2, 1, 4, 2, 64, {31, 58}, 0,
+     2, NULL, 3},
 };
 
 /* One side (K or V) of a cache: codes or plain elements, dense
@@ -160,13 +173,25 @@ static size_t cache_row(const qcache *cc, const qcase *c, int b, int j) {
   return (size_t)cc->bt[(size_t)b * cc->max_pages + j / c->page_size] * cc->rows + (size_t)(j % c->page_size);
 }
 
-static size_t scale_floats(const qcache *cc, const qcase *c, flashcl_kv_scale kind) {
-  return kind == TENS ? 1 : kind == HEAD ? (size_t)c->heads_kv : (size_t)cc->pages * cc->rows * c->heads_kv;
+/* Scales per (row, kv head): d / 32 for BLOCK32, else 1. */
+static size_t row_scales(const qcase *c, flashcl_kv_scale kind) {
+  return kind == BLK ? (size_t)c->head_dim / 32 : 1;
 }
 
-static size_t scale_index(const qcase *c, flashcl_kv_scale kind, size_t row, int h) {
+static size_t scale_floats(const qcache *cc, const qcase *c, flashcl_kv_scale kind) {
+  return kind == TENS   ? 1
+         : kind == HEAD ? (size_t)c->heads_kv
+                        : (size_t)cc->pages * cc->rows * c->heads_kv * row_scales(c, kind);
+}
+
+/* The scale of element x of (row, h), flashcl.h's layouts. */
+static size_t scale_index(const qcase *c, flashcl_kv_scale kind, size_t row, int h, int x) {
+  if (kind == BLK) return (row * (size_t)c->heads_kv + (size_t)h) * row_scales(c, kind) + (size_t)x / 32;
   return kind == TENS ? 0 : kind == HEAD ? (size_t)h : row * (size_t)c->heads_kv + (size_t)h;
 }
+
+/* The elements a row-written scale covers: the row (TOKEN) or a 32-block. */
+static int scale_span(const qcase *c, flashcl_kv_scale kind) { return kind == BLK ? 32 : c->head_dim; }
 
 static void side_make(qside *s, const qcache *cc, const qcase *c, flashcl_dtype fmt, flashcl_kv_scale kind) {
   memset(s, 0, sizeof *s);
@@ -274,7 +299,7 @@ static const float *row_of(const float *a, const qcase *c, const qvals *qv, int 
  * that the largest values saturate (the append must clamp them as the host
  * does); per head for HEAD. */
 static void side_fixed_scales(qside *s, const qcase *c, const float *vals, const qvals *qv) {
-  if (!is_quant(s->fmt) || s->kind == TOK) return;
+  if (!is_quant(s->fmt) || s->kind == TOK || s->kind == BLK) return;
   for (int h = 0; h < (s->kind == HEAD ? c->heads_kv : 1); h++) {
     float amax = 0.0f;
     for (int b = 0; b < c->batch; b++)
@@ -295,10 +320,13 @@ static void side_host_row(qside *s, const qcache *cc, const qcase *c, const floa
     for (int x = 0; x < c->head_dim; x++) fct_store(s->fmt, s->data.host, at + x, r[x]);
     return;
   }
-  const size_t si = scale_index(c, s->kind, row, h);
-  if (s->kind == TOK) set_f32(&s->scale, si, kvq_ref_token_scale(s->fmt, r, c->head_dim));
-  const float sc = get_f32(&s->scale, si);
-  for (int x = 0; x < c->head_dim; x++) s->data.host[at + x] = kvq_ref_encode(s->fmt, r[x], sc);
+  const int span = scale_span(c, s->kind);
+  for (int x0 = 0; x0 < c->head_dim; x0 += span) {
+    const size_t si = scale_index(c, s->kind, row, h, x0);
+    if (s->kind == TOK || s->kind == BLK) set_f32(&s->scale, si, kvq_ref_token_scale(s->fmt, r + x0, span));
+    const float sc = get_f32(&s->scale, si);
+    for (int x = x0; x < x0 + span; x++) s->data.host[at + x] = kvq_ref_encode(s->fmt, r[x], sc);
+  }
 }
 
 /* After the append: the new rows against the host quantizer (adopting the
@@ -321,18 +349,19 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
           memcpy(s->expect + at * s->es, got + at * s->es, (size_t)c->head_dim * s->es);
           continue;
         }
-        const size_t si = scale_index(c, s->kind, row, h);
-        float sc;
-        memcpy(&sc, got_s + 4 * si, 4);
-        if (s->kind == TOK) {
-          const float want = kvq_ref_token_scale(s->fmt, r, c->head_dim);
-          const long du = ulp_distance(sc, want);
-          FCT_CHECK(du <= 3, "%s %s: TOKEN scale of (b %d, j %d, h %d) is %.9g, the host's %.9g (%ld ulp)", c->name,
-                    what, b, j, h, (double)sc, (double)want, du);
-          scale_inexact += du != 0;
-          memcpy(s->expect_scale + 4 * si, &sc, 4);
-        }
+        const int span = scale_span(c, s->kind);
         for (int x = 0; x < c->head_dim; x++) {
+          const size_t si = scale_index(c, s->kind, row, h, x);
+          float sc;
+          memcpy(&sc, got_s + 4 * si, 4);
+          if ((s->kind == TOK || s->kind == BLK) && x % span == 0) {
+            const float want = kvq_ref_token_scale(s->fmt, r + x, span);
+            const long du = ulp_distance(sc, want);
+            FCT_CHECK(du <= 3, "%s %s: %s scale of (b %d, j %d, h %d, x %d) is %.9g, the host's %.9g (%ld ulp)",
+                      c->name, what, s->kind == BLK ? "BLOCK32" : "TOKEN", b, j, h, x, (double)sc, (double)want, du);
+            scale_inexact += du != 0;
+            memcpy(s->expect_scale + 4 * si, &sc, 4);
+          }
           const uint8_t want = kvq_ref_encode(s->fmt, r[x], sc), have = got[at + x];
           const int dist = kvq_ref_code_distance(s->fmt, have, want);
           FCT_CHECK(dist <= 1, "%s %s: code of (b %d, j %d, h %d, x %d) = %.9g / %.9g is 0x%02x, the host's 0x%02x",
@@ -359,7 +388,7 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
 static double side_value(const qside *s, const qcache *cc, const qcase *c, int b, int j, int h, int x) {
   const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h) + (size_t)x;
   if (!is_quant(s->fmt)) return fct_load(s->fmt, s->data.host, at);
-  const float v = kvq_ref_decode(s->fmt, s->data.host[at]) * get_f32(&s->scale, scale_index(c, s->kind, row, h));
+  const float v = kvq_ref_decode(s->fmt, s->data.host[at]) * get_f32(&s->scale, scale_index(c, s->kind, row, h, x));
   return v;
 }
 
@@ -462,9 +491,10 @@ static void run_quant_case(const qcase *c) {
   const size_t nv = (size_t)B * qv.max_len * c->heads_kv * d;
   qv.k = malloc(sizeof(float) * nv);
   qv.v = malloc(sizeof(float) * nv);
-  /* Rows of different magnitudes, so that TOKEN scales differ from row to row. */
+  /* Blocks of 32 values (whole rows at d = 32) of different magnitudes, so
+   * that TOKEN scales differ from row to row and BLOCK32 scales within one. */
   for (size_t i = 0; i < nv; i++) {
-    const float mag = (float)(0.25 + 2.0 * (double)((i / (size_t)d) % 5) / 4.0);
+    const float mag = (float)(0.25 + 2.0 * (double)((i / 32) % 5) / 4.0);
     qv.k[i] = fct_quantize(c->dtype, mag * (float)fct_rng_normal(&rng));
     qv.v[i] = fct_quantize(c->dtype, mag * (float)fct_rng_normal(&rng));
   }
@@ -487,10 +517,13 @@ static void run_quant_case(const qcase *c) {
   FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, &cfg), FLASHCL_SUCCESS,
                    "%s: config", c->name);
   /* The tensor-core kernel dequantizes in local memory where it covers the
-   * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows) on a device
-   * that must have it; decode.cl's register path takes every other call. */
+   * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows, no BLOCK32
+   * scales) on a device that must have it; decode.cl's register path takes
+   * every other call. */
   char what[128];
-  const int mma_case = c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning;
+  const int block32 = (is_quant(c->kfmt) && c->kkind == BLK) || (is_quant(c->vfmt) && c->vkind == BLK);
+  const int mma_case =
+      c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning && !block32;
   const int want_mma = mma_case && fct_device_requires_mma(env->device, what, sizeof what);
   FCT_CHECK(strcmp(cfg.kernel, want_mma ? "decode_mma" : "decode_attn") == 0 ||
                 (!want_mma && strcmp(cfg.kernel, "decode_mma") == 0 && mma_case),
@@ -1004,6 +1037,15 @@ static void test_quant_errors(void **state) {
   d = f.desc;
   d.v_scale_kind = (flashcl_kv_scale)-1;
   EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_ARGUMENT, "append: v_scale_kind -1");
+  /* BLOCK32 scales need a head dim that is a multiple of 32 (the fixture's is 8). */
+  d = f.desc;
+  d.k_scale_kind = BLK;
+  EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_SHAPE, "decode: BLOCK32 k_scale at d = 8");
+  FCT_CHECK(strstr(flashcl_context_last_error(ctx), "multiple of 32") != NULL, "message: %s",
+            flashcl_context_last_error(ctx));
+  d = f.desc;
+  d.v_scale_kind = BLK;
+  EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_SHAPE, "append: BLOCK32 v_scale at d = 8");
   /* A scale buffer the call reads must not be its output. */
   d = f.desc;
   d.k_scale = f.o.t.buffer;

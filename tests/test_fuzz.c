@@ -1293,9 +1293,13 @@ static void dec_quantize(fz_case *c, dec *d, int k, double p) {
   d->fmt[k] = d->dt;
   if (!rchance(&c->r, p)) return;
   const flashcl_dtype fmt = fmts[rbelow(&c->r, 3)];
-  const flashcl_kv_scale kind = (flashcl_kv_scale)rbelow(&c->r, 3);
+  flashcl_kv_scale kind = (flashcl_kv_scale)rbelow(&c->r, 4);
+  if (kind == FLASHCL_KV_SCALE_BLOCK32 && d->D % 32) kind = FLASHCL_KV_SCALE_TOKEN; /* BLOCK32 needs d % 32 == 0 */
   const size_t rows = (size_t)(t->t.shape[0] * t->t.shape[1]);
-  const size_t n = kind == FLASHCL_KV_SCALE_TOKEN ? rows * (size_t)d->Hkv : kind == FLASHCL_KV_SCALE_HEAD ? (size_t)d->Hkv : 1;
+  const size_t n = kind == FLASHCL_KV_SCALE_TOKEN     ? rows * (size_t)d->Hkv
+                   : kind == FLASHCL_KV_SCALE_BLOCK32 ? rows * (size_t)d->Hkv * (size_t)(d->D / 32)
+                   : kind == FLASHCL_KV_SCALE_HEAD    ? (size_t)d->Hkv
+                                                      : 1;
   int64_t b, j, h, x;
   tensor_make(c, t, fmt, t->t.shape[0], t->t.shape[1], d->Hkv, d->D, 0, k ? "v_cache_q" : "k_cache_q");
   for (b = 0; b < t->t.shape[0]; b++)
@@ -1318,8 +1322,11 @@ static double dec_value(const dec *d, int k, int64_t bb, int64_t nn, int64_t h, 
   const size_t at = tidx(&t->t, bb, nn, h, x);
   if (!is_kv_quant(d->fmt[k])) return fct_load(d->dt, t->b->init, at);
   const flashcl_kv_scale kind = k ? d->desc.v_scale_kind : d->desc.k_scale_kind;
-  const size_t si = kind == FLASHCL_KV_SCALE_TOKEN ? (size_t)(bb * t->t.shape[1] + nn) * (size_t)d->Hkv + (size_t)h
-                    : kind == FLASHCL_KV_SCALE_HEAD ? (size_t)h : 0;
+  const size_t row = (size_t)(bb * t->t.shape[1] + nn) * (size_t)d->Hkv + (size_t)h;
+  const size_t si = kind == FLASHCL_KV_SCALE_TOKEN     ? row
+                    : kind == FLASHCL_KV_SCALE_BLOCK32 ? row * (size_t)(d->D / 32) + (size_t)x / 32
+                    : kind == FLASHCL_KV_SCALE_HEAD    ? (size_t)h
+                                                       : 0;
   float sc;
   memcpy(&sc, d->scale[k]->init + 4 * si, 4);
   return (double)(kvq_ref_decode(d->fmt[k], t->b->init[at]) * sc);
@@ -1505,7 +1512,7 @@ static void mutate_kv_scale(fz_case *c, dec *d, int kind) {
     *buf = b->mem;
     *sk = d->scale[k] ? *sk : FLASHCL_KV_SCALE_TENSOR;
   } else {
-    static const int bad[] = {3, -1, 99, INT_MAX};
+    static const int bad[] = {4, -1, 99, INT_MAX};
     const int v = bad[rbelow(&c->r, 4)];
     clog_(c, "desc.%s_scale_kind = %d", k ? "v" : "k", v);
     *sk = (flashcl_kv_scale)v;

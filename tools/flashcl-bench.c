@@ -122,7 +122,8 @@ static const char usage_text[] =
     "                       the d column then reads e.g. 192/128, and TFLOP/s counts\n"
     "                       2 d + 2 DV per visible pair forward, 6 d + 4 DV backward\n"
     "  --kv-scale KIND      --kv-dtype's scales: token (one per token and kv head; the\n"
-    "                       default), head (one per kv head) or tensor (one)\n"
+    "                       default), head (one per kv head), tensor (one) or block32\n"
+    "                       (one per 32 elements of a token's row, as ggml's q8_0)\n"
     "  --tree               --decode: desc.tree_mask with a binary draft tree over the\n"
     "                       q_len tokens (token t sees t and its ancestors, parent\n"
     "                       (t - 1) / 2) instead of the causal rule\n"
@@ -220,12 +221,12 @@ static int parse_bit(const char *s, void *dest) {
 
 static int parse_layout(const char *s, void *dest) { return tools_parse_layout(s, (int *)dest); }
 
-/* --kv-scale: token, head or tensor. */
+/* --kv-scale: token, head, tensor or block32 (the flashcl_kv_scale order). */
+static const char *const kv_scale_names[] = {"token", "head", "tensor", "block32"};
 static int parse_kv_scale(const char *text, void *dest) {
-  static const char *const names[] = {"token", "head", "tensor"};
-  for (int i = 0; i < 3; ++i)
-    if (!strcmp(text, names[i])) {
-      *(int *)dest = i == 0 ? FLASHCL_KV_SCALE_TOKEN : i == 1 ? FLASHCL_KV_SCALE_HEAD : FLASHCL_KV_SCALE_TENSOR;
+  for (int i = 0; i < 4; ++i)
+    if (!strcmp(text, kv_scale_names[i])) {
+      *(int *)dest = i;
       return 0;
     }
   return -1;
@@ -645,6 +646,7 @@ static void free_row(row *r) {
 typedef struct decode_shape {
   flashcl_dtype dt, kvt; /* q's dtype, the caches' (dt, or a quantized one) */
   int quant;
+  long row_scales; /* scales read with each cache row: 1 (TOKEN), d / 32 (BLOCK32), 0 */
   char dtname[32];
   long d, b, n, T, hq, hkv;
   long P, pages_per, rows; /* page size (0: contiguous), pages per sequence, cache tokens */
@@ -667,11 +669,10 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
   s.dt = dt, s.d = d, s.b = b, s.n = n, s.T = o->q_len, s.hq = hq, s.hkv = hkv;
   s.quant = kvt >= 0 && kvt != dt;
   s.kvt = s.quant ? (flashcl_dtype)kvt : dt;
-  /* e.g. f16/i8, f16/i8:head (a scale per kv head), f16/f8e4m3:tensor. */
-  const int uni = s.quant && o->kv_scale != FLASHCL_KV_SCALE_TOKEN;
-  snprintf(s.dtname, sizeof s.dtname, "%s%s%s%s", flashcl_dtype_name(dt), s.quant ? "/" : "",
-           s.quant ? flashcl_dtype_name(s.kvt) : "",
-           uni ? (o->kv_scale == FLASHCL_KV_SCALE_HEAD ? ":head" : ":tensor") : "");
+  /* e.g. f16/i8, f16/i8:head (a scale per kv head), f16/f8e4m3:tensor, f16/i8:block32. */
+  const int named = s.quant && o->kv_scale != FLASHCL_KV_SCALE_TOKEN;
+  snprintf(s.dtname, sizeof s.dtname, "%s%s%s%s%s", flashcl_dtype_name(dt), s.quant ? "/" : "",
+           s.quant ? flashcl_dtype_name(s.kvt) : "", named ? ":" : "", named ? kv_scale_names[o->kv_scale] : "");
   s.es = flashcl_dtype_size(s.kvt);
   s.P = o->page_size;
   s.pages_per = s.P ? (n + s.P - 1) / s.P : 0;
@@ -679,8 +680,9 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
   /* With a left window a call reads only the window's keys (and the new tokens). */
   const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
   s.kv_elems = (size_t)s.rows * hkv * d;
-  s.kv_read = 2 * (size_t)b * n_read * hkv *
-              (d * s.es + (s.quant && o->kv_scale == FLASHCL_KV_SCALE_TOKEN ? sizeof(float) : 0));
+  /* Scales read with each row: TOKEN's one, BLOCK32's d / 32. */
+  s.row_scales = !s.quant ? 0 : o->kv_scale == FLASHCL_KV_SCALE_TOKEN ? 1 : o->kv_scale == FLASHCL_KV_SCALE_BLOCK32 ? d / 32 : 0;
+  s.kv_read = 2 * (size_t)b * n_read * hkv * (d * s.es + s.row_scales * sizeof(float));
   s.seed = 7 + (uint64_t)li;
   return s;
 }
@@ -736,7 +738,8 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
   if (u->mem[0]) u->mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
   if (u->mem[1]) u->mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
   if (u->mem[2]) u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems * flashcl_dtype_size(s->dt), NULL, &err);
-  if (u->mem[3] && s->quant) u->scale = scale_buffer(clctx, (size_t)s->rows * s->hkv, &err);
+  if (u->mem[3] && s->quant)
+    u->scale = scale_buffer(clctx, (size_t)s->rows * s->hkv * (size_t)(s->row_scales > 1 ? s->row_scales : 1), &err);
   if (u->mem[3]) u->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)s->b * s->T * s->hq * 4, NULL, &err);
   flashcl_decode_desc_init(&u->desc);
   u->desc.kernel = o->kernel;

@@ -21,9 +21,11 @@
  * format's NaN (E4M3 0x7f, E5M2 0x7e).
  *
  * Scale layouts (KVQ_SCALE_*, the flashcl_kv_scale values): TOKEN one per cache
- * row, HEAD one per kv head, TENSOR one float; TOKEN (row = page * rows_per_page +
+ * row, HEAD one per kv head, TENSOR one float, BLOCK32 one per 32 consecutive
+ * elements of a row (ggml's q8_0 blocks); TOKEN (row = page * rows_per_page +
  * slot, rows_per_page = page_size for a paged cache, max_len for a contiguous
- * one), dense over (row, kv head).
+ * one), dense over (row, kv head), and BLOCK32 dense over (row, kv head,
+ * block).
  *
  * Parameters (-D) of the kernels that join this file, defaulted here once:
  * K_DTYPE, V_DTYPE (each cache's storage: DTYPE, the tokens' dtype from
@@ -39,6 +41,7 @@
 #define KVQ_SCALE_TOKEN 0
 #define KVQ_SCALE_HEAD 1
 #define KVQ_SCALE_TENSOR 2
+#define KVQ_SCALE_BLOCK32 3
 
 #ifndef K_DTYPE
 #define K_DTYPE DTYPE
@@ -56,10 +59,14 @@
 /* The largest code magnitude: TOKEN scales are absmax / kvq_qmax. */
 inline float kvq_qmax(int fmt) { return fmt == KVQ_I8 ? 127.0f : fmt == KVQ_E4M3 ? 448.0f : 57344.0f; }
 
-/* Index of the scale of kv head h at cache row `row` in a scale buffer of this kind. */
-inline long kvq_scale_index(int kind, long row, int heads_kv, int h) {
+/* Index of the scale of element e of kv head h at cache row `row` (d elements
+ * per row) in a scale buffer of this kind. */
+inline long kvq_scale_index(int kind, long row, int heads_kv, int h, int d, int e) {
+  if (kind == KVQ_SCALE_BLOCK32) return (row * heads_kv + h) * (d / 32) + e / 32;
   return kind == KVQ_SCALE_TENSOR ? 0 : kind == KVQ_SCALE_HEAD ? (long)h : row * heads_kv + h;
 }
+/* Scales that come with each cache row (TOKEN, BLOCK32) rather than once. */
+#define KVQ_ROW_KIND(kind) ((kind) == KVQ_SCALE_TOKEN || (kind) == KVQ_SCALE_BLOCK32)
 
 inline float8 kvq_e4m3x8_to_float8(uchar8 b) {
   const uint8 u = convert_uint8(b), em = u & 0x7fu;

@@ -65,6 +65,8 @@
  *   row's scale: K_SCALE / V_SCALE KVQ_SCALE_TENSOR or _HEAD read it once per
  *   work-group, _TOKEN with the row (index (page * rows_per_page + slot) *
  *   heads_kv + hk, rows_per_page = page_size, or capacity when contiguous),
+ *   _BLOCK32 likewise, the scale of the 32-element block that holds the
+ *   work-item's 8 elements,
  *   so the scale travels through the same prefetch as its codes. Register
  *   path only (the cp.async stages copy 16-bit rows).
  *
@@ -138,7 +140,8 @@
 #endif
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
 /* 0 / 1 literals (a logical && on constants in code draws compiler warnings):
- * *_QUANT a quantized side, *_ROWSCALE its scale comes with each row (TOKEN),
+ * *_QUANT a quantized side, *_ROWSCALE its scale comes with each row (TOKEN;
+ * BLOCK32, where a work-item's 8 elements sit in one 32-element block),
  * *_UNISCALE once per work-group (TENSOR, HEAD). */
 #if K_DTYPE != DTYPE
 #define K_QUANT 1
@@ -150,12 +153,12 @@
 #else
 #define V_QUANT 0
 #endif
-#if K_QUANT && K_SCALE == KVQ_SCALE_TOKEN
+#if K_QUANT && KVQ_ROW_KIND(K_SCALE)
 #define K_ROWSCALE 1
 #else
 #define K_ROWSCALE 0
 #endif
-#if V_QUANT && V_SCALE == KVQ_SCALE_TOKEN
+#if V_QUANT && KVQ_ROW_KIND(V_SCALE)
 #define V_ROWSCALE 1
 #else
 #define V_ROWSCALE 0
@@ -191,6 +194,9 @@
 #endif
 #if (K_QUANT && (K_DTYPE < KVQ_I8 || K_DTYPE > KVQ_E5M2)) || (V_QUANT && (V_DTYPE < KVQ_I8 || V_DTYPE > KVQ_E5M2))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
+#endif
+#if HEAD_DIM % 32 && ((K_QUANT && K_SCALE == KVQ_SCALE_BLOCK32) || (V_QUANT && V_SCALE == KVQ_SCALE_BLOCK32))
+#error "BLOCK32 scales need a head dim that is a multiple of 32"
 #endif
 
 /* 8 consecutive cache elements, raw (loaded) and converted to fp32. */
@@ -285,7 +291,7 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 /* SC[u] receives the row's scale where ROWSCALE (TOKEN scales), from SCL; 0
  * past kend, where a stale or unset scale could be inf and turn the zero
  * codes into NaN. */
-#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, SCL, PTR, OFF, SB, SN, SH, KB, TPG)                   \
+#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, KIND, SCL, PTR, OFF, SB, SN, SH, KB, TPG)             \
   for (int u = 0; u < KPT; u++) {                                                              \
     const int j = (KB) + u * KG + kg;                                                          \
     R[u] = Z;                                                                                  \
@@ -294,13 +300,13 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
       int pg_, sl_;                                                                            \
       KEY_ROW(j, pg_, sl_, TPG);                                                               \
       R[u] = LD(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x);                             \
-      if (ROWSCALE) SC[u] = SCL[kvq_scale_index(KVQ_SCALE_TOKEN, (long)pg_ * srows + sl_, heads_kv, hk)]; \
+      if (ROWSCALE) SC[u] = SCL[kvq_scale_index(KIND, (long)pg_ * srows + sl_, heads_kv, hk, HEAD_DIM, 8 * x)]; \
     }                                                                                          \
   }
 #define LOAD_K(R, SC, KB, TPG) \
-  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
+  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, K_SCALE, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
 #define LOAD_V(R, SC, KB, TPG) \
-  LOAD_ROWS(R, SC, V_LOAD8, V_ZERO8, V_ROWSCALE, v_scale, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
+  LOAD_ROWS(R, SC, V_LOAD8, V_ZERO8, V_ROWSCALE, V_SCALE, v_scale, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
 
 #if ASYNC_STAGES
 /* Copies this work-item's KPT key rows of the tile at KB into the slot at byte
@@ -357,8 +363,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   const int L = clamp(seqlens[b], 0, capacity);
   /* Scales: a tensor's or head's once here, a row's with its codes (LOAD_ROWS). */
   const int heads_kv = heads_q / group, srows = PAGED ? page_size : capacity;
-  const float k_uni = K_UNISCALE ? k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk)] : 1.0f;
-  const float v_uni = V_UNISCALE ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk)] : 1.0f;
+  const float k_uni = K_UNISCALE ? k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
+  const float v_uni = V_UNISCALE ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
   float ksc[KPT], vsc[KPT];
   for (int u = 0; u < KPT; u++) ksc[u] = vsc[u] = 1.0f;
   /* With a left window no row sees a key before kbase; a tile-aligned start

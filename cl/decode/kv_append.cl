@@ -15,7 +15,8 @@
  *   writes the K row, (1, ...) the V row, all HEAD_DIM elements, since a TOKEN
  *   scale needs the row's absmax first: scale = absmax / kvq_qmax (fp32),
  *   written at the row's index of kv_quant.cl's layout (rows_per_page =
- *   page_size, or capacity when contiguous). TENSOR and HEAD scales are read.
+ *   page_size, or capacity when contiguous); BLOCK32 scales likewise per
+ *   32-element block. TENSOR and HEAD scales are read.
  *   The codes are kvq_encode(x, scale).
  *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only: the new
@@ -31,6 +32,9 @@
 #define PAGED 0
 #endif
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
+#if HEAD_DIM % 32 && (K_SCALE == KVQ_SCALE_BLOCK32 || V_SCALE == KVQ_SCALE_BLOCK32)
+#error "BLOCK32 scales need a head dim that is a multiple of 32"
+#endif
 
 /* The cache page and slot of new token t of sequence b; 0 when the token is
  * skipped (a position outside [0, capacity), or a page index outside the pool). */
@@ -77,17 +81,22 @@ inline void kv_append_row(__global const store_t *src, __global uchar *cache, lo
     for (int x = 0; x < HEAD_DIM; x++) c[dst + x] = s[x];
     return;
   }
-  float scale;
-  if (kind == KVQ_SCALE_TOKEN) {
-    /* fmax drops NaN, so a NaN element does not take the whole row with it. */
-    float amax = 0.0f;
-    for (int x = 0; x < HEAD_DIM; x++) amax = fmax(amax, fabs(LOAD(src, x)));
-    scale = amax / kvq_qmax(fmt);
-    scales[scale_at] = scale;
-  } else {
-    scale = scales[scale_at];
+  /* TOKEN: one block of the whole row; BLOCK32: blocks of 32, each with the
+   * scale that follows the previous one's (scale_at is block 0's). */
+  const int bw = kind == KVQ_SCALE_BLOCK32 ? 32 : HEAD_DIM;
+  for (int x0 = 0; x0 < HEAD_DIM; x0 += bw) {
+    float scale;
+    if (KVQ_ROW_KIND(kind)) {
+      /* fmax drops NaN, so a NaN element does not take the whole block with it. */
+      float amax = 0.0f;
+      for (int x = x0; x < x0 + bw; x++) amax = fmax(amax, fabs(LOAD(src, x)));
+      scale = amax / kvq_qmax(fmt);
+      scales[scale_at + x0 / bw] = scale;
+    } else {
+      scale = scales[scale_at];
+    }
+    for (int x = x0; x < x0 + bw; x++) cache[dst + x] = kvq_encode(LOAD(src, x), scale, fmt);
   }
-  for (int x = 0; x < HEAD_DIM; x++) cache[dst + x] = kvq_encode(LOAD(src, x), scale, fmt);
 }
 
 __kernel void kv_append_quant(__global const store_t *kn, long kn_off, long kn_sb, long kn_sn, long kn_sh,
@@ -105,8 +114,8 @@ __kernel void kv_append_quant(__global const store_t *kn, long kn_off, long kn_s
   const long row = page * (PAGED ? page_size : capacity) + slot; /* the TOKEN scales' row */
   if (side == 0)
     kv_append_row(kn + kn_off + b * kn_sb + t * kn_sn + h * kn_sh, kc, kc_off + page * kc_sb + slot * kc_sn + h * kc_sh,
-                  K_DTYPE, K_SCALE, k_scale, kvq_scale_index(K_SCALE, row, heads_kv, h));
+                  K_DTYPE, K_SCALE, k_scale, kvq_scale_index(K_SCALE, row, heads_kv, h, HEAD_DIM, 0));
   else
     kv_append_row(vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh, vc, vc_off + page * vc_sb + slot * vc_sn + h * vc_sh,
-                  V_DTYPE, V_SCALE, v_scale, kvq_scale_index(V_SCALE, row, heads_kv, h));
+                  V_DTYPE, V_SCALE, v_scale, kvq_scale_index(V_SCALE, row, heads_kv, h, HEAD_DIM, 0));
 }

@@ -114,6 +114,9 @@
 #if (K_Q && (K_DTYPE < 3 || K_DTYPE > 5)) || (V_Q && (V_DTYPE < 3 || V_DTYPE > 5))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
 #endif
+#if (K_Q && K_SCALE == KVQ_SCALE_BLOCK32) || (V_Q && V_SCALE == KVQ_SCALE_BLOCK32)
+#error "decode_mma takes TOKEN, HEAD and TENSOR scales (BLOCK32 runs decode.cl)"
+#endif
 
 #define NTHREADS (32 * WR * WK)
 #define BLOCK_C (16 * WK)
@@ -364,12 +367,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
   const int heads_kv = heads_q / group;
   (void)heads_kv;
 #if K_Q && !K_ROWSCALE
-  const float k_uni = k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk)];
+  const float k_uni = k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)];
 #else
   const float k_uni = 1.0f;
 #endif
 #if V_Q && !V_ROWSCALE
-  const float v_uni = v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk)];
+  const float v_uni = v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)];
 #else
   const float v_uni = 1.0f;
 #endif
@@ -422,7 +425,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #define COPY_SCALES(SCL, DST, KB)                                                                      \
   for (int r = tid; r < BLOCK_C; r += NTHREADS) {                                                      \
     const int j = (KB) + r, ok = j < kend;                                                             \
-    const long si = ok ? kvq_scale_index(KVQ_SCALE_TOKEN, SCALE_ROW(j), heads_kv, hk) : 0;           \
+    const long si = ok ? kvq_scale_index(KVQ_SCALE_TOKEN, SCALE_ROW(j), heads_kv, hk, HEAD_DIM, 0) : 0;           \
     cp_async4((DST) + (uint)(r * 4), (SCL) + si, ok ? 4u : 0u);                                        \
   }
 #if K_ROWSCALE

@@ -32,13 +32,21 @@ void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, con
  * a flashcl_kv_scale, and as large as its layout; *bytes gets that size. */
 static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, const char *name,
                                          const fcl_kv_layout *kv, size_t *bytes) {
-  static const char *const kinds[3] = {"TOKEN", "HEAD", "TENSOR"}; /* flashcl_kv_scale order */
-  /* Each factor is below 2^31 (validated shapes): the product fits 64 bits. */
+  static const char *const kinds[4] = {"TOKEN", "HEAD", "TENSOR", "BLOCK32"}; /* flashcl_kv_scale order */
+  /* Each factor is below 2^31 (validated shapes), the head dim's blocks below
+   * 2^26: the product fits 64 bits. */
   uint64_t floats = 1;
+  const uint64_t rows = (uint64_t)kv->num_pages * (uint64_t)(kv->paged ? kv->page_size : kv->capacity);
   if (kind == FLASHCL_KV_SCALE_HEAD) floats = (uint64_t)kv->heads_kv;
   else if (kind == FLASHCL_KV_SCALE_TOKEN)
-    floats = (uint64_t)kv->num_pages * (uint64_t)(kv->paged ? kv->page_size : kv->capacity) * (uint64_t)kv->heads_kv;
-  else if (kind != FLASHCL_KV_SCALE_TENSOR)
+    floats = rows * (uint64_t)kv->heads_kv;
+  else if (kind == FLASHCL_KV_SCALE_BLOCK32) {
+    if (kv->head_dim % 32)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "desc.%s_scale_kind is BLOCK32 (one scale per 32 elements) but head_dim %d is not a multiple "
+                      "of 32", name, kv->head_dim);
+    floats = rows * (uint64_t)kv->heads_kv * (uint64_t)(kv->head_dim / 32);
+  } else if (kind != FLASHCL_KV_SCALE_TENSOR)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.%s_scale_kind (%d) is not a flashcl_kv_scale", name,
                     (int)kind);
   if (!scale)

@@ -178,7 +178,10 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
    * kernel keeps raw scores and their row max, which needs a positive scale. */
-  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && (d == 64 || d == 128) &&
+  /* BLOCK32 scales change within a row: the portable kernel takes them. */
+  const int block32 = (kq && p->kv.k_scale_kind == FLASHCL_KV_SCALE_BLOCK32) ||
+                      (vq && p->kv.v_scale_kind == FLASHCL_KV_SCALE_BLOCK32);
+  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && !block32 && (d == 64 || d == 128) &&
       fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
     p->mma = 1;

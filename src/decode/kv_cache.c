@@ -7,8 +7,8 @@
 
 #include <stdio.h>
 
-/* The scale buffers against everything else of the call: a TOKEN scale is
- * written, so its range must not touch any tensor, the lengths, the block
+/* The scale buffers against everything else of the call: a TOKEN or BLOCK32
+ * scale is written, so its range must not touch any tensor, the lengths, the block
  * table or the other side's scales; a TENSOR or HEAD scale is read while the
  * caches are written. */
 static flashcl_status fcl_append_check_scales(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -17,7 +17,8 @@ static flashcl_status fcl_append_check_scales(flashcl_context *ctx, const flashc
   static const char *const names[4] = {"k_new", "v_new", "k_cache", "v_cache"};
   const fcl_aux sc[2] = {{kv->k_quant ? desc->k_scale : NULL, 0, kv->k_scale_bytes, "desc.k_scale"},
                          {kv->v_quant ? desc->v_scale : NULL, 0, kv->v_scale_bytes, "desc.v_scale"}};
-  const int written[2] = {kv->k_scale_kind == FLASHCL_KV_SCALE_TOKEN, kv->v_scale_kind == FLASHCL_KV_SCALE_TOKEN};
+  const int written[2] = {kv->k_scale_kind == FLASHCL_KV_SCALE_TOKEN || kv->k_scale_kind == FLASHCL_KV_SCALE_BLOCK32,
+                          kv->v_scale_kind == FLASHCL_KV_SCALE_TOKEN || kv->v_scale_kind == FLASHCL_KV_SCALE_BLOCK32};
   flashcl_status st;
   for (int i = 0; i < 2; i++) {
     if (!sc[i].mem) continue;
@@ -29,7 +30,7 @@ static flashcl_status fcl_append_check_scales(flashcl_context *ctx, const flashc
     for (int j = 0; j < 3; j++) {
       const fcl_aux *o = others[j];
       if (o && o->mem == sc[i].mem && o->offset < sc[i].offset + sc[i].bytes && sc[i].offset < o->offset + o->bytes)
-        return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s (written: TOKEN scales) overlaps %s", sc[i].name,
+        return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s (written: TOKEN or BLOCK32 scales) overlaps %s", sc[i].name,
                         o->name);
     }
   }
