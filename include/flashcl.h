@@ -646,8 +646,8 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * The KV cache of flashcl_attention_decode and flashcl_kv_cache_append.
  *
  * Contiguous (block_table == NULL): k_cache and v_cache are (B, max_len, Hkv, d)
- *   tensors (any strides, unit head_dim stride); sequence b's token j is row j of
- *   batch entry b.
+ *   tensors (any strides, unit head_dim stride; v_cache's d may be smaller, see
+ *   flashcl_attention_decode); sequence b's token j is row j of batch entry b.
  * Paged (block_table != NULL): k_cache and v_cache are pools of pages described as
  *   (num_pages, page_size, Hkv, d) tensors: "batch" indexes the page and "seqlen"
  *   the slot in the page (the contiguous default is [num_pages][page_size][Hkv][d],
@@ -805,8 +805,12 @@ static inline void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
 /*
  * Attention of a few new query tokens per sequence against a (paged or contiguous)
  * KV cache, split over the keys (FlashDecoding).
- *   q: (B, q_len, Hq, d), 1 <= q_len <= FLASHCL_DECODE_MAX_Q_LEN; o: q's shape
- *   k_cache, v_cache: see flashcl_decode_desc; q, o and the caches share a dtype,
+ *   q: (B, q_len, Hq, d), 1 <= q_len <= FLASHCL_DECODE_MAX_Q_LEN; o: q's shape,
+ *     with v_cache's head dim
+ *   k_cache, v_cache: see flashcl_decode_desc; v_cache (and o) may have a head
+ *     dim dv of their own (MLA-like: a multiple of 8 in [8, d], else
+ *     FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM; the portable kernel runs such calls,
+ *     and flashcl_kv_cache_append takes v_new with dv); q, o and the caches share a dtype,
  *     except that each cache may instead be quantized (I8, F8E4M3, F8E5M2 with
  *     desc.k_scale / v_scale: "Quantized KV cache" above)
  *   seqlens_k: int32 buffer [B], sequence b's KV length L_b, including the q_len

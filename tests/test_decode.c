@@ -88,7 +88,10 @@ typedef struct dec_case {
   int alibi;                    /* 1: desc.alibi_slopes from alibi_slope() */
   float softcap;                /* desc.softcap */
   int sinks;                    /* 1: desc.sinks from sink_logit() */
+  int head_dim_v;               /* v_cache's and o's head dim (0: head_dim) */
 } dec_case;
+
+static int case_dv(const dec_case *c) { return c->head_dim_v ? c->head_dim_v : c->head_dim; }
 
 /* ALiBi slope of query head h of Hq (the geometric sequence of the ALiBi paper). */
 static float alibi_slope(int h, int Hq) { return (float)pow(2.0, -8.0 * (h + 1) / Hq); }
@@ -133,6 +136,7 @@ typedef struct dec_data {
 
 static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *dd, double *ref_o, double *ref_lse) {
   const int B = c->batch, T = c->q_len, Hq = c->heads_q, Hkv = c->heads_kv, d = c->head_dim, G = Hq / Hkv;
+  const int dv = case_dv(c);
   const double scale = c->scale != 0.0f ? (double)c->scale : 1.0 / sqrt((double)d);
   int max_len = 0;
   for (int b = 0; b < B; b++)
@@ -143,10 +147,10 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
       for (int h = 0; h < Hq; h++) {
         const int L = c->seqlens[b], hk = h / G;
         int nvis = 0;
-        double *o = ref_o + (((size_t)b * T + t) * Hq + h) * d;
+        double *o = ref_o + (((size_t)b * T + t) * Hq + h) * dv;
         double m = -INFINITY, l = 0, qr[256];
         for (int x = 0; x < d; x++) qr[x] = fct_tensor_get(q, b, t, h, x);
-        for (int x = 0; x < d; x++) o[x] = 0;
+        for (int x = 0; x < dv; x++) o[x] = 0;
         for (int j = 0; j < L; j++) {
           s[j] = -INFINITY;
           if (!dec_visible(c, b, L, t, j)) continue;
@@ -164,13 +168,13 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
         if (c->sinks) l += exp(sink_logit(h) - m);
         for (int j = 0; j < L; j++) {
           if (s[j] == -INFINITY) continue;
-          const float *vr = dd->v + (dd->off[b] + j) * (size_t)Hkv * d + (size_t)hk * d;
+          const float *vr = dd->v + (dd->off[b] + j) * (size_t)Hkv * dv + (size_t)hk * dv;
           const double p = exp(s[j] - m);
           l += p;
-          for (int x = 0; x < d; x++) o[x] += p * vr[x];
+          for (int x = 0; x < dv; x++) o[x] += p * vr[x];
         }
         if (l > 0)
-          for (int x = 0; x < d; x++) o[x] /= l;
+          for (int x = 0; x < dv; x++) o[x] /= l;
         ref_lse[((size_t)b * T + t) * Hq + h] = l > 0 ? m + log(l) : -INFINITY;
       }
   free(s);
@@ -186,7 +190,7 @@ typedef struct dec_cache {
 } dec_cache;
 
 static void cache_create(dec_cache *cc, const dec_case *c, fct_rng *rng) {
-  const int B = c->batch, Hkv = c->heads_kv, d = c->head_dim;
+  const int B = c->batch, Hkv = c->heads_kv, d = c->head_dim, dv = case_dv(c);
   int max_len = 1;
   memset(cc, 0, sizeof *cc);
   for (int b = 0; b < B; b++)
@@ -194,7 +198,7 @@ static void cache_create(dec_cache *cc, const dec_case *c, fct_rng *rng) {
   if (!c->page_size) {
     cc->capacity = max_len + 3;
     contiguous_tensor(&cc->k, c->dtype, B, cc->capacity, Hkv, d);
-    contiguous_tensor(&cc->v, c->dtype, B, cc->capacity, Hkv, d);
+    contiguous_tensor(&cc->v, c->dtype, B, cc->capacity, Hkv, dv);
     return;
   }
   const int P = c->page_size;
@@ -218,7 +222,7 @@ static void cache_create(dec_cache *cc, const dec_case *c, fct_rng *rng) {
   free(perm);
   cc->block_table = int_buffer(cc->bt, (size_t)B * cc->max_pages);
   contiguous_tensor(&cc->k, c->dtype, cc->num_pages, P, Hkv, d);
-  contiguous_tensor(&cc->v, c->dtype, cc->num_pages, P, Hkv, d);
+  contiguous_tensor(&cc->v, c->dtype, cc->num_pages, P, Hkv, dv);
 }
 
 static void cache_release(dec_cache *cc) {
@@ -228,11 +232,11 @@ static void cache_release(dec_cache *cc) {
   free(cc->bt);
 }
 
-/* Element index of (sequence b, token j, head h, dim x) in the cache tensors. */
-static size_t cache_index(const dec_cache *cc, const dec_case *c, int b, int j, int h, int x) {
-  if (!c->page_size) return fct_tensor_index(&cc->k, b, j, h, x);
+/* Element index of (sequence b, token j, head h, dim x) in cache tensor t (K or V). */
+static size_t cache_index(const dec_cache *cc, const fct_tensor *t, const dec_case *c, int b, int j, int h, int x) {
+  if (!c->page_size) return fct_tensor_index(t, b, j, h, x);
   const int P = c->page_size;
-  return fct_tensor_index(&cc->k, cc->bt[(size_t)b * cc->max_pages + j / P], j % P, h, x);
+  return fct_tensor_index(t, cc->bt[(size_t)b * cc->max_pages + j / P], j % P, h, x);
 }
 
 static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_desc *desc) {
@@ -254,7 +258,7 @@ static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_d
 
 static void run_decode_case(const dec_case *c) {
   fct_env *env = fct_env_get();
-  const int B = c->batch, T = c->q_len, Hq = c->heads_q, Hkv = c->heads_kv, d = c->head_dim;
+  const int B = c->batch, T = c->q_len, Hq = c->heads_q, Hkv = c->heads_kv, d = c->head_dim, dv = case_dv(c);
   fct_rng rng;
   char tag[256];
   snprintf(tag, sizeof tag, "decode/%s", c->name);
@@ -263,7 +267,7 @@ static void run_decode_case(const dec_case *c) {
   fct_tensor q, o, lse;
   const fct_layout lay = c->padded_q ? FCT_PADDED : FCT_BNHD;
   fct_tensor_create(&q, c->dtype, c->padded_q == 1 ? FCT_PADDED : FCT_BNHD, B, T, Hq, d, 1);
-  fct_tensor_create(&o, c->dtype, lay, B, T, Hq, d, 2);
+  fct_tensor_create(&o, c->dtype, lay, B, T, Hq, dv, 2);
   fct_tensor_create_lse(&lse, lay, B, T, Hq, 3);
   fct_tensor_fill_random(&q, &rng);
 
@@ -275,11 +279,9 @@ static void run_decode_case(const dec_case *c) {
     total += (size_t)c->seqlens[b];
   }
   dd.k = malloc(sizeof(float) * (total * Hkv * d + 1));
-  dd.v = malloc(sizeof(float) * (total * Hkv * d + 1));
-  for (size_t i = 0; i < total * Hkv * d; i++) {
-    dd.k[i] = rand_value(c->dtype, &rng);
-    dd.v[i] = rand_value(c->dtype, &rng);
-  }
+  dd.v = malloc(sizeof(float) * (total * Hkv * dv + 1));
+  for (size_t i = 0; i < total * Hkv * d; i++) dd.k[i] = rand_value(c->dtype, &rng);
+  for (size_t i = 0; i < total * Hkv * dv; i++) dd.v[i] = rand_value(c->dtype, &rng);
 
   dec_cache cc;
   cache_create(&cc, c, &rng);
@@ -287,13 +289,14 @@ static void run_decode_case(const dec_case *c) {
   for (int b = 0; b < B; b++) {
     const int pre = c->append ? (c->seqlens[b] - T > 0 ? c->seqlens[b] - T : 0) : c->seqlens[b];
     for (int j = 0; j < pre; j++)
-      for (int h = 0; h < Hkv; h++)
-        for (int x = 0; x < d; x++) {
-          const size_t src = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
-          const size_t dst = cache_index(&cc, c, b, j, h, x);
-          fct_store(c->dtype, cc.k.host, dst, dd.k[src]);
-          fct_store(c->dtype, cc.v.host, dst, dd.v[src]);
-        }
+      for (int h = 0; h < Hkv; h++) {
+        for (int x = 0; x < d; x++)
+          fct_store(c->dtype, cc.k.host, cache_index(&cc, &cc.k, c, b, j, h, x),
+                    dd.k[(dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x]);
+        for (int x = 0; x < dv; x++)
+          fct_store(c->dtype, cc.v.host, cache_index(&cc, &cc.v, c, b, j, h, x),
+                    dd.v[(dd.off[b] + j) * (size_t)Hkv * dv + (size_t)h * dv + x]);
+      }
   }
   upload(&cc.k);
   upload(&cc.v);
@@ -331,23 +334,19 @@ static void run_decode_case(const dec_case *c) {
      * tokens land at negative positions and are skipped). */
     fct_tensor kn, vn;
     contiguous_tensor(&kn, c->dtype, B, T, Hkv, d);
-    contiguous_tensor(&vn, c->dtype, B, T, Hkv, d);
+    contiguous_tensor(&vn, c->dtype, B, T, Hkv, dv);
     for (int b = 0; b < B; b++) {
       lens[b] = c->seqlens[b] - T;
       for (int t = 0; t < T; t++) {
-        const int j = lens[b] + t;
-        for (int h = 0; h < Hkv; h++)
-          for (int x = 0; x < d; x++) {
-            const size_t dst = fct_tensor_index(&kn, b, t, h, x);
-            if (j < 0) {
-              fct_store(c->dtype, kn.host, dst, 1e4f); /* must never be written */
-              fct_store(c->dtype, vn.host, dst, 1e4f);
-              continue;
-            }
-            const size_t src = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
-            fct_store(c->dtype, kn.host, dst, dd.k[src]);
-            fct_store(c->dtype, vn.host, dst, dd.v[src]);
-          }
+        const int j = lens[b] + t; /* j < 0: a value that must never be written */
+        for (int h = 0; h < Hkv; h++) {
+          for (int x = 0; x < d; x++)
+            fct_store(c->dtype, kn.host, fct_tensor_index(&kn, b, t, h, x),
+                      j < 0 ? 1e4f : dd.k[(dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x]);
+          for (int x = 0; x < dv; x++)
+            fct_store(c->dtype, vn.host, fct_tensor_index(&vn, b, t, h, x),
+                      j < 0 ? 1e4f : dd.v[(dd.off[b] + j) * (size_t)Hkv * dv + (size_t)h * dv + x]);
+        }
       }
     }
     upload(&kn);
@@ -363,14 +362,15 @@ static void run_decode_case(const dec_case *c) {
       for (int j = 0; j < c->seqlens[b]; j++)
         for (int h = 0; h < Hkv; h++)
           for (int x = 0; x < d; x++) {
-            const size_t src = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
-            const size_t dst = cache_index(&cc, c, b, j, h, x);
-            FCT_CHECK(fct_load(c->dtype, cc.k.host, dst) == dd.k[src] && fct_load(c->dtype, cc.v.host, dst) == dd.v[src],
+            const size_t ks = (dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
+            const size_t vs = (dd.off[b] + j) * (size_t)Hkv * dv + (size_t)h * dv + x;
+            FCT_CHECK(fct_load(c->dtype, cc.k.host, cache_index(&cc, &cc.k, c, b, j, h, x)) == dd.k[ks] &&
+                          (x >= dv || fct_load(c->dtype, cc.v.host, cache_index(&cc, &cc.v, c, b, j, h, x)) == dd.v[vs]),
                       "%s: cache entry (b %d, j %d, h %d, x %d) after the append is wrong", c->name, b, j, h, x);
           }
     size_t expect = 0;
-    for (int b = 0; b < B; b++) expect += (size_t)c->seqlens[b] * Hkv * d;
-    FCT_CHECK(fct_tensor_count_unpoisoned(&cc.k) == expect && fct_tensor_count_unpoisoned(&cc.v) == expect,
+    for (int b = 0; b < B; b++) expect += (size_t)c->seqlens[b] * Hkv;
+    FCT_CHECK(fct_tensor_count_unpoisoned(&cc.k) == expect * d && fct_tensor_count_unpoisoned(&cc.v) == expect * dv,
               "%s: the append wrote outside the new tokens' slots", c->name);
     clReleaseMemObject(before);
     fct_tensor_release(&kn);
@@ -408,7 +408,7 @@ static void run_decode_case(const dec_case *c) {
     desc.workspace_offset = 64;
   }
 
-  double *ref_o = malloc(sizeof(double) * (size_t)B * T * Hq * d);
+  double *ref_o = malloc(sizeof(double) * (size_t)B * T * Hq * dv);
   double *ref_lse = malloc(sizeof(double) * (size_t)B * T * Hq);
   ref_decode(c, &q, &dd, ref_o, ref_lse);
 
@@ -426,9 +426,9 @@ static void run_decode_case(const dec_case *c) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++)
       for (int h = 0; h < Hq; h++) {
-        const double *ro = ref_o + (((size_t)b * T + t) * Hq + h) * d;
+        const double *ro = ref_o + (((size_t)b * T + t) * Hq + h) * dv;
         const double rl = ref_lse[((size_t)b * T + t) * Hq + h];
-        for (int x = 0; x < d; x++) {
+        for (int x = 0; x < dv; x++) {
           const double g = fct_tensor_get(&o, b, t, h, x);
           if (isinf(rl) && g != 0.0) empty_bad++;
           if (!isfinite(g) && x == 0 && getenv("DBG")) fprintf(stderr, "bad b=%d t=%d h=%d L=%d rl=%g g=%g lse=%g\n", b, t, h, c->seqlens[b], rl, g, fct_tensor_get(&lse, b, t, h, 0));
@@ -437,8 +437,8 @@ static void run_decode_case(const dec_case *c) {
         lse_add(&el, fct_tensor_get(&lse, b, t, h, 0), rl);
       }
   const double tol = fct_tolerance(c->dtype), ltol = fct_lse_tolerance(c->dtype);
-  print_message("[ DECODE   ] %-28s %s B=%d q_len=%d %d:%d d=%d %s splits=%d: relL2 O %.2e LSE %.2e\n", c->name,
-                fct_dtype_str(c->dtype), B, T, Hq, Hkv, d, c->page_size ? "paged" : "contig", splits, l2_rel(&eo),
+  print_message("[ DECODE   ] %-28s %s B=%d q_len=%d %d:%d d=%d/%d %s splits=%d: relL2 O %.2e LSE %.2e\n", c->name,
+                fct_dtype_str(c->dtype), B, T, Hq, Hkv, d, dv, c->page_size ? "paged" : "contig", splits, l2_rel(&eo),
                 l2_rel(&el));
   FCT_CHECK(eo.nonfinite == 0 && el.nonfinite == 0, "%s: %zu non-finite O and %zu LSE values", c->name,
             eo.nonfinite, el.nonfinite);
@@ -447,7 +447,7 @@ static void run_decode_case(const dec_case *c) {
   FCT_CHECK(l2_rel(&eo) <= tol, "%s: O relL2 %.3e > %.1e", c->name, l2_rel(&eo), tol);
   FCT_CHECK(l2_rel(&el) <= ltol, "%s: LSE relL2 %.3e > %.1e", c->name, l2_rel(&el), ltol);
   /* Nothing written outside the o / lse views. */
-  FCT_CHECK(fct_tensor_count_unpoisoned(&o) == (size_t)B * T * Hq * d &&
+  FCT_CHECK(fct_tensor_count_unpoisoned(&o) == (size_t)B * T * Hq * dv &&
                 fct_tensor_count_unpoisoned(&lse) == (size_t)B * T * Hq,
             "%s: writes outside the o/lse views", c->name);
 
@@ -550,6 +550,16 @@ static const dec_case DEC_CASES[] = {
      FLASHCL_KERNEL_AUTO, 0.0f, 1, 0, -1, 0, 0.0f, 1},
     {"sinks_tree_alibi_softcap_contig_bf16", FLASHCL_BF16, 6, 9, 32, 8, 64, MIXED_T, 0, 3, 0, 0, 0, 1,
      FLASHCL_KERNEL_AUTO, 0.0f, 0, 0, 0, 1, 1.5f, 1},
+    /* V (and o) with a head dim of their own, below q's and K's (MLA-like,
+     * and 192 / 128 prefill shapes): split and unsplit, paged and contiguous,
+     * appended, with a tree, a window and sinks, f32 / f16 / bf16. AUTO runs
+     * the portable kernel for them on every device. */
+    {"dv128_d192_paged16_q1_f16_split3", FLASHCL_F16, 6, 1, 32, 8, 192, MIXED, 16, 3, 0, 0, 0, .head_dim_v = 128},
+    {"dv32_d64_contig_q4_f32_auto_append", FLASHCL_F32, 7, 4, 8, 2, 64, MIXED0, 0, 0, 0, 1, 0, .head_dim_v = 32},
+    {"dv64_d128_tree9_append_paged24_bf16", FLASHCL_BF16, 6, 9, 32, 8, 128, MIXED_T, 24, 4, 0, 1, 1, 1,
+     .head_dim_v = 64},
+    {"dv8_d256_window_sinks_contig_f16", FLASHCL_F16, 6, 2, 16, 4, 256, MIXED, 0, 0, 2, 0, 0, 0, FLASHCL_KERNEL_AUTO,
+     0.0f, 1, 40, -1, 0, 0.0f, 1, 8},
 };
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }
@@ -746,7 +756,7 @@ static void scr_setup(scr_prob *p, const char *name, int B, int T, int Hq, int H
       for (int h = 0; h < Hkv; h++)
         for (int x = 0; x < d; x++) {
           const size_t src = (p->dd.off[b] + j) * (size_t)Hkv * d + (size_t)h * d + x;
-          const size_t dst = cache_index(&p->cc, &p->c, b, j, h, x);
+          const size_t dst = cache_index(&p->cc, &p->cc.k, &p->c, b, j, h, x);
           fct_store(FLASHCL_F32, p->cc.k.host, dst, p->dd.k[src]);
           fct_store(FLASHCL_F32, p->cc.v.host, dst, p->dd.v[src]);
         }
@@ -1208,6 +1218,18 @@ static void test_errors(void **state) {
   d.kernel = (flashcl_kernel_family)7;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "desc.kernel out of range");
+  {
+    /* v_cache's head dim (views of the fixture's buffers with fewer columns,
+     * every range in bounds): o must take it, and it may not exceed q's. */
+    flashcl_tensor vh = f.vc.t, qh = f.q.t, kh = f.kc.t;
+    vh.shape[3] /= 2;
+    EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &vh, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE,
+           "o with q's head dim, v_cache's half of it");
+    qh.shape[3] /= 2;
+    kh.shape[3] /= 2;
+    EXPECT(DEC(&d0, &qh, &kh, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+           "v_cache's head dim above q's");
+  }
   FCT_CHECK(d0.window_left == -1 && d0.window_right == -1 && d0.softcap == 0.0f && d0.alibi_slopes == NULL,
             "flashcl_decode_desc_init: the score variants must default to off");
   d = d0;

@@ -318,7 +318,7 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
     return ARGS_BAD_VALUE;
   }
   if (st == ARGS_OK && o->head_dim_v && o->decode) {
-    fprintf(stderr, "flashcl-bench: --head-dim-v times the forward and backward (decode takes one head dim)\n");
+    fprintf(stderr, "flashcl-bench: --head-dim-v times the forward and backward only, not --decode\n");
     return ARGS_BAD_VALUE;
   }
   if (st == ARGS_OK && o->have_kv_scale && !o->have_kv_dtype) {

@@ -18,7 +18,7 @@
  *   SPLIT = 0: writes o (normalised) and lse (natural log) directly.
  *   SPLIT = 1: writes the partial (o normalised, fp32) and its log2-domain LSE to
  *     the workspace: row id = (b * q_len + t) * heads_q + hq,
- *     work[wo_off + (id * num_splits + s) * HEAD_DIM + x], work[wl_off + id * num_splits + s].
+ *     work[wo_off + (id * num_splits + s) * HEAD_DIM_V + x], work[wl_off + id * num_splits + s].
  * decode_merge: work-group (MERGE_THREADS work-items) per row id: merges the
  *   num_splits (<= MERGE_MAX_SPLITS) partials (the associative merge of merge.cl)
  *   into o and lse.
@@ -80,14 +80,19 @@
  *   after the softcap. SINKS = 1: each row's softmax takes one more entry of
  *   logit sinks[hq] and no value, counted by key group 0 of split 0.
  *
+ * Separate V head dim (HEAD_DIM_V < HEAD_DIM, MLA-like): v_cache and o rows hold
+ *   HEAD_DIM_V elements; the work-items x < TPV = HEAD_DIM_V / 8 of a key row load
+ *   its 8 V elements, the others none, and o, the split partials and the merge
+ *   run over HEAD_DIM_V (register path only).
+ *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only), HEAD_DIM
- *   (multiple of 8), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
+ *   (multiple of 8), HEAD_DIM_V (multiple of 8, <= HEAD_DIM; default HEAD_DIM), ROWS, NTHREADS (a multiple of HEAD_DIM / 8), KPT (keys per
  *   work-item per tile), PREFETCH, VEC_ALIGNED (1: the caches' offsets and strides
  *   are multiples of 8 elements, so 16-byte vector loads are aligned), SPLIT, PAGED,
  *   PAGE_SHIFT (log2 of the page size when it is a power of two, which the kernel
  *   argument page_size must then equal; -1: any page size), TREE_MASK (1: the
  *   tree_mask argument replaces the causal rule among the new tokens), MERGE_THREADS (a
- *   power of two >= HEAD_DIM / 4), MERGE_MAX_SPLITS, ASYNC_STAGES (0: the register
+ *   power of two >= HEAD_DIM_V / 4), MERGE_MAX_SPLITS, ASYNC_STAGES (0: the register
  *   path; >= 2 needs USE_PTX = 1, i.e. the program
  *   "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl"), WINDOW, SOFTCAP,
  *   ALIBI, SINKS (0 or 1: the score variants above), K_DTYPE, V_DTYPE (the caches'
@@ -98,6 +103,9 @@
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V HEAD_DIM
 #endif
 #ifndef ROWS
 #define ROWS 4
@@ -166,8 +174,9 @@
 #define K_UNISCALE (K_QUANT - K_ROWSCALE)
 #define V_UNISCALE (V_QUANT - V_ROWSCALE)
 
-#define D4 (HEAD_DIM / 4)
+#define DV4 (HEAD_DIM_V / 4)    /* 4-element granules of an o row */
 #define TPK (HEAD_DIM / 8)      /* work-items per key row, 8 elements each */
+#define TPV (HEAD_DIM_V / 8)    /* of them holding 8 elements of V too */
 #define KG (NTHREADS / TPK)     /* key groups */
 #define TILE (KG * KPT)         /* keys per tile */
 #define SR (TILE * ROWS)        /* scores per tile */
@@ -185,7 +194,8 @@
 #endif
 #define SH_FLOATS (STG_END > OBUF_FLOATS ? STG_END : OBUF_FLOATS)
 
-#if HEAD_DIM % 8 || NTHREADS % TPK || KPT < 1 || ROWS < 1 || MERGE_THREADS < D4 || \
+#if HEAD_DIM % 8 || HEAD_DIM_V % 8 || HEAD_DIM_V > HEAD_DIM || (ASYNC_STAGES && HEAD_DIM_V != HEAD_DIM) || \
+    NTHREADS % TPK || KPT < 1 || ROWS < 1 || MERGE_THREADS < DV4 ||                                      \
     (MERGE_THREADS & (MERGE_THREADS - 1))
 #error "inconsistent decode_attn mapping"
 #endif
@@ -195,7 +205,7 @@
 #if (K_QUANT && (K_DTYPE < KVQ_I8 || K_DTYPE > KVQ_E5M2)) || (V_QUANT && (V_DTYPE < KVQ_I8 || V_DTYPE > KVQ_E5M2))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
 #endif
-#if HEAD_DIM % 32 && ((K_QUANT && K_SCALE == KVQ_SCALE_BLOCK32) || (V_QUANT && V_SCALE == KVQ_SCALE_BLOCK32))
+#if (HEAD_DIM % 32 && K_QUANT && K_SCALE == KVQ_SCALE_BLOCK32) || (HEAD_DIM_V % 32 && V_QUANT && V_SCALE == KVQ_SCALE_BLOCK32)
 #error "BLOCK32 scales need a head dim that is a multiple of 32"
 #endif
 
@@ -291,22 +301,23 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 /* SC[u] receives the row's scale where ROWSCALE (TOKEN scales), from SCL; 0
  * past kend, where a stale or unset scale could be inf and turn the zero
  * codes into NaN. */
-#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, KIND, SCL, PTR, OFF, SB, SN, SH, KB, TPG)             \
+#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, KIND, D, XOK, SCL, PTR, OFF, SB, SN, SH, KB, TPG)     \
   for (int u = 0; u < KPT; u++) {                                                              \
     const int j = (KB) + u * KG + kg;                                                          \
     R[u] = Z;                                                                                  \
     if (ROWSCALE) SC[u] = 0.0f;                                                                \
-    if (j < kend) {                                                                            \
+    if (j < kend && (XOK)) {                                                                   \
       int pg_, sl_;                                                                            \
       KEY_ROW(j, pg_, sl_, TPG);                                                               \
       R[u] = LD(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x);                             \
-      if (ROWSCALE) SC[u] = SCL[kvq_scale_index(KIND, (long)pg_ * srows + sl_, heads_kv, hk, HEAD_DIM, 8 * x)]; \
+      if (ROWSCALE) SC[u] = SCL[kvq_scale_index(KIND, (long)pg_ * srows + sl_, heads_kv, hk, D, 8 * x)]; \
     }                                                                                          \
   }
 #define LOAD_K(R, SC, KB, TPG) \
-  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, K_SCALE, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
+  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, K_SCALE, HEAD_DIM, 1, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
 #define LOAD_V(R, SC, KB, TPG) \
-  LOAD_ROWS(R, SC, V_LOAD8, V_ZERO8, V_ROWSCALE, V_SCALE, v_scale, v, v_off, v_sb, v_sn, v_sh, KB, TPG)
+  LOAD_ROWS(R, SC, V_LOAD8, V_ZERO8, V_ROWSCALE, V_SCALE, HEAD_DIM_V, x < TPV, v_scale, v, v_off, v_sb, v_sn, v_sh, \
+            KB, TPG)
 
 #if ASYNC_STAGES
 /* Copies this work-item's KPT key rows of the tile at KB into the slot at byte
@@ -364,7 +375,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   /* Scales: a tensor's or head's once here, a row's with its codes (LOAD_ROWS). */
   const int heads_kv = heads_q / group, srows = PAGED ? page_size : capacity;
   const float k_uni = K_UNISCALE ? k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
-  const float v_uni = V_UNISCALE ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
+  const float v_uni = V_UNISCALE ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM_V, 0)] : 1.0f;
   float ksc[KPT], vsc[KPT];
   for (int u = 0; u < KPT; u++) ksc[u] = vsc[u] = 1.0f;
   /* With a left window no row sees a key before kbase; a tile-aligned start
@@ -551,8 +562,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     if (x == 0) Sc[KG * ROWS + kg * ROWS + r] = l[r] * w;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int e = tid; e < ROWS * TPK; e += NTHREADS) {
-    const int r = e / TPK, xx = e - (e / TPK) * TPK, rg = row0 + r;
+  for (int e = tid; e < ROWS * TPV; e += NTHREADS) {
+    const int r = e / TPV, xx = e - (e / TPV) * TPV, rg = row0 + r;
     if (rg >= nrows) continue;
     float mx = -INFINITY, ls = 0.0f;
     float8 a = (float8)(0.0f);
@@ -566,7 +577,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     const int gi = rg / q_len, t = rg - (rg / q_len) * q_len, hq = hk * group + gi;
 #if SPLIT
     const long id = ((long)b * q_len + t) * heads_q + hq;
-    vstore8(a, 0, work + wo_off + (id * num_splits + split) * HEAD_DIM + 8 * xx);
+    vstore8(a, 0, work + wo_off + (id * num_splits + split) * HEAD_DIM_V + 8 * xx);
     if (xx == 0) work[wl_off + id * num_splits + split] = ls > 0.0f ? mx + log2(ls) : -INFINITY;
 #else
     const long oi = o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 8 * xx;
@@ -581,15 +592,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 /* Global (MERGE_THREADS, q_len * heads_q, batch), local (MERGE_THREADS, 1, 1). The
  * splits are spread over the work-items (no serial chain of num_splits dependent
  * steps): the LSE max and the weight sum are tree reductions, then work-item
- * (sg, g) of MSG x D4 sums splits sg, sg + MSG, ... of granule g. */
-#define MSG (MERGE_THREADS / D4)
+ * (sg, g) of MSG x DV4 sums splits sg, sg + MSG, ... of granule g. */
+#define MSG (MERGE_THREADS / DV4)
 __kernel __attribute__((reqd_work_group_size(MERGE_THREADS, 1, 1))) void decode_merge(
     __global const float *work, long wo_off, long wl_off, int num_splits, int q_len, int heads_q,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse) {
   __local float W[MERGE_MAX_SPLITS];
   __local float Red[MERGE_THREADS];
-  __local float4 Acc[MSG * D4];
+  __local float4 Acc[MSG * DV4];
   const int tid = get_local_id(0);
   const int th = get_group_id(1), b = get_group_id(2);
   const int t = th / heads_q, hq = th - (th / heads_q) * heads_q;
@@ -623,18 +634,18 @@ __kernel __attribute__((reqd_work_group_size(MERGE_THREADS, 1, 1))) void decode_
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   sum = Red[0];
-  const int sg = tid / D4, g = tid - (tid / D4) * D4;
+  const int sg = tid / DV4, g = tid - (tid / DV4) * DV4;
   if (sg < MSG) {
     float4 acc = (float4)(0.0f);
     /* A split with weight 0 (no visible key) holds o = 0, so it adds nothing. */
     for (int s = sg; s < num_splits; s += MSG)
-      acc = mad((float4)(W[s]), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM + 4 * g), acc);
-    Acc[sg * D4 + g] = acc;
+      acc = mad((float4)(W[s]), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM_V + 4 * g), acc);
+    Acc[sg * DV4 + g] = acc;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  if (tid < D4) {
+  if (tid < DV4) {
     float4 acc = Acc[tid];
-    for (int i = 1; i < MSG; i++) acc += Acc[i * D4 + tid];
+    for (int i = 1; i < MSG; i++) acc += Acc[i * DV4 + tid];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * tid, acc * inv);
     if (has_lse && tid == 0)

@@ -20,7 +20,8 @@
  *   The codes are kvq_encode(x, scale).
  *
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only: the new
- * tokens' dtype), HEAD_DIM (multiple of 4), PAGED, K_DTYPE, V_DTYPE (the caches:
+ * tokens' dtype), HEAD_DIM (multiple of 4), HEAD_DIM_V (v's, <= HEAD_DIM;
+ * default HEAD_DIM), PAGED, K_DTYPE, V_DTYPE (the caches:
  * DTYPE or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2), K_SCALE, V_SCALE (KVQ_SCALE_* layouts).
  *
  * requires: dtype.cl kv_quant.cl
@@ -28,11 +29,15 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V HEAD_DIM
+#endif
 #ifndef PAGED
 #define PAGED 0
 #endif
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
-#if HEAD_DIM % 32 && (K_SCALE == KVQ_SCALE_BLOCK32 || V_SCALE == KVQ_SCALE_BLOCK32)
+#if HEAD_DIM_V > HEAD_DIM || (HEAD_DIM % 32 && K_SCALE == KVQ_SCALE_BLOCK32) || \
+    (HEAD_DIM_V % 32 && V_SCALE == KVQ_SCALE_BLOCK32)
 #error "BLOCK32 scales need a head dim that is a multiple of 32"
 #endif
 
@@ -66,25 +71,26 @@ __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long 
   if (!kv_target(seqlens, block_table, b, t, max_pages, page_size, num_pages, capacity, &page, &slot)) return;
   vstore4(vload4(0, kn + kn_off + b * kn_sb + t * kn_sn + h * kn_sh + 4 * g), 0,
           kc + kc_off + page * kc_sb + slot * kc_sn + h * kc_sh + 4 * g);
-  vstore4(vload4(0, vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh + 4 * g), 0,
-          vc + vc_off + page * vc_sb + slot * vc_sn + h * vc_sh + 4 * g);
+  if (4 * g < HEAD_DIM_V) /* V's row may be shorter (HEAD_DIM_V <= HEAD_DIM) */
+    vstore4(vload4(0, vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh + 4 * g), 0,
+            vc + vc_off + page * vc_sb + slot * vc_sn + h * vc_sh + 4 * g);
 }
 
-/* One row of HEAD_DIM new values src[0..HEAD_DIM) into cache row dst (element
- * index, bytes for a quantized format) of format fmt; scale_at: this row's
- * slot of the scale buffer. */
-inline void kv_append_row(__global const store_t *src, __global uchar *cache, long dst, int fmt, int kind,
+/* One row of d new values src[0..d) into cache row dst (element index, bytes
+ * for a quantized format) of format fmt; scale_at: this row's slot of the
+ * scale buffer. */
+inline void kv_append_row(__global const store_t *src, __global uchar *cache, long dst, int d, int fmt, int kind,
                           __global float *scales, long scale_at) {
   if (fmt == DTYPE) {
     __global raw_t *c = (__global raw_t *)cache;
     __global const raw_t *s = (__global const raw_t *)src;
-    for (int x = 0; x < HEAD_DIM; x++) c[dst + x] = s[x];
+    for (int x = 0; x < d; x++) c[dst + x] = s[x];
     return;
   }
   /* TOKEN: one block of the whole row; BLOCK32: blocks of 32, each with the
    * scale that follows the previous one's (scale_at is block 0's). */
-  const int bw = kind == KVQ_SCALE_BLOCK32 ? 32 : HEAD_DIM;
-  for (int x0 = 0; x0 < HEAD_DIM; x0 += bw) {
+  const int bw = kind == KVQ_SCALE_BLOCK32 ? 32 : d;
+  for (int x0 = 0; x0 < d; x0 += bw) {
     float scale;
     if (KVQ_ROW_KIND(kind)) {
       /* fmax drops NaN, so a NaN element does not take the whole block with it. */
@@ -114,8 +120,8 @@ __kernel void kv_append_quant(__global const store_t *kn, long kn_off, long kn_s
   const long row = page * (PAGED ? page_size : capacity) + slot; /* the TOKEN scales' row */
   if (side == 0)
     kv_append_row(kn + kn_off + b * kn_sb + t * kn_sn + h * kn_sh, kc, kc_off + page * kc_sb + slot * kc_sn + h * kc_sh,
-                  K_DTYPE, K_SCALE, k_scale, kvq_scale_index(K_SCALE, row, heads_kv, h, HEAD_DIM, 0));
+                  HEAD_DIM, K_DTYPE, K_SCALE, k_scale, kvq_scale_index(K_SCALE, row, heads_kv, h, HEAD_DIM, 0));
   else
     kv_append_row(vn + vn_off + b * vn_sb + t * vn_sn + h * vn_sh, vc, vc_off + page * vc_sb + slot * vc_sn + h * vc_sh,
-                  V_DTYPE, V_SCALE, v_scale, kvq_scale_index(V_SCALE, row, heads_kv, h, HEAD_DIM, 0));
+                  HEAD_DIM_V, V_DTYPE, V_SCALE, v_scale, kvq_scale_index(V_SCALE, row, heads_kv, h, HEAD_DIM_V, 0));
 }

@@ -176,10 +176,10 @@ static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char 
   char quant[96];
   fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
   snprintf(opts, size,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DHEAD_DIM_V=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
            "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s%s",
-           (int)L->q->dtype, p->head_dim, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
+           (int)L->q->dtype, p->head_dim, p->head_dim_v, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
            p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->stages,
            p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, desc->sinks != NULL, quant,
            extra ? " " : "", extra ? extra : "");
@@ -391,7 +391,7 @@ static flashcl_status fcl_attention_decode_locked(flashcl_context *ctx, const fl
 
   if (L.cached && (st = fcl_decode_scratch(ctx, L.need, &L.work))) return st;
   L.wo_off = L.split ? (int64_t)((L.cached ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
-  L.wl_off = L.wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim + 1) * (size_t)p.head_dim);
+  L.wl_off = L.wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim_v + 1) * (size_t)p.head_dim_v);
   cl_int err = fcl_decode_attn_args(&L);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clSetKernelArg(decode)");
   return fcl_decode_enqueue(&L, num_events_in_wait_list, event_wait_list, out_event);

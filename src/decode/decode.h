@@ -13,6 +13,7 @@
 typedef struct fcl_kv_layout {
   int paged;
   int heads_kv, head_dim;
+  int head_dim_v; /* v_cache's head dim (head_dim unless MLA-like) */
   int page_size, max_pages, num_pages;
   int capacity; /* tokens per sequence */
   /* Quantized sides (flashcl.h, "Quantized KV cache"): 1 where that cache is
@@ -44,6 +45,7 @@ flashcl_status fcl_decode_desc_import(flashcl_context *ctx, const flashcl_decode
 
 typedef struct fcl_decode_plan {
   int batch, q_len, heads_q, heads_kv, head_dim, group;
+  int head_dim_v; /* v_cache's and o's (<= head_dim) */
   float scale;
   fcl_kv_layout kv;
   int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;

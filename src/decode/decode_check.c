@@ -33,6 +33,7 @@ void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, con
 static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, const char *name,
                                          const fcl_kv_layout *kv, size_t *bytes) {
   static const char *const kinds[4] = {"TOKEN", "HEAD", "TENSOR", "BLOCK32"}; /* flashcl_kv_scale order */
+  const int d = name[0] == 'v' ? kv->head_dim_v : kv->head_dim; /* this side's head dim */
   /* Each factor is below 2^31 (validated shapes), the head dim's blocks below
    * 2^26: the product fits 64 bits. */
   uint64_t floats = 1;
@@ -41,11 +42,11 @@ static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, fla
   else if (kind == FLASHCL_KV_SCALE_TOKEN)
     floats = rows * (uint64_t)kv->heads_kv;
   else if (kind == FLASHCL_KV_SCALE_BLOCK32) {
-    if (kv->head_dim % 32)
+    if (d % 32)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                      "desc.%s_scale_kind is BLOCK32 (one scale per 32 elements) but head_dim %d is not a multiple "
-                      "of 32", name, kv->head_dim);
-    floats = rows * (uint64_t)kv->heads_kv * (uint64_t)(kv->head_dim / 32);
+                      "desc.%s_scale_kind is BLOCK32 (one scale per 32 elements) but %s_cache's head dim %d is not "
+                      "a multiple of 32", name, name, d);
+    floats = rows * (uint64_t)kv->heads_kv * (uint64_t)(d / 32);
   } else if (kind != FLASHCL_KV_SCALE_TENSOR)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.%s_scale_kind (%d) is not a flashcl_kv_scale", name,
                     (int)kind);
@@ -93,12 +94,15 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
   if (kc->dtype != vc->dtype && !fcl_dtype_is_kv_quant(kc->dtype) && !fcl_dtype_is_kv_quant(vc->dtype))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "k_cache and v_cache dtypes differ (%s, %s)",
                     flashcl_dtype_name(kc->dtype), flashcl_dtype_name(vc->dtype));
-  for (int i = 0; i < 4; i++)
+  /* v_cache may have a head dim of its own (MLA-like); checked by the callers. */
+  for (int i = 0; i < 3; i++)
     if (kc->shape[i] != vc->shape[i])
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k_cache and v_cache must have the same shape");
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "k_cache and v_cache must have the same pages (or batch), slots and heads");
   memset(out, 0, sizeof *out);
   out->heads_kv = (int)kc->shape[2];
   out->head_dim = (int)kc->shape[3];
+  out->head_dim_v = (int)vc->shape[3];
   if (desc->block_table) {
     if (desc->page_size <= 0)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.page_size must be >= 1, got %d",
@@ -186,17 +190,23 @@ static flashcl_status fcl_decode_check_desc(flashcl_context *ctx, const flashcl_
   return FLASHCL_SUCCESS;
 }
 
-/* Head dim, q_len and head counts, and o's and lse's shapes against q's. */
+/* Head dims, q_len and head counts, and o's and lse's shapes against q's (o
+ * with v_cache's head dim). */
 static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashcl_decode_desc *desc,
                                               const flashcl_tensor *q, const flashcl_tensor *kc,
-                                              const flashcl_tensor *o, const flashcl_tensor *lse) {
-  const int64_t d = q->shape[3];
+                                              const flashcl_tensor *vc, const flashcl_tensor *o,
+                                              const flashcl_tensor *lse) {
+  const int64_t d = q->shape[3], dv = vc->shape[3];
   if (kc->shape[3] != d)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, cache %lld", (long long)d,
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k_cache %lld", (long long)d,
                     (long long)kc->shape[3]);
   if (d % 8 != 0 || d < 8 || d > 256)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
+  if (dv % 8 != 0 || dv < 8 || dv > d)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "v_cache's head dim %lld is not supported: decode takes a multiple of 8 in [8, %lld] (q's head "
+                    "dim)", (long long)dv, (long long)d);
   const int64_t q_len = q->shape[1];
   if (q_len > FLASHCL_DECODE_MAX_Q_LEN)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q_len (q.shape[1]) is %lld; decode takes 1 to %d tokens",
@@ -210,8 +220,10 @@ static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashc
   if (hq % hkv != 0)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
                     (long long)hq, (long long)hkv);
-  if (o && (o->shape[0] != q->shape[0] || o->shape[1] != q_len || o->shape[2] != hq || o->shape[3] != d))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o must have q's shape");
+  if (o && (o->shape[0] != q->shape[0] || o->shape[1] != q_len || o->shape[2] != hq || o->shape[3] != dv))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "o must have q's shape with v_cache's head dim (%lld, %lld, %lld, %lld)", (long long)q->shape[0],
+                    (long long)q_len, (long long)hq, (long long)dv);
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
   return FLASHCL_SUCCESS;
@@ -256,7 +268,7 @@ flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_de
                                           const flashcl_tensor *lse, fcl_decode_plan *p) {
   flashcl_status st;
   if ((st = fcl_decode_check_inputs(ctx, desc, q, kc, vc, o, lse, p)) || (st = fcl_decode_check_desc(ctx, desc)) ||
-      (st = fcl_decode_check_shapes(ctx, desc, q, kc, o, lse)) ||
+      (st = fcl_decode_check_shapes(ctx, desc, q, kc, vc, o, lse)) ||
       (st = fcl_decode_check_buffers(ctx, desc, q, kc, vc, o, lse)))
     return st;
   const int64_t d = q->shape[3], hq = q->shape[2], hkv = kc->shape[2];
@@ -265,6 +277,7 @@ flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_de
   p->heads_q = (int)hq;
   p->heads_kv = (int)hkv;
   p->head_dim = (int)d;
+  p->head_dim_v = (int)vc->shape[3];
   p->group = (int)(hq / hkv);
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
   p->window = desc->window_left >= 0 || desc->window_right >= 0;

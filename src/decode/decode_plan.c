@@ -48,7 +48,7 @@
  *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
  *   a left window caps the keys the split count is planned for at
  *   window_left + q_len + one tile.
- * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim + 1) floats:
+ * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim_v + 1) floats:
  *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
  *   released with the context), so that a call allocates nothing once warm. On
@@ -181,7 +181,8 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   /* BLOCK32 scales change within a row: the portable kernel takes them. */
   const int block32 = (kq && p->kv.k_scale_kind == FLASHCL_KV_SCALE_BLOCK32) ||
                       (vq && p->kv.v_scale_kind == FLASHCL_KV_SCALE_BLOCK32);
-  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && !block32 && (d == 64 || d == 128) &&
+  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && !block32 && p->head_dim_v == d &&
+      (d == 64 || d == 128) &&
       fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
     p->mma = 1;
@@ -228,7 +229,7 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
    * rows and quantized caches (whose rows the register path dequantizes) keep
    * the register path, and with it the tensor-core kernel out: under
    * NVIDIA_MMA too, as for its other uncovered problems. */
-  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned && !quant)
+  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned && !quant && p->head_dim_v == d)
     stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
   if (stages == 1) stages = 0; /* one stage is no pipeline: cl/decode/decode.cl refuses it (a call's 1 is refused) */
   if (stages) {
@@ -319,7 +320,7 @@ flashcl_status fcl_decode_plan_call(flashcl_context *ctx, const flashcl_decode_d
   if (p->splits > 1) {
     size_t rows_total, f, f_bytes;
     if (!fcl_mul_size((size_t)p->batch * (size_t)p->q_len, (size_t)p->heads_q, &rows_total) ||
-        !fcl_mul_size(rows_total, (size_t)p->splits, &f) || !fcl_mul_size(f, (size_t)p->head_dim + 1, &f) ||
+        !fcl_mul_size(rows_total, (size_t)p->splits, &f) || !fcl_mul_size(f, (size_t)p->head_dim_v + 1, &f) ||
         !fcl_mul_size(f, sizeof(float), &f_bytes))
       return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "decode workspace size overflows size_t");
     p->work_floats = f;

@@ -44,9 +44,9 @@ static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_de
                                           fcl_kv_layout *kv) {
   flashcl_status st;
   if ((st = fcl_check_tensor(ctx, k_new, "k_new", 1)) || (st = fcl_check_tensor(ctx, v_new, "v_new", 1))) return st;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 3; i++)
     if (k_new->shape[i] != v_new->shape[i])
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k_new and v_new must have the same shape");
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k_new and v_new must have the same batch, tokens and heads");
   const int batch = (int)k_new->shape[0];
   if ((st = fcl_check_kv_cache(ctx, desc, k_cache, v_cache, batch, kv))) return st;
   const int plain = fcl_kv_plain_dtype(k_cache, v_cache);
@@ -56,16 +56,18 @@ static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_de
                     "v_cache %s); a quantized cache takes f32, f16 or bf16",
                     flashcl_dtype_name(k_new->dtype), flashcl_dtype_name(v_new->dtype),
                     flashcl_dtype_name(k_cache->dtype), flashcl_dtype_name(v_cache->dtype));
-  if (k_new->shape[2] != kv->heads_kv || k_new->shape[3] != kv->head_dim)
+  if (k_new->shape[2] != kv->heads_kv || k_new->shape[3] != kv->head_dim || v_new->shape[3] != kv->head_dim_v)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                    "k_new heads/head_dim (%lld, %lld) must match the cache (%d, %d)", (long long)k_new->shape[2],
-                    (long long)k_new->shape[3], kv->heads_kv, kv->head_dim);
+                    "k_new / v_new heads and head dims (%lld, %lld / %lld) must match the caches (%d, %d / %d)",
+                    (long long)k_new->shape[2], (long long)k_new->shape[3], (long long)v_new->shape[3], kv->heads_kv,
+                    kv->head_dim, kv->head_dim_v);
   /* The rule of decode and the forward, the cache's only readers: a cache they
    * would refuse is refused here, before it is filled. */
-  if (kv->head_dim % 8 != 0 || kv->head_dim > 256)
+  if (kv->head_dim % 8 != 0 || kv->head_dim > 256 || kv->head_dim_v % 8 != 0 || kv->head_dim_v > kv->head_dim)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %d is not supported: it must be a multiple of 8 in [8, 256], as decode needs",
-                    kv->head_dim);
+                    "head dims %d (k) and %d (v) are not supported: multiples of 8 in [8, 256], v's at most k's, as "
+                    "decode needs",
+                    kv->head_dim, kv->head_dim_v);
   if ((int64_t)k_new->shape[1] * kv->heads_kv > 0x7fffffff)
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "tokens * heads_kv exceeds the int32 range");
   if ((st = fcl_check_seqlens(ctx, seqlens, "seqlens", batch))) return st;
@@ -100,8 +102,8 @@ static flashcl_status fcl_append_enqueue(flashcl_context *ctx, const flashcl_dec
   const int quant = kv->k_quant || kv->v_quant;
   char opts[192], qopts[96];
   fcl_kv_quant_options(kv, k_cache, v_cache, k_new->dtype, qopts, sizeof qopts);
-  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DPAGED=%d%s", (int)k_new->dtype, kv->head_dim,
-           kv->paged, qopts);
+  snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DHEAD_DIM_V=%d -DPAGED=%d%s", (int)k_new->dtype,
+           kv->head_dim, kv->head_dim_v, kv->paged, qopts);
   cl_kernel kern;
   if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+kv_append.cl", opts, quant ? "kv_append_quant" : "kv_append",
                            &kern)))
