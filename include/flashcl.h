@@ -807,8 +807,10 @@ static inline void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
  * KV cache, split over the keys (FlashDecoding).
  *   q: (B, q_len, Hq, d), 1 <= q_len <= FLASHCL_DECODE_MAX_Q_LEN; o: q's shape,
  *     with v_cache's head dim
+ *   d: a multiple of 8 in [8, 576] (MLA's decode: 576; past 256 the portable
+ *     kernel runs), else FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM
  *   k_cache, v_cache: see flashcl_decode_desc; v_cache (and o) may have a head
- *     dim dv of their own (MLA-like: a multiple of 8 in [8, d], else
+ *     dim dv of their own (MLA-like: a multiple of 8 in [8, min(d, 512)], else
  *     FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM; the portable kernel runs such calls,
  *     and flashcl_kv_cache_append takes v_new with dv); q, o and the caches share a dtype,
  *     except that each cache may instead be quantized (I8, F8E4M3, F8E5M2 with
@@ -853,8 +855,9 @@ FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_conte
  * seqlens is an int32 buffer [B] of lengths BEFORE the append; it is not modified
  * (add T yourself, e.g. before calling flashcl_attention_decode). Positions outside
  * [0, capacity) and, for a paged cache, tokens whose page index is outside
- * [0, num_pages) are skipped. head_dim is a multiple of 8 in [8, 256], as in
- * decode (FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM otherwise).
+ * [0, num_pages) are skipped. The head dims are those decode takes (k's a
+ * multiple of 8 in [8, 576], v's one in [8, min(k's, 512)]), else
+ * FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM.
  */
 FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
                                                    const flashcl_tensor *k_new, const flashcl_tensor *v_new,

@@ -148,7 +148,7 @@ static void ref_decode(const dec_case *c, const fct_tensor *q, const dec_data *d
         const int L = c->seqlens[b], hk = h / G;
         int nvis = 0;
         double *o = ref_o + (((size_t)b * T + t) * Hq + h) * dv;
-        double m = -INFINITY, l = 0, qr[256];
+        double m = -INFINITY, l = 0, qr[576];
         for (int x = 0; x < d; x++) qr[x] = fct_tensor_get(q, b, t, h, x);
         for (int x = 0; x < dv; x++) o[x] = 0;
         for (int j = 0; j < L; j++) {
@@ -560,6 +560,13 @@ static const dec_case DEC_CASES[] = {
      .head_dim_v = 64},
     {"dv8_d256_window_sinks_contig_f16", FLASHCL_F16, 6, 2, 16, 4, 256, MIXED, 0, 0, 2, 0, 0, 0, FLASHCL_KERNEL_AUTO,
      0.0f, 1, 40, -1, 0, 0.0f, 1, 8},
+    /* MLA's decode shape: one latent KV head of 576 (512 + 64 rope) shared by
+     * 16 query heads, values of 512, paged, appended, split and automatic; and
+     * a 320 / 320 head past 256. */
+    {"mla_d576_dv512_paged64_q1_bf16_split3", FLASHCL_BF16, 6, 1, 16, 1, 576, MIXED, 64, 3, 0, 1, 0,
+     .head_dim_v = 512},
+    {"mla_d576_dv512_contig_q2_f32_auto", FLASHCL_F32, 7, 2, 16, 1, 576, MIXED0, 0, 0, 0, 0, 0, .head_dim_v = 512},
+    {"d320_contig_q1_f16_split2", FLASHCL_F16, 6, 1, 8, 2, 320, MIXED, 0, 2, 0, 1, 0},
 };
 
 static void test_decode_case(void **state) { run_decode_case((const dec_case *)*state); }

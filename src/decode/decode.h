@@ -10,6 +10,11 @@
 
 /* A validated KV cache (see flashcl_decode_desc). Contiguous: num_pages = batch,
  * page b holds sequence b. */
+/* Head dims decode and the append take: MLA's 576 for q and K, 512 for V
+ * (the portable kernel maps 8 elements to a work-item whatever the head dim). */
+#define FCL_DECODE_MAX_HEAD_DIM 576
+#define FCL_DECODE_MAX_HEAD_DIM_V 512
+
 typedef struct fcl_kv_layout {
   int paged;
   int heads_kv, head_dim;

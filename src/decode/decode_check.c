@@ -200,13 +200,15 @@ static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashc
   if (kc->shape[3] != d)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k_cache %lld", (long long)d,
                     (long long)kc->shape[3]);
-  if (d % 8 != 0 || d < 8 || d > 256)
+  if (d % 8 != 0 || d < 8 || d > FCL_DECODE_MAX_HEAD_DIM)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
-  if (dv % 8 != 0 || dv < 8 || dv > d)
+                    "head_dim %lld is not supported: decode takes a multiple of 8 in [8, %d]", (long long)d,
+                    FCL_DECODE_MAX_HEAD_DIM);
+  if (dv % 8 != 0 || dv < 8 || dv > d || dv > FCL_DECODE_MAX_HEAD_DIM_V)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "v_cache's head dim %lld is not supported: decode takes a multiple of 8 in [8, %lld] (q's head "
-                    "dim)", (long long)dv, (long long)d);
+                    "dim, and at most %d)",
+                    (long long)dv, (long long)d, FCL_DECODE_MAX_HEAD_DIM_V);
   const int64_t q_len = q->shape[1];
   if (q_len > FLASHCL_DECODE_MAX_Q_LEN)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q_len (q.shape[1]) is %lld; decode takes 1 to %d tokens",

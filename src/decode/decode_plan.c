@@ -212,9 +212,14 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   if ((size_t)threads > max_wg || (size_t)(d / 4) > max_wg)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
                     max_wg);
-  /* Merge: 128 work-items (a power of two >= head_dim / 4 that the device allows). */
+  /* Merge: 128 work-items, or the power of two >= head_dim_v / 4 past d = 512
+   * (fewer where the device allows fewer and that still covers it). */
   int mt = 128;
-  while ((size_t)mt > max_wg && mt / 2 >= d / 4) mt /= 2;
+  while (mt < p->head_dim_v / 4) mt *= 2;
+  while ((size_t)mt > max_wg && mt / 2 >= p->head_dim_v / 4) mt /= 2;
+  if ((size_t)mt > max_wg)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
+                    max_wg);
   p->merge_threads = mt;
   int rows = 1;
   while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
@@ -228,8 +233,9 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches, unaligned
    * rows and quantized caches (whose rows the register path dequantizes) keep
    * the register path, and with it the tensor-core kernel out: under
-   * NVIDIA_MMA too, as for its other uncovered problems. */
-  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned && !quant && p->head_dim_v == d)
+   * NVIDIA_MMA too, as for its other uncovered problems. So do a V head dim
+   * of its own and head dims past 256 (measured on the register path only). */
+  if (nvidia && q->dtype != FLASHCL_F32 && p->vec_aligned && !quant && p->head_dim_v == d && d <= 256)
     stages = fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES);
   if (stages == 1) stages = 0; /* one stage is no pipeline: cl/decode/decode.cl refuses it (a call's 1 is refused) */
   if (stages) {
