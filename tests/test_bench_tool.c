@@ -310,8 +310,19 @@ static void test_bad_arguments(void **state) {
   FCT_CHECK(run_bench(scale, &out, &err) == 1 && strstr(err, "needs --kv-dtype"), "--kv-scale alone:\n%s", err);
   free(out);
   free(err);
-  const char *dvdec[] = {"--decode", "--head-dim-v", "32", NULL};
-  FCT_CHECK(run_bench(dvdec, &out, &err) == 1 && strstr(err, "--head-dim-v"), "--head-dim-v with --decode:\n%s", err);
+  const char *dvdec[] = {"--decode", "--d", "64,128", "--head-dim-v", "32", NULL};
+  FCT_CHECK(run_bench(dvdec, &out, &err) == 1 && strstr(err, "--head-dim-v"),
+            "--head-dim-v with --decode and two head dims:\n%s", err);
+  free(out);
+  free(err);
+  /* --decode --head-dim-v: V and o with 32 columns, K with 64; kv_bytes counts
+   * both rows: 256 keys x 8 kv heads x (64 + 32) x 4 bytes. */
+  const char *dvok[] = {"--decode", "--n", "256", "--d", "64", "--head-dim-v", "32", "--dtype", "f32",
+                        "--decode-batch", "1", "--reps", "1", "--warmup", "0", "--csv", NULL};
+  out = err = NULL;
+  FCT_CHECK(run_bench(dvok, &out, &err) == 0 && strstr(out, ",64/32,f32,") && strstr(out, ",786432,") &&
+                strstr(out, "\"ok\""),
+            "--decode --head-dim-v 32:\n%s\n%s", out, err);
   free(out);
   free(err);
 }

@@ -120,7 +120,9 @@ static const char usage_text[] =
     "                       and scales\n"
     "  --head-dim-v DV      v and o's head dim (desc.head_dim_v), q and k keeping --d's;\n"
     "                       the d column then reads e.g. 192/128, and TFLOP/s counts\n"
-    "                       2 d + 2 DV per visible pair forward, 6 d + 4 DV backward\n"
+    "                       2 d + 2 DV per visible pair forward, 6 d + 4 DV backward;\n"
+    "                       with --decode (one --d) v_cache and o, e.g. --d 576\n"
+    "                       --head-dim-v 512 (MLA), GB/s counting K's d and V's DV\n"
     "  --kv-scale KIND      --kv-dtype's scales: token (one per token and kv head; the\n"
     "                       default), head (one per kv head), tensor (one) or block32\n"
     "                       (one per 32 elements of a token's row, as ggml's q8_0)\n"
@@ -317,8 +319,8 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
     fprintf(stderr, "flashcl-bench: --kv-dtype needs --decode (the quantized caches are decode's)\n");
     return ARGS_BAD_VALUE;
   }
-  if (st == ARGS_OK && o->head_dim_v && o->decode) {
-    fprintf(stderr, "flashcl-bench: --head-dim-v times the forward and backward only, not --decode\n");
+  if (st == ARGS_OK && o->head_dim_v && o->decode && o->have_d && o->d.count > 1) {
+    fprintf(stderr, "flashcl-bench: --head-dim-v with --decode takes one --d\n");
     return ARGS_BAD_VALUE;
   }
   if (st == ARGS_OK && o->have_kv_scale && !o->have_kv_dtype) {
@@ -648,9 +650,10 @@ typedef struct decode_shape {
   int quant;
   long row_scales; /* scales read with each cache row: 1 (TOKEN), d / 32 (BLOCK32), 0 */
   char dtname[32];
-  long d, b, n, T, hq, hkv;
+  char dname[24]; /* "d", or "d/dv" with --head-dim-v */
+  long d, dv, b, n, T, hq, hkv;
   long P, pages_per, rows; /* page size (0: contiguous), pages per sequence, cache tokens */
-  size_t es, kv_elems, kv_read;
+  size_t es, kv_elems, kv_elems_v, kv_read;
   uint64_t seed;
 } decode_shape;
 
@@ -667,6 +670,9 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
                                       long hq, long hkv, int li) {
   decode_shape s;
   s.dt = dt, s.d = d, s.b = b, s.n = n, s.T = o->q_len, s.hq = hq, s.hkv = hkv;
+  s.dv = o->head_dim_v ? o->head_dim_v : d;
+  if (s.dv != d) snprintf(s.dname, sizeof s.dname, "%ld/%ld", d, s.dv);
+  else snprintf(s.dname, sizeof s.dname, "%ld", d);
   s.quant = kvt >= 0 && kvt != dt;
   s.kvt = s.quant ? (flashcl_dtype)kvt : dt;
   /* e.g. f16/i8, f16/i8:head (a scale per kv head), f16/f8e4m3:tensor, f16/i8:block32. */
@@ -680,9 +686,12 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
   /* With a left window a call reads only the window's keys (and the new tokens). */
   const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
   s.kv_elems = (size_t)s.rows * hkv * d;
-  /* Scales read with each row: TOKEN's one, BLOCK32's d / 32. */
-  s.row_scales = !s.quant ? 0 : o->kv_scale == FLASHCL_KV_SCALE_TOKEN ? 1 : o->kv_scale == FLASHCL_KV_SCALE_BLOCK32 ? d / 32 : 0;
-  s.kv_read = 2 * (size_t)b * n_read * hkv * (d * s.es + s.row_scales * sizeof(float));
+  s.kv_elems_v = (size_t)s.rows * hkv * s.dv;
+  /* Scales read with each row: TOKEN's one, BLOCK32's d / 32 (K) and dv / 32 (V). */
+  const int tok = s.quant && o->kv_scale == FLASHCL_KV_SCALE_TOKEN, blk = s.quant && o->kv_scale == FLASHCL_KV_SCALE_BLOCK32;
+  s.row_scales = tok ? 1 : blk ? d / 32 : 0;
+  const long v_scales = tok ? 1 : blk ? s.dv / 32 : 0;
+  s.kv_read = (size_t)b * n_read * hkv * ((d + s.dv) * s.es + (s.row_scales + v_scales) * sizeof(float));
   s.seed = 7 + (uint64_t)li;
   return s;
 }
@@ -736,8 +745,9 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
                                                u->scratch, &err)
                          : NULL;
   if (u->mem[0]) u->mem[1] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
-  if (u->mem[1]) u->mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems * s->es, NULL, &err);
-  if (u->mem[2]) u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems * flashcl_dtype_size(s->dt), NULL, &err);
+  if (u->mem[1]) u->mem[2] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, s->kv_elems_v * s->es, NULL, &err);
+  if (u->mem[2])
+    u->mem[3] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, q_elems / s->d * s->dv * flashcl_dtype_size(s->dt), NULL, &err);
   if (u->mem[3] && s->quant)
     u->scale = scale_buffer(clctx, (size_t)s->rows * s->hkv * (size_t)(s->row_scales > 1 ? s->row_scales : 1), &err);
   if (u->mem[3]) u->mem[4] = clCreateBuffer(clctx, CL_MEM_READ_WRITE, (size_t)s->b * s->T * s->hq * 4, NULL, &err);
@@ -785,7 +795,7 @@ static int decode_fill(cl_command_queue queue, const decode_shape *s, const deco
   const cl_uint pat8 = 0x10101010u; /* quantized: code 0x10 in every byte */
   const void *pat = s->quant ? (const void *)&pat8 : s->es == 2 ? (const void *)&pat16 : (const void *)&pat32;
   cl_int err = clEnqueueFillBuffer(queue, u->mem[1], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
-  if (!err) err = clEnqueueFillBuffer(queue, u->mem[2], pat, 4, 0, s->kv_elems * s->es, 0, NULL, NULL);
+  if (!err) err = clEnqueueFillBuffer(queue, u->mem[2], pat, 4, 0, s->kv_elems_v * s->es, 0, NULL, NULL);
   return err;
 }
 
@@ -794,8 +804,8 @@ static int decode_tensors(const decode_shape *s, decode_bufs *u) {
   const long seqs = s->P ? s->b * s->pages_per : s->b, len = s->P ? s->P : s->n;
   int st = flashcl_tensor_init_bnhd(&u->q, u->mem[0], 0, s->dt, s->b, s->T, s->hq, s->d);
   if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->kvt, seqs, len, s->hkv, s->d);
-  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->kvt, seqs, len, s->hkv, s->d);
-  if (!st) st = flashcl_tensor_init_bnhd(&u->out, u->mem[3], 0, s->dt, s->b, s->T, s->hq, s->d);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->kvt, seqs, len, s->hkv, s->dv);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->out, u->mem[3], 0, s->dt, s->b, s->T, s->hq, s->dv);
   if (!st) st = flashcl_tensor_init_lse(&u->lse, u->mem[4], 0, s->b, s->T, s->hq);
   return st;
 }
@@ -824,6 +834,7 @@ static void print_decode_json(const bench_opts *o, const flashcl_device_info *in
   tools_json_int(&j, "n", s->n);
   tools_json_int(&j, "batch", s->b);
   tools_json_int(&j, "d", s->d);
+  tools_json_int(&j, "head_dim_v", s->dv);
   tools_json_str(&j, "dtype", s->dtname);
   tools_json_int(&j, "heads", s->hq);
   tools_json_int(&j, "heads_kv", s->hkv);
@@ -847,10 +858,10 @@ static void print_decode_unrun(const bench_opts *o, const flashcl_device_info *i
                                const char *csv_status, const char *text_status) {
   if (o->json) print_decode_json(o, info, s, 0, NULL, NULL, 0, csv_status);
   else if (o->csv)
-    printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, s->n, s->b, s->d,
+    printf("\"%s\",%ld,%ld,%s,%s,%ld,%ld,%ld,%ld,%d,,,,,%zu,,\"%s\"\n", info->device_name, s->n, s->b, s->dname,
            s->dtname, s->hq, s->hkv, s->P, s->T, o->tree, s->kv_read, csv_status);
   else
-    printf("%7ld %5ld %4ld %5s %6s %4s %11s %10.1f %9s\n", s->n, s->b, s->d, s->dtname, "-", "-",
+    printf("%7ld %5ld %4s %5s %6s %4s %11s %10.1f %9s\n", s->n, s->b, s->dname, s->dtname, "-", "-",
            text_status, mib(s->kv_read), "-");
 }
 
@@ -861,11 +872,11 @@ static void print_decode_row(const bench_opts *o, const flashcl_device_info *inf
   const double hmed = tools_median(hosts, nrep);
   if (o->json) print_decode_json(o, info, s, splits, times, hosts, nrep, "ok");
   else if (o->csv)
-    printf("\"%s\",%ld,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n", info->device_name,
-           s->n, s->b, s->d, s->dtname, s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
+    printf("\"%s\",%ld,%ld,%s,%s,%ld,%ld,%ld,%ld,%d,%d,%d,%.6f,%.6f,%zu,%.3f,%ld,%.2f,\"ok\"\n", info->device_name,
+           s->n, s->b, s->dname, s->dtname, s->hq, s->hkv, s->P, s->T, o->tree, splits, nrep, med, mn,
            s->kv_read, gbps, o->calls, hmed);
   else
-    printf("%7ld %5ld %4ld %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", s->n, s->b, s->d, s->dtname,
+    printf("%7ld %5ld %4s %5s %6d %4d %11.4f %10.1f %9.1f %8.1f\n", s->n, s->b, s->dname, s->dtname,
            splits, nrep, med, mib(s->kv_read), gbps, hmed);
 }
 
@@ -875,8 +886,8 @@ static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashc
   decode_bufs u;
   double times[1000], hosts[1000], ms = 0, hus = 0;
   int st, splits = 0, r, nrep = 0;
-  report_row_start("decode N=%ld batch=%ld d=%ld %s", s->n, s->b, s->d, s->dtname);
-  if (s->kv_elems * s->es > info->max_mem_alloc_size || 2 * s->kv_elems * s->es > info->global_mem_size) {
+  report_row_start("decode N=%ld batch=%ld d=%s %s", s->n, s->b, s->dname, s->dtname);
+  if (s->kv_elems * s->es > info->max_mem_alloc_size || (s->kv_elems + s->kv_elems_v) * s->es > info->global_mem_size) {
     report_count(0, 1);
     print_decode_unrun(o, info, s, "OOM", "OOM");
     return 0;
