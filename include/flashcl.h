@@ -468,7 +468,7 @@ typedef struct flashcl_attention_desc {
    * have q's head dim, and any other v/o head dim is FLASHCL_ERROR_INVALID_SHAPE
    * as before. When > 0, v.shape[3] and o.shape[3] (d_o and dv too) must equal
    * head_dim_v, q and k keep head_dim_qk = q.shape[3], and both are multiples of
-   * 8 in [8, 256]. Q K^T reduces over head_dim_qk, P V over head_dim_v; the
+   * 8, head_dim_qk in [8, 576] and head_dim_v in [8, 512]. Q K^T reduces over head_dim_qk, P V over head_dim_v; the
    * default scale stays 1/sqrt(head_dim_qk). The portable flash kernels and the
    * naive path run it (forward and backward); the tensor-core kernels do not:
    * AUTO runs the portable kernels, and desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA
@@ -519,7 +519,9 @@ static inline void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
  * O = softmax(scale * Q K^T + mask) V, per batch and query head.
  *   q: (B, Nq, Hq, d)   k, v: (B, Nk, Hkv, d)   o: (B, Nq, Hq, d)
  *   (with desc.head_dim_v = dv > 0: v (B, Nk, Hkv, dv) and o (B, Nq, Hq, dv))
- *   q, k, v and o share one dtype; head_dim is a multiple of 8 in [8, 256].
+ *   q, k, v and o share one dtype; head_dim is a multiple of 8 in [8, 576]
+ *   (v and o's at most 512; past 256 the portable kernels and the naive path
+ *   run, as MLA's 576 / 512 needs).
  *   lse (nullable): fp32, (B, Nq, Hq, 1) logical shape, gets the natural-log
  *   log-sum-exp of each scaled score row: lse = log(sum_j exp(scale * q.k_j)).
  *   o and lse must not share elements with q, k, v or each other

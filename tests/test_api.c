@@ -598,8 +598,8 @@ static void test_block_plan(void **state) {
   } while (0)
     EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 12, FLASHCL_F32, 0, 0, &plan),
                       FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=12)");
-    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 264, FLASHCL_F32, 0, 0, &plan),
-                      FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=264)");
+    EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 584, FLASHCL_F32, 0, 0, &plan),
+                      FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "block_plan(d=584)");
     EXPECT_PLAN_ERROR(flashcl_attention_block_plan(env->ctx, 64, FLASHCL_F32, 12, 0, &plan),
                       FLASHCL_ERROR_INVALID_ARGUMENT, "block_plan(block_r=12)");
     /* A tile far past any device's memory for it (on CPU devices: 8 MiB of

@@ -2191,7 +2191,7 @@ static void run_block_plan(fz_case *c) {
   c->mutated = 1;
   clog_(c, "block_plan(d %d, dtype %d, br %d, bc %d%s%s)", d, dt, br, bc, null_p ? ", plan NULL" : "",
         null_ctx ? ", ctx NULL" : "");
-  if (null_p || null_ctx || d < 8 || d > 256 || d % 8 || dt < 0 || dt > 2 || br < 0 || bc < 0 || br % 8 || bc % 8 ||
+  if (null_p || null_ctx || d < 8 || d > 576 || d % 8 || dt < 0 || dt > 2 || br < 0 || bc < 0 || br % 8 || bc % 8 ||
       br >= (1 << 20) || bc >= (1 << 20))
     c->must_fail = 1;
   st = flashcl_attention_block_plan(null_ctx ? NULL : g_ctx, d, (flashcl_dtype)dt, br, bc, null_p ? NULL : &plan);

@@ -362,6 +362,12 @@ static const hdv_case CASES[] = {
     {FLASHCL_F32, 192, 128, 0, 1, 33, 41, 4, 2, FLASH, 0, NULL, 0, 0, 0.0f, 1},
     {FLASHCL_F16, 64, 32, 1, 2, 29, 35, 2, 1, FLASH, 1, SPLIT_TUNE, 1, 0, 0.0f, 1},
     {FLASHCL_F32, 32, 64, 0, 1, 27, 31, 2, 2, NAIVE, 0, NULL, 0, 0, 0.0f, 1},
+    /* Past 256: MLA's 576 / 512 (prefill on the latent head) on both mappings
+     * and the naive path, and 320 / 320 with the NVIDIA build choices. */
+    {FLASHCL_F32, 576, 512, 1, 1, 23, 30, 2, 1, FLASH, 0, NULL, 0, 0},
+    {FLASHCL_F16, 576, 512, 0, 1, 17, 21, 2, 2, FLASH, 1, SPLIT_TUNE, 1, 0},
+    {FLASHCL_F32, 576, 512, 1, 1, 19, 19, 2, 1, NAIVE, 0, NULL, 0, 0},
+    {FLASHCL_BF16, 320, 320, 1, 1, 20, 26, 2, 1, FLASH, 0, NULL, 0, 0, 0.0f, 1},
 };
 #define NCASES (sizeof CASES / sizeof CASES[0])
 

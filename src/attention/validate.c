@@ -165,7 +165,7 @@ static flashcl_status fcl_check_shapes(flashcl_context *ctx, const flashcl_atten
                     "head_dim differs: q %lld, k %lld (must be equal), v %lld (desc.head_dim_v %d)", (long long)d,
                     (long long)k->shape[3], (long long)v->shape[3], desc->head_dim_v);
   const int64_t dv = v->shape[3];
-  if (d % 8 != 0 || d < 8 || d > 256 || dv % 8 != 0 || dv < 8 || dv > 256)
+  if (d % 8 != 0 || d < 8 || d > 576 || dv % 8 != 0 || dv < 8 || dv > 512)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]",
                     (long long)(d % 8 != 0 || d < 8 || d > 256 ? d : dv));

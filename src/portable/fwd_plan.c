@@ -288,7 +288,7 @@ static int fcl_plan_wide(int d, int dv, size_t budget, size_t max_wg, const fcl_
 flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, int dv, fcl_plan *plan) {
   const int block_r = fcl_tuned_get(tu, FCL_FWD_BR, 0), block_c = fcl_tuned_get(tu, FCL_FWD_BC, 0);
   const int dm = d > dv ? d : dv; /* the tiles' row length */
-  if (d % 8 != 0 || d < 8 || d > 256 || dv % 8 != 0 || dv < 8 || dv > 256)
+  if (d % 8 != 0 || d < 8 || d > 576 || dv % 8 != 0 || dv < 8 || dv > 512)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %d is not supported: it must be a multiple of 8 in [8, 256]",
                     d % 8 != 0 || d < 8 || d > 256 ? d : dv);
