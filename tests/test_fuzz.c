@@ -1260,6 +1260,7 @@ static void run_attention(fz_case *c, int entry) {
 typedef struct dec {
   flashcl_dtype dt;
   int B, T, Hq, Hkv, D, paged, ps, mp, num_pages, cap;
+  int DV; /* v_cache / v_new / o head dim: D, or below it (MLA-like) */
   int32_t L[4], table[16];
   float alibi[8], sinks[8];
   flashcl_decode_desc desc;
@@ -1294,18 +1295,19 @@ static void dec_quantize(fz_case *c, dec *d, int k, double p) {
   if (!rchance(&c->r, p)) return;
   const flashcl_dtype fmt = fmts[rbelow(&c->r, 3)];
   flashcl_kv_scale kind = (flashcl_kv_scale)rbelow(&c->r, 4);
-  if (kind == FLASHCL_KV_SCALE_BLOCK32 && d->D % 32) kind = FLASHCL_KV_SCALE_TOKEN; /* BLOCK32 needs d % 32 == 0 */
+  const int hd = k ? d->DV : d->D; /* this side's head dim */
+  if (kind == FLASHCL_KV_SCALE_BLOCK32 && hd % 32) kind = FLASHCL_KV_SCALE_TOKEN; /* BLOCK32 needs d % 32 == 0 */
   const size_t rows = (size_t)(t->t.shape[0] * t->t.shape[1]);
   const size_t n = kind == FLASHCL_KV_SCALE_TOKEN     ? rows * (size_t)d->Hkv
-                   : kind == FLASHCL_KV_SCALE_BLOCK32 ? rows * (size_t)d->Hkv * (size_t)(d->D / 32)
+                   : kind == FLASHCL_KV_SCALE_BLOCK32 ? rows * (size_t)d->Hkv * (size_t)(hd / 32)
                    : kind == FLASHCL_KV_SCALE_HEAD    ? (size_t)d->Hkv
                                                       : 1;
   int64_t b, j, h, x;
-  tensor_make(c, t, fmt, t->t.shape[0], t->t.shape[1], d->Hkv, d->D, 0, k ? "v_cache_q" : "k_cache_q");
+  tensor_make(c, t, fmt, t->t.shape[0], t->t.shape[1], d->Hkv, hd, 0, k ? "v_cache_q" : "k_cache_q");
   for (b = 0; b < t->t.shape[0]; b++)
     for (j = 0; j < t->t.shape[1]; j++)
       for (h = 0; h < d->Hkv; h++)
-        for (x = 0; x < d->D; x++) t->b->init[tidx(&t->t, b, j, h, x)] = finite_code(&c->r, fmt);
+        for (x = 0; x < hd; x++) t->b->init[tidx(&t->t, b, j, h, x)] = finite_code(&c->r, fmt);
   d->scale[k] = buf_new(c, n * 4, k ? "v_scale" : "k_scale");
   for (size_t i = 0; i < n; i++) {
     const float f = (float)((0.5 + runif(&c->r)) * 2.0 / kvq_ref_qmax(fmt));
@@ -1324,7 +1326,7 @@ static double dec_value(const dec *d, int k, int64_t bb, int64_t nn, int64_t h, 
   const flashcl_kv_scale kind = k ? d->desc.v_scale_kind : d->desc.k_scale_kind;
   const size_t row = (size_t)(bb * t->t.shape[1] + nn) * (size_t)d->Hkv + (size_t)h;
   const size_t si = kind == FLASHCL_KV_SCALE_TOKEN     ? row
-                    : kind == FLASHCL_KV_SCALE_BLOCK32 ? row * (size_t)(d->D / 32) + (size_t)x / 32
+                    : kind == FLASHCL_KV_SCALE_BLOCK32 ? row * (size_t)((k ? d->DV : d->D) / 32) + (size_t)x / 32
                     : kind == FLASHCL_KV_SCALE_HEAD    ? (size_t)h
                                                        : 0;
   float sc;
@@ -1339,6 +1341,7 @@ static void dec_make(fz_case *c, dec *d, int append) {
   flashcl_decode_desc_init(ds);
   d->dt = DTYPES[rbelow(&c->r, 3)];
   d->D = 32;
+  d->DV = rchance(&c->r, 0.3) ? 8 * rrange(&c->r, 1, 3) : d->D;
   d->Hkv = rrange(&c->r, 1, 2);
   d->Hq = d->Hkv * (1 << rbelow(&c->r, 3));
   d->B = rrange(&c->r, 1, 3);
@@ -1358,11 +1361,11 @@ static void dec_make(fz_case *c, dec *d, int append) {
     memcpy(d->tb->init, d->table, (size_t)d->B * d->mp * 4);
     ds->page_size = d->ps, ds->max_pages = d->mp, ds->block_table = d->tb->mem;
     tensor_make(c, &d->kc, d->dt, d->num_pages, d->ps, d->Hkv, d->D, append, "k_cache");
-    tensor_make(c, &d->vc, d->dt, d->num_pages, d->ps, d->Hkv, d->D, append, "v_cache");
+    tensor_make(c, &d->vc, d->dt, d->num_pages, d->ps, d->Hkv, d->DV, append, "v_cache");
   } else {
     d->cap = rrange(&c->r, 1, 24);
     tensor_make(c, &d->kc, d->dt, d->B, d->cap, d->Hkv, d->D, append, "k_cache");
-    tensor_make(c, &d->vc, d->dt, d->B, d->cap, d->Hkv, d->D, append, "v_cache");
+    tensor_make(c, &d->vc, d->dt, d->B, d->cap, d->Hkv, d->DV, append, "v_cache");
   }
   if (append) { /* the append writes only its tokens: caches start with values */
     fz_tensor *cs[2] = {&d->kc, &d->vc};
@@ -1371,7 +1374,8 @@ static void dec_make(fz_case *c, dec *d, int append) {
       for (b = 0; b < cs[k]->t.shape[0]; b++)
         for (n = 0; n < cs[k]->t.shape[1]; n++)
           for (h = 0; h < d->Hkv; h++)
-            for (x = 0; x < d->D; x++) fct_store(d->dt, cs[k]->b->init, tidx(&cs[k]->t, b, n, h, x), rand_val(&c->r));
+            for (x = 0; x < cs[k]->t.shape[3]; x++)
+              fct_store(d->dt, cs[k]->b->init, tidx(&cs[k]->t, b, n, h, x), rand_val(&c->r));
   }
   d->seq = buf_new(c, (size_t)d->B * 4, append ? "seqlens" : "seqlens_k");
   for (b = 0; b < d->B; b++) {
@@ -1380,11 +1384,11 @@ static void dec_make(fz_case *c, dec *d, int append) {
   }
   if (append) {
     tensor_make(c, &d->kn, d->dt, d->B, d->T, d->Hkv, d->D, 0, "k_new");
-    tensor_make(c, &d->vn, d->dt, d->B, d->T, d->Hkv, d->D, 0, "v_new");
+    tensor_make(c, &d->vn, d->dt, d->B, d->T, d->Hkv, d->DV, 0, "v_new");
     return;
   }
   tensor_make(c, &d->q, d->dt, d->B, d->T, d->Hq, d->D, 0, "q");
-  tensor_make(c, &d->o, d->dt, d->B, d->T, d->Hq, d->D, 1, "o");
+  tensor_make(c, &d->o, d->dt, d->B, d->T, d->Hq, d->DV, 1, "o");
   lse_make(c, &d->lse, d->B, d->T, d->Hq, 1, "lse");
   ds->num_splits = rbelow(&c->r, 4);
   if (rchance(&c->r, 0.3)) ds->max_seqlen_k = rrange(&c->r, 1, d->cap);
@@ -1422,7 +1426,7 @@ static void dec_slot(const dec *d, int b, int j, int64_t *bb, int64_t *nn) {
 
 static void dec_check(fz_case *c, dec *d, int has_lse) {
   const size_t no = (size_t)d->B * d->T * d->Hq;
-  double *ro = calloc(no * d->D, sizeof(double)), *rl = malloc(no * sizeof(double));
+  double *ro = calloc(no * d->DV, sizeof(double)), *rl = malloc(no * sizeof(double));
   int b, j, h, x;
   for (b = 0; b < d->B; b++) {
     const int L = d->L[b];
@@ -1437,21 +1441,20 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
       continue;
     }
     kd = malloc((size_t)L * d->Hkv * d->D * sizeof(double));
-    vd = malloc((size_t)L * d->Hkv * d->D * sizeof(double));
+    vd = malloc((size_t)L * d->Hkv * d->DV * sizeof(double));
     for (j = 0; j < L; j++) {
       int64_t bb, nn;
       dec_slot(d, b, j, &bb, &nn);
-      for (h = 0; h < d->Hkv; h++)
-        for (x = 0; x < d->D; x++) {
-          kd[((size_t)j * d->Hkv + h) * d->D + x] = dec_value(d, 0, bb, nn, h, x);
-          vd[((size_t)j * d->Hkv + h) * d->D + x] = dec_value(d, 1, bb, nn, h, x);
-        }
+      for (h = 0; h < d->Hkv; h++) {
+        for (x = 0; x < d->D; x++) kd[((size_t)j * d->Hkv + h) * d->D + x] = dec_value(d, 0, bb, nn, h, x);
+        for (x = 0; x < d->DV; x++) vd[((size_t)j * d->Hkv + h) * d->DV + x] = dec_value(d, 1, bb, nn, h, x);
+      }
     }
     k = ref_tensor_bnhd(kd, 1, L, d->Hkv, d->D);
-    v = ref_tensor_bnhd(vd, 1, L, d->Hkv, d->D);
+    v = ref_tensor_bnhd(vd, 1, L, d->Hkv, d->DV);
     q.shape[0] = 1;
     q.offset += b * q.stride[0];
-    oo = ref_out_bnhd(ro + (size_t)b * d->T * d->Hq * d->D, 1, d->T, d->Hq, d->D);
+    oo = ref_out_bnhd(ro + (size_t)b * d->T * d->Hq * d->DV, 1, d->T, d->Hq, d->DV);
     ol = ref_out_bnhd(rl + (size_t)b * d->T * d->Hq, 1, d->T, d->Hq, 1);
     memset(&p, 0, sizeof p);
     memset(&m, 0, sizeof m);
@@ -1465,7 +1468,7 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
     free(kd);
     free(vd);
   }
-  check_o_lse(c, &d->o, has_lse ? &d->lse : NULL, ro, rl, d->B, d->T, d->Hq, d->D, d->dt, "decode");
+  check_o_lse(c, &d->o, has_lse ? &d->lse : NULL, ro, rl, d->B, d->T, d->Hq, d->DV, d->dt, "decode");
   free(ro);
   free(rl);
 }
@@ -1485,7 +1488,7 @@ static void append_check(fz_case *c, dec *d) {
         if (pos < 0 || pos >= d->cap) continue;
         dec_slot(d, b, pos, &bb, &nn);
         for (h = 0; h < d->Hkv; h++)
-          for (x = 0; x < d->D; x++)
+          for (x = 0; x < cache->t.shape[3]; x++)
             bad += memcmp(cache->b->cur + tidx(&cache->t, bb, nn, h, x) * es,
                           src->b->init + tidx(&src->t, b, t, h, x) * es, es) != 0;
       }
