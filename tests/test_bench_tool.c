@@ -191,6 +191,16 @@ static void check_no_progress(const char *err) {
 
 #define SHAPE "--n", "64", "--d", "16", "--dtype", "f32", "--causal", "0", "--reps", "1", "--warmup", "0"
 
+/* A run that must succeed with an "ok" row holding each of the strings in want (NULL-terminated). */
+static void check_csv_row(const char *const *args, const char *const *want, const char *what) {
+  char *out = NULL, *err = NULL;
+  int ok = run_bench(args, &out, &err) == 0 && out && strstr(out, "\"ok\"");
+  for (int i = 0; ok && want[i]; i++) ok = strstr(out, want[i]) != NULL;
+  FCT_CHECK(ok, "%s:\n%s\n%s", what, out ? out : "", err ? err : "");
+  free(out);
+  free(err);
+}
+
 static void check_json_run(const char *const *args, const char *mode, int rows) {
   char *out = NULL, *err = NULL;
   const char *where = NULL;
@@ -224,20 +234,13 @@ static void test_json(void **state) {
   /* --kv-scale head: one scale per kv head, named in the dtype column */
   const char *qhead[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
                          "1", "--warmup", "0", "--kv-dtype", "i8", "--kv-scale", "head", "--csv", NULL};
-  char *out = NULL, *err = NULL;
-  FCT_CHECK(run_bench(qhead, &out, &err) == 0 && strstr(out, ",f32/i8:head,") && strstr(out, "\"ok\""),
-            "--kv-scale head:\n%s\n%s", out, err);
-  free(out);
-  free(err);
+  const char *const qhead_want[] = {",f32/i8:head,", NULL};
+  check_csv_row(qhead, qhead_want, "--kv-scale head");
   /* --kv-scale block32: d / 32 scales per row, counted in kv_bytes (2 x 256 x 8 x (64 + 2 x 4)) */
   const char *qblk[] = {"--decode", "--n", "256", "--d", "64", "--dtype", "f32", "--decode-batch", "1", "--reps",
                         "1", "--warmup", "0", "--kv-dtype", "i8", "--kv-scale", "block32", "--csv", NULL};
-  out = err = NULL;
-  FCT_CHECK(run_bench(qblk, &out, &err) == 0 && strstr(out, ",f32/i8:block32,") && strstr(out, ",294912,") &&
-                strstr(out, "\"ok\""),
-            "--kv-scale block32:\n%s\n%s", out, err);
-  free(out);
-  free(err);
+  const char *const qblk_want[] = {",f32/i8:block32,", ",294912,", NULL};
+  check_csv_row(qblk, qblk_want, "--kv-scale block32");
   const char *sparse[] = {"--block-sparse", "1,0.5", "--n", "128", "--d", "16", "--dtype", "f32", "--reps", "1",
                           "--batch-tokens", "128", "--hidden", "32", "--json", NULL};
   check_json_run(sparse, "block-sparse", 2);
@@ -319,12 +322,8 @@ static void test_bad_arguments(void **state) {
    * both rows: 256 keys x 8 kv heads x (64 + 32) x 4 bytes. */
   const char *dvok[] = {"--decode", "--n", "256", "--d", "64", "--head-dim-v", "32", "--dtype", "f32",
                         "--decode-batch", "1", "--reps", "1", "--warmup", "0", "--csv", NULL};
-  out = err = NULL;
-  FCT_CHECK(run_bench(dvok, &out, &err) == 0 && strstr(out, ",64/32,f32,") && strstr(out, ",786432,") &&
-                strstr(out, "\"ok\""),
-            "--decode --head-dim-v 32:\n%s\n%s", out, err);
-  free(out);
-  free(err);
+  const char *const dvok_want[] = {",64/32,f32,", ",786432,", NULL};
+  check_csv_row(dvok, dvok_want, "--decode --head-dim-v 32");
 }
 
 /* --head-dim-v: v and o get their own head dim, flash and naive agree on
