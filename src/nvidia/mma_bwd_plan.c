@@ -48,7 +48,7 @@ static int fcl_mma_bwd_even(const fcl_mma_bwd_config *c, int d) {
 }
 
 /* The first candidate that fits the local memory the device takes (see
- * fcl_mma_bwd_cap) and, in atomic mode up to d = 128, splits the head dim
+ * fcl_mma_local_cap) and, in atomic mode up to d = 128, splits the head dim
  * evenly; 0 when none does. Head dims up to 64 take the d = 64 lists, the others
  * up to 128 the d = 128 lists (the third atomic entry there is for d = 96), the
  * larger ones the wide list: 2 warps per 16-key slice, since one warp's dK and
