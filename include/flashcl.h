@@ -625,7 +625,8 @@ FLASHCL_API flashcl_status flashcl_attention_block_plan(flashcl_context *ctx, in
  * per row (batch, seq, head). A side whose LSE is -inf contributes nothing, so the
  * result is the other side (bit-exact for the LSE); when both are -inf the row
  * gets o = 0 and lse = -inf, never NaN. LSE values must not be +inf or NaN.
- *   o_a, o_b, o: (B, N, H, d), one dtype, head_dim a multiple of 8 in [8, 256]
+ *   o_a, o_b, o: (B, N, H, d), one dtype, head_dim a multiple of 8 in [8, 512]
+ *   (o's head dims, MLA's 512 included)
  *   lse_a, lse_b, lse: fp32 (B, N, H, 1) (flashcl_tensor_init_lse or any strides)
  *   lse may be NULL (only o is written).
  * Aliasing: o may be exactly the view o_a or o_b (same buffer, offset and strides),

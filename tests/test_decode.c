@@ -1019,12 +1019,13 @@ static void test_merge_split_ranges(void **state) {
 /* Random partial states with some -inf rows: merge((a, b), c) and merge(a, (b, c))
  * both match the three-way reference; fully empty sides pass the other side through
  * bit-exactly; both empty gives O = 0, LSE = -inf. */
-static void run_merge_assoc(flashcl_dtype dt) {
+#define MERGE_MAX_D 512
+static void run_merge_assoc(flashcl_dtype dt, int d) {
   fct_env *env = fct_env_get();
-  const int B = 2, N = 9, H = 3, d = 32, R = B * N * H;
+  const int B = 2, N = 9, H = 3, R = B * N * H;
   fct_rng rng;
   char tag[64];
-  snprintf(tag, sizeof tag, "merge/assoc/%s", fct_dtype_str(dt));
+  snprintf(tag, sizeof tag, "merge/assoc/%s/%d", fct_dtype_str(dt), d);
   fct_rng_init(&rng, tag);
   fct_tensor os[3], ls[3], t1, t1l, out, outl;
   for (int i = 0; i < 3; i++) {
@@ -1049,7 +1050,7 @@ static void run_merge_assoc(flashcl_dtype dt) {
   /* Reference: the three-way merge. */
   double *ro = malloc(sizeof(double) * R * d), *rl = malloc(sizeof(double) * R);
   for (int r = 0; r < R; r++) {
-    double o3[3][32], l3[3], tmp[32], tl;
+    double o3[3][MERGE_MAX_D], l3[3], tmp[MERGE_MAX_D], tl;
     for (int i = 0; i < 3; i++) {
       l3[i] = ((float *)ls[i].host)[r];
       for (int x = 0; x < d; x++) o3[i][x] = isinf(l3[i]) ? 0 : fct_load(dt, os[i].host, (size_t)r * d + x);
@@ -1116,9 +1117,11 @@ static void run_merge_assoc(flashcl_dtype dt) {
   fct_tensor_release(&outl);
 }
 
-static void test_merge_assoc_f32(void **state) { (void)state; run_merge_assoc(FLASHCL_F32); }
-static void test_merge_assoc_f16(void **state) { (void)state; run_merge_assoc(FLASHCL_F16); }
-static void test_merge_assoc_bf16(void **state) { (void)state; run_merge_assoc(FLASHCL_BF16); }
+static void test_merge_assoc_f32(void **state) { (void)state; run_merge_assoc(FLASHCL_F32, 32); }
+static void test_merge_assoc_f16(void **state) { (void)state; run_merge_assoc(FLASHCL_F16, 32); }
+static void test_merge_assoc_bf16(void **state) { (void)state; run_merge_assoc(FLASHCL_BF16, 32); }
+/* MLA's value head dim (512): the merge of its decode partials. */
+static void test_merge_assoc_f16_d512(void **state) { (void)state; run_merge_assoc(FLASHCL_F16, 512); }
 
 /* ---------------------------------------------------------------- errors -- */
 
@@ -1546,6 +1549,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest){"merge_assoc_f32", test_merge_assoc_f32, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"merge_assoc_f16", test_merge_assoc_f16, NULL, NULL, NULL};
   tests[n++] = (struct CMUnitTest){"merge_assoc_bf16", test_merge_assoc_bf16, NULL, NULL, NULL};
+  tests[n++] = (struct CMUnitTest){"merge_assoc_f16_d512", test_merge_assoc_f16_d512, NULL, NULL, NULL};
   for (size_t i = 0; i < NDEC; i++)
     tests[n++] = (struct CMUnitTest){DEC_CASES[i].name, test_decode_case, NULL, NULL, (void *)&DEC_CASES[i]};
   tests[n++] = (struct CMUnitTest){"decode_corrupt_block_table", test_decode_corrupt_block_table, NULL, NULL, NULL};

@@ -2,6 +2,7 @@
  * (cl/decode/merge.cl). */
 #include "core/internal.h"
 #include "core/kernel_args.h"
+#include "decode/decode.h"
 
 #include <stdio.h>
 
@@ -34,9 +35,10 @@ static flashcl_status fcl_merge_states_locked(flashcl_context *ctx, const flashc
   if (!fcl_same_shape4(o_b, o_a) || !fcl_same_shape4(o, o_a))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "o_a, o_b and o must have one shape");
   const int64_t d = o_a->shape[3];
-  if (d % 8 != 0 || d < 8 || d > 256)
+  if (d % 8 != 0 || d < 8 || d > FCL_DECODE_MAX_HEAD_DIM_V)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]", (long long)d);
+                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, %d] (o's head dims)",
+                    (long long)d, FCL_DECODE_MAX_HEAD_DIM_V);
   const flashcl_tensor *ls[3] = {lse_a, lse_b, lse};
   static const char *lnames[3] = {"lse_a", "lse_b", "lse"};
   for (int i = 0; i < 3; i++)
