@@ -781,34 +781,21 @@ static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl
   }
 }
 
-static void test_mma_codes_i8(void **state) {
-  (void)state;
-  mma_decodes_codes(I8, TOK, TOK);
-  mma_decodes_codes(I8, HEAD, TENS);
-}
-static void test_mma_codes_e4m3(void **state) {
-  (void)state;
-  mma_decodes_codes(E4, TOK, TOK);
-  mma_decodes_codes(E4, TENS, HEAD);
-}
-static void test_mma_codes_e5m2(void **state) {
-  (void)state;
-  mma_decodes_codes(E5, TOK, TOK);
-  mma_decodes_codes(E5, HEAD, TENS);
-}
+/* Each format's tests (state: its fmt_case): the kernel AUTO runs with TOKEN
+ * scales, then with the uniform (K, V) kinds named here. */
+typedef struct fmt_case {
+  const char *name;
+  flashcl_dtype fmt;
+  flashcl_kv_scale k2, v2;
+} fmt_case;
+static const fmt_case FMTS[3] = {{"i8", I8, HEAD, TENS}, {"e4m3", E4, TENS, HEAD}, {"e5m2", E5, HEAD, TENS}};
 
-static void test_device_decode_i8(void **state) {
-  (void)state;
-  device_decodes_codes(I8);
+static void test_mma_codes(void **state) {
+  const fmt_case *f = (const fmt_case *)*state;
+  mma_decodes_codes(f->fmt, TOK, TOK);
+  mma_decodes_codes(f->fmt, f->k2, f->v2);
 }
-static void test_device_decode_e4m3(void **state) {
-  (void)state;
-  device_decodes_codes(E4);
-}
-static void test_device_decode_e5m2(void **state) {
-  (void)state;
-  device_decodes_codes(E5);
-}
+static void test_device_decode(void **state) { device_decodes_codes(((const fmt_case *)*state)->fmt); }
 
 /* Values that probe the encoder: every code's value, the midpoints between
  * neighbouring codes (ties) and a hair either side, past the largest, zeros,
@@ -898,18 +885,7 @@ static void device_encodes(flashcl_dtype fmt) {
   fct_tensor_release(&vc);
 }
 
-static void test_device_encode_i8(void **state) {
-  (void)state;
-  device_encodes(I8);
-}
-static void test_device_encode_e4m3(void **state) {
-  (void)state;
-  device_encodes(E4);
-}
-static void test_device_encode_e5m2(void **state) {
-  (void)state;
-  device_encodes(E5);
-}
+static void test_device_encode(void **state) { device_encodes(((const fmt_case *)*state)->fmt); }
 
 /* ------------------------------------------------------------ bad input -- */
 
@@ -1113,15 +1089,14 @@ int main(void) {
   struct CMUnitTest tests[NQ + 11];
   size_t n = 0;
   tests[n++] = (struct CMUnitTest){"quant_host_formats", test_host_formats, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_device_decode_i8", test_device_decode_i8, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_device_decode_e4m3", test_device_decode_e4m3, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_device_decode_e5m2", test_device_decode_e5m2, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_kernel_codes_i8", test_mma_codes_i8, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_kernel_codes_e4m3", test_mma_codes_e4m3, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_kernel_codes_e5m2", test_mma_codes_e5m2, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_device_encode_i8", test_device_encode_i8, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_device_encode_e4m3", test_device_encode_e4m3, NULL, NULL, NULL};
-  tests[n++] = (struct CMUnitTest){"quant_device_encode_e5m2", test_device_encode_e5m2, NULL, NULL, NULL};
+  static char names[3][3][40];
+  static const char *const kinds[3] = {"quant_device_decode_", "quant_kernel_codes_", "quant_device_encode_"};
+  void (*const funcs[3])(void **) = {test_device_decode, test_mma_codes, test_device_encode};
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < 3; i++) {
+      snprintf(names[k][i], sizeof names[k][i], "%s%s", kinds[k], FMTS[i].name);
+      tests[n++] = (struct CMUnitTest){names[k][i], funcs[k], NULL, NULL, (void *)&FMTS[i]};
+    }
   for (size_t i = 0; i < NQ; i++)
     tests[n++] = (struct CMUnitTest){QCASES[i].name, test_quant_case, NULL, NULL, (void *)&QCASES[i]};
   tests[n++] = (struct CMUnitTest){"quant_errors", test_quant_errors, NULL, NULL, NULL};
