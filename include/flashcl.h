@@ -813,8 +813,9 @@ static inline void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
  *   d: a multiple of 8 in [8, 576] (MLA's decode: 576; past 256 the portable
  *     kernel runs), else FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM
  *   k_cache, v_cache: see flashcl_decode_desc; v_cache (and o) may have a head
- *     dim dv of their own (MLA-like: a multiple of 8 in [8, min(d, 512)], else
- *     FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM; the portable kernel runs such calls,
+ *     dim dv of their own (MLA-like: a multiple of 8 in [8, min(d, 512)]; dv > d
+ *     is FLASHCL_ERROR_INVALID_SHAPE, others FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM;
+ *     o must take dv (INVALID_SHAPE); the portable kernel runs such calls,
  *     and flashcl_kv_cache_append takes v_new with dv); q, o and the caches share a dtype,
  *     except that each cache may instead be quantized (I8, F8E4M3, F8E5M2 with
  *     desc.k_scale / v_scale: "Quantized KV cache" above)
@@ -859,8 +860,8 @@ FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_conte
  * (add T yourself, e.g. before calling flashcl_attention_decode). Positions outside
  * [0, capacity) and, for a paged cache, tokens whose page index is outside
  * [0, num_pages) are skipped. The head dims are those decode takes (k's a
- * multiple of 8 in [8, 576], v's one in [8, min(k's, 512)]), else
- * FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM.
+ * multiple of 8 in [8, 576], v's one in [8, min(k's, 512)]): v's above k's is
+ * FLASHCL_ERROR_INVALID_SHAPE, the others FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM.
  */
 FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
                                                    const flashcl_tensor *k_new, const flashcl_tensor *v_new,

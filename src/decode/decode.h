@@ -15,6 +15,10 @@
 #define FCL_DECODE_MAX_HEAD_DIM 576
 #define FCL_DECODE_MAX_HEAD_DIM_V 512
 
+/* V's head dim against K's (K's checked already): at most K's (INVALID_SHAPE),
+ * a multiple of 8 up to FCL_DECODE_MAX_HEAD_DIM_V (UNSUPPORTED_HEAD_DIM). */
+flashcl_status fcl_check_kv_head_dims(flashcl_context *ctx, int d, int dv);
+
 typedef struct fcl_kv_layout {
   int paged;
   int heads_kv, head_dim;

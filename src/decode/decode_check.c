@@ -190,6 +190,19 @@ static flashcl_status fcl_decode_check_desc(flashcl_context *ctx, const flashcl_
   return FLASHCL_SUCCESS;
 }
 
+flashcl_status fcl_check_kv_head_dims(flashcl_context *ctx, int d, int dv) {
+  if (dv > d)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                    "v_cache's head dim %d is above k_cache's %d: decode and the append take a V head dim of at "
+                    "most K's (MLA-like)",
+                    dv, d);
+  if (dv % 8 != 0 || dv < 8 || dv > FCL_DECODE_MAX_HEAD_DIM_V)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
+                    "v_cache's head dim %d is not supported: it must be a multiple of 8 in [8, %d]", dv,
+                    FCL_DECODE_MAX_HEAD_DIM_V);
+  return FLASHCL_SUCCESS;
+}
+
 /* Head dims, q_len and head counts, and o's and lse's shapes against q's (o
  * with v_cache's head dim). */
 static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -204,11 +217,6 @@ static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashc
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %lld is not supported: decode takes a multiple of 8 in [8, %d]", (long long)d,
                     FCL_DECODE_MAX_HEAD_DIM);
-  if (dv % 8 != 0 || dv < 8 || dv > d || dv > FCL_DECODE_MAX_HEAD_DIM_V)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "v_cache's head dim %lld is not supported: decode takes a multiple of 8 in [8, %lld] (q's head "
-                    "dim, and at most %d)",
-                    (long long)dv, (long long)d, FCL_DECODE_MAX_HEAD_DIM_V);
   const int64_t q_len = q->shape[1];
   if (q_len > FLASHCL_DECODE_MAX_Q_LEN)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "q_len (q.shape[1]) is %lld; decode takes 1 to %d tokens",
@@ -228,7 +236,9 @@ static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashc
                     (long long)q_len, (long long)hq, (long long)dv);
   if (lse && (lse->shape[0] != q->shape[0] || lse->shape[1] != q_len || lse->shape[2] != hq || lse->shape[3] != 1))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "lse must have logical shape (batch, q_len, heads_q, 1)");
-  return FLASHCL_SUCCESS;
+  /* After o's check: caches of two head dims beside an o of q's shape are a
+   * shape mismatch (INVALID_SHAPE, as before a V head dim of its own existed). */
+  return fcl_check_kv_head_dims(ctx, (int)d, (int)dv);
 }
 
 /* o and lse against each other and the inputs, and desc's buffers. */

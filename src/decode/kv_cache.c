@@ -63,12 +63,11 @@ static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_de
                     kv->head_dim, kv->head_dim_v);
   /* The rule of decode and the forward, the cache's only readers: a cache they
    * would refuse is refused here, before it is filled. */
-  if (kv->head_dim % 8 != 0 || kv->head_dim > FCL_DECODE_MAX_HEAD_DIM || kv->head_dim_v % 8 != 0 ||
-      kv->head_dim_v > kv->head_dim || kv->head_dim_v > FCL_DECODE_MAX_HEAD_DIM_V)
+  if (kv->head_dim % 8 != 0 || kv->head_dim > FCL_DECODE_MAX_HEAD_DIM)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head dims %d (k) and %d (v) are not supported: multiples of 8, k's in [8, %d], v's at most k's "
-                    "and %d, as decode needs",
-                    kv->head_dim, kv->head_dim_v, FCL_DECODE_MAX_HEAD_DIM, FCL_DECODE_MAX_HEAD_DIM_V);
+                    "head_dim %d is not supported: it must be a multiple of 8 in [8, %d], as decode needs",
+                    kv->head_dim, FCL_DECODE_MAX_HEAD_DIM);
+  if ((st = fcl_check_kv_head_dims(ctx, kv->head_dim, kv->head_dim_v))) return st;
   if ((int64_t)k_new->shape[1] * kv->heads_kv > 0x7fffffff)
     return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "tokens * heads_kv exceeds the int32 range");
   if ((st = fcl_check_seqlens(ctx, seqlens, "seqlens", batch))) return st;
