@@ -28,12 +28,12 @@ void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, con
            kv->v_scale_kind);
 }
 
-/* The scale buffer and kind of one quantized cache (name "k" or "v"): present,
- * a flashcl_kv_scale, and as large as its layout; *bytes gets that size. */
-static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, const char *name,
-                                         const fcl_kv_layout *kv, size_t *bytes) {
+/* The scale buffer and kind of one quantized cache (name "k" or "v", head dim
+ * d): present, a flashcl_kv_scale, and as large as its layout; *bytes gets
+ * that size. */
+static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, int d,
+                                         const char *name, const fcl_kv_layout *kv, size_t *bytes) {
   static const char *const kinds[4] = {"TOKEN", "HEAD", "TENSOR", "BLOCK32"}; /* flashcl_kv_scale order */
-  const int d = name[0] == 'v' ? kv->head_dim_v : kv->head_dim; /* this side's head dim */
   /* Each factor is below 2^31 (validated shapes), the head dim's blocks below
    * 2^26: the product fits 64 bits. */
   uint64_t floats = 1;
@@ -75,11 +75,11 @@ static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_dec
   out->k_quant = fcl_dtype_is_kv_quant(kc->dtype);
   out->v_quant = fcl_dtype_is_kv_quant(vc->dtype);
   if (out->k_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, "k", out, &out->k_scale_bytes))) return st;
+    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, out->head_dim, "k", out, &out->k_scale_bytes))) return st;
     out->k_scale_kind = (int)desc->k_scale_kind;
   }
   if (out->v_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, "v", out, &out->v_scale_bytes))) return st;
+    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, out->head_dim_v, "v", out, &out->v_scale_bytes))) return st;
     out->v_scale_kind = (int)desc->v_scale_kind;
   }
   return FLASHCL_SUCCESS;
