@@ -632,6 +632,20 @@ static void test_host_formats(void **state) {
             "int8 rounding, clamping, NaN and scale 0");
 }
 
+/* A one-key decode (key count 1 in *lens, unsplit) over caches whose scales
+ * are ks / vs of kinds kk / vk (NULL: a plain side). */
+static void one_key_call(flashcl_decode_desc *desc, cl_mem *lens, cl_mem ks, flashcl_kv_scale kk, cl_mem vs,
+                         flashcl_kv_scale vk) {
+  const int32_t one = 1;
+  *lens = fct_create_buffer(4, &one);
+  flashcl_decode_desc_init(desc);
+  desc->num_splits = 1;
+  desc->k_scale = ks;
+  desc->k_scale_kind = kk;
+  desc->v_scale = vs;
+  desc->v_scale_kind = vk;
+}
+
 /* A one-key decode returns that key's V row: with V holding every code of
  * fmt under a TENSOR scale of 2, o must be each code's value times 2,
  * exactly (NaN where the code is NaN, inf where inf). */
@@ -655,13 +669,9 @@ static void device_decodes_codes(flashcl_dtype fmt) {
   qbuf_upload(&sc);
   flashcl_tensor vt;
   flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, d);
-  const int32_t one = 1;
-  cl_mem lens = fct_create_buffer(4, &one);
+  cl_mem lens;
   flashcl_decode_desc desc;
-  flashcl_decode_desc_init(&desc);
-  desc.num_splits = 1;
-  desc.v_scale = sc.mem;
-  desc.v_scale_kind = TENS;
+  one_key_call(&desc, &lens, NULL, TOK, sc.mem, TENS);
   FCT_CHECK_STATUS(flashcl_attention_decode(env->ctx, &desc, &q.t, &kc.t, &vt, lens, &o.t, NULL, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "decode of every %s code", fct_dtype_str(fmt));
   fct_finish();
@@ -733,16 +743,10 @@ static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl
     flashcl_tensor kt, vt;
     flashcl_tensor_init_bnhd(&kt, kc.mem, 0, fmt, 1, 1, 1, D);
     flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, D);
-    const int32_t one = 1;
-    cl_mem lens = fct_create_buffer(4, &one);
+    cl_mem lens;
     flashcl_decode_desc desc;
-    flashcl_decode_desc_init(&desc);
-    desc.num_splits = 1;
+    one_key_call(&desc, &lens, ksc.mem, kkind, vsc.mem, vkind);
     desc.scale = scale;
-    desc.k_scale = ksc.mem;
-    desc.v_scale = vsc.mem;
-    desc.k_scale_kind = kkind;
-    desc.v_scale_kind = vkind;
     flashcl_config cfg;
     FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q.t, &kt, &vt, &cfg), FLASHCL_SUCCESS, "config");
     FCT_CHECK(!fct_device_requires_mma(env->device, what, sizeof what) || strcmp(cfg.kernel, "decode_mma") == 0,
