@@ -738,6 +738,22 @@ static int bwd_table_teardown(void **state) {
   return 0;
 }
 
+#ifdef FCT_BWD_MMA
+/* 1 if the default backward of bp runs the Hopper dK/dV kernel (the name
+ * flashcl_attention_config reports). */
+static int bwd_runs_wgmma(const bwd_problem *bp) {
+  flashcl_attention_desc desc;
+  flashcl_config cfg;
+  bwd_desc(bp, FLASHCL_ALGO_FLASH, 0, &desc);
+  flashcl_status st = flashcl_attention_config(fct_env_get()->ctx, &desc, &bp->fp.q.t, &bp->fp.k.t, &bp->fp.v.t,
+                                               &bp->o.t, FLASHCL_PASS_BACKWARD, &cfg);
+  FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_attention_config: %s", bp->desc);
+  if (strcmp(cfg.kernel, "bwd_dkdv_wgmma") != 0) return 0;
+  print_message("    ok  %s: bwd_dkdv_wgmma by default; bwd_dkdv_mma through mma_bwd wgmma=0\n", bp->desc);
+  return 1;
+}
+#endif
+
 static void check_backward_case(const bwd_case *c) {
   bwd_problem bp;
   bwd_result det, other;
@@ -787,6 +803,18 @@ static void check_backward_case(const bwd_case *c) {
                 same_bits(&det.dv, &other.dv) ? "same" : "differs");
       print_message("    ok  %s: deterministic dQ in %d split accumulator(s) is bit-reproducible\n", bp.desc, n);
       bwd_result_release(&det);
+      bwd_result_release(&other);
+    }
+  }
+  if (bwd_runs_wgmma(&bp)) {
+    /* On Hopper the default is bwd_dkdv_wgmma: the mma.sync kernel it replaces
+     * stays reachable through the mma_bwd tuning and is checked too. */
+    for (int det_mode = 1; det_mode >= 0; det_mode--) {
+      if (!(c->runs & (det_mode ? R_DET : R_ATOMIC))) continue;
+      bwd_tuning_begin(FLASHCL_TUNE_MMA_BWD);
+      bwd_tuning_set("wgmma", 0);
+      bwd_run(&bp, FLASHCL_ALGO_FLASH, det_mode, &other);
+      g_tuning_on = 0;
       bwd_result_release(&other);
     }
   }

@@ -53,6 +53,9 @@ struct flashcl_context {
   /* Hopper wgmma forward (src/nvidia/wgmma_forward.c): same states as mma_state. */
   int wgmma_state;
   char wgmma_reason[512];
+  /* 1 once bwd_dkdv_wgmma failed to build: bwd_dkdv_mma runs from then on
+   * (src/nvidia/wgmma_backward.c). */
+  int wgmma_bwd_failed;
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode/decode.c): grow-only, released by flashcl_context_destroy. last: the
    * last command of the latest call that used it, kept only on an out-of-order

@@ -83,6 +83,8 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
     {"kv_parts", "bwd_dkdv_mma warps per 16-key slice, each accumulating its share of dK's and dV's columns. "
                  "Rule: 1 up to d = 128, 2 past it",
      1, 2, 1, FCL_CAND(1, 2)},
+    {"wgmma", "1: the Hopper dK/dV kernel (bwd_dkdv_wgmma) where it covers the problem; 0: bwd_dkdv_mma. Rule: 1",
+     FCL_BOOL},
 };
 
 static const fcl_param_decl fcl_wgmma_decls[FCL_WG_COUNT] = {

@@ -37,6 +37,11 @@ int fcl_mma_available(flashcl_context *ctx);
  * fcl_wgmma_covered says so: compute capability 9.0, its probe passed, and p
  * within the kernel's coverage. */
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p);
+/* 1 if the wgmma kernels may run on this context (compute capability 9.0 and
+ * the probe passed; decided once, on first use). */
+int fcl_wgmma_available(flashcl_context *ctx);
+/* The sm_90a retargeting every wgmma program is built through. */
+extern const fcl_retarget fcl_sm90a_route;
 /* Turns the path off after fcl_wgmma_forward returned FLASHCL_ERROR_BUILD_FAILED:
  * keeps the build log as the reason, logs it, clears the context's error. */
 void fcl_wgmma_build_failed(flashcl_context *ctx);
@@ -60,13 +65,20 @@ typedef struct fcl_mma_bwd_config {
 } fcl_mma_bwd_config;
 typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
-  size_t global_dkdv[3], global_dq[3], local[3];
+  size_t global_dkdv[3], global_dq[3], local_dkdv[3], local_dq[3];
 } fcl_mma_bwd_launch;
 flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu,
                                         int atomic, int splits, fcl_mma_bwd_launch *launch);
 int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu);
 flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits,
                                   struct fcl_tuned *tu, flashcl_config *cfg);
+/* The Hopper dK/dV kernel inside the mma_bwd family (src/nvidia/wgmma_backward.c):
+ * whether it covers p (tu: the tuning's `wgmma`, NULL: the rule), its build
+ * into L (1; 0 after a logged build failure), and its report. */
+int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic);
+int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red,
+                        fcl_mma_bwd_launch *L);
+void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, flashcl_config *cfg);
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
                              const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
                              const flashcl_tensor *v, const flashcl_tensor *lse, const flashcl_tensor *d_o,

@@ -36,7 +36,7 @@ static const char *const fcl_wgmma_probe_options = "-cl-std=CL1.2 -DUSE_PTX=1 -D
 
 /* The wgmma instructions exist only for sm_90a, which NVIDIA's OpenCL compiler
  * does not target: its PTX for sm_90 is rewritten (src/nvidia/ptx_sm90a.c). */
-static const fcl_retarget fcl_sm90a_route = {"sm90a", FCL_PTX_SM90A_REVISION, fcl_ptx_to_sm90a};
+const fcl_retarget fcl_sm90a_route = {"sm90a", FCL_PTX_SM90A_REVISION, fcl_ptx_to_sm90a};
 
 static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
   snprintf(ctx->wgmma_reason, sizeof ctx->wgmma_reason, "%s", why);
@@ -47,7 +47,7 @@ static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
 
 static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
-  flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+seq_bounds.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
+  flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+wgmma_ptx.cl+seq_bounds.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
                                            "wgmma_probe", &fcl_sm90a_route, &kern);
   if (st != FLASHCL_SUCCESS) {
     char msg[400];
@@ -108,7 +108,7 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   return 1;
 }
 
-static int fcl_wgmma_available(flashcl_context *ctx) {
+int fcl_wgmma_available(flashcl_context *ctx) {
   if (ctx->wgmma_state) return ctx->wgmma_state > 0;
   if (!fcl_mma_available(ctx)) return fcl_wgmma_disable(ctx, "the tensor-core path is unavailable");
   if (ctx->mma_cc != 90) return fcl_wgmma_disable(ctx, "the compute capability is not 9.0 (wgmma is sm_90a only)");
@@ -153,8 +153,8 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
            (int)p->dtype, p->head_dim, c.block_c, c.nwg, causal, p->varlen, variants, extra ? " " : "",
            extra ? extra : "");
   cl_kernel kern;
-  char src[128];
-  fcl_mma_sources(p, "flash_fwd_wgmma.cl", src, sizeof src);
+  char src[192];
+  fcl_mma_sources(p, "wgmma_ptx.cl+flash_fwd_wgmma.cl", src, sizeof src);
   st = fcl_get_kernel_retargeted(ctx, src, opts, "flash_fwd_wgmma", &fcl_sm90a_route, &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd_wgmma", opts);

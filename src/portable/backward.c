@@ -367,7 +367,7 @@ static flashcl_status fcl_bwd_dkdv(const fcl_bwd_launch *L, cl_event pre_done, c
   size_t g_kv[3] = {kblocks * r->bp.threads, (size_t)p->heads_kv, (size_t)p->batch};
   *side = !r->acc_dq && r->concurrent ? fcl_side_queue(ctx) : NULL;
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->dkdv, 3, NULL, r->use_mma ? L->mma.global_dkdv : g_kv,
-                                      r->use_mma ? L->mma.local : local, 1, &pre_done,
+                                      r->use_mma ? L->mma.local_dkdv : local, 1, &pre_done,
                                       r->acc_dq || *side ? dkdv_done : NULL);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "enqueue bwd_dkdv");
   return FLASHCL_SUCCESS;
@@ -425,7 +425,7 @@ static cl_int fcl_bwd_dq_kernel(const fcl_bwd_launch *L, cl_event pre_done, cl_e
   if (side && (err = clFlush(ctx->queue)) != CL_SUCCESS) side = NULL;
   for (int again = 0; again < 2; again++) { /* dK/dV is enqueued: one more try (src/core/retry.c) */
     err = clEnqueueNDRangeKernel(side ? side : ctx->queue, L->dq, 3, NULL, use_mma ? L->mma.global_dq : g,
-                                 use_mma ? L->mma.local : local_dq, 1, &pre_done, &parts[0]);
+                                 use_mma ? L->mma.local_dq : local_dq, 1, &pre_done, &parts[0]);
     if (err == CL_SUCCESS || again || !fcl_retry_after_flush(ctx, side, err, "enqueue dQ")) break;
   }
   const int dq_on_side = side && err == CL_SUCCESS;

@@ -1,0 +1,409 @@
+/*
+ * flash_bwd_wgmma.cl: the FlashAttention-2 backward's dK/dV kernel (and its
+ * atomic dQ) on Hopper tensor cores (sm_90a wgmma), through inline PTX.
+ *
+ * Why a second tensor-core backward: bwd_dkdv_mma (flash_bwd_mma.cl) feeds
+ * mma.sync from registers that ldmatrix fills, so every 16x8x16 product costs
+ * local-memory traffic and issue slots; wgmma multiplies a warpgroup's 64 rows
+ * by a whole tile read from local memory through a descriptor. It reaches the
+ * compiler as the wgmma forward does (wgmma_ptx.cl's banner).
+ *
+ * Work: one work-group of 2 warpgroups (256 work-items) owns KV_BLOCK = 128
+ * keys of one (sequence, KV head); warpgroup w owns keys [64 w, 64 w + 64) and
+ * keeps their dK and dV in fp32 accumulators. K and V stay in local memory;
+ * tiles of BLOCK_R queries (Q, dO, their LSE and D) of every query head of the
+ * GQA group stream through two buffers: the next tile's cp.async, and its LSE
+ * and D loads into registers, run under the current tile's products. Per
+ * tile, in each warpgroup:
+ *   S^T = K_w Q^T, dP^T = V_w dO^T     (wgmma m64 n BLOCK_R, both from local memory)
+ *   P^T = exp2(...), dS^T = P^T * (dP^T - D)          (registers)
+ *   dV += P^T dO, dK += dS^T Q        (A from registers, dO / Q read N-major)
+ * and with ATOMIC_DQ, dS^T goes to local memory ([key][query]) and
+ * dQ += scale * dS K is one more product (both operands read MN-major) whose
+ * result is added to the fp32 accumulator with red.global.add: the warpgroups
+ * split the head dim (d = 128, BLOCK_R = 64) or the queries (d = 64,
+ * BLOCK_R = 128). With DQ_SPLITS as well, work-group x of `splits` walks key
+ * blocks x, x + splits, ... into its own accumulator: one writer per element in
+ * program order, so the sums are bit-reproducible (flash_bwd_mma.cl has the
+ * same rule). Without ATOMIC_DQ the dQ comes from flash_bwd_mma.cl's bwd_dq_mma.
+ *
+ * The accumulator of a m64nN product gives lane (g = lane / 4, t = lane % 4) of
+ * warp i of a warpgroup rows 16 i + g and 16 i + g + 8, columns 8 n + 2 t, +1 in
+ * d[4 n .. 4 n + 3], the mma.sync layout; so P^T and dS^T repack to A
+ * fragments as in bwd_dkdv_mma and the forward's P.
+ *
+ * P, the score variants, dropout and the rules for rows without keys follow
+ * flash_bwd_mma.cl exactly (its banner); attention masks run bwd_dkdv_mma.
+ * Arguments: bwd_dkdv_mma's, in the same order.
+ *
+ * Parameters (-D):
+ *   USE_PTX    1: compile the kernel; 0: an empty body, never launched
+ *   DTYPE      1 = fp16, 2 = bf16
+ *   HEAD_DIM   64 (with BLOCK_R 128) or 128 (with BLOCK_R 64): the pairs whose
+ *              accumulators fit 255 registers
+ *   BLOCK_R    queries per streamed tile
+ *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT   as in flash_bwd_mma.cl
+ *   ATOMIC_DQ, DQ_SPLITS, VEC_RED                     as in flash_bwd_mma.cl
+ *
+ * With USE_PTX=1 the host joins mma_ptx.cl, wgmma_ptx.cl, mma_scores.cl,
+ * score_variant.cl and seq_bounds.cl in front (philox.cl with dropout).
+ */
+#ifndef USE_PTX
+#define USE_PTX 0
+#endif
+#ifndef DTYPE
+#define DTYPE 1
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef BLOCK_R
+#define BLOCK_R 64
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+#ifndef ATOMIC_DQ
+#define ATOMIC_DQ 1
+#endif
+#ifndef DQ_SPLITS
+#define DQ_SPLITS 0
+#endif
+#ifndef VEC_RED
+#define VEC_RED 0
+#endif
+
+#if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || MASK || (DQ_SPLITS && !ATOMIC_DQ)
+#error "unsupported flash_bwd_wgmma parameters"
+#endif
+
+#define LOG2E 1.4426950408889634f
+#define NTHREADS 256
+#define KV_BLOCK 128
+#define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+#define KT (HEAD_DIM / 16) /* k-steps over the head dim */
+#define QN (BLOCK_R / 8)   /* 8-query n-tiles of S^T */
+#define DT (HEAD_DIM / 8)  /* 8-column n-tiles of dK, dV */
+#define DQ_MSPLIT (BLOCK_R == 128) /* the warpgroups split dQ's queries (else its columns) */
+#define REGION(rows) ((rows) * 128)
+#define TILE_BYTES(rows) ((HEAD_DIM / 64) * REGION(rows))
+/* Byte offset of chunk c of row r in a swizzled tile of `rows` rows (wgmma_ptx.cl). */
+#define TOFF(rows, r, c) (((c) >> 3) * REGION(rows) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
+#define K_BYTES TILE_BYTES(KV_BLOCK)
+#define QT_BYTES TILE_BYTES(BLOCK_R)
+#define SM_K 0
+#define SM_V K_BYTES
+#define SM_QD (2 * K_BYTES)                   /* 2 x (Q tile, dO tile) */
+#define SM_DS (SM_QD + 4 * QT_BYTES)          /* dS^T: [key][query], BLOCK_R / 64 regions */
+#define SMEM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
+
+#if USE_PTX
+
+#if !defined(MMA_TYPE) || !defined(WGMMA_PTX_CL)
+#error "flash_bwd_wgmma.cl with USE_PTX=1 needs mma_ptx.cl and wgmma_ptx.cl compiled first in the same program"
+#endif
+#if !defined(SCORE_VARIANT_CL) || !defined(SEQ_BOUNDS_CL)
+#error "flash_bwd_wgmma.cl needs mma_scores.cl, score_variant.cl and seq_bounds.cl compiled first in the same program"
+#endif
+#if DROPOUT && !defined(PHILOX_CL)
+#error "DROPOUT needs philox.cl compiled first in the same program"
+#endif
+
+/* Work-item tid's cp.async share of rows [row0, row0 + rows) of a strided source
+ * into the swizzled tile at buf; rows at or past n are zero-filled (P is 0
+ * there, but 0 * garbage could be NaN), their source clamped to row 0. */
+inline void wg_load_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int tid) {
+  for (int e = tid; e < rows * CH; e += NTHREADS) {
+    const int r = e / CH, c = e % CH;
+    const int ok = row0 + r < n;
+    cp_async16(buf + TOFF(rows, r, c), p + (long)(ok ? row0 + r : 0) * sn + c * 8, ok ? 16u : 0u);
+  }
+}
+
+#define WCTENSOR(n) __global const ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
+#define WTENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgmma(
+    WCTENSOR(q), WCTENSOR(k), WCTENSOR(v), WCTENSOR(dout), WTENSOR(dk), WTENSOR(dv),
+    __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
+    __global const float *dsum, __global float *dq_acc, int seqlen_q, int seqlen_k, int heads_q, int group,
+    float scale, float scale_log2, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
+    int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
+    __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
+    ulong seed, ulong offset, uint threshold, float keep_scale) {
+  /* 1008 bytes of slack: the base is 16-byte aligned, the tiles need 1024. */
+  __local uint4 smem[SMEM_BYTES / 16 + 63];
+  __local float l2s_all[2 * BLOCK_R], dss_all[2 * BLOCK_R];
+  const int tid = get_local_id(0), lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int hk = get_group_id(1), b = get_group_id(2);
+  const fcl_seq seq = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  const int nq = seq.nq, nk = seq.nk, diag = seq.diag;
+  const long bq = seq.bb, row_q = seq.q_row, row_k = seq.k_row;
+  const uint sb = (SADDR(smem) + 1023u) & ~1023u;
+  const uint kbuf = sb + SM_K, vbuf = sb + SM_V;
+#if DQ_SPLITS
+  __global float *const dq_split =
+      dq_acc + (long)get_group_id(0) * get_num_groups(2) * heads_q * seqlen_q * HEAD_DIM;
+  for (int kblk = get_group_id(0);; kblk += get_num_groups(0)) {
+  const int k0 = kblk * KV_BLOCK;
+  if (k0 >= nk) break; /* whole work-group leaves together */
+  barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's products are done with K, V and the tiles */
+#else
+  __global float *const dq_split = dq_acc;
+  const int k0 = get_group_id(0) * KV_BLOCK;
+  if (k0 >= nk) return; /* whole work-group leaves together */
+#endif
+  (void)dq_split;
+  wg_load_rows(kbuf, k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh, k_sn, k0, KV_BLOCK, nk, tid);
+  wg_load_rows(vbuf, v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh, v_sn, k0, KV_BLOCK, nk, tid);
+  cp_commit();
+
+  float dka[DT * 4], dva[DT * 4];
+  #pragma unroll
+  for (int i = 0; i < DT * 4; i++) dka[i] = dva[i] = 0.0f;
+
+  /* Query tiles: every query head of the group, and under a causal mask or a
+   * window only the rows that see at least one of these keys. */
+  const int2 qrange = sv_query_range(k0, KV_BLOCK, diag, nq, nk, window_left, window_right, BLOCK_R);
+  const int qstart = qrange.x, qend = qrange.y;
+  const int qsteps = qend > qstart ? (qend - qstart + BLOCK_R - 1) / BLOCK_R : 0;
+  const int steps = qsteps * group;
+#define QSLOT(slot) (sb + SM_QD + (slot) * 2 * QT_BYTES)
+/* Issues the cp.async of step s's Q and dO tiles into buffer pair `slot`. */
+#define LOAD_TILES(s, slot)                                                                                 \
+  {                                                                                                         \
+    const int h_ = hk * group + (s) / qsteps, q0_ = qstart + ((s) % qsteps) * BLOCK_R;                      \
+    wg_load_rows(QSLOT(slot), q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh, q_sn, q0_, BLOCK_R, nq, tid); \
+    wg_load_rows(QSLOT(slot) + QT_BYTES, dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh, \
+                 dout_sn, q0_, BLOCK_R, nq, tid);                                                           \
+    cp_commit();                                                                                            \
+  }
+/* Work-item r < BLOCK_R reads row r's LSE (log2 domain; +inf for a row without
+ * keys or past nq, so that P = 0) and D of step s into registers; STORE_LD
+ * puts them in local memory a step later, so that the loads' latency hides
+ * under the step's products. */
+  float pl = INFINITY, pd = 0.0f;
+#define LOAD_LD(s)                                                                                          \
+  {                                                                                                         \
+    const int h_ = hk * group + (s) / qsteps, r_ = qstart + ((s) % qsteps) * BLOCK_R + tid;                 \
+    pl = INFINITY;                                                                                          \
+    pd = 0.0f;                                                                                              \
+    if (tid < BLOCK_R && r_ < nq) {                                                                         \
+      pl = lse[l_off + bq * l_sb + (row_q + r_) * l_sn + (long)h_ * l_sh];                                  \
+      pd = dsum[((long)b * heads_q + h_) * seqlen_q + r_];                                                  \
+    }                                                                                                       \
+  }
+#define STORE_LD(slot)                                                                                      \
+  if (tid < BLOCK_R) {                                                                                      \
+    l2s_all[(slot) * BLOCK_R + tid] = pl == -INFINITY ? INFINITY : pl * LOG2E;                              \
+    dss_all[(slot) * BLOCK_R + tid] = pd;                                                                   \
+  }
+
+  if (steps > 0) {
+    LOAD_TILES(0, 0)
+    LOAD_LD(0)
+    STORE_LD(0)
+  }
+  const uint ka = kbuf + wg * 64 * 128, va = vbuf + wg * 64 * 128; /* this warpgroup's 64 keys */
+  const int key0 = k0 + wg * 64 + wiw * 16 + g;                     /* this lane's first key */
+  for (int s = 0, slot = 0; s < steps; s++, slot ^= 1) {
+    const int h = hk * group + s / qsteps, q0 = qstart + (s % qsteps) * BLOCK_R;
+    const uint qb = QSLOT(slot), db = qb + QT_BYTES;
+    __local const float *l2s = l2s_all + slot * BLOCK_R, *dss = dss_all + slot * BLOCK_R;
+    cp_wait_all();
+    proxy_fence();
+    barrier(CLK_LOCAL_MEM_FENCE); /* this step's tiles are in; every product of the last step is done */
+    if (s + 1 < steps) {
+      LOAD_TILES(s + 1, slot ^ 1)
+      LOAD_LD(s + 1)
+    }
+
+    float st[QN * 4], dpt[QN * 4];
+    wg_fence();
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++)
+      WG_SS(BLOCK_R)(st, wg_desc(ka + (ks >> 2) * REGION(KV_BLOCK) + (ks & 3) * 32, 16, 1024),
+                     wg_desc(qb + (ks >> 2) * REGION(BLOCK_R) + (ks & 3) * 32, 16, 1024), ks);
+    wg_commit();
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++)
+      WG_SS(BLOCK_R)(dpt, wg_desc(va + (ks >> 2) * REGION(KV_BLOCK) + (ks & 3) * 32, 16, 1024),
+                     wg_desc(db + (ks >> 2) * REGION(BLOCK_R) + (ks & 3) * 32, 16, 1024), ks);
+    wg_commit();
+    wg_wait1(); /* S^T is in; dP^T may still run while P^T is computed */
+    REG_FENCE(st, QN * 4);
+
+    /* P^T and dS^T in place: element e of n-tile nt is key key0 + 8 (e >> 1),
+     * query q0 + 8 nt + 2 t + (e & 1). */
+    const int need_mask = sv_tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right);
+    const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
+#if SOFTCAP || DROPOUT /* dS^T needs each score's tanh or keep bit: one pass after both products */
+    wg_wait0();
+    REG_FENCE(dpt, QN * 4);
+#endif
+    #pragma unroll
+    for (int nt = 0; nt < QN; nt++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = nt * 8 + 2 * t + (e & 1);
+        const int key = key0 + (e >> 1) * 8;
+        const int i = 4 * nt + e;
+#if SCORE_LOG2
+        float th;
+        float p = fast_exp2(sv_logit(st[i], scale_log2, softcap_in, softcap_log2, slope_log2,
+                                     abs(key - (q0 + col + diag)), &th) - l2s[col]);
+#else
+        float p = fast_exp2(fma(st[i], scale_log2, -l2s[col]));
+#endif
+        if (need_mask && !sv_pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mask, 3, mask_words,
+                                          mask_bq, mask_bk))
+          p = 0.0f;
+#if DROPOUT
+        float dpv = 0.0f;
+        st[i] = 0.0f;
+        if (dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)(q0 + col), (uint)key, threshold)) {
+          st[i] = p * keep_scale;
+          dpv = dpt[i] * keep_scale;
+        }
+#else
+        st[i] = p;
+#if SOFTCAP
+        const float dpv = dpt[i];
+#endif
+#endif
+#if SOFTCAP
+        dpt[i] = p * (dpv - dss[col]) * sv_logit_grad(th);
+#elif DROPOUT
+        dpt[i] = p * (dpv - dss[col]);
+#endif
+      }
+#if !SOFTCAP && !DROPOUT
+    wg_wait0();
+    REG_FENCE(dpt, QN * 4);
+    #pragma unroll
+    for (int nt = 0; nt < QN; nt++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - dss[nt * 8 + 2 * t + (e & 1)]);
+#endif
+
+    /* A fragments of k-step j (queries 16 j ..): n-tiles 2 j and 2 j + 1. */
+    uint pa[QN / 2][4], sa[QN / 2][4];
+    #pragma unroll
+    for (int j = 0; j < QN / 2; j++)
+      #pragma unroll
+      for (int x = 0; x < 4; x++) {
+        pa[j][x] = pack2(st[8 * j + 2 * x], st[8 * j + 2 * x + 1]);
+        sa[j][x] = pack2(dpt[8 * j + 2 * x], dpt[8 * j + 2 * x + 1]);
+      }
+#if ATOMIC_DQ
+    {
+      /* dS^T to local memory: this lane's keys kr, kr + 8, query chunks 2 j, 2 j + 1. */
+      __local uchar *ds8 = (__local uchar *)smem + (sb - SADDR(smem)) + SM_DS;
+      const int kr = wg * 64 + wiw * 16 + g;
+      #pragma unroll
+      for (int j = 0; j < QN / 2; j++) {
+        *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr, 2 * j) + 4 * t) = sa[j][0];
+        *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr + 8, 2 * j) + 4 * t) = sa[j][1];
+        *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr, 2 * j + 1) + 4 * t) = sa[j][2];
+        *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr + 8, 2 * j + 1) + 4 * t) = sa[j][3];
+      }
+      proxy_fence(); /* generic-proxy stores, read by wgmma through the async proxy */
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float dq[32];
+#endif
+    wg_fence();
+    #pragma unroll
+    for (int j = 0; j < QN / 2; j++) WG_RS(HEAD_DIM)(dva, pa[j], wg_desc(db + j * 2048, REGION(BLOCK_R), 1024));
+    #pragma unroll
+    for (int j = 0; j < QN / 2; j++) WG_RS(HEAD_DIM)(dka, sa[j], wg_desc(qb + j * 2048, REGION(BLOCK_R), 1024));
+#if ATOMIC_DQ
+    /* dQ (64 x 64 per warpgroup) = dS K over the block's 128 keys. */
+    {
+      const uint dsa = sb + SM_DS + (DQ_MSPLIT ? wg : 0) * REGION(KV_BLOCK);
+      const uint kb = kbuf + (DQ_MSPLIT ? 0 : wg) * REGION(KV_BLOCK);
+      #pragma unroll
+      for (int kk = 0; kk < KV_BLOCK / 16; kk++)
+        WGMMA_SST_N64(dq, wg_desc(dsa + kk * 2048, REGION(KV_BLOCK), 1024), wg_desc(kb + kk * 2048, REGION(KV_BLOCK), 1024),
+                      kk);
+    }
+#endif
+    wg_commit();
+    wg_wait0();
+    REG_FENCE(dva, DT * 4);
+    REG_FENCE(dka, DT * 4);
+    if (s + 1 < steps) STORE_LD(slot ^ 1)
+#if ATOMIC_DQ
+    REG_FENCE(dq, 32);
+    {
+      __global float *qacc = dq_split + ((long)b * heads_q + h) * seqlen_q * HEAD_DIM;
+      const int r0 = q0 + (DQ_MSPLIT ? wg * 64 : 0) + wiw * 16 + g, c0 = (DQ_MSPLIT ? 0 : wg * 64) + 2 * t;
+      #pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int row = r0 + hh * 8;
+        if (row >= nq) continue;
+        __global float *dst = qacc + (long)row * HEAD_DIM + c0;
+        #pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#if VEC_RED
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + nt * 8), "f"(dq[4 * nt + 2 * hh] * scale),
+                       "f"(dq[4 * nt + 2 * hh + 1] * scale) : "memory");
+#else
+          red_add_f32(dst + nt * 8, dq[4 * nt + 2 * hh] * scale);
+          red_add_f32(dst + nt * 8 + 1, dq[4 * nt + 2 * hh + 1] * scale);
+#endif
+        }
+      }
+    }
+#endif
+  }
+  cp_wait_all(); /* a block without query tiles still has its K/V copies in flight */
+
+  /* dK = scale * dS^T Q; rows past the end of the sequence are not stored. */
+  const long dkb = dk_off + bq * dk_sb + row_k * dk_sn + (long)hk * dk_sh;
+  const long dvb = dv_off + bq * dv_sb + row_k * dv_sn + (long)hk * dv_sh;
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int key = key0 + hh * 8;
+    if (key >= nk) continue;
+    __global uint *kr = (__global uint *)(dk + dkb + (long)key * dk_sn + 2 * t);
+    __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + 2 * t);
+    #pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      kr[dt * 4] = pack2(dka[4 * dt + 2 * hh] * scale, dka[4 * dt + 2 * hh + 1] * scale);
+      vr[dt * 4] = pack2(dva[4 * dt + 2 * hh], dva[4 * dt + 2 * hh + 1]);
+    }
+  }
+#if DQ_SPLITS
+  }
+#endif
+#undef LOAD_TILES
+#undef LOAD_LD
+#undef STORE_LD
+#undef QSLOT
+}
+
+#else /* !USE_PTX: an empty body, so that the file is valid OpenCL C everywhere */
+
+__kernel void bwd_dkdv_wgmma(__global float *unused) { (void)unused; }
+
+#endif /* USE_PTX */

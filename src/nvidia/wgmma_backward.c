@@ -1,0 +1,75 @@
+/* The Hopper tensor-core dK/dV kernel (cl/nvidia/flash_bwd_wgmma.cl): coverage,
+ * build and launch shape. It is a faster kernel inside the mma_bwd family, as
+ * the wgmma forward is inside NVIDIA_MMA: fcl_mma_backward_kernels
+ * (src/nvidia/mma_backward.c) swaps it in for bwd_dkdv_mma where
+ * fcl_wgmma_bwd_wanted says so, with the same arguments; the deterministic
+ * mode without split accumulators keeps bwd_dq_mma for dQ.
+ *
+ * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
+ * passed), fp16/bf16, head_dim 64 or 128 (equal for q/k and v), no attention
+ * mask, and the tiles within the local memory the device takes. The mma_bwd
+ * tuning's `wgmma` (rule: 1) turns it off; a build failure is logged and
+ * bwd_dkdv_mma runs. */
+#include "core/internal.h"
+#include "core/tuning.h"
+#include "nvidia/nvidia.h"
+
+#include <stdio.h>
+
+/* Queries per streamed tile: the pair whose accumulators fit 255 registers. */
+static int fcl_wgmma_bwd_block_r(int head_dim) { return head_dim == 64 ? 128 : 64; }
+
+/* The kernel's local memory: K and V (128 keys), two Q | dO tile pairs, the
+ * dS^T tile in atomic mode, LSE and D of two tiles, 1008 bytes of alignment. */
+static size_t fcl_wgmma_bwd_local(int head_dim, int atomic) {
+  const size_t d = (size_t)head_dim, br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
+  return 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + 4 * br * 4 + 1008;
+}
+
+int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
+  if (p->head_dim != 64 && p->head_dim != 128) return 0;
+  if (p->head_dim_v != p->head_dim || p->mask_kind || p->paged_kv) return 0;
+  if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
+  if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
+  if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic) > fcl_mma_local_cap(ctx, p->head_dim))
+    return 0;
+  return fcl_wgmma_available(ctx);
+}
+
+/* Sets L's dK/dV kernel to bwd_dkdv_wgmma and returns 1; on a build failure
+ * logs it, clears the error, turns the kernel off for the context and returns
+ * 0 (bwd_dkdv_mma runs). */
+int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red,
+                        fcl_mma_bwd_launch *L) {
+  const char *extra = ctx->build_options;
+  char opts[512], variants[128], src[192];
+  fcl_variant_options(p, variants, sizeof variants);
+  const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
+           "-DDQ_SPLITS=%d -DVEC_RED=%d -DDROPOUT=%d%s%s%s",
+           (int)p->dtype, p->head_dim, fcl_wgmma_bwd_block_r(p->head_dim), causal, p->varlen, atomic || splits > 0,
+           splits > 0, vec_red, p->dropout, variants, extra ? " " : "", extra ? extra : "");
+  fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
+  cl_kernel kern;
+  if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &kern) != FLASHCL_SUCCESS) {
+    fcl_log(ctx, "bwd_dkdv_wgmma does not build (bwd_dkdv_mma runs from now on): %.400s", ctx->errmsg);
+    fcl_clear_error(ctx);
+    ctx->wgmma_bwd_failed = 1;
+    return 0;
+  }
+  if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "bwd_dkdv_wgmma", opts);
+  const size_t kblocks = ((size_t)p->seqlen_k + 127) / 128;
+  L->dkdv = kern;
+  L->global_dkdv[0] = (splits > 0 ? (size_t)splits : kblocks) * 256;
+  L->local_dkdv[0] = 256;
+  return 1;
+}
+
+void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, flashcl_config *cfg) {
+  snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_wgmma");
+  cfg->block_r = fcl_wgmma_bwd_block_r(p->head_dim);
+  cfg->block_c = 128;
+  cfg->threads = 256;
+  cfg->local_bytes = fcl_wgmma_bwd_local(p->head_dim, atomic);
+}
