@@ -44,6 +44,11 @@
  *   BLOCK_R    queries per streamed tile
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT   as in flash_bwd_mma.cl
  *   ATOMIC_DQ, DQ_SPLITS, VEC_RED                     as in flash_bwd_mma.cl
+ *   BULK_DQ    1 (atomic dQ without splits): each step's dQ tile goes to local
+ *              memory, and after the next step's barrier one bulk reduction per
+ *              row (cp.reduce.async.bulk .add.f32, sm_90) adds it to the
+ *              accumulator, whose rows are dense: one instruction per row
+ *              instead of a red.global per pair of elements in every work-item
  *
  * With USE_PTX=1 the host joins mma_ptx.cl, wgmma_ptx.cl, mma_scores.cl,
  * score_variant.cl and seq_bounds.cl in front (philox.cl with dropout).
@@ -90,8 +95,12 @@
 #ifndef VEC_RED
 #define VEC_RED 0
 #endif
+#ifndef BULK_DQ
+#define BULK_DQ 0
+#endif
 
-#if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || MASK || (DQ_SPLITS && !ATOMIC_DQ)
+#if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || MASK || (DQ_SPLITS && !ATOMIC_DQ) || \
+    (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS))
 #error "unsupported flash_bwd_wgmma parameters"
 #endif
 
@@ -113,7 +122,11 @@
 #define SM_V K_BYTES
 #define SM_QD (2 * K_BYTES)                   /* 2 x (Q tile, dO tile) */
 #define SM_DS (SM_QD + 4 * QT_BYTES)          /* dS^T: [key][query], BLOCK_R / 64 regions */
-#define SMEM_BYTES (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
+#define SM_DQ (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
+/* The dQ staging rows (BULK_DQ): fp32, 32 bytes of padding per row so that the
+ * float2 stores of lanes g = 0..3 (rows apart) fall in distinct banks. */
+#define DQ_PITCH (HEAD_DIM * 4 + 32)
+#define SMEM_BYTES (SM_DQ + (BULK_DQ ? BLOCK_R * DQ_PITCH : 0))
 
 #if USE_PTX
 
@@ -137,6 +150,17 @@ inline void wg_load_rows(uint buf, __global const ushort *p, long sn, int row0, 
     cp_async16(buf + TOFF(rows, r, c), p + (long)(ok ? row0 + r : 0) * sn + c * 8, ok ? 16u : 0u);
   }
 }
+
+#if BULK_DQ
+/* dst[0 .. bytes) += the floats at local address src, asynchronously. */
+inline void bulk_add_f32(__global float *dst, uint src, uint bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+               "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/* Until this work-item's bulk reductions have read their local source. */
+inline void bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+#endif
 
 #define WCTENSOR(n) __global const ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
 #define WTENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
@@ -218,6 +242,18 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
     dss_all[(slot) * BLOCK_R + tid] = pd;                                                                   \
   }
 
+#if BULK_DQ
+  /* The staged dQ tile of the previous step (query head, first row; -1: none),
+   * added by FLUSH_DQ after a barrier: work-item r issues row r. */
+  int pend_h = -1, pend_q0 = 0;
+#define FLUSH_DQ()                                                                                          \
+  if (pend_h >= 0) {                                                                                        \
+    if (tid < min(BLOCK_R, nq - pend_q0))                                                                   \
+      bulk_add_f32(dq_acc + (((long)b * heads_q + pend_h) * seqlen_q + pend_q0 + tid) * HEAD_DIM,           \
+                   sb + SM_DQ + tid * DQ_PITCH, HEAD_DIM * 4);                                              \
+    pend_h = -1;                                                                                            \
+  }
+#endif
   if (steps > 0) {
     LOAD_TILES(0, 0)
     LOAD_LD(0)
@@ -236,6 +272,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
       LOAD_TILES(s + 1, slot ^ 1)
       LOAD_LD(s + 1)
     }
+#if BULK_DQ
+    FLUSH_DQ()
+#endif
 
     float st[QN * 4], dpt[QN * 4];
     wg_fence();
@@ -327,6 +366,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
         *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr + 8, 2 * j + 1) + 4 * t) = sa[j][3];
       }
       proxy_fence(); /* generic-proxy stores, read by wgmma through the async proxy */
+#if BULK_DQ
+      bulk_wait_read(); /* after the barrier the dQ staging may be rewritten */
+#endif
       barrier(CLK_LOCAL_MEM_FENCE);
     }
     float dq[32];
@@ -354,6 +396,22 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
     if (s + 1 < steps) STORE_LD(slot ^ 1)
 #if ATOMIC_DQ
     REG_FENCE(dq, 32);
+#if BULK_DQ
+    {
+      /* Staged; the next barrier (the next step's, or the one after the loop)
+       * orders these stores before FLUSH_DQ's bulk reads. */
+      __local uchar *st8 = (__local uchar *)smem + (sb - SADDR(smem)) + SM_DQ;
+      const int r0 = (DQ_MSPLIT ? wg * 64 : 0) + wiw * 16 + g, c0 = (DQ_MSPLIT ? 0 : wg * 64) + 2 * t;
+      #pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+        #pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+          *(__local float2 *)(st8 + (r0 + hh * 8) * DQ_PITCH + (c0 + nt * 8) * 4) =
+              (float2)(dq[4 * nt + 2 * hh] * scale, dq[4 * nt + 2 * hh + 1] * scale);
+      pend_h = h;
+      pend_q0 = q0;
+    }
+#else
     {
       __global float *qacc = dq_split + ((long)b * heads_q + h) * seqlen_q * HEAD_DIM;
       const int r0 = q0 + (DQ_MSPLIT ? wg * 64 : 0) + wiw * 16 + g, c0 = (DQ_MSPLIT ? 0 : wg * 64) + 2 * t;
@@ -374,9 +432,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
         }
       }
     }
+#endif /* BULK_DQ */
 #endif
   }
   cp_wait_all(); /* a block without query tiles still has its K/V copies in flight */
+#if BULK_DQ
+  proxy_fence();
+  barrier(CLK_LOCAL_MEM_FENCE); /* the last step's dQ tile is staged */
+  FLUSH_DQ()
+  bulk_wait_read(); /* the source must outlive the reads */
+#undef FLUSH_DQ
+#endif
 
   /* dK = scale * dS^T Q; rows past the end of the sequence are not stored. */
   const long dkb = dk_off + bq * dk_sb + row_k * dk_sn + (long)hk * dk_sh;

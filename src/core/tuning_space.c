@@ -85,6 +85,9 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
      1, 2, 1, FCL_CAND(1, 2)},
     {"wgmma", "1: the Hopper dK/dV kernel (bwd_dkdv_wgmma) where it covers the problem; 0: bwd_dkdv_mma. Rule: 1",
      FCL_BOOL},
+    {"bulk_dq", "bwd_dkdv_wgmma's atomic dQ: 1 one bulk reduction per staged row (local memory past the first "
+                "probe's budget), 0 red.global per element pair. Rule: 1 where it fits",
+     FCL_BOOL},
 };
 
 static const fcl_param_decl fcl_wgmma_decls[FCL_WG_COUNT] = {

@@ -56,7 +56,8 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   L->dq = L->dkdv = NULL;
   if (!atomic && !splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))) return st;
   const int wgmma = fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) &&
-                    fcl_wgmma_bwd_build(ctx, p, atomic, splits, c.vec_red, L);
+                    fcl_wgmma_bwd_build(ctx, p, atomic, splits, c.vec_red,
+                                        fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), L);
   if (!wgmma && (st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv))) return st;
   if (ctx->verbose >= 2) {
     if (!wgmma) fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);

@@ -186,13 +186,14 @@ flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, in
   flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
   if (st != FLASHCL_SUCCESS) return st;
   const int wgmma = fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0);
+  const int bulk = wgmma && fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits);
   const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
-                                   atomic ? 0 : splits, c.kv_parts, wgmma};
+                                   atomic ? 0 : splits, c.kv_parts, wgmma, bulk};
   for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
   if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
   fcl_tuned_report(tu, cfg);
   if (wgmma) {
-    fcl_wgmma_bwd_describe(p, atomic || splits > 0, cfg);
+    fcl_wgmma_bwd_describe(p, atomic || splits > 0, bulk, cfg);
     return FLASHCL_SUCCESS;
   }
   snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_mma");

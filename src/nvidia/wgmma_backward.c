@@ -20,10 +20,21 @@
 static int fcl_wgmma_bwd_block_r(int head_dim) { return head_dim == 64 ? 128 : 64; }
 
 /* The kernel's local memory: K and V (128 keys), two Q | dO tile pairs, the
- * dS^T tile in atomic mode, LSE and D of two tiles, 1008 bytes of alignment. */
-static size_t fcl_wgmma_bwd_local(int head_dim, int atomic) {
+ * dS^T tile in atomic mode, the staged dQ rows with bulk, LSE and D of two
+ * tiles, 1008 bytes of alignment. */
+static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk) {
   const size_t d = (size_t)head_dim, br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
-  return 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + 4 * br * 4 + 1008;
+  return 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
+         4 * br * 4 + 1008;
+}
+
+/* Whether the atomic dQ (without splits) is staged for bulk reductions: the
+ * mma_bwd tuning's bulk_dq, else where the staging fits the largest local
+ * memory the device takes (fcl_local_limit: 227 KiB on an H100). */
+int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits) {
+  if (!atomic || splits > 0) return 0;
+  if (tu && !fcl_tuned_get(tu, FCL_MMAB_BULK_DQ, 1)) return 0;
+  return fcl_wgmma_bwd_local(p->head_dim, 1, 1) <= fcl_local_limit(ctx);
 }
 
 int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
@@ -31,7 +42,7 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
   if (p->head_dim_v != p->head_dim || p->mask_kind || p->paged_kv) return 0;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
-  if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic) > fcl_mma_local_cap(ctx, p->head_dim))
+  if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic, 0) > fcl_mma_local_cap(ctx, p->head_dim))
     return 0;
   return fcl_wgmma_available(ctx);
 }
@@ -39,7 +50,7 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
 /* Sets L's dK/dV kernel to bwd_dkdv_wgmma and returns 1; on a build failure
  * logs it, clears the error, turns the kernel off for the context and returns
  * 0 (bwd_dkdv_mma runs). */
-int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red,
+int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red, int bulk,
                         fcl_mma_bwd_launch *L) {
   const char *extra = ctx->build_options;
   char opts[512], variants[128], src[192];
@@ -47,9 +58,9 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, 
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_SPLITS=%d -DVEC_RED=%d -DDROPOUT=%d%s%s%s",
+           "-DDQ_SPLITS=%d -DVEC_RED=%d -DBULK_DQ=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, fcl_wgmma_bwd_block_r(p->head_dim), causal, p->varlen, atomic || splits > 0,
-           splits > 0, vec_red, p->dropout, variants, extra ? " " : "", extra ? extra : "");
+           splits > 0, vec_red, bulk, p->dropout, variants, extra ? " " : "", extra ? extra : "");
   fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
   cl_kernel kern;
   if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &kern) != FLASHCL_SUCCESS) {
@@ -66,10 +77,10 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, 
   return 1;
 }
 
-void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, flashcl_config *cfg) {
+void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, int bulk, flashcl_config *cfg) {
   snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_wgmma");
   cfg->block_r = fcl_wgmma_bwd_block_r(p->head_dim);
   cfg->block_c = 128;
   cfg->threads = 256;
-  cfg->local_bytes = fcl_wgmma_bwd_local(p->head_dim, atomic);
+  cfg->local_bytes = fcl_wgmma_bwd_local(p->head_dim, atomic, bulk);
 }
