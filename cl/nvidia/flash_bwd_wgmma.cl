@@ -25,7 +25,8 @@
  * BLOCK_R = 128). With DQ_SPLITS as well, work-group x of `splits` walks key
  * blocks x, x + splits, ... into its own accumulator: one writer per element in
  * program order, so the sums are bit-reproducible (flash_bwd_mma.cl has the
- * same rule). Without ATOMIC_DQ the dQ comes from flash_bwd_mma.cl's bwd_dq_mma.
+ * same rule). Without ATOMIC_DQ the dQ comes from bwd_dq_wgmma below (one
+ * writer per element: the deterministic mode).
  *
  * The accumulator of a m64nN product gives lane (g = lane / 4, t = lane % 4) of
  * warp i of a warpgroup rows 16 i + g and 16 i + g + 8, columns 8 n + 2 t, +1 in
@@ -44,6 +45,8 @@
  *   BLOCK_R    queries per streamed tile
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT   as in flash_bwd_mma.cl
  *   ATOMIC_DQ, DQ_SPLITS, VEC_RED                     as in flash_bwd_mma.cl
+ *   DQ_NWG     bwd_dq_wgmma: warpgroups (64 queries each)
+ *   DQ_BLOCK_C bwd_dq_wgmma: keys per K/V tile (64 or 128)
  *   BULK_DQ    1 (atomic dQ without splits): each step's dQ tile goes to local
  *              memory, and after the next step's barrier one bulk reduction per
  *              row (cp.reduce.async.bulk .add.f32, sm_90) adds it to the
@@ -98,9 +101,15 @@
 #ifndef BULK_DQ
 #define BULK_DQ 0
 #endif
+#ifndef DQ_NWG
+#define DQ_NWG 2
+#endif
+#ifndef DQ_BLOCK_C
+#define DQ_BLOCK_C 64
+#endif
 
 #if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || MASK || (DQ_SPLITS && !ATOMIC_DQ) || \
-    (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS))
+    (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS)) || DQ_NWG < 1 || DQ_NWG > 3 || (DQ_BLOCK_C != 64 && DQ_BLOCK_C != 128)
 #error "unsupported flash_bwd_wgmma parameters"
 #endif
 
@@ -140,11 +149,11 @@
 #error "DROPOUT needs philox.cl compiled first in the same program"
 #endif
 
-/* Work-item tid's cp.async share of rows [row0, row0 + rows) of a strided source
+/* Work-item tid's (of nthreads) cp.async share of rows [row0, row0 + rows) of a strided source
  * into the swizzled tile at buf; rows at or past n are zero-filled (P is 0
  * there, but 0 * garbage could be NaN), their source clamped to row 0. */
-inline void wg_load_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int tid) {
-  for (int e = tid; e < rows * CH; e += NTHREADS) {
+inline void wg_load_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int tid, int nthreads) {
+  for (int e = tid; e < rows * CH; e += nthreads) {
     const int r = e / CH, c = e % CH;
     const int ok = row0 + r < n;
     cp_async16(buf + TOFF(rows, r, c), p + (long)(ok ? row0 + r : 0) * sn + c * 8, ok ? 16u : 0u);
@@ -197,8 +206,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
   if (k0 >= nk) return; /* whole work-group leaves together */
 #endif
   (void)dq_split;
-  wg_load_rows(kbuf, k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh, k_sn, k0, KV_BLOCK, nk, tid);
-  wg_load_rows(vbuf, v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh, v_sn, k0, KV_BLOCK, nk, tid);
+  wg_load_rows(kbuf, k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh, k_sn, k0, KV_BLOCK, nk, tid, NTHREADS);
+  wg_load_rows(vbuf, v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh, v_sn, k0, KV_BLOCK, nk, tid, NTHREADS);
   cp_commit();
 
   float dka[DT * 4], dva[DT * 4];
@@ -216,9 +225,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #define LOAD_TILES(s, slot)                                                                                 \
   {                                                                                                         \
     const int h_ = hk * group + (s) / qsteps, q0_ = qstart + ((s) % qsteps) * BLOCK_R;                      \
-    wg_load_rows(QSLOT(slot), q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh, q_sn, q0_, BLOCK_R, nq, tid); \
+    wg_load_rows(QSLOT(slot), q + q_off + bq * q_sb + row_q * q_sn + (long)h_ * q_sh, q_sn, q0_, BLOCK_R, nq, tid, NTHREADS); \
     wg_load_rows(QSLOT(slot) + QT_BYTES, dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h_ * dout_sh, \
-                 dout_sn, q0_, BLOCK_R, nq, tid);                                                           \
+                 dout_sn, q0_, BLOCK_R, nq, tid, NTHREADS);                                                         \
     cp_commit();                                                                                            \
   }
 /* Work-item r < BLOCK_R reads row r's LSE (log2 domain; +inf for a row without
@@ -468,8 +477,183 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #undef QSLOT
 }
 
-#else /* !USE_PTX: an empty body, so that the file is valid OpenCL C everywhere */
+
+/* ---- bwd_dq_wgmma: the deterministic dQ ----
+ * One work-group of DQ_NWG warpgroups owns 64 DQ_NWG queries of one (sequence,
+ * query head); Q and dO stay in local memory, K/V tiles of DQ_BLOCK_C keys go
+ * through two cp.async stages. Per tile, in each warpgroup (64 queries):
+ *   S = Q K^T, dP = dO V^T          (both operands from local memory)
+ *   dS = P * (dP - D)               (registers, repacked as A fragments)
+ *   dQ += dS K                      (K read N-major), dQ in fp32 registers
+ * Each dQ element has one writer, so the result is bit-reproducible. */
+#define DQ_ROWS (DQ_NWG * 64)
+#define DQ_THREADS (DQ_NWG * 128)
+#define DQ_NT (DQ_BLOCK_C / 8)
+#define DQ_Q_BYTES TILE_BYTES(DQ_ROWS)
+#define DQ_KV_BYTES TILE_BYTES(DQ_BLOCK_C)
+
+__kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgmma(
+    WCTENSOR(q), WCTENSOR(k), WCTENSOR(v), WCTENSOR(dout), WTENSOR(dq),
+    __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
+    __global const float *dsum, int seqlen_q, int seqlen_k, int heads_q, int group, float scale, float scale_log2,
+    __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
+    int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
+    __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
+    ulong seed, ulong offset, uint threshold, float keep_scale) {
+  __local uint4 smem[(2 * DQ_Q_BYTES + 4 * DQ_KV_BYTES) / 16 + 63];
+  const int tid = get_local_id(0), lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * DQ_ROWS; /* heaviest causal blocks first */
+  const int h = get_group_id(1), b = get_group_id(2);
+  const int hk = h / group;
+  const fcl_seq seq = fcl_seq_bounds(cu_q, cu_k, b, seqlen_q, seqlen_k, total_q, total_k);
+  const int nq = seq.nq, nk = seq.nk, diag = seq.diag;
+  const long bq = seq.bb, row_q = seq.q_row, row_k = seq.k_row;
+  if (q0 >= nq) return; /* whole work-group leaves together */
+  const uint sq = (SADDR(smem) + 1023u) & ~1023u, sdo = sq + DQ_Q_BYTES, skv = sdo + DQ_Q_BYTES;
+  wg_load_rows(sq, q + q_off + bq * q_sb + row_q * q_sn + (long)h * q_sh, q_sn, q0, DQ_ROWS, nq, tid, DQ_THREADS);
+  wg_load_rows(sdo, dout + dout_off + bq * dout_sb + row_q * dout_sn + (long)h * dout_sh, dout_sn, q0, DQ_ROWS, nq,
+               tid, DQ_THREADS);
+  cp_commit();
+
+  const int grow0 = q0 + wg * 64, wrow0 = grow0 + wiw * 16;
+  /* LSE (log2 domain; +inf for a row without keys or past nq, so P = 0) and D of rows g, g + 8. */
+  float l2r[2], ddr[2];
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = wrow0 + g + hh * 8;
+    l2r[hh] = INFINITY;
+    ddr[hh] = 0.0f;
+    if (row < nq) {
+      const float l = lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh];
+      l2r[hh] = l == -INFINITY ? INFINITY : l * LOG2E;
+      ddr[hh] = dsum[((long)b * heads_q + h) * seqlen_q + row];
+    }
+  }
+  float acc[DT * 4];
+  #pragma unroll
+  for (int i = 0; i < DT * 4; i++) acc[i] = 0.0f;
+
+  const int2 wg_keys = sv_key_range(q0, DQ_ROWS, diag, nk, window_left, window_right, DQ_BLOCK_C);
+  const int2 g_keys = sv_key_range(grow0, 64, diag, nk, window_left, window_right, 1);
+  const int kbeg = wg_keys.x, kend = wg_keys.y, gbeg = g_keys.x, gend = g_keys.y;
+  const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
+  __global const ushort *kp = k + k_off + bq * k_sb + row_k * k_sn + (long)hk * k_sh;
+  __global const ushort *vp = v + v_off + bq * v_sb + row_k * v_sn + (long)hk * v_sh;
+#define DKBUF(j) (skv + ((j) & 1) * DQ_KV_BYTES)
+#define DVBUF(j) (skv + (2 + ((j) & 1)) * DQ_KV_BYTES)
+#define DTILE_K0(j) (kbeg + (j) * DQ_BLOCK_C)
+#define DLOAD_KV(j)                                                                          \
+  {                                                                                          \
+    wg_load_rows(DKBUF(j), kp, k_sn, DTILE_K0(j), DQ_BLOCK_C, nk, tid, DQ_THREADS);          \
+    wg_load_rows(DVBUF(j), vp, v_sn, DTILE_K0(j), DQ_BLOCK_C, nk, tid, DQ_THREADS);          \
+    cp_commit();                                                                             \
+  }
+  const int ntiles = kend > kbeg ? (kend - kbeg + DQ_BLOCK_C - 1) / DQ_BLOCK_C : 0;
+  if (ntiles > 0) DLOAD_KV(0)
+  const uint qa = sq + wg * 64 * 128, da = sdo + wg * 64 * 128; /* this warpgroup's 64 rows */
+  for (int j = 0; j < ntiles; j++) {
+    const int k0 = DTILE_K0(j);
+    cp_wait_all();
+    proxy_fence();
+    barrier(CLK_LOCAL_MEM_FENCE); /* tile j is in; every product of tile j - 1 is done */
+    if (j + 1 < ntiles) DLOAD_KV(j + 1)
+    /* Uniform over the warpgroup: the last block's warpgroups past nq, and tiles
+     * these 64 rows see no key of, skip the products. */
+    int active = grow0 < nq && k0 < gend;
+#if WINDOW
+    active = active && k0 + DQ_BLOCK_C > gbeg;
+#endif
+    (void)gbeg;
+    if (!active) continue;
+    float st[DQ_NT * 4], dpt[DQ_NT * 4];
+    wg_fence();
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++)
+      WG_SS(DQ_BLOCK_C)(st, wg_desc(qa + (ks >> 2) * REGION(DQ_ROWS) + (ks & 3) * 32, 16, 1024),
+                        wg_desc(DKBUF(j) + (ks >> 2) * REGION(DQ_BLOCK_C) + (ks & 3) * 32, 16, 1024), ks);
+    wg_commit();
+    #pragma unroll
+    for (int ks = 0; ks < KT; ks++)
+      WG_SS(DQ_BLOCK_C)(dpt, wg_desc(da + (ks >> 2) * REGION(DQ_ROWS) + (ks & 3) * 32, 16, 1024),
+                        wg_desc(DVBUF(j) + (ks >> 2) * REGION(DQ_BLOCK_C) + (ks & 3) * 32, 16, 1024), ks);
+    wg_commit();
+    wg_wait1(); /* S is in; dP may still run while P is computed */
+    REG_FENCE(st, DQ_NT * 4);
+    /* Element e of n-tile nt: row wrow0 + g + 8 (e >> 1), key k0 + 8 nt + 2 t + (e & 1). */
+    const int need_mask = sv_tile_partial(wrow0, 16, k0, DQ_BLOCK_C, diag, nk, window_left, window_right);
+#if SOFTCAP || DROPOUT
+    wg_wait0();
+    REG_FENCE(dpt, DQ_NT * 4);
+#endif
+    #pragma unroll
+    for (int nt = 0; nt < DQ_NT; nt++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int hh = e >> 1, i = 4 * nt + e;
+        const int col = k0 + nt * 8 + 2 * t + (e & 1), row = wrow0 + g + hh * 8;
+#if SCORE_LOG2
+        float th;
+        float p = fast_exp2(sv_logit(st[i], scale_log2, softcap_in, softcap_log2, slope_log2, abs(col - (row + diag)),
+                                     &th) - l2r[hh]);
+#else
+        float p = fast_exp2(fma(st[i], scale_log2, -l2r[hh]));
+#endif
+        if (need_mask &&
+            !sv_pair_visible(row, col, nq, nk, diag, window_left, window_right, mask, 3, mask_words, mask_bq, mask_bk))
+          p = 0.0f;
+#if DROPOUT
+        const float dpv =
+            dropout_keep(seed, offset, (ulong)b * heads_q + h, (uint)row, (uint)col, threshold) ? dpt[i] * keep_scale : 0.0f;
+#elif SOFTCAP
+        const float dpv = dpt[i];
+#endif
+#if SOFTCAP
+        dpt[i] = p * (dpv - ddr[hh]) * sv_logit_grad(th);
+#elif DROPOUT
+        dpt[i] = p * (dpv - ddr[hh]);
+#else
+        st[i] = p;
+#endif
+      }
+#if !SOFTCAP && !DROPOUT
+    wg_wait0();
+    REG_FENCE(dpt, DQ_NT * 4);
+    #pragma unroll
+    for (int i = 0; i < DQ_NT * 4; i++) dpt[i] = st[i] * (dpt[i] - ddr[(i >> 1) & 1]);
+#endif
+    /* dS as the A fragments of dQ += dS K (k = keys: n-tiles 2 jj, 2 jj + 1). */
+    uint sa[DQ_NT / 2][4];
+    #pragma unroll
+    for (int nt = 0; nt < DQ_NT; nt++) {
+      sa[nt >> 1][(nt & 1) * 2] = pack2(dpt[4 * nt], dpt[4 * nt + 1]);
+      sa[nt >> 1][(nt & 1) * 2 + 1] = pack2(dpt[4 * nt + 2], dpt[4 * nt + 3]);
+    }
+    wg_fence();
+    #pragma unroll
+    for (int jj = 0; jj < DQ_NT / 2; jj++)
+      WG_RS(HEAD_DIM)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
+    wg_commit();
+    wg_wait0();
+    REG_FENCE(acc, DT * 4);
+  }
+  cp_wait_all(); /* a block without visible keys still has its Q/dO copies in flight */
+
+  const long dqb = dq_off + bq * dq_sb + row_q * dq_sn + (long)h * dq_sh;
+  #pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = wrow0 + g + hh * 8;
+    if (row >= nq) continue;
+    __global uint *dr = (__global uint *)(dq + dqb + (long)row * dq_sn + 2 * t);
+    #pragma unroll
+    for (int dt = 0; dt < DT; dt++) dr[dt * 4] = pack2(acc[4 * dt + 2 * hh] * scale, acc[4 * dt + 2 * hh + 1] * scale);
+  }
+#undef DLOAD_KV
+}
+
+#else /* !USE_PTX: empty bodies, so that the file is valid OpenCL C everywhere */
 
 __kernel void bwd_dkdv_wgmma(__global float *unused) { (void)unused; }
+__kernel void bwd_dq_wgmma(__global float *unused) { (void)unused; }
 
 #endif /* USE_PTX */

@@ -51,20 +51,21 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
            (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen,
            atomic || splits > 0, splits > 0, c.qbuf, c.vec_red, c.v_in_smem, c.kv_parts, p->dropout, variants,
            extra ? " " : "", extra ? extra : "");
+  L->dq = L->dkdv = NULL;
+  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) &&
+      fcl_wgmma_bwd_build(ctx, p, atomic, splits, c.vec_red, fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), L))
+    return FLASHCL_SUCCESS; /* it set the kernels and their launch shapes */
   char src[160];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
-  L->dq = L->dkdv = NULL;
-  if (!atomic && !splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))) return st;
-  const int wgmma = fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) &&
-                    fcl_wgmma_bwd_build(ctx, p, atomic, splits, c.vec_red,
-                                        fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), L);
-  if (!wgmma && (st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv))) return st;
+  if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||
+      (!atomic && !splits && (st = fcl_get_kernel(ctx, src, opts, "bwd_dq_mma", &L->dq))))
+    return st;
   if (ctx->verbose >= 2) {
-    if (!wgmma) fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
+    fcl_print_build_log(ctx, L->dkdv, "bwd_dkdv_mma", opts);
     if (L->dq) fcl_print_build_log(ctx, L->dq, "bwd_dq_mma", opts);
   }
   const int threads = c.nwarps * 32;
-  for (int i = wgmma; i < 2; i++) {
+  for (int i = 0; i < 2; i++) {
     size_t kwg = 0;
     if ((i ? L->dq : L->dkdv) &&
         clGetKernelWorkGroupInfo(i ? L->dq : L->dkdv, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg,
@@ -75,18 +76,21 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
   }
   const size_t kv = (size_t)(c.nwarps / c.kv_parts) * 16, kblocks = ((size_t)p->seqlen_k + kv - 1) / kv;
   const size_t rq = (size_t)c.nwarps * 16 * c.m_tiles, qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
-  L->local_dq[0] = (size_t)threads;
-  L->local_dq[1] = L->local_dq[2] = L->local_dkdv[1] = L->local_dkdv[2] = 1;
-  if (!wgmma) { /* fcl_wgmma_bwd_build set the wgmma kernel's */
-    L->local_dkdv[0] = (size_t)threads;
-    L->global_dkdv[0] = (splits > 0 ? (size_t)splits : kblocks) * threads;
-  }
-  L->global_dkdv[1] = (size_t)p->heads_kv;
-  L->global_dkdv[2] = (size_t)p->batch;
-  L->global_dq[0] = qblocks * threads;
-  L->global_dq[1] = (size_t)p->heads_q;
-  L->global_dq[2] = (size_t)p->batch;
+  fcl_mma_bwd_shape(L, p, (splits > 0 ? (size_t)splits : kblocks) * threads, (size_t)threads, qblocks * threads,
+                    (size_t)threads);
   return FLASHCL_SUCCESS;
+}
+
+void fcl_mma_bwd_shape(fcl_mma_bwd_launch *L, const fcl_problem *p, size_t dkdv_items, size_t dkdv_wg,
+                       size_t dq_items, size_t dq_wg) {
+  const size_t g[2][3] = {{dkdv_items, (size_t)p->heads_kv, (size_t)p->batch},
+                          {dq_items, (size_t)p->heads_q, (size_t)p->batch}};
+  for (int i = 0; i < 3; i++) {
+    L->global_dkdv[i] = g[0][i];
+    L->global_dq[i] = g[1][i];
+    L->local_dkdv[i] = i ? 1 : dkdv_wg;
+    L->local_dq[i] = i ? 1 : dq_wg;
+  }
 }
 
 /* Arguments shared by both kernels after their tensors: LSE view, D, ... */

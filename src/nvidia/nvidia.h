@@ -67,6 +67,10 @@ typedef struct fcl_mma_bwd_launch {
   cl_kernel dkdv, dq;
   size_t global_dkdv[3], global_dq[3], local_dkdv[3], local_dq[3];
 } fcl_mma_bwd_launch;
+/* Sets L's launch shapes: dkdv_items x heads_kv x batch in work-groups of
+ * dkdv_wg, dq_items x heads_q x batch in work-groups of dq_wg. */
+void fcl_mma_bwd_shape(fcl_mma_bwd_launch *L, const fcl_problem *p, size_t dkdv_items, size_t dkdv_wg,
+                       size_t dq_items, size_t dq_wg);
 flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu,
                                         int atomic, int splits, fcl_mma_bwd_launch *launch);
 int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu);

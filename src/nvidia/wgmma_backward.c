@@ -2,8 +2,8 @@
  * build and launch shape. It is a faster kernel inside the mma_bwd family, as
  * the wgmma forward is inside NVIDIA_MMA: fcl_mma_backward_kernels
  * (src/nvidia/mma_backward.c) swaps it in for bwd_dkdv_mma where
- * fcl_wgmma_bwd_wanted says so, with the same arguments; the deterministic
- * mode without split accumulators keeps bwd_dq_mma for dQ.
+ * fcl_wgmma_bwd_wanted says so, with the same arguments, and bwd_dq_wgmma for
+ * bwd_dq_mma in the deterministic mode without split accumulators.
  *
  * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
  * passed), fp16/bf16, head_dim 64 or 128 (equal for q/k and v), no attention
@@ -19,13 +19,15 @@
 /* Queries per streamed tile: the pair whose accumulators fit 255 registers. */
 static int fcl_wgmma_bwd_block_r(int head_dim) { return head_dim == 64 ? 128 : 64; }
 
-/* The kernel's local memory: K and V (128 keys), two Q | dO tile pairs, the
+/* The kernels' local memory: K and V (128 keys), two Q | dO tile pairs, the
  * dS^T tile in atomic mode, the staged dQ rows with bulk, LSE and D of two
- * tiles, 1008 bytes of alignment. */
+ * tiles, 1008 bytes of alignment; without atomics bwd_dq_wgmma's too. */
 static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk) {
   const size_t d = (size_t)head_dim, br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
-  return 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
-         4 * br * 4 + 1008;
+  const size_t dkdv = 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
+                      4 * br * 4 + 1008;
+  const size_t dq = 2 * 128 * d * 2 + 4 * 64 * d * 2 + 1008; /* bwd_dq_wgmma: Q, dO, two K | V stages */
+  return atomic || dkdv > dq ? dkdv : dq;
 }
 
 /* Whether the atomic dQ (without splits) is staged for bulk reductions: the
@@ -47,9 +49,10 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
   return fcl_wgmma_available(ctx);
 }
 
-/* Sets L's dK/dV kernel to bwd_dkdv_wgmma and returns 1; on a build failure
- * logs it, clears the error, turns the kernel off for the context and returns
- * 0 (bwd_dkdv_mma runs). */
+/* Sets L's kernels to bwd_dkdv_wgmma (and bwd_dq_wgmma for the deterministic
+ * dQ without splits) with their launch shapes and returns 1; on a build
+ * failure logs it, clears the error, turns the kernels off for the context and
+ * returns 0 (bwd_dkdv_mma runs). */
 int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red, int bulk,
                         fcl_mma_bwd_launch *L) {
   const char *extra = ctx->build_options;
@@ -58,22 +61,27 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, 
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_SPLITS=%d -DVEC_RED=%d -DBULK_DQ=%d -DDROPOUT=%d%s%s%s",
+           "-DDQ_SPLITS=%d -DVEC_RED=%d -DBULK_DQ=%d -DDQ_NWG=2 -DDQ_BLOCK_C=64 -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, fcl_wgmma_bwd_block_r(p->head_dim), causal, p->varlen, atomic || splits > 0,
            splits > 0, vec_red, bulk, p->dropout, variants, extra ? " " : "", extra ? extra : "");
   fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
-  cl_kernel kern;
-  if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &kern) != FLASHCL_SUCCESS) {
-    fcl_log(ctx, "bwd_dkdv_wgmma does not build (bwd_dkdv_mma runs from now on): %.400s", ctx->errmsg);
+  cl_kernel dkdv, dq = NULL;
+  const int want_dq = !atomic && !splits;
+  if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &dkdv) != FLASHCL_SUCCESS ||
+      (want_dq && fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dq_wgmma", &fcl_sm90a_route, &dq) != FLASHCL_SUCCESS)) {
+    fcl_log(ctx, "the wgmma backward does not build (bwd_dkdv_mma runs from now on): %.400s", ctx->errmsg);
     fcl_clear_error(ctx);
     ctx->wgmma_bwd_failed = 1;
     return 0;
   }
-  if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "bwd_dkdv_wgmma", opts);
-  const size_t kblocks = ((size_t)p->seqlen_k + 127) / 128;
-  L->dkdv = kern;
-  L->global_dkdv[0] = (splits > 0 ? (size_t)splits : kblocks) * 256;
-  L->local_dkdv[0] = 256;
+  if (ctx->verbose >= 2) {
+    fcl_print_build_log(ctx, dkdv, "bwd_dkdv_wgmma", opts);
+    if (dq) fcl_print_build_log(ctx, dq, "bwd_dq_wgmma", opts);
+  }
+  const size_t kblocks = ((size_t)p->seqlen_k + 127) / 128, qblocks = ((size_t)p->seqlen_q + 127) / 128;
+  L->dkdv = dkdv;
+  L->dq = dq;
+  fcl_mma_bwd_shape(L, p, (splits > 0 ? (size_t)splits : kblocks) * 256, 256, qblocks * 256, 256);
   return 1;
 }
 
