@@ -53,7 +53,7 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
            extra ? " " : "", extra ? extra : "");
   L->dq = L->dkdv = NULL;
   if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) &&
-      fcl_wgmma_bwd_build(ctx, p, atomic, splits, c.vec_red, fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), L))
+      fcl_wgmma_bwd_build(ctx, p, tu, atomic, splits, c.vec_red, L))
     return FLASHCL_SUCCESS; /* it set the kernels and their launch shapes */
   char src[160];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);

@@ -144,7 +144,8 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * and at N = 2K; at d = 64 they were faster with a causal mask from N = 8K,
  * and about even without one. So they run by default only at
  * head dims up to 64, under a causal mask or a window, with at least 64 key
- * blocks. The mma_bwd tuning's dq_splits = n forces n splits (0: the separate
+ * blocks, and not where the Hopper kernels run (bwd_dq_wgmma was faster than
+ * the splits there: BENCHMARKS.md, "Twenty-fourth session"). The mma_bwd tuning's dq_splits = n forces n splits (0: the separate
  * kernel). */
 int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
@@ -164,7 +165,8 @@ int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_
     fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: %s", n,
             n > 0 ? "its accumulators do not fit one allocation" : "past d = 128 the dQ needs split accumulators");
   }
-  if (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window))) return 0;
+  if (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window) || fcl_wgmma_bwd_wanted(ctx, p, tu, 0)))
+    return 0;
   int best = 0;
   long best_cost = 0;
   for (long s = 1; s <= 16 && s <= kblocks; s++) {
@@ -187,8 +189,10 @@ flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, in
   if (st != FLASHCL_SUCCESS) return st;
   const int wgmma = fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0);
   const int bulk = wgmma && fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits);
+  int dq_nwg, dq_bc;
+  fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
-                                   atomic ? 0 : splits, c.kv_parts, wgmma, bulk};
+                                   atomic ? 0 : splits, c.kv_parts, wgmma, bulk, dq_nwg, dq_bc};
   for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
   if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
   fcl_tuned_report(tu, cfg);

@@ -82,8 +82,10 @@ flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, in
 int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic);
 int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic,
                        int splits);
-int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red, int bulk,
-                        fcl_mma_bwd_launch *L);
+int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic, int splits,
+                        int vec_red, fcl_mma_bwd_launch *L);
+void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int *nwg,
+                        int *block_c);
 void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, int bulk, flashcl_config *cfg);
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
                              const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,

@@ -39,6 +39,24 @@ int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tun
   return fcl_wgmma_bwd_local(p->head_dim, 1, 1) <= fcl_local_limit(ctx);
 }
 
+/* bwd_dq_wgmma's warpgroups and key tile: the mma_bwd tuning's, else the rule's
+ * 3 x 64 (faster than 2 x 64 at d = 64 and 128 on the H100: BENCHMARKS.md,
+ * "Twenty-fourth session"), else 2 x 64: the first that the registers (128
+ * keys only with up to 2 warpgroups) and the local memory the device takes
+ * allow. */
+void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int *nwg, int *block_c) {
+  const int tn = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_NWG, 3) : 3, tb = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_BLOCK_C, 64) : 64;
+  const int cand[3][2] = {{tn, tb}, {3, 64}, {2, 64}};
+  const size_t d = (size_t)p->head_dim;
+  for (int i = 0; i < 3; i++) {
+    const int n = cand[i][0], bc = cand[i][1];
+    const size_t bytes = 2 * (size_t)n * 64 * d * 2 + 4 * (size_t)bc * d * 2 + 1008;
+    *nwg = n;
+    *block_c = bc;
+    if (n >= 1 && n <= 3 && (bc == 64 || bc == 128) && !(bc == 128 && n > 2) && bytes <= fcl_local_limit(ctx)) return;
+  }
+}
+
 int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
   if (p->head_dim != 64 && p->head_dim != 128) return 0;
   if (p->head_dim_v != p->head_dim || p->mask_kind || p->paged_kv) return 0;
@@ -53,17 +71,20 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
  * dQ without splits) with their launch shapes and returns 1; on a build
  * failure logs it, clears the error, turns the kernels off for the context and
  * returns 0 (bwd_dkdv_mma runs). */
-int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, int vec_red, int bulk,
-                        fcl_mma_bwd_launch *L) {
+int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits,
+                        int vec_red, fcl_mma_bwd_launch *L) {
+  const int bulk = fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits);
+  int dq_nwg, dq_bc;
+  fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   const char *extra = ctx->build_options;
   char opts[512], variants[128], src[192];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_SPLITS=%d -DVEC_RED=%d -DBULK_DQ=%d -DDQ_NWG=2 -DDQ_BLOCK_C=64 -DDROPOUT=%d%s%s%s",
+           "-DDQ_SPLITS=%d -DVEC_RED=%d -DBULK_DQ=%d -DDQ_NWG=%d -DDQ_BLOCK_C=%d -DDROPOUT=%d%s%s%s",
            (int)p->dtype, p->head_dim, fcl_wgmma_bwd_block_r(p->head_dim), causal, p->varlen, atomic || splits > 0,
-           splits > 0, vec_red, bulk, p->dropout, variants, extra ? " " : "", extra ? extra : "");
+           splits > 0, vec_red, bulk, dq_nwg, dq_bc, p->dropout, variants, extra ? " " : "", extra ? extra : "");
   fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
   cl_kernel dkdv, dq = NULL;
   const int want_dq = !atomic && !splits;
@@ -78,10 +99,11 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, int atomic, 
     fcl_print_build_log(ctx, dkdv, "bwd_dkdv_wgmma", opts);
     if (dq) fcl_print_build_log(ctx, dq, "bwd_dq_wgmma", opts);
   }
-  const size_t kblocks = ((size_t)p->seqlen_k + 127) / 128, qblocks = ((size_t)p->seqlen_q + 127) / 128;
+  const size_t rq = (size_t)dq_nwg * 64, kblocks = ((size_t)p->seqlen_k + 127) / 128,
+               qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
   L->dkdv = dkdv;
   L->dq = dq;
-  fcl_mma_bwd_shape(L, p, (splits > 0 ? (size_t)splits : kblocks) * 256, 256, qblocks * 256, 256);
+  fcl_mma_bwd_shape(L, p, (splits > 0 ? (size_t)splits : kblocks) * 256, 256, qblocks * rq * 2, rq * 2);
   return 1;
 }
 
