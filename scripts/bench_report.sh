@@ -11,8 +11,8 @@ pocl=docs/bench-data/pocl-cpu
 exec python3 scripts/bench_report.py --out BENCHMARKS.md --img docs/img \
   --invoked-as "bash scripts/bench_report.sh" \
   --device "NVIDIA H100 80GB HBM3, NVIDIA OpenCL" --slug h100 \
-  --date "2026-11-26 18:40 UTC" --commit df7fc42 \
-  --note "AUTO ran the tensor-core kernels (wgmma forward, mma.sync backward and decode) for fp16 and bf16, and the portable kernels for fp32. PyTorch 2.11.0+cu130 SDPA ran in the same calls on the same GPU." \
+  --date "2026-11-27 06:22 UTC" --commit 6ac564f \
+  --note "AUTO ran the tensor-core kernels (wgmma forward, wgmma backward at d = 64 and 128, mma.sync decode) for fp16 and bf16, and the portable kernels for fp32. PyTorch 2.11.0+cu130 SDPA ran in the same call on the same GPU." \
   --commands "$h100/commands.sh" \
   "$h100/bench.csv" "$h100/sdpa_fwd.md" "$h100/sdpa_bwd.txt" "$h100/sdpa_dec.txt" \
   --device "PoCL CPU device, 2-core development machine" --slug pocl \
