@@ -34,7 +34,9 @@
  * fragments as in bwd_dkdv_mma and the forward's P.
  *
  * P, the score variants, dropout and the rules for rows without keys follow
- * flash_bwd_mma.cl exactly (its banner); attention masks run bwd_dkdv_mma.
+ * flash_bwd_mma.cl exactly (its banner). With an attention mask (MASK, mask.cl
+ * joined in front) every score's bit is tested; unlike flash_bwd_mma.cl no tile
+ * whose bits are all 0 is skipped.
  * Arguments: bwd_dkdv_mma's, in the same order.
  *
  * Parameters (-D):
@@ -43,7 +45,7 @@
  *   HEAD_DIM   64 (with BLOCK_R 128) or 128 (with BLOCK_R 64): the pairs whose
  *              accumulators fit 255 registers
  *   BLOCK_R    queries per streamed tile
- *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT   as in flash_bwd_mma.cl
+ *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT, MASK   as in flash_bwd_mma.cl
  *   ATOMIC_DQ, DQ_SPLITS, VEC_RED                     as in flash_bwd_mma.cl
  *   DQ_NWG     bwd_dq_wgmma: warpgroups (64 queries each)
  *   DQ_BLOCK_C bwd_dq_wgmma: keys per K/V tile (64 or 128)
@@ -54,7 +56,8 @@
  *              instead of a red.global per pair of elements in every work-item
  *
  * With USE_PTX=1 the host joins mma_ptx.cl, wgmma_ptx.cl, mma_scores.cl,
- * score_variant.cl and seq_bounds.cl in front (philox.cl with dropout).
+ * score_variant.cl and seq_bounds.cl in front (philox.cl with dropout, mask.cl
+ * and mask_mma.cl with a mask).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -108,7 +111,7 @@
 #define DQ_BLOCK_C 64
 #endif
 
-#if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || MASK || (DQ_SPLITS && !ATOMIC_DQ) || \
+#if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || (DQ_SPLITS && !ATOMIC_DQ) || \
     (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS)) || DQ_NWG < 1 || DQ_NWG > 3 || (DQ_BLOCK_C != 64 && DQ_BLOCK_C != 128)
 #error "unsupported flash_bwd_wgmma parameters"
 #endif
@@ -147,6 +150,18 @@
 #endif
 #if DROPOUT && !defined(PHILOX_CL)
 #error "DROPOUT needs philox.cl compiled first in the same program"
+#endif
+#if MASK && !defined(MASK_CL)
+#error "MASK needs mask.cl compiled first in the same program"
+#endif
+/* The mask row of (sequence b, query head h) and its class for sv_pair_visible:
+ * 1 = test every bit (3, the mask's "all set", when there is no mask). */
+#if MASK
+#define MASK_ROW(h) (mask + b * mask_bs + (long)(h) * mask_hs)
+#define MASK_CLASS 1
+#else
+#define MASK_ROW(h) mask
+#define MASK_CLASS 3
 #endif
 
 /* Work-item tid's (of nthreads) cp.async share of rows [row0, row0 + rows) of a strided source
@@ -302,7 +317,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 
     /* P^T and dS^T in place: element e of n-tile nt is key key0 + 8 (e >> 1),
      * query q0 + 8 nt + 2 t + (e & 1). */
-    const int need_mask = sv_tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right);
+    const int need_mask = MASK || sv_tile_partial(q0, BLOCK_R, k0, KV_BLOCK, diag, nk, window_left, window_right);
+    __global const uint *mrow = MASK_ROW(h);
     const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
 #if SOFTCAP || DROPOUT /* dS^T needs each score's tanh or keep bit: one pass after both products */
     wg_wait0();
@@ -322,8 +338,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #else
         float p = fast_exp2(fma(st[i], scale_log2, -l2s[col]));
 #endif
-        if (need_mask && !sv_pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mask, 3, mask_words,
-                                          mask_bq, mask_bk))
+        if (need_mask && !sv_pair_visible(q0 + col, key, nq, nk, diag, window_left, window_right, mrow, MASK_CLASS,
+                                          mask_words, mask_bq, mask_bk))
           p = 0.0f;
 #if DROPOUT
         float dpv = 0.0f;
@@ -581,7 +597,8 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
     wg_wait1(); /* S is in; dP may still run while P is computed */
     REG_FENCE(st, DQ_NT * 4);
     /* Element e of n-tile nt: row wrow0 + g + 8 (e >> 1), key k0 + 8 nt + 2 t + (e & 1). */
-    const int need_mask = sv_tile_partial(wrow0, 16, k0, DQ_BLOCK_C, diag, nk, window_left, window_right);
+    const int need_mask = MASK || sv_tile_partial(wrow0, 16, k0, DQ_BLOCK_C, diag, nk, window_left, window_right);
+    __global const uint *mrow = MASK_ROW(h);
 #if SOFTCAP || DROPOUT
     wg_wait0();
     REG_FENCE(dpt, DQ_NT * 4);
@@ -600,7 +617,8 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
         float p = fast_exp2(fma(st[i], scale_log2, -l2r[hh]));
 #endif
         if (need_mask &&
-            !sv_pair_visible(row, col, nq, nk, diag, window_left, window_right, mask, 3, mask_words, mask_bq, mask_bk))
+            !sv_pair_visible(row, col, nq, nk, diag, window_left, window_right, mrow, MASK_CLASS, mask_words, mask_bq,
+                             mask_bk))
           p = 0.0f;
 #if DROPOUT
         const float dpv =

@@ -6,8 +6,9 @@
  * bwd_dq_mma in the deterministic mode without split accumulators.
  *
  * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
- * passed), fp16/bf16, head_dim 64 or 128 (equal for q/k and v), no attention
- * mask, and the tiles within the local memory the device takes. The mma_bwd
+ * passed), fp16/bf16, head_dim 64 or 128 (equal for q/k and v), and the tiles
+ * within the local memory the device takes; attention masks test every bit
+ * (no all-zero tile is skipped, as bwd_dkdv_mma does). The mma_bwd
  * tuning's `wgmma` (rule: 1) turns it off; a build failure is logged and
  * bwd_dkdv_mma runs. */
 #include "core/internal.h"
@@ -59,7 +60,7 @@ void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
 
 int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
   if (p->head_dim != 64 && p->head_dim != 128) return 0;
-  if (p->head_dim_v != p->head_dim || p->mask_kind || p->paged_kv) return 0;
+  if (p->head_dim_v != p->head_dim || p->paged_kv) return 0;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
   if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic, 0) > fcl_mma_local_cap(ctx, p->head_dim))
