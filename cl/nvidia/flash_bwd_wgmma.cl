@@ -42,7 +42,8 @@
  * Parameters (-D):
  *   USE_PTX    1: compile the kernel; 0: an empty body, never launched
  *   DTYPE      1 = fp16, 2 = bf16
- *   HEAD_DIM   64 (with BLOCK_R 128) or 128 (with BLOCK_R 64): the pairs whose
+ *   HEAD_DIM   a multiple of 8 up to 128. The products run at DPAD = 64 (with
+ *              BLOCK_R 128) or 128 (with BLOCK_R 64), the pairs whose
  *              accumulators fit 255 registers
  *   BLOCK_R    queries per streamed tile
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT, MASK   as in flash_bwd_mma.cl
@@ -111,7 +112,15 @@
 #define DQ_BLOCK_C 64
 #endif
 
-#if !((HEAD_DIM == 64 && BLOCK_R == 128) || (HEAD_DIM == 128 && BLOCK_R == 64)) || (DQ_SPLITS && !ATOMIC_DQ) || \
+/* The head dim of the products: the tiles in local memory carry zero columns
+ * from HEAD_DIM to DPAD (a literal: WG_RS pastes it). */
+#if HEAD_DIM <= 64
+#define DPAD 64
+#else
+#define DPAD 128
+#endif
+#if HEAD_DIM % 8 || HEAD_DIM > 128 || !((DPAD == 64 && BLOCK_R == 128) || (DPAD == 128 && BLOCK_R == 64)) || \
+    (DQ_SPLITS && !ATOMIC_DQ) || \
     (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS)) || DQ_NWG < 1 || DQ_NWG > 3 || (DQ_BLOCK_C != 64 && DQ_BLOCK_C != 128)
 #error "unsupported flash_bwd_wgmma parameters"
 #endif
@@ -119,13 +128,14 @@
 #define LOG2E 1.4426950408889634f
 #define NTHREADS 256
 #define KV_BLOCK 128
-#define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
-#define KT (HEAD_DIM / 16) /* k-steps over the head dim */
+#define CH (DPAD / 8)      /* 16-byte chunks per local row */
+#define CH_REAL (HEAD_DIM / 8) /* of them read from memory; the rest are zero */
+#define KT (DPAD / 16)     /* k-steps over the head dim */
 #define QN (BLOCK_R / 8)   /* 8-query n-tiles of S^T */
-#define DT (HEAD_DIM / 8)  /* 8-column n-tiles of dK, dV */
+#define DT (DPAD / 8)      /* 8-column n-tiles of dK, dV (those past HEAD_DIM are not stored) */
 #define DQ_MSPLIT (BLOCK_R == 128) /* the warpgroups split dQ's queries (else its columns) */
 #define REGION(rows) ((rows) * 128)
-#define TILE_BYTES(rows) ((HEAD_DIM / 64) * REGION(rows))
+#define TILE_BYTES(rows) ((DPAD / 64) * REGION(rows))
 /* Byte offset of chunk c of row r in a swizzled tile of `rows` rows (wgmma_ptx.cl). */
 #define TOFF(rows, r, c) (((c) >> 3) * REGION(rows) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
 #define K_BYTES TILE_BYTES(KV_BLOCK)
@@ -137,7 +147,7 @@
 #define SM_DQ (SM_DS + (ATOMIC_DQ ? KV_BLOCK * BLOCK_R * 2 : 0))
 /* The dQ staging rows (BULK_DQ): fp32, 32 bytes of padding per row so that the
  * float2 stores of lanes g = 0..3 (rows apart) fall in distinct banks. */
-#define DQ_PITCH (HEAD_DIM * 4 + 32)
+#define DQ_PITCH (DPAD * 4 + 32)
 #define SMEM_BYTES (SM_DQ + (BULK_DQ ? BLOCK_R * DQ_PITCH : 0))
 
 #if USE_PTX
@@ -165,13 +175,14 @@
 #endif
 
 /* Work-item tid's (of nthreads) cp.async share of rows [row0, row0 + rows) of a strided source
- * into the swizzled tile at buf; rows at or past n are zero-filled (P is 0
- * there, but 0 * garbage could be NaN), their source clamped to row 0. */
+ * into the swizzled tile at buf; rows at or past n, and the columns from
+ * HEAD_DIM to DPAD, are zero-filled (P is 0 there, but 0 * garbage could be
+ * NaN), their source clamped to row 0 and chunk 0. */
 inline void wg_load_rows(uint buf, __global const ushort *p, long sn, int row0, int rows, int n, int tid, int nthreads) {
   for (int e = tid; e < rows * CH; e += nthreads) {
     const int r = e / CH, c = e % CH;
-    const int ok = row0 + r < n;
-    cp_async16(buf + TOFF(rows, r, c), p + (long)(ok ? row0 + r : 0) * sn + c * 8, ok ? 16u : 0u);
+    const int ok = row0 + r < n && c < CH_REAL;
+    cp_async16(buf + TOFF(rows, r, c), p + (long)(ok ? row0 + r : 0) * sn + (c < CH_REAL ? c : 0) * 8, ok ? 16u : 0u);
   }
 }
 
@@ -400,9 +411,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #endif
     wg_fence();
     #pragma unroll
-    for (int j = 0; j < QN / 2; j++) WG_RS(HEAD_DIM)(dva, pa[j], wg_desc(db + j * 2048, REGION(BLOCK_R), 1024));
+    for (int j = 0; j < QN / 2; j++) WG_RS(DPAD)(dva, pa[j], wg_desc(db + j * 2048, REGION(BLOCK_R), 1024));
     #pragma unroll
-    for (int j = 0; j < QN / 2; j++) WG_RS(HEAD_DIM)(dka, sa[j], wg_desc(qb + j * 2048, REGION(BLOCK_R), 1024));
+    for (int j = 0; j < QN / 2; j++) WG_RS(DPAD)(dka, sa[j], wg_desc(qb + j * 2048, REGION(BLOCK_R), 1024));
 #if ATOMIC_DQ
     /* dQ (64 x 64 per warpgroup) = dS K over the block's 128 keys. */
     {
@@ -447,6 +458,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
         __global float *dst = qacc + (long)row * HEAD_DIM + c0;
         #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
+#if HEAD_DIM < DPAD
+          if (c0 - 2 * t + nt * 8 >= HEAD_DIM) break; /* padded columns */
+#endif
 #if VEC_RED
           asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + nt * 8), "f"(dq[4 * nt + 2 * hh] * scale),
                        "f"(dq[4 * nt + 2 * hh + 1] * scale) : "memory");
@@ -480,6 +494,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
     __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + 2 * t);
     #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
+#if HEAD_DIM < DPAD
+      if (dt * 8 >= HEAD_DIM) break; /* padded columns */
+#endif
       kr[dt * 4] = pack2(dka[4 * dt + 2 * hh] * scale, dka[4 * dt + 2 * hh + 1] * scale);
       vr[dt * 4] = pack2(dva[4 * dt + 2 * hh], dva[4 * dt + 2 * hh + 1]);
     }
@@ -650,7 +667,7 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
     wg_fence();
     #pragma unroll
     for (int jj = 0; jj < DQ_NT / 2; jj++)
-      WG_RS(HEAD_DIM)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
+      WG_RS(DPAD)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
     wg_commit();
     wg_wait0();
     REG_FENCE(acc, DT * 4);
@@ -664,7 +681,12 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
     if (row >= nq) continue;
     __global uint *dr = (__global uint *)(dq + dqb + (long)row * dq_sn + 2 * t);
     #pragma unroll
-    for (int dt = 0; dt < DT; dt++) dr[dt * 4] = pack2(acc[4 * dt + 2 * hh] * scale, acc[4 * dt + 2 * hh + 1] * scale);
+    for (int dt = 0; dt < DT; dt++) {
+#if HEAD_DIM < DPAD
+      if (dt * 8 >= HEAD_DIM) break; /* padded columns */
+#endif
+      dr[dt * 4] = pack2(acc[4 * dt + 2 * hh] * scale, acc[4 * dt + 2 * hh + 1] * scale);
+    }
   }
 #undef DLOAD_KV
 }

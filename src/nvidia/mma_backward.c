@@ -37,6 +37,9 @@
 
 flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic,
                                         int splits, fcl_mma_bwd_launch *L) {
+  L->dq = L->dkdv = NULL;
+  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) && fcl_wgmma_bwd_build(ctx, p, tu, atomic, splits, L))
+    return FLASHCL_SUCCESS; /* it set the kernels and their launch shapes */
   fcl_mma_bwd_config c;
   flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
   if (st != FLASHCL_SUCCESS) return st;
@@ -51,10 +54,6 @@ flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem 
            (int)p->dtype, p->head_dim, c.nwarps, c.block_r, c.m_tiles, c.block_c, causal, p->varlen,
            atomic || splits > 0, splits > 0, c.qbuf, c.vec_red, c.v_in_smem, c.kv_parts, p->dropout, variants,
            extra ? " " : "", extra ? extra : "");
-  L->dq = L->dkdv = NULL;
-  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) &&
-      fcl_wgmma_bwd_build(ctx, p, tu, atomic, splits, c.vec_red, L))
-    return FLASHCL_SUCCESS; /* it set the kernels and their launch shapes */
   char src[160];
   fcl_mma_sources(p, "flash_bwd_mma.cl", src, sizeof src);
   if ((st = fcl_get_kernel(ctx, src, opts, "bwd_dkdv_mma", &L->dkdv)) ||

@@ -66,6 +66,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
   static const fcl_mma_bwd_config wide[] = {
       {8, 64, 1, 32, 2, 1, 1, 2}, {8, 64, 1, 32, 1, 1, 1, 2}, {8, 32, 1, 32, 1, 1, 1, 2}, {0}};
   const int d = p->head_dim, wants_atomic = atomic || d > 128;
+  if (d % 16 || d > 256) return 0; /* the kernel's #error rule */
   const fcl_mma_bwd_config *cand =
       d > 128 ? wide : d > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   int found = 0;
@@ -98,6 +99,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
 
 /* Past d = 128 a deterministic call needs the split accumulators to fit too. */
 int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, int atomic) {
+  if (fcl_wgmma_bwd_wanted(ctx, p, NULL, atomic)) return 1; /* Hopper: every multiple of 8 up to 128 */
   fcl_mma_bwd_config c;
   if (p->head_dim % 16 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
   return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, NULL) > 0;
@@ -117,7 +119,9 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
     fcl_log(ctx, "mma_bwd tuning from %s ignored (the kernel does not take it): the default rule runs", tu->origin);
     if (fcl_mma_bwd_pick(ctx, p, atomic, NULL, c) > 0) return FLASHCL_SUCCESS;
   }
-  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
+  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                  "no tensor-core backward tiles for head_dim %d%s", p->head_dim,
+                  p->head_dim % 16 ? " (it runs only on the Hopper kernels, which mma_bwd wgmma=0 turns off)" : "");
 }
 
 /* The split count of the deterministic dQ that bwd_dkdv_mma accumulates itself
@@ -149,9 +153,10 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * kernel). */
 int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
-  if (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0) return 0;
+  const int hopper = fcl_wgmma_bwd_wanted(ctx, p, tu, 1); /* bwd_dkdv_wgmma: 128-key blocks */
+  if (!hopper && (!fcl_mma_bwd_covered(ctx, p, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0)) return 0;
   const int wide = p->head_dim > 128;
-  const long kv = 16L * (c.nwarps / c.kv_parts), kblocks = ((long)p->seqlen_k + kv - 1) / kv;
+  const long kv = hopper ? 128 : 16L * (c.nwarps / c.kv_parts), kblocks = ((long)p->seqlen_k + kv - 1) / kv;
   const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
   /* Bytes of D and of one accumulator (never more than the scratch the atomic
    * mode allocates, whose size arithmetic src/portable/backward.c checks). src/portable/backward.c
@@ -165,8 +170,7 @@ int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_
     fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: %s", n,
             n > 0 ? "its accumulators do not fit one allocation" : "past d = 128 the dQ needs split accumulators");
   }
-  if (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window) || fcl_wgmma_bwd_wanted(ctx, p, tu, 0)))
-    return 0;
+  if (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window) || hopper)) return 0;
   int best = 0;
   long best_cost = 0;
   for (long s = 1; s <= 16 && s <= kblocks; s++) {
@@ -184,22 +188,21 @@ int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_
 
 flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, int atomic, int splits, fcl_tuned *tu,
                                   flashcl_config *cfg) {
+  flashcl_status st;
+  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0)) {
+    fcl_wgmma_bwd_ran(ctx, p, tu, atomic, splits);
+    if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
+    fcl_tuned_report(tu, cfg);
+    fcl_wgmma_bwd_describe(p, atomic || splits > 0, fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), cfg);
+    return FLASHCL_SUCCESS;
+  }
   fcl_mma_bwd_config c;
-  flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
-  if (st != FLASHCL_SUCCESS) return st;
-  const int wgmma = fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0);
-  const int bulk = wgmma && fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits);
-  int dq_nwg, dq_bc;
-  fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
+  if ((st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c)) != FLASHCL_SUCCESS) return st;
   const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
-                                   atomic ? 0 : splits, c.kv_parts, wgmma, bulk, dq_nwg, dq_bc};
+                                   atomic ? 0 : splits, c.kv_parts, 0, -1, -1, -1};
   for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
   if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
   fcl_tuned_report(tu, cfg);
-  if (wgmma) {
-    fcl_wgmma_bwd_describe(p, atomic || splits > 0, bulk, cfg);
-    return FLASHCL_SUCCESS;
-  }
   snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_mma");
   cfg->block_r = c.block_r;
   cfg->block_c = c.nwarps / c.kv_parts * 16;

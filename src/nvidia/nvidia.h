@@ -83,7 +83,8 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const struc
 int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic,
                        int splits);
 int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic, int splits,
-                        int vec_red, fcl_mma_bwd_launch *L);
+                        fcl_mma_bwd_launch *L);
+void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu, int atomic, int splits);
 void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int *nwg,
                         int *block_c);
 void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, int bulk, flashcl_config *cfg);

@@ -6,8 +6,9 @@
  * bwd_dq_mma in the deterministic mode without split accumulators.
  *
  * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
- * passed), fp16/bf16, head_dim 64 or 128 (equal for q/k and v), and the tiles
- * within the local memory the device takes; attention masks test every bit
+ * passed), fp16/bf16, head_dim a multiple of 8 up to 128 (equal for q/k and v;
+ * the kernels pad it to 64 or 128 in local memory, never in the caller's), and
+ * the tiles within the local memory the device takes; attention masks test every bit
  * (no all-zero tile is skipped, as bwd_dkdv_mma does). The mma_bwd
  * tuning's `wgmma` (rule: 1) turns it off; a build failure is logged and
  * bwd_dkdv_mma runs. */
@@ -17,14 +18,16 @@
 
 #include <stdio.h>
 
+/* The head dim the products run at (the kernel's DPAD). */
+static size_t fcl_wgmma_dpad(int head_dim) { return head_dim <= 64 ? 64 : 128; }
 /* Queries per streamed tile: the pair whose accumulators fit 255 registers. */
-static int fcl_wgmma_bwd_block_r(int head_dim) { return head_dim == 64 ? 128 : 64; }
+static int fcl_wgmma_bwd_block_r(int head_dim) { return fcl_wgmma_dpad(head_dim) == 64 ? 128 : 64; }
 
 /* The kernels' local memory: K and V (128 keys), two Q | dO tile pairs, the
  * dS^T tile in atomic mode, the staged dQ rows with bulk, LSE and D of two
  * tiles, 1008 bytes of alignment; without atomics bwd_dq_wgmma's too. */
 static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk) {
-  const size_t d = (size_t)head_dim, br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
+  const size_t d = fcl_wgmma_dpad(head_dim), br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
   const size_t dkdv = 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
                       4 * br * 4 + 1008;
   const size_t dq = 2 * 128 * d * 2 + 4 * 64 * d * 2 + 1008; /* bwd_dq_wgmma: Q, dO, two K | V stages */
@@ -48,7 +51,7 @@ int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tun
 void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int *nwg, int *block_c) {
   const int tn = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_NWG, 3) : 3, tb = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_BLOCK_C, 64) : 64;
   const int cand[3][2] = {{tn, tb}, {3, 64}, {2, 64}};
-  const size_t d = (size_t)p->head_dim;
+  const size_t d = fcl_wgmma_dpad(p->head_dim);
   for (int i = 0; i < 3; i++) {
     const int n = cand[i][0], bc = cand[i][1];
     const size_t bytes = 2 * (size_t)n * 64 * d * 2 + 4 * (size_t)bc * d * 2 + 1008;
@@ -59,7 +62,7 @@ void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
 }
 
 int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
-  if (p->head_dim != 64 && p->head_dim != 128) return 0;
+  if (p->head_dim % 8 || p->head_dim > 128) return 0;
   if (p->head_dim_v != p->head_dim || p->paged_kv) return 0;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
@@ -73,7 +76,8 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
  * failure logs it, clears the error, turns the kernels off for the context and
  * returns 0 (bwd_dkdv_mma runs). */
 int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits,
-                        int vec_red, fcl_mma_bwd_launch *L) {
+                        fcl_mma_bwd_launch *L) {
+  const int vec_red = tu ? fcl_tuned_get(tu, FCL_MMAB_VEC_RED, 1) != 0 : 1; /* sm_90 has red.v2 */
   const int bulk = fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits);
   int dq_nwg, dq_bc;
   fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
@@ -106,6 +110,23 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
   L->dq = dq;
   fcl_mma_bwd_shape(L, p, (splits > 0 ? (size_t)splits : kblocks) * 256, 256, qblocks * rq * 2, rq * 2);
   return 1;
+}
+
+/* What the wgmma kernels ran, for fcl_tuned_honoured: the mma.sync-only
+ * parameters did not run (-1), so a call that sets them is refused. */
+void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, int atomic, int splits) {
+  const int bulk = fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), dq_kernel = !atomic && !splits;
+  int dq_nwg, dq_bc;
+  fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
+  for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, -1);
+  fcl_tuned_ran(tu, FCL_MMAB_WGMMA, 1);
+  fcl_tuned_ran(tu, FCL_MMAB_DQ_SPLITS, atomic ? 0 : splits);
+  fcl_tuned_ran(tu, FCL_MMAB_BULK_DQ, bulk);
+  if ((atomic || splits) && !bulk) fcl_tuned_ran(tu, FCL_MMAB_VEC_RED, fcl_tuned_get(tu, FCL_MMAB_VEC_RED, 1) != 0);
+  if (dq_kernel) {
+    fcl_tuned_ran(tu, FCL_MMAB_DQ_NWG, dq_nwg);
+    fcl_tuned_ran(tu, FCL_MMAB_DQ_BLOCK_C, dq_bc);
+  }
 }
 
 void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, int bulk, flashcl_config *cfg) {
