@@ -80,7 +80,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   else if ((p->head_dim % 16 && !(pass == FLASHCL_PASS_BACKWARD && fcl_wgmma_bwd_wanted(ctx, p, NULL, 0))) ||
            p->head_dim > 256)
     why = "head_dim is not a multiple of 16 up to 256 (of 8 up to 128 for the Hopper backward)";
-  else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, 0))
+  else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, NULL, 0))
     why = p->head_dim > 128 ? "no backward tiles or dQ split accumulators fit the device's memory"
                             : "no backward tiles fit the local memory";
   else if (!(p->scale > 0.0f))

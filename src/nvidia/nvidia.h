@@ -15,8 +15,9 @@ flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, 
  * passed the probe and the problem is covered for `pass` (the backward kernels
  * cover less than the forward); it fails only when NVIDIA_MMA was
  * requested explicitly and the device cannot run it. */
-/* 1 if the tensor-core backward has tiles for p in the given dQ mode (src/nvidia/mma_backward.c). */
-int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, int atomic);
+/* 1 if the tensor-core backward has tiles for p in the given dQ mode under the
+ * tuning tu (NULL: the rules; src/nvidia/mma_bwd_plan.c). */
+int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic);
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use);

@@ -52,7 +52,7 @@ static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, const fcl_t
   /* deterministic = 0 permits the atomic dQ; where the tensor-core atomic dQ tile
    * does not divide the head dim, the tensor-core deterministic kernels run (faster
    * than the portable ones, and bit-reproducible). */
-  if (use_mma && *atomic && !fcl_mma_bwd_covered(ctx, p, 1)) {
+  if (use_mma && *atomic && !fcl_mma_bwd_covered(ctx, p, tu, 1)) {
     fcl_log(ctx, "tensor-core atomic dQ has no tile for head_dim %d: running the deterministic dQ kernel",
             p->head_dim);
     *atomic = 0;

@@ -33,7 +33,9 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   return fam == FLASHCL_KERNEL_NVIDIA_MMA ? fcl_unavailable(ctx) : FLASHCL_SUCCESS;
 }
 
-int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, int atomic) { return 0; }
+int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic) {
+  return 0;
+}
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) { return 0; }
 void fcl_wgmma_build_failed(flashcl_context *ctx) {}
 int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu) { return 0; }
