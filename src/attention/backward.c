@@ -39,10 +39,19 @@ static flashcl_status fcl_backward_run(flashcl_context *ctx, const flashcl_atten
   } else {
     fcl_tuned tu;
     const flashcl_tensor *grads[4] = {c->d_o, c->dq, c->dk, c->dv};
-    st = fcl_choose(ctx, desc, p, c->q, c->k, c->v, c->o, grads, FLASHCL_PASS_BACKWARD, &tu);
-    if (st == FLASHCL_SUCCESS)
-      st = fcl_flash_backward(ctx, p, desc, &tu, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait,
-                              wait, ev);
+    /* A Hopper backward kernel that fails to build turns itself off before
+     * anything is enqueued (src/nvidia/wgmma_backward.c); the call is then
+     * chosen again, so that it runs on the kernels left (head dims only those
+     * kernels covered go to the portable ones). */
+    for (int again = 0; again < 2; again++) {
+      const int hopper_on = !ctx->wgmma_bwd_failed;
+      st = fcl_choose(ctx, desc, p, c->q, c->k, c->v, c->o, grads, FLASHCL_PASS_BACKWARD, &tu);
+      if (st == FLASHCL_SUCCESS)
+        st = fcl_flash_backward(ctx, p, desc, &tu, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait,
+                                wait, ev);
+      if (st == FLASHCL_SUCCESS || !hopper_on || !ctx->wgmma_bwd_failed) break;
+      fcl_clear_error(ctx);
+    }
   }
   if (desc->dsinks) {
     if (st == FLASHCL_SUCCESS) st = fcl_sinks_grad_enqueue(ctx, &sg, p, done, out_event);

@@ -65,6 +65,19 @@ flashcl_status fcl_choose(flashcl_context *ctx, const flashcl_attention_desc *de
   if (fam == FLASHCL_TUNE_MMA_FWD && (st = fcl_choose_wgmma(ctx, desc, p, want, &key, tu, &wgmma))) return st;
   if (wgmma) fam = FLASHCL_TUNE_WGMMA_FWD;
   else fcl_tuning_resolve(ctx, fam, want == fam ? desc->tuning : NULL, &key, tu);
+  /* Head dims only the Hopper backward covers, with a tuning that turns it
+   * off (mma_bwd wgmma = 0): refused for desc.tuning, the portable kernels
+   * for a file's entry. */
+  if (fam == FLASHCL_TUNE_MMA_BWD && !fcl_mma_bwd_covered(ctx, p, tu, 0)) {
+    if (want == FLASHCL_TUNE_MMA_BWD)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning's mma_bwd leaves head_dim %d without a "
+                      "tensor-core backward (only the Hopper kernels, which its wgmma = 0 turns off, cover it)",
+                      p->head_dim);
+    fcl_log(ctx, "mma_bwd tuning from %s leaves head_dim %d without a tensor-core backward: running the portable "
+            "kernels", tu->origin, p->head_dim);
+    fam = FLASHCL_TUNE_BWD;
+    fcl_tuning_resolve(ctx, fam, NULL, &key, tu);
+  }
   if (!desc->block_r && !desc->block_c) return FLASHCL_SUCCESS;
   if (fam != FLASHCL_TUNE_FWD && fam != FLASHCL_TUNE_BWD)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.block_r/block_c (%d, %d) apply to the portable kernels, "

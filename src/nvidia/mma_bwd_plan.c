@@ -193,7 +193,7 @@ flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, in
     fcl_wgmma_bwd_ran(ctx, p, tu, atomic, splits);
     if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
     fcl_tuned_report(tu, cfg);
-    fcl_wgmma_bwd_describe(p, atomic || splits > 0, fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits), cfg);
+    fcl_wgmma_bwd_describe(ctx, p, tu, atomic, atomic ? 0 : splits, cfg);
     return FLASHCL_SUCCESS;
   }
   fcl_mma_bwd_config c;

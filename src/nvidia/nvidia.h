@@ -88,7 +88,8 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const struct
 void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu, int atomic, int splits);
 void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int *nwg,
                         int *block_c);
-void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, int bulk, flashcl_config *cfg);
+void fcl_wgmma_bwd_describe(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic,
+                            int splits, flashcl_config *cfg);
 cl_int fcl_mma_backward_args(const fcl_mma_bwd_launch *launch, const fcl_problem *p,
                              const flashcl_attention_desc *desc, const flashcl_tensor *q, const flashcl_tensor *k,
                              const flashcl_tensor *v, const flashcl_tensor *lse, const flashcl_tensor *d_o,

@@ -23,24 +23,33 @@ static size_t fcl_wgmma_dpad(int head_dim) { return head_dim <= 64 ? 64 : 128; }
 /* Queries per streamed tile: the pair whose accumulators fit 255 registers. */
 static int fcl_wgmma_bwd_block_r(int head_dim) { return fcl_wgmma_dpad(head_dim) == 64 ? 128 : 64; }
 
+/* bwd_dq_wgmma's local memory: Q and dO (64 nwg rows), two K | V stages. */
+static size_t fcl_wgmma_dq_local(int head_dim, int nwg, int block_c) {
+  const size_t d = fcl_wgmma_dpad(head_dim);
+  return 2 * (size_t)nwg * 64 * d * 2 + 4 * (size_t)block_c * d * 2 + 1008;
+}
+
 /* The kernels' local memory: K and V (128 keys), two Q | dO tile pairs, the
  * dS^T tile in atomic mode, the staged dQ rows with bulk, LSE and D of two
- * tiles, 1008 bytes of alignment; without atomics bwd_dq_wgmma's too. */
-static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk) {
+ * tiles, 1008 bytes of alignment; without atomics the larger of that and
+ * bwd_dq_wgmma's with dq_nwg x dq_block_c tiles. */
+static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk, int dq_nwg, int dq_block_c) {
   const size_t d = fcl_wgmma_dpad(head_dim), br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
   const size_t dkdv = 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
                       4 * br * 4 + 1008;
-  const size_t dq = 2 * 128 * d * 2 + 4 * 64 * d * 2 + 1008; /* bwd_dq_wgmma: Q, dO, two K | V stages */
+  const size_t dq = fcl_wgmma_dq_local(head_dim, dq_nwg, dq_block_c);
   return atomic || dkdv > dq ? dkdv : dq;
 }
 
-/* Whether the atomic dQ (without splits) is staged for bulk reductions: the
+/* Whether the atomic dQ (one accumulator; not the deterministic splits) is
+ * staged for bulk reductions: the
  * mma_bwd tuning's bulk_dq, else where the staging fits the largest local
  * memory the device takes (fcl_local_limit: 227 KiB on an H100). */
 int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits) {
-  if (!atomic || splits > 0) return 0;
+  (void)splits; /* the atomic mode's single accumulator (callers pass 0 or 1) */
+  if (!atomic) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_BULK_DQ, 1)) return 0;
-  return fcl_wgmma_bwd_local(p->head_dim, 1, 1) <= fcl_local_limit(ctx);
+  return fcl_wgmma_bwd_local(p->head_dim, 1, 1, 0, 0) <= fcl_local_limit(ctx);
 }
 
 /* bwd_dq_wgmma's warpgroups and key tile: the mma_bwd tuning's, else the rule's
@@ -51,13 +60,16 @@ int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tun
 void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int *nwg, int *block_c) {
   const int tn = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_NWG, 3) : 3, tb = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_BLOCK_C, 64) : 64;
   const int cand[3][2] = {{tn, tb}, {3, 64}, {2, 64}};
-  const size_t d = fcl_wgmma_dpad(p->head_dim);
   for (int i = 0; i < 3; i++) {
     const int n = cand[i][0], bc = cand[i][1];
-    const size_t bytes = 2 * (size_t)n * 64 * d * 2 + 4 * (size_t)bc * d * 2 + 1008;
     *nwg = n;
     *block_c = bc;
-    if (n >= 1 && n <= 3 && (bc == 64 || bc == 128) && !(bc == 128 && n > 2) && bytes <= fcl_local_limit(ctx)) return;
+    if (n >= 1 && n <= 3 && (bc == 64 || bc == 128) && !(bc == 128 && n > 2) &&
+        fcl_wgmma_dq_local(p->head_dim, n, bc) <= fcl_local_limit(ctx))
+      return;
+    if (i == 0 && tu && (fcl_tuned_has(tu, FCL_MMAB_DQ_NWG) || fcl_tuned_has(tu, FCL_MMAB_DQ_BLOCK_C)))
+      fcl_log(ctx, "mma_bwd dq_nwg = %d, dq_block_c = %d from %s do not fit bwd_dq_wgmma: the rule runs", n, bc,
+              tu->origin);
   }
 }
 
@@ -66,7 +78,8 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
   if (p->head_dim_v != p->head_dim || p->paged_kv) return 0;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
-  if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic, 0) > fcl_mma_local_cap(ctx, p->head_dim))
+  /* The smallest dQ tiles (2 x 64) must fit; fcl_wgmma_dq_tiles picks within the limit. */
+  if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic, 0, 2, 64) > fcl_mma_local_cap(ctx, p->head_dim))
     return 0;
   return fcl_wgmma_available(ctx);
 }
@@ -82,7 +95,7 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
   int dq_nwg, dq_bc;
   fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   const char *extra = ctx->build_options;
-  char opts[512], variants[128], src[192];
+  char opts[640], variants[128], src[192];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
@@ -129,10 +142,14 @@ void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu
   }
 }
 
-void fcl_wgmma_bwd_describe(const fcl_problem *p, int atomic, int bulk, flashcl_config *cfg) {
+void fcl_wgmma_bwd_describe(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits,
+                            flashcl_config *cfg) {
+  int dq_nwg, dq_bc;
+  fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_wgmma");
   cfg->block_r = fcl_wgmma_bwd_block_r(p->head_dim);
   cfg->block_c = 128;
   cfg->threads = 256;
-  cfg->local_bytes = fcl_wgmma_bwd_local(p->head_dim, atomic, bulk);
+  cfg->local_bytes = fcl_wgmma_bwd_local(p->head_dim, atomic || splits > 0, fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits),
+                                         dq_nwg, dq_bc);
 }
