@@ -15,7 +15,8 @@ shape fails.
 
 --all-head-dims replaces the default shapes by one shape per supported head
 dim (every multiple of 8 from 8 to 256), causal and not in turn, Nq != Nk
-every third, GQA 4:2. --deterministic takes a list: each shape runs once per
+every third, GQA 4:2; --head-dims narrows it (e.g. 208-256) where one device
+call cannot hold all 32. --deterministic takes a list: each shape runs once per
 dQ mode on the same inputs. Without CUDA, PyTorch runs on the CPU (its SDPA
 then takes the math backend) and flashcl-run on its default OpenCL device.
 """
@@ -118,6 +119,8 @@ def main():
     ap.add_argument("--deterministic", default="1", help="dQ modes, e.g. 1 or 0,1")
     ap.add_argument("--all-head-dims", action="store_true",
                     help="one shape per head dim 8, 16, ..., 256 instead of the default shapes")
+    ap.add_argument("--head-dims", default="",
+                    help="with --all-head-dims, only these head dims (e.g. 208,216,256 or 208-256)")
     ap.add_argument("--kernel", default="auto")
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "little"))
     args = ap.parse_args()
@@ -127,6 +130,19 @@ def main():
     if not modes or any(m not in ("0", "1") for m in modes):
         ap.error("--deterministic takes 0, 1 or 0,1")
     shapes = all_head_dim_shapes() if args.all_head_dims else SHAPES
+    if args.head_dims:
+        if not args.all_head_dims:
+            ap.error("--head-dims needs --all-head-dims")
+        keep = set()
+        for part in args.head_dims.split(","):
+            lo, _, hi = part.strip().partition("-")
+            try:
+                keep.update(range(int(lo), int(hi or lo) + 1))
+            except ValueError:
+                ap.error(f"--head-dims: bad item {part!r}")
+        shapes = [s for s in shapes if s[5] in keep]
+        if not shapes:
+            ap.error("--head-dims selects no multiple of 8 from 8 to 256")
     device_name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
     print(f"# torch {torch.__version__}, {device_name}, dtype {dt}, seed {args.seed}, "
           f"deterministic {','.join(modes)}, kernel {args.kernel}")
