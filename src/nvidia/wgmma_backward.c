@@ -8,10 +8,11 @@
  * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
  * passed), fp16/bf16, head_dim a multiple of 8 up to 128 (equal for q/k and v;
  * the kernels pad it to 64 or 128 in local memory, never in the caller's), and
- * the tiles within the local memory the device takes; attention masks test every bit
- * (no all-zero tile is skipped, as bwd_dkdv_mma does). The mma_bwd
- * tuning's `wgmma` (rule: 1) turns it off; a build failure is logged and
- * bwd_dkdv_mma runs. */
+ * the tiles within the local memory the device takes; attention masks test
+ * every bit (no all-zero tile is skipped, as bwd_dkdv_mma does). The mma_bwd
+ * tuning's `wgmma` (rule: 1) turns it off. A build failure is logged and
+ * turns these kernels off for the context; the call is then chosen again
+ * (src/attention/backward.c). */
 #include "core/internal.h"
 #include "core/tuning.h"
 #include "nvidia/nvidia.h"
@@ -42,9 +43,9 @@ static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk, int dq_nwg
 }
 
 /* Whether the atomic dQ (one accumulator; not the deterministic splits) is
- * staged for bulk reductions: the
- * mma_bwd tuning's bulk_dq, else where the staging fits the largest local
- * memory the device takes (fcl_local_limit: 227 KiB on an H100). */
+ * staged for bulk reductions: the mma_bwd tuning's bulk_dq, else where the
+ * staging fits the largest local memory the device takes (fcl_local_limit:
+ * 227 KiB on an H100). */
 int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits) {
   (void)splits; /* the atomic mode's single accumulator (callers pass 0 or 1) */
   if (!atomic) return 0;
@@ -87,7 +88,7 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
 /* Sets L's kernels to bwd_dkdv_wgmma (and bwd_dq_wgmma for the deterministic
  * dQ without splits) with their launch shapes and returns 1; on a build
  * failure logs it, clears the error, turns the kernels off for the context and
- * returns 0 (bwd_dkdv_mma runs). */
+ * returns 0. */
 int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits,
                         fcl_mma_bwd_launch *L) {
   const int vec_red = tu ? fcl_tuned_get(tu, FCL_MMAB_VEC_RED, 1) != 0 : 1; /* sm_90 has red.v2 */
@@ -108,7 +109,7 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
   const int want_dq = !atomic && !splits;
   if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &dkdv) != FLASHCL_SUCCESS ||
       (want_dq && fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dq_wgmma", &fcl_sm90a_route, &dq) != FLASHCL_SUCCESS)) {
-    fcl_log(ctx, "the wgmma backward does not build (bwd_dkdv_mma runs from now on): %.400s", ctx->errmsg);
+    fcl_log(ctx, "the wgmma backward does not build (turned off for this context): %.400s", ctx->errmsg);
     fcl_clear_error(ctx);
     ctx->wgmma_bwd_failed = 1;
     return 0;
