@@ -167,8 +167,8 @@ static flashcl_status fcl_check_shapes(flashcl_context *ctx, const flashcl_atten
   const int64_t dv = v->shape[3];
   if (d % 8 != 0 || d < 8 || d > 576 || dv % 8 != 0 || dv < 8 || dv > 512)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %lld is not supported: it must be a multiple of 8 in [8, 256]",
-                    (long long)(d % 8 != 0 || d < 8 || d > 256 ? d : dv));
+                    "head_dim %lld is not supported: q/k take multiples of 8 in [8, 576], v/o in [8, 512]",
+                    (long long)(d % 8 != 0 || d < 8 || d > 576 ? d : dv));
   if (o && (o->shape[0] != q->shape[0] || o->shape[1] != q->shape[1] || o->shape[2] != q->shape[2] ||
             o->shape[3] != dv))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,

@@ -53,8 +53,8 @@ struct flashcl_context {
   /* Hopper wgmma forward (src/nvidia/wgmma_forward.c): same states as mma_state. */
   int wgmma_state;
   char wgmma_reason[512];
-  /* 1 once bwd_dkdv_wgmma failed to build: bwd_dkdv_mma runs from then on
-   * (src/nvidia/wgmma_backward.c). */
+  /* 1 once the Hopper backward failed to build: off for this context, and
+   * the failing call is chosen again (src/nvidia/wgmma_backward.c). */
   int wgmma_bwd_failed;
   /* flashcl_attention_decode's split partials when desc.workspace is NULL
    * (src/decode/decode.c): grow-only, released by flashcl_context_destroy. last: the

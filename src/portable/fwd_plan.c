@@ -290,8 +290,8 @@ flashcl_status fcl_make_plan(flashcl_context *ctx, const fcl_tuned *tu, int d, i
   const int dm = d > dv ? d : dv; /* the tiles' row length */
   if (d % 8 != 0 || d < 8 || d > 576 || dv % 8 != 0 || dv < 8 || dv > 512)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
-                    "head_dim %d is not supported: it must be a multiple of 8 in [8, 256]",
-                    d % 8 != 0 || d < 8 || d > 256 ? d : dv);
+                    "head_dim %d is not supported: q/k take multiples of 8 in [8, 576], v/o in [8, 512]",
+                    d % 8 != 0 || d < 8 || d > 576 ? d : dv);
   if (block_r < 0 || block_c < 0 || block_r % 8 || block_c % 8)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "block sizes must be 0 or multiples of 8 (got %d, %d)",
                     block_r, block_c);
