@@ -42,9 +42,10 @@
  * Parameters (-D):
  *   USE_PTX    1: compile the kernel; 0: an empty body, never launched
  *   DTYPE      1 = fp16, 2 = bf16
- *   HEAD_DIM   a multiple of 8 up to 128. The products run at DPAD = 64 (with
- *              BLOCK_R 128) or 128 (with BLOCK_R 64), the pairs whose
- *              accumulators fit 255 registers
+ *   HEAD_DIM   a multiple of 8 up to 128. The tiles are DPAD = 64 (with
+ *              BLOCK_R 128) or 128 (with BLOCK_R 64) columns wide, the pairs
+ *              whose accumulators fit 255 registers; S^T and dP^T stop at the
+ *              head dim rounded up to 16
  *   BLOCK_R    queries per streamed tile
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT, MASK   as in flash_bwd_mma.cl
  *   ATOMIC_DQ, DQ_SPLITS, VEC_RED                     as in flash_bwd_mma.cl
@@ -128,11 +129,25 @@
 #define LOG2E 1.4426950408889634f
 #define NTHREADS 256
 #define KV_BLOCK 128
+/* Columns of the products whose n is the head dim (dV, dK, and dQ in
+ * bwd_dq_wgmma): the head dim rounded up to 16 past 64 (a partial region,
+ * wgmma_ptx.cl), a literal (WG_RS pastes it). */
+#if DPAD == 64
+#define NP DPAD
+#elif HEAD_DIM <= 80
+#define NP 80
+#elif HEAD_DIM <= 96
+#define NP 96
+#elif HEAD_DIM <= 112
+#define NP 112
+#else
+#define NP 128
+#endif
 #define CH (DPAD / 8)      /* 16-byte chunks per local row */
 #define CH_REAL (HEAD_DIM / 8) /* of them read from memory; the rest are zero */
-#define KT (DPAD / 16)     /* k-steps over the head dim */
+#define KT ((HEAD_DIM + 15) / 16) /* k-steps over the head dim: the zero columns past them are not read */
 #define QN (BLOCK_R / 8)   /* 8-query n-tiles of S^T */
-#define DT (DPAD / 8)      /* 8-column n-tiles of dK, dV (those past HEAD_DIM are not stored) */
+#define DT (NP / 8)        /* 8-column n-tiles of dK, dV (those past HEAD_DIM are not stored) */
 #define DQ_MSPLIT (BLOCK_R == 128) /* the warpgroups split dQ's queries (else its columns) */
 #define REGION(rows) ((rows) * 128)
 #define TILE_BYTES(rows) ((DPAD / 64) * REGION(rows))
@@ -411,9 +426,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #endif
     wg_fence();
     #pragma unroll
-    for (int j = 0; j < QN / 2; j++) WG_RS(DPAD)(dva, pa[j], wg_desc(db + j * 2048, REGION(BLOCK_R), 1024));
+    for (int j = 0; j < QN / 2; j++) WG_RS(NP)(dva, pa[j], wg_desc(db + j * 2048, REGION(BLOCK_R), 1024));
     #pragma unroll
-    for (int j = 0; j < QN / 2; j++) WG_RS(DPAD)(dka, sa[j], wg_desc(qb + j * 2048, REGION(BLOCK_R), 1024));
+    for (int j = 0; j < QN / 2; j++) WG_RS(NP)(dka, sa[j], wg_desc(qb + j * 2048, REGION(BLOCK_R), 1024));
 #if ATOMIC_DQ
     /* dQ (64 x 64 per warpgroup) = dS K over the block's 128 keys. */
     {
@@ -494,7 +509,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
     __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + 2 * t);
     #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-#if HEAD_DIM < DPAD
+#if HEAD_DIM < NP
       if (dt * 8 >= HEAD_DIM) break; /* padded columns */
 #endif
       kr[dt * 4] = pack2(dka[4 * dt + 2 * hh] * scale, dka[4 * dt + 2 * hh + 1] * scale);
@@ -667,7 +682,7 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
     wg_fence();
     #pragma unroll
     for (int jj = 0; jj < DQ_NT / 2; jj++)
-      WG_RS(DPAD)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
+      WG_RS(NP)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
     wg_commit();
     wg_wait0();
     REG_FENCE(acc, DT * 4);
@@ -682,7 +697,7 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
     __global uint *dr = (__global uint *)(dq + dqb + (long)row * dq_sn + 2 * t);
     #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-#if HEAD_DIM < DPAD
+#if HEAD_DIM < NP
       if (dt * 8 >= HEAD_DIM) break; /* padded columns */
 #endif
       dr[dt * 4] = pack2(acc[4 * dt + 2 * hh] * scale, acc[4 * dt + 2 * hh + 1] * scale);

@@ -33,7 +33,8 @@
  * them inside one warpgroup, was slower on the H100: BENCHMARKS.md.)
  *
  * Local memory layout (the wgmma "128-byte swizzle" canonical layout): a tile of
- * R rows x HEAD_DIM columns is HEAD_DIM / 64 regions of R x 64 elements; region
+ * R rows x DPAD columns (the head dim rounded up to 64) is DPAD / 64 regions
+ * of R x 64 elements; region
  * rows are 128 bytes, and 16-byte chunk c of row r sits at chunk c ^ (r & 7).
  * Regions start on 1024-byte boundaries (the swizzle pattern repeats every 8
  * rows), which the kernel makes sure of by aligning its base itself.
@@ -41,7 +42,7 @@
  * (8 rows); k-step ks starts at region ks / 4, byte 32 * (ks % 4). V (N-major):
  * leading offset = one region (the next 64 columns), stride 1024 bytes (8 keys).
  *
- * Coverage (checked by the host): fp16/bf16, HEAD_DIM 64, 128, 192 or 256, head_dim stride
+ * Coverage (checked by the host): fp16/bf16, HEAD_DIM a multiple of 8 up to 256, head_dim stride
  * 1, rows 16-byte aligned, scale > 0; causal, varlen, GQA, the sliding window,
  * ALiBi and softcap. Dropout, attention masks and paged K/V run flash_fwd_mma.cl.
  * Arguments: flash_fwd_mma's up to softcap_log2 (its mask, dropout and paged
@@ -53,9 +54,9 @@
  *                OpenCL C on any device; the host never launches them there)
  *   PROBE_ONLY   1: only the wgmma_probe kernel
  *   DTYPE        1 = fp16, 2 = bf16
- *   HEAD_DIM     64, 128, 192 or 256 (past 128, O = P V is two products of at
- *                most 128 columns each: one wgmma's n stops at 256, and its
- *                operand list at 128 registers would double the asm's)
+ *   HEAD_DIM     a multiple of 8 up to 256 (past 128, O = P V is two products
+ *                of at most 128 columns each: one wgmma's n stops at 256, and
+ *                its operand list at 128 registers would double the asm's)
  *   BLOCK_C      keys per tile: 64, 96, 112 or 128
  *   NWG          warpgroups per work-group
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP   as in flash_fwd_mma.cl
@@ -102,18 +103,52 @@
 #endif
 #define LOG2E 1.4426950408889634f
 
-#if HEAD_DIM % 64 || HEAD_DIM > 256 || (BLOCK_C != 64 && BLOCK_C != 96 && BLOCK_C != 112 && BLOCK_C != 128)
+#if HEAD_DIM % 8 || HEAD_DIM > 256 || (BLOCK_C != 64 && BLOCK_C != 96 && BLOCK_C != 112 && BLOCK_C != 128)
 #error "unsupported flash_fwd_wgmma parameters"
+#endif
+
+/* Head dims that are not a multiple of 64 run on tiles of DPAD columns (the
+ * next multiple of 64: the swizzled regions are 64 wide), of which D16 (the
+ * head dim rounded up to 16, the k-step) are written: Q, K and V carry a
+ * zero-filled column chunk where the head dim is an odd multiple of 8. Q K^T
+ * and P V stop at D16 (P V may read part of V's last region, wgmma_ptx.cl);
+ * the first HEAD_DIM columns of O are stored. */
+#define D16 ((HEAD_DIM + 15) / 16 * 16)
+#define DPAD ((HEAD_DIM + 63) / 64 * 64)
+/* Columns of the last P V product (the only one up to 128, the one for O's
+ * columns from 128 past it), a literal: WG_RS pastes it. */
+#if D16 % 128 == 16
+#define PV_LAST 16
+#elif D16 % 128 == 32
+#define PV_LAST 32
+#elif D16 % 128 == 48
+#define PV_LAST 48
+#elif D16 % 128 == 64
+#define PV_LAST 64
+#elif D16 % 128 == 80
+#define PV_LAST 80
+#elif D16 % 128 == 96
+#define PV_LAST 96
+#elif D16 % 128 == 112
+#define PV_LAST 112
+#else
+#define PV_LAST 128
 #endif
 
 #define NTHREADS (NWG * 128)
 #define BLOCK_R (NWG * 64)
-#define CH (HEAD_DIM / 8) /* 16-byte chunks per row */
-#define KT (HEAD_DIM / 16) /* k-steps of Q K^T */
+#define CH (D16 / 8)       /* 16-byte chunks per row written: Q K^T reads them */
+#define CH_REAL (HEAD_DIM / 8) /* of them read from memory; one more is zero-filled */
+#if CH == CH_REAL
+#define CHUNK_OK(c) 1
+#else
+#define CHUNK_OK(c) ((c) < CH_REAL)
+#endif
+#define KT (D16 / 16)      /* k-steps of Q K^T */
 #define NT (BLOCK_C / 8)   /* 8-key n-tiles of S */
-#define DT (HEAD_DIM / 8)  /* 8-column n-tiles of O */
+#define DT (D16 / 8)       /* 8-column n-tiles of O (past HEAD_DIM: not stored) */
 #define REGION(rows) ((rows) * 128)
-#define TILE_BYTES(rows) ((HEAD_DIM / 64) * REGION(rows))
+#define TILE_BYTES(rows) ((DPAD / 64) * REGION(rows))
 /* Byte offset of chunk c of row r in a tile of `rows` rows. */
 #define TOFF(rows, r, c) (((c) >> 3) * REGION(rows) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
 #define Q_BYTES TILE_BYTES(BLOCK_R)
@@ -147,11 +182,6 @@
 #define SCORE_VARIANT(x, row, col)
 #endif
 
-#if HEAD_DIM == 192 /* columns of O past the first 128 (a literal: the name is pasted) */
-#define PV_REST 64
-#else
-#define PV_REST 128
-#endif
 
 /* Compile-and-run probe: one warpgroup, D (64x64) = A (64x64) B^T (B: 64x64,
  * both row-major fp16/bf16 holding small integers) through the same layout,
@@ -245,8 +275,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   /* ---- Q tile ---- rows past nq are zero-filled (their source clamped to row 0). */
   for (int e = tid; e < BLOCK_R * CH; e += NTHREADS) {
     const int r = e / CH, c = e % CH;
-    const int ok = q0 + r < nq;
-    cp_async16(sq + TOFF(BLOCK_R, r, c), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + c * 8, ok ? 16u : 0u);
+    const int ok = q0 + r < nq && CHUNK_OK(c);
+    cp_async16(sq + TOFF(BLOCK_R, r, c), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + (CHUNK_OK(c) ? c : 0) * 8,
+               ok ? 16u : 0u);
   }
   cp_commit();
 
@@ -264,12 +295,14 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
   const float slope_log2 = ALIBI ? alibi[h] * LOG2E : 0.0f;
   __global const uint *mrow = 0;
 
-/* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN). */
+/* Rows past nk are zero-filled (P is 0 there, but 0 * garbage could be NaN),
+ * and so is the chunk past an odd multiple of 8 columns. */
 #define LOAD_KV(buf, ptr, sn, k0)                                                             \
   for (int e = tid; e < BLOCK_C * CH; e += NTHREADS) {                                      \
     const int r = e / CH, c = e % CH;                                                       \
-    const int ok = (k0) + r < nk;                                                           \
-    cp_async16((buf) + TOFF(BLOCK_C, r, c), (ptr) + (long)(ok ? (k0) + r : 0) * (sn) + c * 8, ok ? 16u : 0u); \
+    const int ok = (k0) + r < nk && CHUNK_OK(c);                                            \
+    cp_async16((buf) + TOFF(BLOCK_C, r, c), (ptr) + (long)(ok ? (k0) + r : 0) * (sn) + (CHUNK_OK(c) ? c : 0) * 8, \
+               ok ? 16u : 0u);                                                                \
   }
 
   /* Tile t covers keys [kbeg + t BLOCK_C, + BLOCK_C). K goes through kbuf(t % 2),
@@ -398,12 +431,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
       wg_fence();
 #if HEAD_DIM <= 128
       _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
-          WG_RS(HEAD_DIM)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
+          WG_RS(PV_LAST)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
 #else
       /* Columns 0-127 (V's regions 0 and 1), then the rest (regions 2 ..). */
       _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++) {
         WG_RS(128)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
-        WG_RS(PV_REST)(oacc + 64, pf[jj], wg_desc(VBUF(j) + 2 * REGION(BLOCK_C) + jj * 2048, REGION(BLOCK_C), 1024));
+        WG_RS(PV_LAST)(oacc + 64, pf[jj], wg_desc(VBUF(j) + 2 * REGION(BLOCK_C) + jj * 2048, REGION(BLOCK_C), 1024));
       }
 #endif
       wg_commit();
@@ -433,7 +466,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
 #endif
     __global uint *orow = (__global uint *)(o + obase + (long)row * o_sn + 2 * t);
     #pragma unroll
-    for (int dt = 0; dt < DT; dt++) orow[dt * 4] = pack2(oacc[4 * dt + 2 * hh] * inv, oacc[4 * dt + 2 * hh + 1] * inv);
+    for (int dt = 0; dt < CH_REAL; dt++) orow[dt * 4] = pack2(oacc[4 * dt + 2 * hh] * inv, oacc[4 * dt + 2 * hh + 1] * inv);
     if (has_lse && t == 0) lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] = lse2 * M_LN2_F;
   }
 }

@@ -38,6 +38,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Head dims that are not a multiple of 16 (mma.sync's k-step) run only on the
+ * Hopper kernels, which pad their tiles in local memory. */
+static int fcl_hopper_pads(flashcl_context *ctx, const fcl_problem *p, flashcl_pass pass) {
+  return pass == FLASHCL_PASS_BACKWARD ? fcl_wgmma_bwd_wanted(ctx, p, NULL, 0) : fcl_wgmma_covered(ctx, p);
+}
+
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use) {
@@ -77,9 +83,8 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   const char *why = NULL;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
     why = "dtype is not f16/bf16";
-  else if ((p->head_dim % 16 && !(pass == FLASHCL_PASS_BACKWARD && fcl_wgmma_bwd_wanted(ctx, p, NULL, 0))) ||
-           p->head_dim > 256)
-    why = "head_dim is not a multiple of 16 up to 256 (of 8 up to 128 for the Hopper backward)";
+  else if (p->head_dim > 256 || (p->head_dim % 16 && !fcl_hopper_pads(ctx, p, pass)))
+    why = "head_dim is not a multiple of 16 up to 256 (of 8 for the Hopper kernels: up to 128 in the backward)";
   else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, NULL, 0))
     why = p->head_dim > 128 ? "no backward tiles or dQ split accumulators fit the device's memory"
                             : "no backward tiles fit the local memory";
@@ -89,7 +94,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "paged K/V source";
   else if (!fcl_rows_aligned16(q) || !fcl_rows_aligned16(k) || !fcl_rows_aligned16(v) || !fcl_rows_aligned16(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
-  else if (pass == FLASHCL_PASS_FORWARD && !fcl_mma_fwd_fits(ctx, p))
+  else if (pass == FLASHCL_PASS_FORWARD && p->head_dim % 16 == 0 && !fcl_mma_fwd_fits(ctx, p))
     why = "its tiles need more local memory than the device allows";
   if (why && forced != FLASHCL_KERNEL_AUTO)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning asks for the tensor-core %s, which does not cover "

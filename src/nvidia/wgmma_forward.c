@@ -15,7 +15,9 @@
  * turns the path off for the context (fcl_wgmma_build_failed) and runs mma.sync.
  *
  * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged
- * K/V, with head_dim 64, 128, 192 or 256 (the kernel's wgmma shapes).
+ * K/V, with head_dim a multiple of 8 up to 256 (tiles padded to 64 columns in
+ * local memory): head dims that are not a multiple of 16, which mma.sync does
+ * not take, run here on Hopper (fcl_mma_select).
  *
  * The wgmma_fwd tuning (src/core/tuning_space.c) sets use (0: mma.sync runs
  * instead), nwg and block_c; a per-call tuning whose tiles do not fit is
@@ -119,7 +121,7 @@ int fcl_wgmma_available(flashcl_context *ctx) {
 }
 
 int fcl_wgmma_covered(flashcl_context *ctx, const fcl_problem *p) {
-  if (p->head_dim % 64 || p->head_dim > 256) return 0;
+  if (p->head_dim % 8 || p->head_dim > 256) return 0;
   if (p->dropout || p->mask_kind || p->paged_kv) return 0;
   if (!fcl_wgmma_available(ctx)) return 0;
   fcl_wgmma_config c;

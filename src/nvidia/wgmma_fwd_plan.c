@@ -10,7 +10,8 @@
 /* Local bytes of flash_fwd_wgmma: Q, two K | V stages, and up to 1008 bytes
  * that the kernel skips to align its tiles to 1024 bytes. */
 static size_t fcl_wgmma_local(const fcl_wgmma_config *c, int d) {
-  return ((size_t)c->nwg * 64 + 4 * (size_t)c->block_c) * (size_t)d * 2 + 1008;
+  const size_t dpad = ((size_t)d + 63) / 64 * 64; /* the swizzled regions are 64 columns wide */
+  return ((size_t)c->nwg * 64 + 4 * (size_t)c->block_c) * dpad * 2 + 1008;
 }
 
 static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 || bc == 128; }
