@@ -188,13 +188,20 @@ static const bwd_case CASES[] = {
     BWD("mma_bf16_d144_causal_Nq65_Nk97", BF16, 2, 65, 97, 2, 1, 144, 1, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d240_N80", F16, 1, 80, 80, 2, 2, 240, 0, 0.0f, R_DET | R_ATOMIC),
     /* Head dims that are multiples of 8 but not 16: only the Hopper kernels
-     * (padded to 64 or 128 columns in local memory) run them on tensor cores. */
+     * (padded to a multiple of 64 columns in local memory) run them on tensor cores. */
     BWD("mma_f16_d72_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 72, 1, 0.0f,
         R_DET | R_ATOMIC | R_SPLIT | R_REPEAT | R_HOPPER),
     BWD_VL("mma_bf16_d120_varlen_causal_gqa_4_2", BF16, 4, 2, 120, 1, 0.0f, R_DET | R_ATOMIC | R_HOPPER, 3, VL_Q_MMA,
            VL_K_MMA),
     BWD("mma_f16_d40_dropout_Nq70_Nk130", F16, 2, 70, 130, 2, 2, 40, 0, 0.1f, R_DET | R_ATOMIC | R_HOPPER),
     BWD("mma_bf16_d8_N99", BF16, 1, 99, 99, 2, 1, 8, 0, 0.0f, R_DET | R_ATOMIC | R_HOPPER),
+    /* ... and past d = 128 (flash_bwd_wgmma_wide.cl: tiles of 192 or 256
+     * columns, dQ accumulated in both modes). */
+    BWD("mma_f16_d136_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 136, 1, 0.0f,
+        R_DET | R_ATOMIC | R_SPLIT | R_REPEAT | R_HOPPER),
+    BWD("mma_bf16_d200_dropout_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 200, 0, 0.1f, R_DET | R_ATOMIC | R_HOPPER),
+    BWD_VL("mma_f16_d248_varlen_causal_gqa_4_2", F16, 4, 2, 248, 1, 0.0f, R_DET | R_ATOMIC | R_HOPPER, 3, VL_Q_MMA,
+           VL_K_MMA),
 };
 #elif !defined(FCT_BWD_LONG)
 static const bwd_case CASES[] = {

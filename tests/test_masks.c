@@ -369,6 +369,10 @@ static const mt_case CASES[] = {
     {"mma_dropout_causal_gqa", FLASHCL_F16, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0, NULL, NULL, 1, 0, 0, 1},
     {"mma_dropout_d128_nq_lt_nk", FLASHCL_F16, 1, 257, 390, 2, 2, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0, NULL, NULL, 1, 0, 0, 1},
     {"mma_dropout_all_varlen_bf16", FLASHCL_BF16, 0, 0, 0, 4, 2, 128, 1, 6, -1, 1, 4.0f, 0.5f, 0.2f, 3, VQ, VK, 1, 0, 0, 1},
+    /* Past d = 128 (on Hopper: flash_bwd_wgmma_wide.cl; the forward with dropout runs mma.sync). */
+    {"mma_all_varlen_bf16_d256", FLASHCL_BF16, 0, 0, 0, 4, 2, 256, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0, 0, 1},
+    {"mma_dropout_softcap_d208", FLASHCL_F16, 1, 257, 390, 2, 2, 208, 0, -1, -1, 0, 2.0f, 1.0f, 0.2f, 0, NULL, NULL, 1, 0,
+     0, 1},
     /* Attention sinks: forward, backward with dsinks, flash and naive. The window
      * leaves rows with no key (O = 0, LSE = the sink); the last case runs the GPU
      * mapping of the portable forward with every variant on. */

@@ -99,7 +99,8 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
 
 /* Past d = 128 a deterministic call needs the split accumulators to fit too. */
 int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
-  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic)) return 1; /* Hopper: every multiple of 8 up to 128 */
+  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic)) /* Hopper: every multiple of 8 up to 256 */
+    return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, tu) > 0;
   fcl_mma_bwd_config c;
   if (p->head_dim % 16 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
   return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, tu) > 0;
@@ -153,10 +154,10 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * kernel). */
 int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   fcl_mma_bwd_config c;
-  const int hopper = fcl_wgmma_bwd_wanted(ctx, p, tu, 1); /* bwd_dkdv_wgmma: 128-key blocks */
+  const int hopper = fcl_wgmma_bwd_wanted(ctx, p, tu, 1); /* bwd_dkdv_wgmma: 128-key blocks (64 past d = 128) */
   if (!hopper && (!fcl_mma_bwd_covered(ctx, p, NULL, 1) || fcl_mma_bwd_pick(ctx, p, 1, NULL, &c) <= 0)) return 0;
   const int wide = p->head_dim > 128;
-  const long kv = hopper ? 128 : 16L * (c.nwarps / c.kv_parts), kblocks = ((long)p->seqlen_k + kv - 1) / kv;
+  const long kv = hopper ? (wide ? 64 : 128) : 16L * (c.nwarps / c.kv_parts), kblocks = ((long)p->seqlen_k + kv - 1) / kv;
   const long units = (long)p->batch * p->heads_kv, cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;
   /* Bytes of D and of one accumulator (never more than the scratch the atomic
    * mode allocates, whose size arithmetic src/portable/backward.c checks). src/portable/backward.c

@@ -1,14 +1,17 @@
-/* The Hopper tensor-core dK/dV kernel (cl/nvidia/flash_bwd_wgmma.cl): coverage,
- * build and launch shape. It is a faster kernel inside the mma_bwd family, as
+/* The Hopper tensor-core dK/dV kernels (cl/nvidia/flash_bwd_wgmma.cl up to
+ * d = 128, cl/nvidia/flash_bwd_wgmma_wide.cl past it): coverage, build and
+ * launch shape. It is a faster kernel inside the mma_bwd family, as
  * the wgmma forward is inside NVIDIA_MMA: fcl_mma_backward_kernels
  * (src/nvidia/mma_backward.c) swaps it in for bwd_dkdv_mma where
  * fcl_wgmma_bwd_wanted says so, with the same arguments, and bwd_dq_wgmma for
  * bwd_dq_mma in the deterministic mode without split accumulators.
  *
  * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
- * passed), fp16/bf16, head_dim a multiple of 8 up to 128 (equal for q/k and v;
- * the kernels pad it to 64 or 128 in local memory, never in the caller's), and
- * the tiles within the local memory the device takes; attention masks test
+ * passed), fp16/bf16, head_dim a multiple of 8 up to 256 (equal for q/k and v;
+ * the kernels pad it to a multiple of 64 in local memory, never in the
+ * caller's; past 128 the dQ is accumulated, atomically or in the deterministic
+ * split accumulators, as bwd_dkdv_mma does there), and the tiles within the
+ * local memory the device takes; attention masks test
  * every bit (no all-zero tile is skipped, as bwd_dkdv_mma does). The mma_bwd
  * tuning's `wgmma` (rule: 1) turns it off. A build failure is logged and
  * turns these kernels off for the context; the call is then chosen again
@@ -19,10 +22,12 @@
 
 #include <stdio.h>
 
-/* The head dim the products run at (the kernel's DPAD). */
-static size_t fcl_wgmma_dpad(int head_dim) { return head_dim <= 64 ? 64 : 128; }
+/* The width of the tiles in local memory (the kernels' DPAD). */
+static size_t fcl_wgmma_dpad(int head_dim) { return head_dim <= 64 ? 64 : ((size_t)head_dim + 63) / 64 * 64; }
 /* Queries per streamed tile: the pair whose accumulators fit 255 registers. */
 static int fcl_wgmma_bwd_block_r(int head_dim) { return fcl_wgmma_dpad(head_dim) == 64 ? 128 : 64; }
+/* Keys per work-group: 64 per warpgroup up to d = 128, 64 shared past it. */
+static int fcl_wgmma_bwd_keys(int head_dim) { return head_dim > 128 ? 64 : 128; }
 
 /* bwd_dq_wgmma's local memory: Q and dO (64 nwg rows), two K | V stages. */
 static size_t fcl_wgmma_dq_local(int head_dim, int nwg, int block_c) {
@@ -36,6 +41,8 @@ static size_t fcl_wgmma_dq_local(int head_dim, int nwg, int block_c) {
  * bwd_dq_wgmma's with dq_nwg x dq_block_c tiles. */
 static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk, int dq_nwg, int dq_block_c) {
   const size_t d = fcl_wgmma_dpad(head_dim), br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
+  /* Past d = 128: K, V, two Q | dO pairs of 64 rows, dS^T, the handed-over P^T, LSE and D. */
+  if (head_dim > 128) return 6 * 64 * d * 2 + 64 * 64 * 2 + 32 * 128 * 4 + 4 * 64 * 4 + 1008;
   const size_t dkdv = 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
                       4 * br * 4 + 1008;
   const size_t dq = fcl_wgmma_dq_local(head_dim, dq_nwg, dq_block_c);
@@ -48,7 +55,7 @@ static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk, int dq_nwg
  * 227 KiB on an H100). */
 int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic, int splits) {
   (void)splits; /* the atomic mode's single accumulator (callers pass 0 or 1) */
-  if (!atomic) return 0;
+  if (!atomic || p->head_dim > 128) return 0; /* the wide kernel adds with red.global */
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_BULK_DQ, 1)) return 0;
   return fcl_wgmma_bwd_local(p->head_dim, 1, 1, 0, 0) <= fcl_local_limit(ctx);
 }
@@ -75,7 +82,7 @@ void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
 }
 
 int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
-  if (p->head_dim % 8 || p->head_dim > 128) return 0;
+  if (p->head_dim % 8 || p->head_dim > 256) return 0;
   if (p->head_dim_v != p->head_dim || p->paged_kv) return 0;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
@@ -96,17 +103,23 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
   int dq_nwg, dq_bc;
   fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   const char *extra = ctx->build_options;
-  char opts[640], variants[128], src[192];
+  char opts[640], variants[128], src[192], tiles[160];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
+  const int wide = p->head_dim > 128;         /* flash_bwd_wgmma_wide.cl: dQ always accumulated */
+  if (wide)
+    tiles[0] = '\0';
+  else
+    snprintf(tiles, sizeof tiles, " -DBLOCK_R=%d -DATOMIC_DQ=%d -DBULK_DQ=%d -DDQ_NWG=%d -DDQ_BLOCK_C=%d",
+             fcl_wgmma_bwd_block_r(p->head_dim), atomic || splits > 0, bulk, dq_nwg, dq_bc);
   snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_R=%d -DCAUSAL=%d -DVARLEN=%d -DATOMIC_DQ=%d "
-           "-DDQ_SPLITS=%d -DVEC_RED=%d -DBULK_DQ=%d -DDQ_NWG=%d -DDQ_BLOCK_C=%d -DDROPOUT=%d%s%s%s",
-           (int)p->dtype, p->head_dim, fcl_wgmma_bwd_block_r(p->head_dim), causal, p->varlen, atomic || splits > 0,
-           splits > 0, vec_red, bulk, dq_nwg, dq_bc, p->dropout, variants, extra ? " " : "", extra ? extra : "");
-  fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DDQ_SPLITS=%d -DVEC_RED=%d "
+           "-DDROPOUT=%d%s%s%s%s",
+           (int)p->dtype, p->head_dim, causal, p->varlen, splits > 0, vec_red, p->dropout, tiles, variants,
+           extra ? " " : "", extra ? extra : "");
+  fcl_mma_sources(p, wide ? "wgmma_ptx.cl+flash_bwd_wgmma_wide.cl" : "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
   cl_kernel dkdv, dq = NULL;
-  const int want_dq = !atomic && !splits;
+  const int want_dq = !atomic && !splits && !wide;
   if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &dkdv) != FLASHCL_SUCCESS ||
       (want_dq && fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dq_wgmma", &fcl_sm90a_route, &dq) != FLASHCL_SUCCESS)) {
     fcl_log(ctx, "the wgmma backward does not build (turned off for this context): %.400s", ctx->errmsg);
@@ -118,8 +131,8 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
     fcl_print_build_log(ctx, dkdv, "bwd_dkdv_wgmma", opts);
     if (dq) fcl_print_build_log(ctx, dq, "bwd_dq_wgmma", opts);
   }
-  const size_t rq = (size_t)dq_nwg * 64, kblocks = ((size_t)p->seqlen_k + 127) / 128,
-               qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
+  const size_t keys = (size_t)fcl_wgmma_bwd_keys(p->head_dim), rq = (size_t)dq_nwg * 64,
+               kblocks = ((size_t)p->seqlen_k + keys - 1) / keys, qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
   L->dkdv = dkdv;
   L->dq = dq;
   fcl_mma_bwd_shape(L, p, (splits > 0 ? (size_t)splits : kblocks) * 256, 256, qblocks * rq * 2, rq * 2);
@@ -137,7 +150,7 @@ void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu
   fcl_tuned_ran(tu, FCL_MMAB_DQ_SPLITS, atomic ? 0 : splits);
   fcl_tuned_ran(tu, FCL_MMAB_BULK_DQ, bulk);
   if ((atomic || splits) && !bulk) fcl_tuned_ran(tu, FCL_MMAB_VEC_RED, fcl_tuned_get(tu, FCL_MMAB_VEC_RED, 1) != 0);
-  if (dq_kernel) {
+  if (dq_kernel && p->head_dim <= 128) {
     fcl_tuned_ran(tu, FCL_MMAB_DQ_NWG, dq_nwg);
     fcl_tuned_ran(tu, FCL_MMAB_DQ_BLOCK_C, dq_bc);
   }
@@ -149,7 +162,7 @@ void fcl_wgmma_bwd_describe(flashcl_context *ctx, const fcl_problem *p, const fc
   fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   snprintf(cfg->kernel, sizeof cfg->kernel, "bwd_dkdv_wgmma");
   cfg->block_r = fcl_wgmma_bwd_block_r(p->head_dim);
-  cfg->block_c = 128;
+  cfg->block_c = fcl_wgmma_bwd_keys(p->head_dim);
   cfg->threads = 256;
   cfg->local_bytes = fcl_wgmma_bwd_local(p->head_dim, atomic || splits > 0, fcl_wgmma_bwd_bulk(ctx, p, tu, atomic, splits),
                                          dq_nwg, dq_bc);
