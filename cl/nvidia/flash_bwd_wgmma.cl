@@ -50,7 +50,9 @@
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT, MASK   as in flash_bwd_mma.cl
  *   ATOMIC_DQ, DQ_SPLITS, VEC_RED                     as in flash_bwd_mma.cl
  *   DQ_NWG     bwd_dq_wgmma: warpgroups (64 queries each)
- *   DQ_BLOCK_C bwd_dq_wgmma: keys per K/V tile (64 or 128)
+ *   DQ_BLOCK_C bwd_dq_wgmma: keys per K/V tile (32, 64 or 128)
+ *   DQ_ONLY    1: only bwd_dq_wgmma, which also takes head dims past 128 (up
+ *              to 256; their dK/dV kernel is flash_bwd_wgmma_wide.cl)
  *   BULK_DQ    1 (atomic dQ without splits): each step's dQ tile goes to local
  *              memory, and after the next step's barrier one bulk reduction per
  *              row (cp.reduce.async.bulk .add.f32, sm_90) adds it to the
@@ -112,17 +114,24 @@
 #ifndef DQ_BLOCK_C
 #define DQ_BLOCK_C 64
 #endif
+#ifndef DQ_ONLY
+#define DQ_ONLY 0
+#endif
 
-/* The head dim of the products: the tiles in local memory carry zero columns
- * from HEAD_DIM to DPAD (a literal: WG_RS pastes it). */
+/* The width of the tiles in local memory: they carry zero columns from
+ * HEAD_DIM to DPAD. */
 #if HEAD_DIM <= 64
 #define DPAD 64
-#else
+#elif HEAD_DIM <= 128
 #define DPAD 128
+#else
+#define DPAD ((HEAD_DIM + 63) / 64 * 64)
 #endif
-#if HEAD_DIM % 8 || HEAD_DIM > 128 || !((DPAD == 64 && BLOCK_R == 128) || (DPAD == 128 && BLOCK_R == 64)) || \
+#if HEAD_DIM % 8 || HEAD_DIM > 256 || (HEAD_DIM > 128 && !DQ_ONLY) || \
+    (!DQ_ONLY && !((DPAD == 64 && BLOCK_R == 128) || (DPAD == 128 && BLOCK_R == 64))) || \
     (DQ_SPLITS && !ATOMIC_DQ) || \
-    (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS)) || DQ_NWG < 1 || DQ_NWG > 3 || (DQ_BLOCK_C != 64 && DQ_BLOCK_C != 128)
+    (BULK_DQ && (!ATOMIC_DQ || DQ_SPLITS)) || DQ_NWG < 1 || DQ_NWG > 3 || \
+    (DQ_BLOCK_C != 32 && DQ_BLOCK_C != 64 && DQ_BLOCK_C != 128)
 #error "unsupported flash_bwd_wgmma parameters"
 #endif
 
@@ -131,17 +140,13 @@
 #define KV_BLOCK 128
 /* Columns of the products whose n is the head dim (dV, dK, and dQ in
  * bwd_dq_wgmma): the head dim rounded up to 16 past 64 (a partial region,
- * wgmma_ptx.cl), a literal (WG_RS pastes it). */
+ * wgmma_ptx.cl); past 128 (bwd_dq_wgmma only) 128 and then WG_DLAST. */
 #if DPAD == 64
 #define NP DPAD
-#elif HEAD_DIM <= 80
-#define NP 80
-#elif HEAD_DIM <= 96
-#define NP 96
-#elif HEAD_DIM <= 112
-#define NP 112
+#elif HEAD_DIM <= 128
+#define NP WG_DLAST
 #else
-#define NP 128
+#define NP ((HEAD_DIM + 15) / 16 * 16)
 #endif
 #define CH (DPAD / 8)      /* 16-byte chunks per local row */
 #define CH_REAL (HEAD_DIM / 8) /* of them read from memory; the rest are zero */
@@ -215,6 +220,7 @@ inline void bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read 0
 #define WCTENSOR(n) __global const ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
 #define WTENSOR(n) __global ushort *n, long n##_off, long n##_sb, long n##_sn, long n##_sh
 
+#if !DQ_ONLY
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgmma(
     WCTENSOR(q), WCTENSOR(k), WCTENSOR(v), WCTENSOR(dout), WTENSOR(dk), WTENSOR(dv),
     __global const float *lse, long l_off, long l_sb, long l_sn, long l_sh,
@@ -524,7 +530,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #undef STORE_LD
 #undef QSLOT
 }
-
+#endif /* !DQ_ONLY */
 
 /* ---- bwd_dq_wgmma: the deterministic dQ ----
  * One work-group of DQ_NWG warpgroups owns 64 DQ_NWG queries of one (sequence,
@@ -681,8 +687,14 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
     }
     wg_fence();
     #pragma unroll
-    for (int jj = 0; jj < DQ_NT / 2; jj++)
+    for (int jj = 0; jj < DQ_NT / 2; jj++) {
+#if HEAD_DIM > 128 /* columns 0-127 (K's regions 0 and 1), then the rest */
+      WG_RS(128)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
+      WG_RS(WG_DLAST)(acc + 64, sa[jj], wg_desc(DKBUF(j) + 2 * REGION(DQ_BLOCK_C) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
+#else
       WG_RS(NP)(acc, sa[jj], wg_desc(DKBUF(j) + jj * 2048, REGION(DQ_BLOCK_C), 1024));
+#endif
+    }
     wg_commit();
     wg_wait0();
     REG_FENCE(acc, DT * 4);
@@ -708,7 +720,9 @@ __kernel __attribute__((reqd_work_group_size(DQ_THREADS, 1, 1))) void bwd_dq_wgm
 
 #else /* !USE_PTX: empty bodies, so that the file is valid OpenCL C everywhere */
 
+#if !DQ_ONLY
 __kernel void bwd_dkdv_wgmma(__global float *unused) { (void)unused; }
+#endif
 __kernel void bwd_dq_wgmma(__global float *unused) { (void)unused; }
 
 #endif /* USE_PTX */

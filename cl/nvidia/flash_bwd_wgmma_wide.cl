@@ -32,6 +32,9 @@
  *   DTYPE      1 = fp16, 2 = bf16
  *   HEAD_DIM   a multiple of 8 from 136 to 256
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP, DROPOUT, MASK   as in flash_bwd_mma.cl
+ *   ATOMIC_DQ  1: dQ accumulated here (atomically, or DQ_SPLITS); 0: not at
+ *              all (the deterministic bwd_dq_wgmma of flash_bwd_wgmma.cl
+ *              computes it)
  *   DQ_SPLITS, VEC_RED                               as in flash_bwd_mma.cl
  *
  * With USE_PTX=1 the host joins mma_ptx.cl, wgmma_ptx.cl, mma_scores.cl,
@@ -68,6 +71,9 @@
 #ifndef MASK
 #define MASK 0
 #endif
+#ifndef ATOMIC_DQ
+#define ATOMIC_DQ 1
+#endif
 #ifndef DQ_SPLITS
 #define DQ_SPLITS 0
 #endif
@@ -75,7 +81,7 @@
 #define VEC_RED 1
 #endif
 
-#if HEAD_DIM % 8 || HEAD_DIM <= 128 || HEAD_DIM > 256
+#if HEAD_DIM % 8 || HEAD_DIM <= 128 || HEAD_DIM > 256 || (DQ_SPLITS && !ATOMIC_DQ)
 #error "unsupported flash_bwd_wgmma_wide parameters"
 #endif
 
@@ -90,24 +96,8 @@
 #define KT (D16 / 16)          /* k-steps over the head dim */
 #define DT (D16 / 8)           /* 8-column n-tiles of dK, dV (those past HEAD_DIM are not stored) */
 #define DQ_REGIONS (DPAD / 64) /* 64-column blocks of dQ */
-/* Columns of the dV / dK product past the first 128, a literal (WG_RS pastes it). */
-#if D16 == 144
-#define NREST 16
-#elif D16 == 160
-#define NREST 32
-#elif D16 == 176
-#define NREST 48
-#elif D16 == 192
-#define NREST 64
-#elif D16 == 208
-#define NREST 80
-#elif D16 == 224
-#define NREST 96
-#elif D16 == 240
-#define NREST 112
-#else
-#define NREST 128
-#endif
+/* Columns of the dV / dK product past the first 128, a literal (wgmma_ptx.cl). */
+#define NREST WG_DLAST
 #define REGION(rows) ((rows) * 128)
 #define TILE_BYTES (DPAD / 64 * REGION(64)) /* every tile here has 64 rows */
 /* Byte offset of chunk c of row r in a swizzled tile of 64 rows (wgmma_ptx.cl). */
@@ -175,6 +165,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
   const uint kbuf = sb + SM_K, vbuf = sb + SM_V;
   __local uchar *const s8 = (__local uchar *)smem + (sb - SADDR(smem));
   __local float *const px = (__local float *)(s8 + SM_PX) + wtid; /* this work-item's P^T slots, 128 apart */
+#if !ATOMIC_DQ
+  (void)dq_acc;
+#endif
 #if DQ_SPLITS
   __global float *const dq_split =
       dq_acc + (long)get_group_id(0) * get_num_groups(2) * heads_q * seqlen_q * HEAD_DIM;
@@ -317,6 +310,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
     for (int j = 0; j < 4; j++)
       #pragma unroll
       for (int x = 0; x < 4; x++) fa[j][x] = pack2(sd[8 * j + 2 * x], sd[8 * j + 2 * x + 1]);
+#if ATOMIC_DQ
     if (wg == 1) {
       /* dS^T to local memory for dQ: keys kr, kr + 8, query chunks 2 j, 2 j + 1. */
       #pragma unroll
@@ -328,6 +322,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
       }
       proxy_fence(); /* generic-proxy stores, read by wgmma through the async proxy */
     }
+#endif
     /* dV += P^T dO (warpgroup 0) or dK += dS^T Q (warpgroup 1), B read N-major. */
     const uint bt = wg ? qb : db;
     wg_fence();
@@ -337,6 +332,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
       WG_RS(NREST)(acc + 64, fa[j], wg_desc(bt + 2 * REGION(64) + j * 2048, REGION(64), 1024));
     }
     wg_commit();
+#if ATOMIC_DQ
     barrier(CLK_LOCAL_MEM_FENCE); /* dS^T is in local memory */
 
     /* dQ (64 queries x 64 columns per block) = dS K over the 64 keys; the
@@ -373,6 +369,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
         }
       }
     }
+#endif /* ATOMIC_DQ */
     wg_wait0();
     REG_FENCE(acc, DT * 4);
     if (s + 1 < steps) STORE_LD(slot ^ 1)

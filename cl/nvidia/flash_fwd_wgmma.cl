@@ -116,24 +116,8 @@
 #define D16 ((HEAD_DIM + 15) / 16 * 16)
 #define DPAD ((HEAD_DIM + 63) / 64 * 64)
 /* Columns of the last P V product (the only one up to 128, the one for O's
- * columns from 128 past it), a literal: WG_RS pastes it. */
-#if D16 % 128 == 16
-#define PV_LAST 16
-#elif D16 % 128 == 32
-#define PV_LAST 32
-#elif D16 % 128 == 48
-#define PV_LAST 48
-#elif D16 % 128 == 64
-#define PV_LAST 64
-#elif D16 % 128 == 80
-#define PV_LAST 80
-#elif D16 % 128 == 96
-#define PV_LAST 96
-#elif D16 % 128 == 112
-#define PV_LAST 112
-#else
-#define PV_LAST 128
-#endif
+ * columns from 128 past it), a literal (wgmma_ptx.cl). */
+#define PV_LAST WG_DLAST
 
 #define NTHREADS (NWG * 128)
 #define BLOCK_R (NWG * 64)

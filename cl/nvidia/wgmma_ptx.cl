@@ -52,6 +52,11 @@ inline ulong wg_desc(uint addr, uint lead, uint stride) {
 }
 
 /* d (N / 2 floats) = (acc ? d : 0) + A B: A 64x16 K-major at da, B Nx16 K-major at db. */
+#define WGMMA_SS_N32(d, da, db, acc)                                                        \
+  asm volatile(SM90A "{ .reg .pred p; setp.ne.b32 p, %18, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32." MMA_TYPE "." MMA_TYPE \
+               " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0; }"                                     \
+               : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7]), "+f"((d)[8]), "+f"((d)[9]), "+f"((d)[10]), "+f"((d)[11]), "+f"((d)[12]), "+f"((d)[13]), "+f"((d)[14]), "+f"((d)[15])                                                                                 \
+               : "l"(da), "l"(db), "r"(acc) : "memory")
 #define WGMMA_SS_N64(d, da, db, acc)                                                        \
   asm volatile(SM90A "{ .reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_TYPE "." MMA_TYPE \
                " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0; }"                                     \
@@ -112,6 +117,30 @@ inline ulong wg_desc(uint addr, uint lead, uint stride) {
                " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1; }"                      \
                : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7]), "+f"((d)[8]), "+f"((d)[9]), "+f"((d)[10]), "+f"((d)[11]), "+f"((d)[12]), "+f"((d)[13]), "+f"((d)[14]), "+f"((d)[15]), "+f"((d)[16]), "+f"((d)[17]), "+f"((d)[18]), "+f"((d)[19]), "+f"((d)[20]), "+f"((d)[21]), "+f"((d)[22]), "+f"((d)[23]), "+f"((d)[24]), "+f"((d)[25]), "+f"((d)[26]), "+f"((d)[27]), "+f"((d)[28]), "+f"((d)[29]), "+f"((d)[30]), "+f"((d)[31]), "+f"((d)[32]), "+f"((d)[33]), "+f"((d)[34]), "+f"((d)[35]), "+f"((d)[36]), "+f"((d)[37]), "+f"((d)[38]), "+f"((d)[39]), "+f"((d)[40]), "+f"((d)[41]), "+f"((d)[42]), "+f"((d)[43]), "+f"((d)[44]), "+f"((d)[45]), "+f"((d)[46]), "+f"((d)[47]), "+f"((d)[48]), "+f"((d)[49]), "+f"((d)[50]), "+f"((d)[51]), "+f"((d)[52]), "+f"((d)[53]), "+f"((d)[54]), "+f"((d)[55]), "+f"((d)[56]), "+f"((d)[57]), "+f"((d)[58]), "+f"((d)[59]), "+f"((d)[60]), "+f"((d)[61]), "+f"((d)[62]), "+f"((d)[63])                                                                                 \
                : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(db) : "memory")
+
+/* n of the last product over a head dim (HEAD_DIM rounded up to 16, past 128
+ * less 128: products over more than 128 columns are split at 128), a
+ * literal for WG_SS / WG_RS. */
+#ifdef HEAD_DIM
+#define WG_D16_ ((HEAD_DIM + 15) / 16 * 16)
+#if WG_D16_ % 128 == 16
+#define WG_DLAST 16
+#elif WG_D16_ % 128 == 32
+#define WG_DLAST 32
+#elif WG_D16_ % 128 == 48
+#define WG_DLAST 48
+#elif WG_D16_ % 128 == 64
+#define WG_DLAST 64
+#elif WG_D16_ % 128 == 80
+#define WG_DLAST 80
+#elif WG_D16_ % 128 == 96
+#define WG_DLAST 96
+#elif WG_D16_ % 128 == 112
+#define WG_DLAST 112
+#else
+#define WG_DLAST 128
+#endif
+#endif
 
 #define WG_SS_N(n) WGMMA_SS_N##n
 #define WG_SS(n) WG_SS_N(n)

@@ -99,8 +99,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
 
 /* Past d = 128 a deterministic call needs the split accumulators to fit too. */
 int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
-  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic)) /* Hopper: every multiple of 8 up to 256 */
-    return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, tu) > 0;
+  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic)) return 1; /* Hopper: every multiple of 8 up to 256 */
   fcl_mma_bwd_config c;
   if (p->head_dim % 16 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
   return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, tu) > 0;
@@ -138,8 +137,9 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
  * leave more than a quarter of the compute units idle (few heads, a small
  * batch), and where the splits' accumulators (four bytes per dQ element each)
  * would take more than an eighth of the device memory or one allocation.
- * Past d = 128 there is no separate dQ kernel: the splits always run there
- * (0 when no split count fits the memory, and the portable kernels run).
+ * Past d = 128 there is no separate dQ kernel for bwd_dkdv_mma: the splits
+ * always run there (0 when no split count fits the memory, and the portable
+ * kernels run); the Hopper kernels have one (bwd_dq_wgmma) at every head dim.
  *
  * The splits also cost memory traffic: every key block adds a whole N x d fp32
  * dQ into its split, and with every head in flight at once those adds miss L2
@@ -167,11 +167,11 @@ int fcl_mma_bwd_dq_splits(flashcl_context *ctx, const fcl_problem *p, const fcl_
                cap_one = (double)ctx->info.max_mem_alloc_size - rows * sizeof(float);
   if (tu && fcl_tuned_has(tu, FCL_MMAB_DQ_SPLITS)) {
     const long n = tu->val[FCL_MMAB_DQ_SPLITS];
-    if (n * one <= cap_one && (n > 0 || !wide)) return (int)n;
+    if (n * one <= cap_one && (n > 0 || !wide || hopper)) return (int)n;
     fcl_log(ctx, "mma_bwd.dq_splits = %ld ignored: %s", n,
             n > 0 ? "its accumulators do not fit one allocation" : "past d = 128 the dQ needs split accumulators");
   }
-  if (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window) || hopper)) return 0;
+  if (hopper || (!wide && (p->head_dim > 64 || kblocks < 64 || !(p->causal || p->window)))) return 0;
   int best = 0;
   long best_cost = 0;
   for (long s = 1; s <= 16 && s <= kblocks; s++) {

@@ -21,6 +21,7 @@
 #include "nvidia/nvidia.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* The width of the tiles in local memory (the kernels' DPAD). */
 static size_t fcl_wgmma_dpad(int head_dim) { return head_dim <= 64 ? 64 : ((size_t)head_dim + 63) / 64 * 64; }
@@ -42,9 +43,9 @@ static size_t fcl_wgmma_dq_local(int head_dim, int nwg, int block_c) {
 static size_t fcl_wgmma_bwd_local(int head_dim, int atomic, int bulk, int dq_nwg, int dq_block_c) {
   const size_t d = fcl_wgmma_dpad(head_dim), br = (size_t)fcl_wgmma_bwd_block_r(head_dim);
   /* Past d = 128: K, V, two Q | dO pairs of 64 rows, dS^T, the handed-over P^T, LSE and D. */
-  if (head_dim > 128) return 6 * 64 * d * 2 + 64 * 64 * 2 + 32 * 128 * 4 + 4 * 64 * 4 + 1008;
-  const size_t dkdv = 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) + (bulk ? br * (d * 4 + 32) : 0) +
-                      4 * br * 4 + 1008;
+  const size_t dkdv = head_dim > 128 ? 6 * 64 * d * 2 + 64 * 64 * 2 + 32 * 128 * 4 + 4 * 64 * 4 + 1008
+                                     : 2 * 128 * d * 2 + 4 * br * d * 2 + (atomic ? 128 * br * 2 : 0) +
+                                           (bulk ? br * (d * 4 + 32) : 0) + 4 * br * 4 + 1008;
   const size_t dq = fcl_wgmma_dq_local(head_dim, dq_nwg, dq_block_c);
   return atomic || dkdv > dq ? dkdv : dq;
 }
@@ -67,12 +68,13 @@ int fcl_wgmma_bwd_bulk(flashcl_context *ctx, const fcl_problem *p, const fcl_tun
  * allow. */
 void fcl_wgmma_dq_tiles(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int *nwg, int *block_c) {
   const int tn = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_NWG, 3) : 3, tb = tu ? fcl_tuned_get(tu, FCL_MMAB_DQ_BLOCK_C, 64) : 64;
-  const int cand[3][2] = {{tn, tb}, {3, 64}, {2, 64}};
-  for (int i = 0; i < 3; i++) {
+  const int wide = p->head_dim > 128; /* dQ's d / 2 registers leave room for 2 warpgroups of 64-key tiles */
+  const int cand[5][2] = {{tn, tb}, {3, 64}, {2, 64}, {2, 32}, {1, 64}};
+  for (int i = 0; i < 5; i++) {
     const int n = cand[i][0], bc = cand[i][1];
     *nwg = n;
     *block_c = bc;
-    if (n >= 1 && n <= 3 && (bc == 64 || bc == 128) && !(bc == 128 && n > 2) &&
+    if (n >= 1 && n <= (wide ? 2 : 3) && (bc == 32 || bc == 64 || (bc == 128 && n <= 2 && !wide)) &&
         fcl_wgmma_dq_local(p->head_dim, n, bc) <= fcl_local_limit(ctx))
       return;
     if (i == 0 && tu && (fcl_tuned_has(tu, FCL_MMAB_DQ_NWG) || fcl_tuned_has(tu, FCL_MMAB_DQ_BLOCK_C)))
@@ -86,8 +88,9 @@ int fcl_wgmma_bwd_wanted(flashcl_context *ctx, const fcl_problem *p, const fcl_t
   if (p->head_dim_v != p->head_dim || p->paged_kv) return 0;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16) return 0;
   if (tu && !fcl_tuned_get(tu, FCL_MMAB_WGMMA, 1)) return 0;
-  /* The smallest dQ tiles (2 x 64) must fit; fcl_wgmma_dq_tiles picks within the limit. */
-  if (ctx->wgmma_bwd_failed || fcl_wgmma_bwd_local(p->head_dim, atomic, 0, 2, 64) > fcl_mma_local_cap(ctx, p->head_dim))
+  /* The smallest dQ tiles (2 x 64, past d = 128 2 x 32) must fit; fcl_wgmma_dq_tiles picks within the limit. */
+  if (ctx->wgmma_bwd_failed ||
+      fcl_wgmma_bwd_local(p->head_dim, atomic, 0, 2, p->head_dim > 128 ? 32 : 64) > fcl_mma_local_cap(ctx, p->head_dim))
     return 0;
   return fcl_wgmma_available(ctx);
 }
@@ -103,25 +106,27 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
   int dq_nwg, dq_bc;
   fcl_wgmma_dq_tiles(ctx, p, tu, &dq_nwg, &dq_bc);
   const char *extra = ctx->build_options;
-  char opts[640], variants[128], src[192], tiles[160];
+  char opts[640], variants[128], src[192], tiles[160], dq_src[192], dq_opts[680];
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
-  const int wide = p->head_dim > 128;         /* flash_bwd_wgmma_wide.cl: dQ always accumulated */
-  if (wide)
-    tiles[0] = '\0';
-  else
-    snprintf(tiles, sizeof tiles, " -DBLOCK_R=%d -DATOMIC_DQ=%d -DBULK_DQ=%d -DDQ_NWG=%d -DDQ_BLOCK_C=%d",
-             fcl_wgmma_bwd_block_r(p->head_dim), atomic || splits > 0, bulk, dq_nwg, dq_bc);
+  const int wide = p->head_dim > 128; /* dK/dV from flash_bwd_wgmma_wide.cl, bwd_dq_wgmma alone (DQ_ONLY) */
+  snprintf(tiles, sizeof tiles, " -DATOMIC_DQ=%d -DDQ_NWG=%d -DDQ_BLOCK_C=%d", atomic || splits > 0, dq_nwg, dq_bc);
+  if (!wide)
+    snprintf(tiles + strlen(tiles), sizeof tiles - strlen(tiles), " -DBLOCK_R=%d -DBULK_DQ=%d",
+             fcl_wgmma_bwd_block_r(p->head_dim), bulk);
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DDQ_SPLITS=%d -DVEC_RED=%d "
            "-DDROPOUT=%d%s%s%s%s",
            (int)p->dtype, p->head_dim, causal, p->varlen, splits > 0, vec_red, p->dropout, tiles, variants,
            extra ? " " : "", extra ? extra : "");
   fcl_mma_sources(p, wide ? "wgmma_ptx.cl+flash_bwd_wgmma_wide.cl" : "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
+  fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", dq_src, sizeof dq_src);
+  snprintf(dq_opts, sizeof dq_opts, "%s%s", opts, wide ? " -DDQ_ONLY=1" : "");
   cl_kernel dkdv, dq = NULL;
-  const int want_dq = !atomic && !splits && !wide;
+  const int want_dq = !atomic && !splits;
   if (fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dkdv_wgmma", &fcl_sm90a_route, &dkdv) != FLASHCL_SUCCESS ||
-      (want_dq && fcl_get_kernel_retargeted(ctx, src, opts, "bwd_dq_wgmma", &fcl_sm90a_route, &dq) != FLASHCL_SUCCESS)) {
+      (want_dq &&
+       fcl_get_kernel_retargeted(ctx, dq_src, dq_opts, "bwd_dq_wgmma", &fcl_sm90a_route, &dq) != FLASHCL_SUCCESS)) {
     fcl_log(ctx, "the wgmma backward does not build (turned off for this context): %.400s", ctx->errmsg);
     fcl_clear_error(ctx);
     ctx->wgmma_bwd_failed = 1;
@@ -129,7 +134,7 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
   }
   if (ctx->verbose >= 2) {
     fcl_print_build_log(ctx, dkdv, "bwd_dkdv_wgmma", opts);
-    if (dq) fcl_print_build_log(ctx, dq, "bwd_dq_wgmma", opts);
+    if (dq) fcl_print_build_log(ctx, dq, "bwd_dq_wgmma", dq_opts);
   }
   const size_t keys = (size_t)fcl_wgmma_bwd_keys(p->head_dim), rq = (size_t)dq_nwg * 64,
                kblocks = ((size_t)p->seqlen_k + keys - 1) / keys, qblocks = ((size_t)p->seqlen_q + rq - 1) / rq;
@@ -150,7 +155,7 @@ void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu
   fcl_tuned_ran(tu, FCL_MMAB_DQ_SPLITS, atomic ? 0 : splits);
   fcl_tuned_ran(tu, FCL_MMAB_BULK_DQ, bulk);
   if ((atomic || splits) && !bulk) fcl_tuned_ran(tu, FCL_MMAB_VEC_RED, fcl_tuned_get(tu, FCL_MMAB_VEC_RED, 1) != 0);
-  if (dq_kernel && p->head_dim <= 128) {
+  if (dq_kernel) {
     fcl_tuned_ran(tu, FCL_MMAB_DQ_NWG, dq_nwg);
     fcl_tuned_ran(tu, FCL_MMAB_DQ_BLOCK_C, dq_bc);
   }
