@@ -51,7 +51,7 @@
  *   USE_PTX      1: compile the tensor-core kernels; 0: empty bodies, never launched
  *   PROBE_ONLY   1: only the mma_probe kernel
  *   DTYPE        1 = fp16, 2 = bf16 (the mma input type; accumulation is fp32)
- *   HEAD_DIM     head dimension, multiple of 64
+ *   HEAD_DIM     head dimension, a multiple of 8 up to 256 (D16 below)
  *   BLOCK_C      keys per tile, multiple of 16
  *   NWARPS       warps per work-group
  *   M_TILES      16-row mma tiles per warp
@@ -179,13 +179,23 @@
 #define NTHREADS (NWARPS * 32)
 #define WARP_ROWS (16 * M_TILES)
 #define BLOCK_R (NWARPS * WARP_ROWS)
-#define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+/* A head dim that is an odd multiple of 8 runs at D16 (the next multiple of 16,
+ * mma's k-step): its rows carry one zero-filled chunk in local memory, and
+ * O's columns past HEAD_DIM are not stored. */
+#define D16 ((HEAD_DIM + 15) / 16 * 16)
+#define CH (D16 / 8)       /* 16-byte chunks per row in local memory */
+#define CH_REAL (HEAD_DIM / 8) /* of them read from memory */
+#if CH == CH_REAL
+#define CHUNK_OK(c) 1
+#else
+#define CHUNK_OK(c) ((c) < CH_REAL)
+#endif
 /* Chunks per local row: a multiple of 8, so that the swizzle c ^ (r & 7) stays in
  * the row (head dims that are not multiples of 64 leave the rest of the row unused). */
 #define SWZ_ROW ((CH + 7) / 8 * 8)
-#define KT (HEAD_DIM / 16) /* k-steps of Q K^T */
+#define KT (D16 / 16)      /* k-steps of Q K^T */
 #define NT (BLOCK_C / 8)   /* 8-key n-tiles of S */
-#define DT (HEAD_DIM / 8)  /* 8-column n-tiles of O */
+#define DT (D16 / 8)       /* 8-column n-tiles of O */
 #if Q_IN_SMEM
 #define Q_ROWS BLOCK_R /* Q keeps rows [0, BLOCK_R), K/V follow */
 #define SMEM_ROWS (BLOCK_R + 2 * KV_STAGES * BLOCK_C)
@@ -207,17 +217,17 @@
 #define LSTEP (NTHREADS / CH)
 #define TILE_ROW(i) (lr + (i) * LSTEP)
 #define TILE_COL(i) lc
-#define COL0 (lc * 8)  /* in the thread's pointers */
+#define COL0 ((CHUNK_OK(lc) ? lc : 0) * 8) /* in the thread's pointers (the zero chunk: column 0) */
 #define COLX(i) 0
 #else
 #define LSTEP 0
 #define TILE_ROW(i) ((tid + (i) * NTHREADS) / CH)
 #define TILE_COL(i) ((tid + (i) * NTHREADS) % CH)
 #define COL0 0
-#define COLX(i) (TILE_COL(i) * 8)
+#define COLX(i) ((CHUNK_OK(TILE_COL(i)) ? TILE_COL(i) : 0) * 8)
 #endif
 
-#if HEAD_DIM % 16 || HEAD_DIM > 256 || BLOCK_C % 16
+#if HEAD_DIM % 8 || HEAD_DIM > 256 || BLOCK_C % 16
 #error "unsupported flash_fwd_mma parameters"
 #endif
 
@@ -326,8 +336,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   for (int i = 0; i < TILE_PER(BLOCK_R); i++) {
     const int r = TILE_ROW(i), c = TILE_COL(i);
     if (TILE_IN(BLOCK_R, r)) {
-      const int ok = q0 + r < nq;
-      cp_async16(sbase + SWZ(r, c), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + c * 8, ok ? 16u : 0u);
+      const int ok = q0 + r < nq && CHUNK_OK(c);
+      cp_async16(sbase + SWZ(r, c), q + qbase + (long)(ok ? q0 + r : 0) * q_sn + (CHUNK_OK(c) ? c : 0) * 8,
+                 ok ? 16u : 0u);
     }
   }
   cp_commit();
@@ -392,7 +403,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   {                                                                                         \
     for (int i = 0; i < LPER; i++) {                                                        \
       const int r = TILE_ROW(i), j = (k0) + r;                                              \
-      const int ok = TILE_IN(BLOCK_C, r) && j < nk;                                         \
+      const int ok = TILE_IN(BLOCK_C, r) && j < nk && CHUNK_OK(TILE_COL(i));                \
       const long off_ = (long)(pg)[i] * (sb) + (long)(j - PAGE_OF(j) * page_size) * (sn) + COLX(i); \
       if (TILE_IN(BLOCK_C, r)) cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? (ptr0) + off_ : (ptr0), ok ? 16u : 0u); \
     }                                                                                       \
@@ -410,7 +421,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     __global const ushort *p_ = (ptr) + (long)(k0) * (sn);                                  \
     for (int i = 0; i < LPER; i++) {                                                        \
       const int r = TILE_ROW(i);                                                            \
-      const int ok = TILE_IN(BLOCK_C, r) && (k0) + r < nk;                                  \
+      const int ok = TILE_IN(BLOCK_C, r) && (k0) + r < nk && CHUNK_OK(TILE_COL(i));         \
       const long off_ = LREG ? i * (step) : (long)r * (sn) + COLX(i);                       \
       if (TILE_IN(BLOCK_C, r)) cp_async16((buf) + SWZ(r, TILE_COL(i)), ok ? p_ + off_ : (ptr0), ok ? 16u : 0u); \
     }                                                                                       \
@@ -648,7 +659,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
 #endif
       __global uint *orow = (__global uint *)(o + obase + (long)row * o_sn + 2 * t);
       #pragma unroll
-      for (int dt = 0; dt < DT; dt++)
+      for (int dt = 0; dt < CH_REAL; dt++)
         orow[dt * 4] = pack2(oacc[mt][dt][2 * hh] * inv, oacc[mt][dt][2 * hh + 1] * inv);
       if (has_lse && t == 0) lse[l_off + bq * l_sb + (row_q + row) * l_sn + (long)h * l_sh] = lse2 * M_LN2_F;
     }

@@ -253,12 +253,16 @@
 /* Element offset of row `row` of head `h` in sequence-batch index `bb`. */
 #define ROWPTR(name, bb, row, h) (name##_off + (long)(bb) * name##_sb + (long)(row) * name##_sn + (long)(h) * name##_sh)
 
+/* The first compare-and-swap guesses 0.0f (the accumulator's start) instead
+ * of reading *p: OpenCL 1.2 has no atomic load, and a plain read beside other
+ * work-items' swaps is a data race in its memory model (Oclgrind reported
+ * each one). A wrong guess only costs one more swap, with the value it returns. */
 inline void atomic_add_float(volatile __global float *p, float val) {
   union {
     uint u;
     float f;
   } seen, next;
-  seen.f = *p;
+  seen.u = 0u;
   do {
     next.f = seen.f + val;
     uint prev = atomic_cmpxchg((volatile __global uint *)p, seen.u, next.u);

@@ -40,20 +40,6 @@ static flashcl_status fcl_choose_wgmma(flashcl_context *ctx, const flashcl_atten
   return FLASHCL_SUCCESS;
 }
 
-/* A forward at a head dim only the Hopper kernel covers (not a multiple of
- * 16), where it does not run: refused for desc.tuning's mma_fwd, the portable
- * kernels for a file's wgmma_fwd use = 0. */
-static flashcl_status fcl_unpadded_forward(flashcl_context *ctx, const fcl_problem *p, flashcl_tuning_family want,
-                                           const fcl_tuned *tu, flashcl_tuning_family *fam) {
-  if (want == FLASHCL_TUNE_MMA_FWD)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning asks for the mma_fwd family, which does not take "
-                    "head_dim %d (not a multiple of 16; only the Hopper forward, wgmma_fwd, does)", p->head_dim);
-  fcl_log(ctx, "wgmma_fwd tuning from %s leaves head_dim %d without a tensor-core forward: running the portable "
-          "kernels", tu->origin, p->head_dim);
-  *fam = FLASHCL_TUNE_FWD;
-  return FLASHCL_SUCCESS;
-}
-
 flashcl_status fcl_choose(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                           const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                           const flashcl_tensor *o, const flashcl_tensor *const *grads, flashcl_pass pass,
@@ -77,13 +63,8 @@ flashcl_status fcl_choose(flashcl_context *ctx, const flashcl_attention_desc *de
                                                            : (use_mma ? FLASHCL_TUNE_MMA_BWD : FLASHCL_TUNE_BWD);
   int wgmma = 0;
   if (fam == FLASHCL_TUNE_MMA_FWD && (st = fcl_choose_wgmma(ctx, desc, p, want, &key, tu, &wgmma))) return st;
-  if (wgmma) {
-    fam = FLASHCL_TUNE_WGMMA_FWD;
-  } else {
-    if (fam == FLASHCL_TUNE_MMA_FWD && p->head_dim % 16 && (st = fcl_unpadded_forward(ctx, p, want, tu, &fam)))
-      return st;
-    fcl_tuning_resolve(ctx, fam, want == fam ? desc->tuning : NULL, &key, tu);
-  }
+  if (wgmma) fam = FLASHCL_TUNE_WGMMA_FWD;
+  else fcl_tuning_resolve(ctx, fam, want == fam ? desc->tuning : NULL, &key, tu);
   /* Head dims only the Hopper backward covers, with a tuning that turns it
    * off (mma_bwd wgmma = 0): refused for desc.tuning, the portable kernels
    * for a file's entry. */
@@ -120,9 +101,7 @@ flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, 
     if (ws != FLASHCL_ERROR_BUILD_FAILED || tu->source == FLASHCL_TUNING_SOURCE_CALL) return ws;
     fcl_wgmma_build_failed(ctx);
     const fcl_tune_key key = {p->head_dim, p->dtype, p->causal || p->window, -1, p->seqlen_k};
-    /* mma.sync does not take head dims that are not a multiple of 16. */
-    fcl_tuning_resolve(ctx, p->head_dim % 16 ? FLASHCL_TUNE_FWD : FLASHCL_TUNE_MMA_FWD, NULL, &key, tu);
-    if (p->head_dim % 16) return fcl_flash_forward(ctx, p, desc, tu, q, k, v, o, lse, nwait, wait, out_event);
+    fcl_tuning_resolve(ctx, FLASHCL_TUNE_MMA_FWD, NULL, &key, tu);
   }
   return fcl_mma_forward(ctx, p, desc, tu, q, k, v, o, lse, nwait, wait, out_event);
 }

@@ -14,8 +14,9 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim a multiple of 16 up to 256 (the backward: up
- * to 128), scale > 0, and every tensor's
+ * Coverage: fp16 and bf16, head_dim a multiple of 8 up to 256 in the forward
+ * (odd multiples of 8 padded to 16 in local memory), of 16 in the backward
+ * (of 8 where the Hopper kernels run), scale > 0, and every tensor's
  * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
  * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
  * softcap, attention masks and (forward only) a paged K/V source compose. Other
@@ -37,12 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Head dims that are not a multiple of 16 (mma.sync's k-step) run only on the
- * Hopper kernels, which pad their tiles in local memory. */
-static int fcl_hopper_pads(flashcl_context *ctx, const fcl_problem *p, flashcl_pass pass) {
-  return pass == FLASHCL_PASS_BACKWARD ? fcl_wgmma_bwd_wanted(ctx, p, NULL, 0) : fcl_wgmma_covered(ctx, p);
-}
 
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
@@ -83,8 +78,9 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   const char *why = NULL;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
     why = "dtype is not f16/bf16";
-  else if (p->head_dim > 256 || (p->head_dim % 16 && !fcl_hopper_pads(ctx, p, pass)))
-    why = "head_dim is not a multiple of 16 up to 256 (of 8 for the Hopper kernels: up to 128 in the backward)";
+  else if (p->head_dim % 8 || p->head_dim > 256 ||
+           (pass == FLASHCL_PASS_BACKWARD && p->head_dim % 16 && !fcl_wgmma_bwd_wanted(ctx, p, NULL, 0)))
+    why = "head_dim is not a multiple of 8 up to 256 (in the backward of 16, except on the Hopper kernels)";
   else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, NULL, 0))
     why = p->head_dim > 128 ? "no backward tiles or dQ split accumulators fit the device's memory"
                             : "no backward tiles fit the local memory";
@@ -94,7 +90,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
     why = "paged K/V source";
   else if (!fcl_rows_aligned16(q) || !fcl_rows_aligned16(k) || !fcl_rows_aligned16(v) || !fcl_rows_aligned16(o))
     why = "rows are not 16-byte aligned (offsets/strides not multiples of 8 elements)";
-  else if (pass == FLASHCL_PASS_FORWARD && p->head_dim % 16 == 0 && !fcl_mma_fwd_fits(ctx, p))
+  else if (pass == FLASHCL_PASS_FORWARD && !fcl_mma_fwd_fits(ctx, p))
     why = "its tiles need more local memory than the device allows";
   if (why && forced != FLASHCL_KERNEL_AUTO)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning asks for the tensor-core %s, which does not cover "
