@@ -1,6 +1,7 @@
 /*
- * flash_bwd_wgmma_wide.cl: the Hopper (sm_90a wgmma) dK/dV kernel, with its dQ
- * accumulated in fp32, for head dims past 128.
+ * flash_bwd_wgmma_wide.cl: the Hopper (sm_90a wgmma) dK/dV kernel for head
+ * dims past 128, with the atomic dQ accumulated in fp32 or without dQ (the
+ * deterministic mode: bwd_dq_wgmma of flash_bwd_wgmma.cl, DQ_ONLY).
  *
  * Why a kernel of its own: bwd_dkdv_wgmma (flash_bwd_wgmma.cl) keeps dK and dV
  * of its keys in the registers of one warpgroup, d floats per work-item, which
@@ -12,10 +13,10 @@
  * so each keeps one 64 x d accumulator (d / 2 floats per work-item). dS^T
  * needs P^T: warpgroup 0 hands it over through local memory in accumulator
  * order (each work-item of warpgroup 1 holds dP^T at the same positions), as
- * fp32, with softcap's derivative folded in. Then dQ = dS K, 64 columns at a
- * time, the column blocks shared between the warpgroups, is added to the fp32
- * accumulator with red.global (or into split accumulators with DQ_SPLITS, the
- * deterministic mode: flash_bwd_mma.cl's rule). K and V stay in local memory;
+ * fp32, with softcap's derivative folded in. With ATOMIC_DQ, dQ = dS K, 64
+ * columns at a time, the column blocks shared between the warpgroups, is added
+ * to the fp32 accumulator with red.global (or, with DQ_SPLITS, into split
+ * accumulators in program order: flash_bwd_mma.cl's rule). K and V stay in local memory;
  * Q / dO tiles of 64 queries of every query head of the GQA group stream
  * through two buffers (cp.async of the next tile under the current one's
  * products).

@@ -91,7 +91,7 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
     {"dq_nwg", "bwd_dq_wgmma warpgroups (64 queries each; at most 2 past d = 128). Rule: 3 where it fits, else 2",
      1, 3, 1, FCL_CAND(1, 2, 3)},
     {"dq_block_c", "bwd_dq_wgmma keys per K/V tile: 32, 64 or 128 (128 with at most 2 warpgroups, at most 64 past "
-                   "d = 128). Rule: 64, past d = 128 32 (2 x 64 do not fit)",
+                   "d = 128). Rule: 64, past d = 192 32 (2 x 64 do not fit)",
      32, 128, 32, FCL_CAND(32, 64, 128)},
 };
 

@@ -38,8 +38,12 @@
 flashcl_status fcl_mma_backward_kernels(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic,
                                         int splits, fcl_mma_bwd_launch *L) {
   L->dq = L->dkdv = NULL;
-  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0) && fcl_wgmma_bwd_build(ctx, p, tu, atomic, splits, L))
-    return FLASHCL_SUCCESS; /* it set the kernels and their launch shapes */
+  if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic || splits > 0)) {
+    if (fcl_wgmma_bwd_build(ctx, p, tu, atomic, splits, L)) return FLASHCL_SUCCESS; /* kernels and launch shapes set */
+    /* The call was planned for the Hopper kernels (their split count, their
+     * head dims): the caller chooses it again with them off. */
+    return fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "the Hopper backward kernels do not build (off for this context)");
+  }
   fcl_mma_bwd_config c;
   flashcl_status st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c);
   if (st != FLASHCL_SUCCESS) return st;

@@ -9,9 +9,10 @@
  * Coverage: the wgmma forward's device test (compute capability 9.0, its probe
  * passed), fp16/bf16, head_dim a multiple of 8 up to 256 (equal for q/k and v;
  * the kernels pad it to a multiple of 64 in local memory, never in the
- * caller's; past 128 the dQ is accumulated, atomically or in the deterministic
- * split accumulators, as bwd_dkdv_mma does there), and the tiles within the
- * local memory the device takes; attention masks test
+ * caller's; past 128 the dK/dV kernel is flash_bwd_wgmma_wide.cl, with the
+ * atomic dQ (or split accumulators where the tuning asks) or none, the
+ * deterministic dQ then from bwd_dq_wgmma built with DQ_ONLY), and the tiles
+ * within the local memory the device takes; attention masks test
  * every bit (no all-zero tile is skipped, as bwd_dkdv_mma does). The mma_bwd
  * tuning's `wgmma` (rule: 1) turns it off. A build failure is logged and
  * turns these kernels off for the context; the call is then chosen again
