@@ -59,9 +59,9 @@
  *              accumulator, whose rows are dense: one instruction per row
  *              instead of a red.global per pair of elements in every work-item
  *
- * With USE_PTX=1 the host joins mma_ptx.cl, wgmma_ptx.cl, mma_scores.cl,
- * score_variant.cl and seq_bounds.cl in front (philox.cl with dropout, mask.cl
- * and mask_mma.cl with a mask).
+ * With USE_PTX=1 the host joins mma_ptx.cl, mma_scores.cl, score_variant.cl,
+ * seq_bounds.cl, wgmma_ptx.cl and wgmma_bwd_common.cl in front (philox.cl
+ * with dropout, mask.cl and mask_mma.cl with a mask).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -184,14 +184,8 @@
 #if MASK && !defined(MASK_CL)
 #error "MASK needs mask.cl compiled first in the same program"
 #endif
-/* The mask row of (sequence b, query head h) and its class for sv_pair_visible:
- * 1 = test every bit (3, the mask's "all set", when there is no mask). */
-#if MASK
-#define MASK_ROW(h) (mask + b * mask_bs + (long)(h) * mask_hs)
-#define MASK_CLASS 1
-#else
-#define MASK_ROW(h) mask
-#define MASK_CLASS 3
+#ifndef WGMMA_BWD_COMMON_CL
+#error "flash_bwd_wgmma.cl needs wgmma_bwd_common.cl (MASK_ROW, LOAD_LD, STORE_LD) compiled first in the same program"
 #endif
 
 /* Work-item tid's (of nthreads) cp.async share of rows [row0, row0 + rows) of a strided source
@@ -277,26 +271,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
                  dout_sn, q0_, BLOCK_R, nq, tid, NTHREADS);                                                         \
     cp_commit();                                                                                            \
   }
-/* Work-item r < BLOCK_R reads row r's LSE (log2 domain; +inf for a row without
- * keys or past nq, so that P = 0) and D of step s into registers; STORE_LD
- * puts them in local memory a step later, so that the loads' latency hides
- * under the step's products. */
-  float pl = INFINITY, pd = 0.0f;
-#define LOAD_LD(s)                                                                                          \
-  {                                                                                                         \
-    const int h_ = hk * group + (s) / qsteps, r_ = qstart + ((s) % qsteps) * BLOCK_R + tid;                 \
-    pl = INFINITY;                                                                                          \
-    pd = 0.0f;                                                                                              \
-    if (tid < BLOCK_R && r_ < nq) {                                                                         \
-      pl = lse[l_off + bq * l_sb + (row_q + r_) * l_sn + (long)h_ * l_sh];                                  \
-      pd = dsum[((long)b * heads_q + h_) * seqlen_q + r_];                                                  \
-    }                                                                                                       \
-  }
-#define STORE_LD(slot)                                                                                      \
-  if (tid < BLOCK_R) {                                                                                      \
-    l2s_all[(slot) * BLOCK_R + tid] = pl == -INFINITY ? INFINITY : pl * LOG2E;                              \
-    dss_all[(slot) * BLOCK_R + tid] = pd;                                                                   \
-  }
+  float pl = INFINITY, pd = 0.0f; /* a step's LSE and D, one step ahead (LOAD_LD, wgmma_bwd_common.cl) */
 
 #if BULK_DQ
   /* The staged dQ tile of the previous step (query head, first row; -1: none),
@@ -526,8 +501,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
   }
 #endif
 #undef LOAD_TILES
-#undef LOAD_LD
-#undef STORE_LD
 #undef QSLOT
 }
 #endif /* !DQ_ONLY */

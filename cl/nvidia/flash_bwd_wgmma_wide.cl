@@ -38,9 +38,9 @@
  *              computes it)
  *   DQ_SPLITS, VEC_RED                               as in flash_bwd_mma.cl
  *
- * With USE_PTX=1 the host joins mma_ptx.cl, wgmma_ptx.cl, mma_scores.cl,
- * score_variant.cl and seq_bounds.cl in front (philox.cl with dropout, mask.cl
- * and mask_mma.cl with a mask).
+ * With USE_PTX=1 the host joins mma_ptx.cl, mma_scores.cl, score_variant.cl,
+ * seq_bounds.cl, wgmma_ptx.cl and wgmma_bwd_common.cl in front (philox.cl
+ * with dropout, mask.cl and mask_mma.cl with a mask).
  */
 #ifndef USE_PTX
 #define USE_PTX 0
@@ -124,12 +124,8 @@
 #if MASK && !defined(MASK_CL)
 #error "MASK needs mask.cl compiled first in the same program"
 #endif
-#if MASK
-#define MASK_ROW(h) (mask + b * mask_bs + (long)(h) * mask_hs)
-#define MASK_CLASS 1
-#else
-#define MASK_ROW(h) mask
-#define MASK_CLASS 3
+#ifndef WGMMA_BWD_COMMON_CL
+#error "flash_bwd_wgmma_wide.cl needs wgmma_bwd_common.cl (MASK_ROW, LOAD_LD, STORE_LD) compiled first in the same program"
 #endif
 
 /* cp.async of 64 rows from row0 of a strided source into the swizzled tile at
@@ -203,24 +199,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
                    dout_sn, q0_, nq, tid);                                                                  \
     cp_commit();                                                                                            \
   }
-  /* As in flash_bwd_wgmma.cl: row r's LSE (log2; +inf where P must be 0) and D
-   * of step s in registers, stored a step later. */
-  float pl = INFINITY, pd = 0.0f;
-#define LOAD_LD(s)                                                                                          \
-  {                                                                                                         \
-    const int h_ = hk * group + (s) / qsteps, r_ = qstart + ((s) % qsteps) * BLOCK_R + tid;                 \
-    pl = INFINITY;                                                                                          \
-    pd = 0.0f;                                                                                              \
-    if (tid < BLOCK_R && r_ < nq) {                                                                         \
-      pl = lse[l_off + bq * l_sb + (row_q + r_) * l_sn + (long)h_ * l_sh];                                  \
-      pd = dsum[((long)b * heads_q + h_) * seqlen_q + r_];                                                  \
-    }                                                                                                       \
-  }
-#define STORE_LD(slot)                                                                                      \
-  if (tid < BLOCK_R) {                                                                                      \
-    l2s_all[(slot) * BLOCK_R + tid] = pl == -INFINITY ? INFINITY : pl * LOG2E;                              \
-    dss_all[(slot) * BLOCK_R + tid] = pd;                                                                   \
-  }
+  float pl = INFINITY, pd = 0.0f; /* a step's LSE and D, one step ahead (LOAD_LD, wgmma_bwd_common.cl) */
   if (steps > 0) {
     LOAD_TILES(0, 0)
     LOAD_LD(0)
@@ -401,8 +380,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
   }
 #endif
 #undef LOAD_TILES
-#undef LOAD_LD
-#undef STORE_LD
 #undef QSLOT
 }
 

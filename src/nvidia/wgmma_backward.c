@@ -120,8 +120,9 @@ int fcl_wgmma_bwd_build(flashcl_context *ctx, const fcl_problem *p, const fcl_tu
            "-DDROPOUT=%d%s%s%s%s",
            (int)p->dtype, p->head_dim, causal, p->varlen, splits > 0, vec_red, p->dropout, tiles, variants,
            extra ? " " : "", extra ? extra : "");
-  fcl_mma_sources(p, wide ? "wgmma_ptx.cl+flash_bwd_wgmma_wide.cl" : "wgmma_ptx.cl+flash_bwd_wgmma.cl", src, sizeof src);
-  fcl_mma_sources(p, "wgmma_ptx.cl+flash_bwd_wgmma.cl", dq_src, sizeof dq_src);
+  fcl_mma_sources(p, wide ? "wgmma_ptx.cl+wgmma_bwd_common.cl+flash_bwd_wgmma_wide.cl"
+                          : "wgmma_ptx.cl+wgmma_bwd_common.cl+flash_bwd_wgmma.cl", src, sizeof src);
+  fcl_mma_sources(p, "wgmma_ptx.cl+wgmma_bwd_common.cl+flash_bwd_wgmma.cl", dq_src, sizeof dq_src);
   snprintf(dq_opts, sizeof dq_opts, "%s%s", opts, wide ? " -DDQ_ONLY=1" : "");
   cl_kernel dkdv, dq = NULL;
   const int want_dq = !atomic && !splits;
