@@ -16,8 +16,7 @@
  *
  * Coverage: what flash_fwd_mma covers, less dropout, attention masks and paged
  * K/V, with head_dim a multiple of 8 up to 256 (tiles padded to 64 columns in
- * local memory): head dims that are not a multiple of 16, which mma.sync does
- * not take, run here on Hopper (fcl_mma_select).
+ * local memory).
  *
  * The wgmma_fwd tuning (src/core/tuning_space.c) sets use (0: mma.sync runs
  * instead), nwg and block_c; a per-call tuning whose tiles do not fit is
