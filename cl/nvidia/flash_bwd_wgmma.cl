@@ -457,13 +457,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
 #if HEAD_DIM < DPAD
           if (c0 - 2 * t + nt * 8 >= HEAD_DIM) break; /* padded columns */
 #endif
-#if VEC_RED
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + nt * 8), "f"(dq[4 * nt + 2 * hh] * scale),
-                       "f"(dq[4 * nt + 2 * hh + 1] * scale) : "memory");
-#else
-          red_add_f32(dst + nt * 8, dq[4 * nt + 2 * hh] * scale);
-          red_add_f32(dst + nt * 8 + 1, dq[4 * nt + 2 * hh + 1] * scale);
-#endif
+          wg_red2(dst + nt * 8, dq[4 * nt + 2 * hh] * scale, dq[4 * nt + 2 * hh + 1] * scale);
         }
       }
     }
