@@ -90,9 +90,7 @@ static void wait_event(cl_event ev, const char *what, const char *desc) {
 
 /* ================================================================ cases == */
 
-/* R_HOPPER: a head dim only the Hopper backward (bwd_dkdv_wgmma) takes on
- * tensor cores; the case is skipped where another kernel would run it. */
-enum { R_DET = 1, R_ATOMIC = 2, R_NAIVE = 4, R_REPEAT = 8, R_SPLIT = 16, R_HOPPER = 32, R_ALL = R_DET | R_ATOMIC | R_NAIVE };
+enum { R_DET = 1, R_ATOMIC = 2, R_NAIVE = 4, R_REPEAT = 8, R_SPLIT = 16, R_ALL = R_DET | R_ATOMIC | R_NAIVE };
 /* R_SPLIT (tensor-core table): the deterministic dQ accumulated by the dK/dV
  * kernel in split accumulators, forced to 1 and 3 splits with
  * the mma_bwd tuning's dq_splits (the automatic choice takes it only for shapes that fill
@@ -187,20 +185,21 @@ static const bwd_case CASES[] = {
     BWD("mma_f16_d160_N99", F16, 1, 99, 99, 2, 2, 160, 0, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_bf16_d144_causal_Nq65_Nk97", BF16, 2, 65, 97, 2, 1, 144, 1, 0.0f, R_DET | R_ATOMIC),
     BWD("mma_f16_d240_N80", F16, 1, 80, 80, 2, 2, 240, 0, 0.0f, R_DET | R_ATOMIC),
-    /* Head dims that are multiples of 8 but not 16: only the Hopper kernels
-     * (padded to a multiple of 64 columns in local memory) run them on tensor cores. */
+    /* Head dims that are multiples of 8 but not 16: the Hopper kernels pad
+     * them to a multiple of 64 columns in local memory, mma.sync to the next
+     * multiple of 16 (checked on Hopper through mma_bwd wgmma=0). */
     BWD("mma_f16_d72_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 72, 1, 0.0f,
-        R_DET | R_ATOMIC | R_SPLIT | R_REPEAT | R_HOPPER),
-    BWD_VL("mma_bf16_d120_varlen_causal_gqa_4_2", BF16, 4, 2, 120, 1, 0.0f, R_DET | R_ATOMIC | R_HOPPER, 3, VL_Q_MMA,
+        R_DET | R_ATOMIC | R_SPLIT | R_REPEAT),
+    BWD_VL("mma_bf16_d120_varlen_causal_gqa_4_2", BF16, 4, 2, 120, 1, 0.0f, R_DET | R_ATOMIC, 3, VL_Q_MMA,
            VL_K_MMA),
-    BWD("mma_f16_d40_dropout_Nq70_Nk130", F16, 2, 70, 130, 2, 2, 40, 0, 0.1f, R_DET | R_ATOMIC | R_HOPPER),
-    BWD("mma_bf16_d8_N99", BF16, 1, 99, 99, 2, 1, 8, 0, 0.0f, R_DET | R_ATOMIC | R_HOPPER),
+    BWD("mma_f16_d40_dropout_Nq70_Nk130", F16, 2, 70, 130, 2, 2, 40, 0, 0.1f, R_DET | R_ATOMIC),
+    BWD("mma_bf16_d8_N99", BF16, 1, 99, 99, 2, 1, 8, 0, 0.0f, R_DET | R_ATOMIC),
     /* ... and past d = 128 (flash_bwd_wgmma_wide.cl: tiles of 192 or 256
      * columns, dQ accumulated in both modes). */
     BWD("mma_f16_d136_causal_gqa_4_2_N150", F16, 1, 150, 150, 4, 2, 136, 1, 0.0f,
-        R_DET | R_ATOMIC | R_SPLIT | R_REPEAT | R_HOPPER),
-    BWD("mma_bf16_d200_dropout_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 200, 0, 0.1f, R_DET | R_ATOMIC | R_HOPPER),
-    BWD_VL("mma_f16_d248_varlen_causal_gqa_4_2", F16, 4, 2, 248, 1, 0.0f, R_DET | R_ATOMIC | R_HOPPER, 3, VL_Q_MMA,
+        R_DET | R_ATOMIC | R_SPLIT | R_REPEAT),
+    BWD("mma_bf16_d200_dropout_Nq70_Nk130", BF16, 2, 70, 130, 2, 2, 200, 0, 0.1f, R_DET | R_ATOMIC),
+    BWD_VL("mma_f16_d248_varlen_causal_gqa_4_2", F16, 4, 2, 248, 1, 0.0f, R_DET | R_ATOMIC, 3, VL_Q_MMA,
            VL_K_MMA),
 };
 #elif !defined(FCT_BWD_LONG)
@@ -774,11 +773,6 @@ static void check_backward_case(const bwd_case *c) {
   bwd_result det, other;
   bwd_problem_create(&bp, c, 1);
 #ifdef FCT_BWD_MMA
-  if ((c->runs & R_HOPPER) && !bwd_runs_wgmma(&bp)) {
-    print_message("    skip %s: only the Hopper backward covers head_dim %d on tensor cores\n", bp.desc, (int)bp.D);
-    bwd_problem_release(&bp);
-    FCT_SKIP();
-  }
 #endif
   if (c->bwd_plan) bwd_tuning_plan(c->bwd_plan);
   if (c->runs & R_DET) {
@@ -828,7 +822,7 @@ static void check_backward_case(const bwd_case *c) {
       bwd_result_release(&other);
     }
   }
-  if (!(c->runs & R_HOPPER) && bwd_runs_wgmma(&bp)) {
+  if (bwd_runs_wgmma(&bp)) {
     /* On Hopper the default is bwd_dkdv_wgmma: the mma.sync kernel it replaces
      * stays reachable through the mma_bwd tuning and is checked too (where its
      * atomic dQ has no tile for the head dim, the call runs deterministic). */

@@ -372,8 +372,8 @@ static const mt_case CASES[] = {
     /* Past d = 128 (on Hopper: flash_bwd_wgmma_wide.cl; the forward with dropout runs mma.sync). */
     {"mma_all_varlen_bf16_d256", FLASHCL_BF16, 0, 0, 0, 4, 2, 256, 1, 6, -1, 1, 4.0f, 0.5f, 0, 3, VQ, VK, 1, 0, 0, 1},
     /* An odd multiple of 8: the forward with dropout on mma.sync (padded to 80
-     * columns in local memory), the backward on the Hopper kernels (elsewhere
-     * skipped: no tensor-core backward at d = 72). */
+     * columns in local memory), the backward on the Hopper kernels (mma.sync,
+     * padded the same way, on 8.x). */
     {"mma_dropout_window_d72", FLASHCL_F16, 2, 200, 260, 4, 2, 72, 1, 40, -1, 0, 0, 0, 0.15f, 0, NULL, NULL, 1, 0, 0, 1},
     {"mma_dropout_softcap_d208", FLASHCL_F16, 1, 257, 390, 2, 2, 208, 0, -1, -1, 0, 2.0f, 1.0f, 0.2f, 0, NULL, NULL, 1, 0,
      0, 1},

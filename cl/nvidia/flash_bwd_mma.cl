@@ -69,7 +69,7 @@
  * Parameters (-D):
  *   USE_PTX    1: compile the tensor-core kernels; 0: empty bodies, never launched
  *   DTYPE      1 = fp16, 2 = bf16
- *   HEAD_DIM   a multiple of 16 up to 256; past 128 only bwd_dkdv_mma has a
+ *   HEAD_DIM   a multiple of 8 up to 256 (D16 below); past 128 only bwd_dkdv_mma has a
  *              body (its dQ comes from ATOMIC_DQ, with DQ_SPLITS where it must
  *              be deterministic): bwd_dq_mma keeps Q, dO and dQ in registers
  *   NWARPS     warps per work-group (both kernels)
@@ -177,14 +177,24 @@
 #endif
 
 #define NTHREADS (NWARPS * 32)
-#define CH (HEAD_DIM / 8)  /* 16-byte chunks per row */
+/* A head dim that is an odd multiple of 8 runs at D16 (the next multiple of
+ * 16, mma's k-step): its rows carry one zero-filled chunk in local memory, and
+ * the columns of dK, dV and dQ past HEAD_DIM are not stored. */
+#define D16 ((HEAD_DIM + 15) / 16 * 16)
+#define CH (D16 / 8)       /* 16-byte chunks per row in local memory */
+#define CH_REAL (HEAD_DIM / 8) /* of them read from memory */
+#if CH == CH_REAL
+#define CHUNK_OK(c) 1
+#else
+#define CHUNK_OK(c) ((c) < CH_REAL)
+#endif
 /* Chunks per local row: a multiple of 8, so that the swizzle c ^ (r & 7) stays in
  * the row (head dims that are not multiples of 64 leave the rest of the row unused). */
 #define SWZ_ROW ((CH + 7) / 8 * 8)
-#define KT (HEAD_DIM / 16) /* k-steps over head_dim */
-#define DT (HEAD_DIM / 8)  /* 8-column n-tiles over head_dim */
+#define KT (D16 / 16)      /* k-steps over head_dim */
+#define DT (D16 / 8)       /* 8-column n-tiles over head_dim */
 #define KV_BLOCK (NWARPS / KV_PARTS * 16)
-#define DPAIRS (HEAD_DIM / 16)                        /* 16-column pairs of n-tiles */
+#define DPAIRS (D16 / 16)                             /* 16-column pairs of n-tiles */
 #define PART_PAIRS ((DPAIRS + KV_PARTS - 1) / KV_PARTS) /* pairs of dK / dV per warp */
 #define QN (BLOCK_R / 8)  /* 8-query n-tiles of S^T */
 #define QW (QN / KV_PARTS)  /* of them computed by one warp */
@@ -196,7 +206,7 @@
 #define RQ (NWARPS * 16 * M_TILES)     /* bwd_dq_mma: queries per work-group */
 #define NT (BLOCK_C / 8)               /* bwd_dq_mma: 8-key n-tiles of S */
 
-#if HEAD_DIM % 16 || HEAD_DIM > 256 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || QBUF < 1 || \
+#if HEAD_DIM % 8 || HEAD_DIM > 256 || BLOCK_R % 32 || 2 * BLOCK_R < KV_BLOCK || BLOCK_C % 16 || QBUF < 1 || \
     QBUF > 2 || (ATOMIC_DQ && (NWARPS % DQ_WQ || DQ_WD > DPAIRS)) || (DQ_SPLITS && !ATOMIC_DQ) ||             \
     (KV_PARTS != 1 && KV_PARTS != 2) || NWARPS % KV_PARTS
 #error "unsupported flash_bwd_mma parameters"
@@ -220,14 +230,14 @@ inline void cp_rows(uint buf, __global const ushort *p, long sn, int row0, int r
 #if NTHREADS % CH == 0
   const int lc = tid % CH;
   for (int r = tid / CH; r < rows; r += NTHREADS / CH) {
-    const int ok = row0 + r < n;
-    cp_async16(buf + SWZ(r, lc), p + (long)(ok ? row0 + r : 0) * sn + lc * 8, ok ? 16u : 0u);
+    const int ok = row0 + r < n && CHUNK_OK(lc);
+    cp_async16(buf + SWZ(r, lc), p + (long)(ok ? row0 + r : 0) * sn + (CHUNK_OK(lc) ? lc : 0) * 8, ok ? 16u : 0u);
   }
 #else
   for (int e = tid; e < rows * CH; e += NTHREADS) {
     const int r = e / CH, c = e - (e / CH) * CH;
-    const int ok = row0 + r < n;
-    cp_async16(buf + SWZ(r, c), p + (long)(ok ? row0 + r : 0) * sn + c * 8, ok ? 16u : 0u);
+    const int ok = row0 + r < n && CHUNK_OK(c);
+    cp_async16(buf + SWZ(r, c), p + (long)(ok ? row0 + r : 0) * sn + (CHUNK_OK(c) ? c : 0) * 8, ok ? 16u : 0u);
   }
 #endif
 }
@@ -603,6 +613,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
 #if DPAIRS % DQ_WD
             if (wd * DQ_NP + nt / 2 >= DPAIRS) break;
 #endif
+#if HEAD_DIM % 16
+            if (wd * DQ_NT * 8 + nt * 8 >= HEAD_DIM) break; /* the zero chunk */
+#endif
 #if VEC_RED
             asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + nt * 8),
                          "f"(acc[mt][nt][2 * hh] * scale), "f"(acc[mt][nt][2 * hh + 1] * scale) : "memory");
@@ -630,7 +643,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_mma
     __global uint *vr = (__global uint *)(dv + dvb + (long)key * dv_sn + c0 + 2 * t);
     #pragma unroll
     for (int dt = 0; dt < 2 * PART_PAIRS; dt++) {
-#if DPAIRS % KV_PARTS
+#if DPAIRS % KV_PARTS || HEAD_DIM % 16
       if (c0 + dt * 8 >= HEAD_DIM) break;
 #endif
       kr[dt * 4] = pack2(dka[dt][2 * hh] * scale, dka[dt][2 * hh + 1] * scale);
@@ -860,7 +873,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dq_mma(
       if (row >= nq) continue;
       __global uint *dr = (__global uint *)(dq + dqb + (long)row * dq_sn + 2 * t);
       #pragma unroll
-      for (int dt = 0; dt < DT; dt++) dr[dt * 4] = pack2(acc[mt][dt][2 * hh] * scale, acc[mt][dt][2 * hh + 1] * scale);
+      for (int dt = 0; dt < CH_REAL; dt++) dr[dt * 4] = pack2(acc[mt][dt][2 * hh] * scale, acc[mt][dt][2 * hh + 1] * scale);
     }
 #undef LOAD_KV
 }

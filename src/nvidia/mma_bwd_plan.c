@@ -65,8 +65,9 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
       {8, 64, 2, 32, 2, 1, 0, 1}, {4, 64, 2, 32, 1, 1, 0, 1}, {0}};
   static const fcl_mma_bwd_config wide[] = {
       {8, 64, 1, 32, 2, 1, 1, 2}, {8, 64, 1, 32, 1, 1, 1, 2}, {8, 32, 1, 32, 1, 1, 1, 2}, {0}};
-  const int d = p->head_dim, wants_atomic = atomic || d > 128;
-  if (d % 16 || d > 256) return 0; /* the kernel's #error rule */
+  /* The kernel runs an odd multiple of 8 at the next multiple of 16 (D16). */
+  const int d = (p->head_dim + 15) / 16 * 16, wants_atomic = atomic || d > 128;
+  if (p->head_dim % 8 || d > 256) return 0; /* the kernel's #error rule */
   const fcl_mma_bwd_config *cand =
       d > 128 ? wide : d > 64 ? (atomic ? d128_atomic : d128_det) : (atomic ? d64_atomic : d64_det);
   int found = 0;
@@ -101,7 +102,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
 int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, int atomic) {
   if (fcl_wgmma_bwd_wanted(ctx, p, tu, atomic)) return 1; /* Hopper: every multiple of 8 up to 256 */
   fcl_mma_bwd_config c;
-  if (p->head_dim % 16 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
+  if (p->head_dim % 8 || p->head_dim > 256 || fcl_mma_bwd_pick(ctx, p, atomic, NULL, &c) <= 0) return 0;
   return atomic || p->head_dim <= 128 || fcl_mma_bwd_dq_splits(ctx, p, tu) > 0;
 }
 
@@ -119,9 +120,7 @@ flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p,
     fcl_log(ctx, "mma_bwd tuning from %s ignored (the kernel does not take it): the default rule runs", tu->origin);
     if (fcl_mma_bwd_pick(ctx, p, atomic, NULL, c) > 0) return FLASHCL_SUCCESS;
   }
-  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                  "no tensor-core backward tiles for head_dim %d%s", p->head_dim,
-                  p->head_dim % 16 ? " (it runs only on the Hopper kernels, which mma_bwd wgmma=0 turns off)" : "");
+  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "no tensor-core backward tiles for head_dim %d", p->head_dim);
 }
 
 /* The split count of the deterministic dQ that bwd_dkdv_mma accumulates itself

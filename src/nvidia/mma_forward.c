@@ -14,9 +14,8 @@
  * when NVIDIA_MMA was requested explicitly, to flashcl_context_last_error with
  * FLASHCL_ERROR_UNSUPPORTED). Under AUTO the call then runs the portable kernel.
  *
- * Coverage: fp16 and bf16, head_dim a multiple of 8 up to 256 in the forward
- * (odd multiples of 8 padded to 16 in local memory), of 16 in the backward
- * (of 8 where the Hopper kernels run), scale > 0, and every tensor's
+ * Coverage: fp16 and bf16, head_dim a multiple of 8 up to 256 (odd multiples
+ * of 8 padded to 16 in local memory), scale > 0, and every tensor's
  * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
  * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
  * softcap, attention masks and (forward only) a paged K/V source compose. Other
@@ -78,9 +77,8 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   const char *why = NULL;
   if (p->dtype != FLASHCL_F16 && p->dtype != FLASHCL_BF16)
     why = "dtype is not f16/bf16";
-  else if (p->head_dim % 8 || p->head_dim > 256 ||
-           (pass == FLASHCL_PASS_BACKWARD && p->head_dim % 16 && !fcl_wgmma_bwd_wanted(ctx, p, NULL, 0)))
-    why = "head_dim is not a multiple of 8 up to 256 (in the backward of 16, except on the Hopper kernels)";
+  else if (p->head_dim % 8 || p->head_dim > 256)
+    why = "head_dim is not a multiple of 8 up to 256";
   else if (pass == FLASHCL_PASS_BACKWARD && !fcl_mma_bwd_covered(ctx, p, NULL, 0))
     why = p->head_dim > 128 ? "no backward tiles or dQ split accumulators fit the device's memory"
                             : "no backward tiles fit the local memory";
