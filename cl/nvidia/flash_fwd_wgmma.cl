@@ -25,12 +25,15 @@
  * Per tile of BLOCK_C keys: S = Q K^T (wgmma m64nBLOCK_Ck16, both operands in local
  * memory), the online softmax on the S registers (flash_fwd_mma.cl's lazy
  * rescaling), P packed to 16 bits in registers, then O += P V (wgmma with A from
- * registers, V read N-major). K and V go through two stages of local memory with
- * cp.async: the next tile's loads are issued as soon as the current one is in.
- * Within a warpgroup the three steps run in turn; the tensor cores stay busy
+ * registers, V read N-major). K and V go through STAGES buffers of local memory
+ * with cp.async: the next tile's loads are issued as soon as the current one is
+ * in. Within a warpgroup the three steps run in turn; the tensor cores stay busy
  * with the other warpgroups' products meanwhile, which is why three warpgroups
- * beat two. (Issuing S of the next tile and P V before the softmax, to overlap
- * them inside one warpgroup, was slower on the H100: BENCHMARKS.md.)
+ * beat two. With two buffers all warpgroups meet at a barrier every tile, so
+ * their softmaxes line up; with three, mbarriers let them drift apart (the
+ * H100's forward at d = 128 14% faster). Issuing S of the next tile with P V
+ * and running the softmax meanwhile (FA3's intra-warpgroup overlap) was slower
+ * on the H100, with either buffering (BENCHMARKS.md).
  *
  * Local memory layout (the wgmma "128-byte swizzle" canonical layout): a tile of
  * R rows x DPAD columns (the head dim rounded up to 64) is DPAD / 64 regions
@@ -61,6 +64,10 @@
  *   NWG          warpgroups per work-group
  *   CAUSAL, VARLEN, WINDOW, ALIBI, SOFTCAP   as in flash_fwd_mma.cl
  *   RESCALE_THRESHOLD  as in flash_fwd_mma.cl
+ *   STAGES       K/V buffers: 2 (one work-group barrier per tile) or 3-4 (mbarriers:
+ *                a warpgroup waits only for its tile's copies, and a buffer is
+ *                refilled once every warpgroup has left the tile it held, so
+ *                the warpgroups drift apart instead of meeting at every tile)
  *
  * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernel's body,
  * which uses it, exists only then; mma_ptx.cl, mma_scores.cl and score_variant.cl likewise).
@@ -101,9 +108,13 @@
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.0f
 #endif
+#ifndef STAGES
+#define STAGES 2
+#endif
 #define LOG2E 1.4426950408889634f
 
-#if HEAD_DIM % 8 || HEAD_DIM > 256 || (BLOCK_C != 64 && BLOCK_C != 96 && BLOCK_C != 112 && BLOCK_C != 128)
+#if HEAD_DIM % 8 || HEAD_DIM > 256 || (BLOCK_C != 64 && BLOCK_C != 96 && BLOCK_C != 112 && BLOCK_C != 128) || \
+    STAGES < 2 || STAGES > 4
 #error "unsupported flash_fwd_wgmma parameters"
 #endif
 
@@ -137,7 +148,7 @@
 #define TOFF(rows, r, c) (((c) >> 3) * REGION(rows) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
 #define Q_BYTES TILE_BYTES(BLOCK_R)
 #define KV_BYTES TILE_BYTES(BLOCK_C)
-#define SMEM_BYTES (Q_BYTES + 4 * KV_BYTES)
+#define SMEM_BYTES (Q_BYTES + 2 * STAGES * KV_BYTES)
 
 #if USE_PTX
 
@@ -289,16 +300,44 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
                ok ? 16u : 0u);                                                                \
   }
 
-  /* Tile t covers keys [kbeg + t BLOCK_C, + BLOCK_C). K goes through kbuf(t % 2),
-   * V through vbuf(t % 2); see the loop for why both rings are safe. */
-#define KBUF(t) (skv + ((t) & 1) * KV_BYTES)
-#define VBUF(t) (skv + (2 + ((t) & 1)) * KV_BYTES)
+  /* Tile t covers keys [kbeg + t BLOCK_C, + BLOCK_C). K goes through kbuf(t % STAGES),
+   * V through vbuf(t % STAGES); see the loop for why both rings are safe. */
+#define KBUF(t) (skv + ((t) % STAGES) * KV_BYTES)
+#define VBUF(t) (skv + (STAGES + (t) % STAGES) * KV_BYTES)
 #define TILE_K0(t) (kbeg + (t) * BLOCK_C)
   const int ntiles = kend > kbeg ? (kend - kbeg + BLOCK_C - 1) / BLOCK_C : 0;
+#if STAGES >= 3
+  /* full[s]: the copies of stage s's tile landed (one arrive per work-item);
+   * empty[s]: every work-item is done with it. Tile t is stage t % STAGES's
+   * (t / STAGES)-th fill, so its phases have parity (t / STAGES) & 1. */
+  __local ulong mbar[2 * STAGES];
+  const uint mfull = SADDR(mbar), mempty = mfull + 8 * STAGES;
+  if (tid == 0) {
+    for (int i = 0; i < 2 * STAGES; i++) mb_init(mfull + 8 * i, NTHREADS);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+/* Tile t's copies, once every work-item has left the tile its stage held. */
+#define LOAD_TILE(t)                                                                            \
+  {                                                                                             \
+    if ((t) >= STAGES) mb_wait(mempty + 8 * ((t) % STAGES), ((t) / STAGES - 1) & 1);           \
+    LOAD_KV(KBUF(t), k + kbase, k_sn, TILE_K0(t))                                               \
+    LOAD_KV(VBUF(t), v + vbase, v_sn, TILE_K0(t))                                               \
+    mb_cp_arrive(mfull + 8 * ((t) % STAGES));                                                   \
+  }
+/* The copies, seen through the mbarrier, before wgmma reads them. */
+#define WAIT_TILE(t)                                                                            \
+  {                                                                                             \
+    mb_wait(mfull + 8 * ((t) % STAGES), ((t) / STAGES) & 1);                                    \
+    proxy_fence();                                                                              \
+  }
+#define LEAVE_TILE(t) mb_arrive(mempty + 8 * ((t) % STAGES))
+  if (ntiles > 0) LOAD_TILE(0) /* its arrive covers Q's copies too */
+#else
   if (ntiles > 0) {
     LOAD_KV(KBUF(0), k + kbase, k_sn, TILE_K0(0))
     LOAD_KV(VBUF(0), v + vbase, v_sn, TILE_K0(0))
   }
+#endif
   cp_commit();
 
   /* Whether this warpgroup has rows and sees any key of tile t (uniform over
@@ -390,10 +429,37 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
     }                                                                                           \
   }
 
+/* O += P V of tile t, issued and committed. */
+#if HEAD_DIM <= 128
+#define ISSUE_PV(t)                                                                             \
+  {                                                                                             \
+    wg_fence();                                                                                 \
+    _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)                                      \
+        WG_RS(PV_LAST)(oacc, pf[jj], wg_desc(VBUF(t) + jj * 2048, REGION(BLOCK_C), 1024));      \
+    wg_commit();                                                                                \
+  }
+#else
+/* Columns 0-127 (V's regions 0 and 1), then the rest (regions 2 ..). */
+#define ISSUE_PV(t)                                                                             \
+  {                                                                                             \
+    wg_fence();                                                                                 \
+    _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++) {                                     \
+      WG_RS(128)(oacc, pf[jj], wg_desc(VBUF(t) + jj * 2048, REGION(BLOCK_C), 1024));            \
+      WG_RS(PV_LAST)(oacc + 64, pf[jj], wg_desc(VBUF(t) + 2 * REGION(BLOCK_C) + jj * 2048, REGION(BLOCK_C), 1024)); \
+    }                                                                                           \
+    wg_commit();                                                                                \
+  }
+#endif
+
   const int t_ = t; /* the lane's quad index, under a name the macros can use */
   /* Iteration j: S, softmax and P V of tile j in turn, while tile j + 1 loads
-   * into the buffers that tile j - 1 (waited for in iteration j - 1) used. */
+   * (with 2 stages into the buffers that tile j - 1, waited for in iteration
+   * j - 1, used). */
   for (int j = 0; j < ntiles; j++) {
+#if STAGES >= 3
+    if (j + 1 < ntiles) LOAD_TILE(j + 1)
+    WAIT_TILE(j)
+#else
     cp_wait_all();
     proxy_fence();
     barrier(CLK_LOCAL_MEM_FENCE); /* K and V of tile j are in */
@@ -402,31 +468,24 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_wg
       LOAD_KV(VBUF(j + 1), v + vbase, v_sn, TILE_K0(j + 1))
     }
     cp_commit();
+#endif
     if (ACTIVE(j)) {
       ISSUE_S(j)
       wg_wait0();
       REG_FENCE(s, NT * 4);
       SOFTMAX(j)
       FINISH_P()
-      /* ptxas moves some of FINISH_P's packing below this fence and injects
-       * its own warpgroup.arrive before those P V products (info C7519).
-       * Fencing oacc and pf here instead removes the notes but ran slower
-       * (BENCHMARKS.md), so the compiler's placement stays. */
-      wg_fence();
-#if HEAD_DIM <= 128
-      _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++)
-          WG_RS(PV_LAST)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
-#else
-      /* Columns 0-127 (V's regions 0 and 1), then the rest (regions 2 ..). */
-      _Pragma("unroll") for (int jj = 0; jj < NT / 2; jj++) {
-        WG_RS(128)(oacc, pf[jj], wg_desc(VBUF(j) + jj * 2048, REGION(BLOCK_C), 1024));
-        WG_RS(PV_LAST)(oacc + 64, pf[jj], wg_desc(VBUF(j) + 2 * REGION(BLOCK_C) + jj * 2048, REGION(BLOCK_C), 1024));
-      }
-#endif
-      wg_commit();
+      /* ptxas moves some of FINISH_P's packing below ISSUE_PV's fence and
+       * injects its own warpgroup.arrive before those P V products (info
+       * C7519). Fencing oacc and pf here instead removes the notes but ran
+       * slower (BENCHMARKS.md), so the compiler's placement stays. */
+      ISSUE_PV(j)
       wg_wait0();
       REG_FENCE(oacc, DT * 4);
     }
+#if STAGES >= 3
+    LEAVE_TILE(j);
+#endif
   }
   cp_wait_all(); /* a work-group with no visible key still has its Q copy in flight */
 

@@ -39,6 +39,29 @@ inline void wg_wait0(void) { asm volatile(SM90A "wgmma.wait_group.sync.aligned 0
 inline void wg_wait1(void) { asm volatile(SM90A "wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 /* cp.async writes are generic-proxy writes; wgmma reads through the async proxy. */
 inline void proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+/* mbarriers in local memory (8-byte aligned): init (one work-item, then a
+ * barrier), an arrive when this work-item's earlier cp.async copies have landed
+ * (.noinc: the count given to init includes these arrivals), a plain arrive,
+ * and a wait for the phase of the given parity to complete. */
+inline void mb_init(uint a, uint count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+inline void mb_cp_arrive(uint a) { asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory"); }
+inline void mb_arrive(uint a) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(a) : "memory");
+}
+inline uint mb_try(uint a, uint parity) {
+  uint r;
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(r)
+               : "r"(a), "r"(parity)
+               : "memory");
+  return r;
+}
+inline void mb_wait(uint a, uint parity) {
+  while (!mb_try(a, parity)) {
+  }
+}
 /* Reading a wgmma result before wgmma.wait_group is undefined; the compiler sees
  * the asm as producing its outputs at issue, so each result register is tied to
  * a point after the wait by an empty asm (CUTLASS's warpgroup_fence_operand). */

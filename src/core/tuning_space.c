@@ -98,8 +98,12 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
 static const fcl_param_decl fcl_wgmma_decls[FCL_WG_COUNT] = {
     {"use", "1: the wgmma kernel where it covers the problem; 0: mma.sync. Rule: 1", FCL_BOOL},
     {"nwg", "warpgroups (64 query rows each). Rule: 3 (2 past d = 128)", 1, 4, 1, FCL_CAND(2, 3)},
-    {"block_c", "keys per tile: 64, 96, 112 or 128. Rule: the widest that fits", 64, 128, 16,
+    {"block_c", "keys per tile: 64, 96, 112 or 128. Rule: the widest that fits the local memory and the registers",
+     64, 128, 16,
      FCL_CAND(64, 96, 112, 128)},
+    {"stages", "K/V buffers: 2 (a work-group barrier per tile) or 3-4 (mbarriers; warpgroups drift apart). "
+               "Rule: 3 with 3 warpgroups, else 2",
+     2, 4, 1, FCL_CAND(2, 3, 4)},
 };
 
 static const fcl_param_decl fcl_decode_decls[FCL_DEC_P_COUNT] = {

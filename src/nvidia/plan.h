@@ -16,7 +16,7 @@ typedef struct fcl_mma_config {
 flashcl_status fcl_mma_config_of(flashcl_context *ctx, const fcl_problem *p, struct fcl_tuned *tu, fcl_mma_config *out);
 
 typedef struct fcl_wgmma_config {
-  int nwg, block_c;
+  int nwg, block_c, stages;
 } fcl_wgmma_config;
 /* The mma_bwd configuration a call runs (src/nvidia/mma_bwd_plan.c). */
 flashcl_status fcl_mma_bwd_config_of(flashcl_context *ctx, const fcl_problem *p, int atomic,

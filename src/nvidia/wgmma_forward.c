@@ -141,7 +141,7 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
                                  fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
                                  const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
                                  cl_uint nwait, const cl_event *wait, cl_event *out_event) {
-  fcl_wgmma_config c = {0, 0};
+  fcl_wgmma_config c = {0, 0, 2};
   flashcl_status st = fcl_wgmma_config_of(ctx, p, tu, &c);
   if (st != FLASHCL_SUCCESS) return st;
   const int threads = c.nwg * 128, block_r = c.nwg * 64;
@@ -150,8 +150,10 @@ flashcl_status fcl_wgmma_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_variant_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWG=%d -DCAUSAL=%d -DVARLEN=%d%s%s%s",
-           (int)p->dtype, p->head_dim, c.block_c, c.nwg, causal, p->varlen, variants, extra ? " " : "",
+           "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWG=%d -DSTAGES=%d "
+           "-DCAUSAL=%d -DVARLEN=%d%s%s%s",
+           (int)p->dtype, p->head_dim, c.block_c, c.nwg, c.stages, causal, p->varlen, variants,
+           extra ? " " : "",
            extra ? extra : "");
   cl_kernel kern;
   char src[192];
