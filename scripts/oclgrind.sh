@@ -9,7 +9,12 @@
 # ALiBi, softcap, bit and block masks, dropout, varlen, paged; GPU and CPU
 # work-item mappings), backward (both dQ modes), decode (contiguous, paged,
 # split-KV, tree mask), kv_cache_append, the state merge and the naive
-# algorithm (CLBlast GEMMs). Slow (an interpreter), so it is not in CTest.
+# algorithm (CLBlast GEMMs). The kernels' compile-time variants that the
+# default rules do not pick on Oclgrind's simulated GPU (unrolls, padded rows,
+# prefetch off, separate K/V, -cl-denorms-are-zero, the backward's warp-tiled,
+# split and read-ahead forms, other decode tilings) run through
+# tests/tuning/knobs_a.tune and knobs_b.tune.
+# Slow (an interpreter), so it is not in CTest.
 #
 #   FLASHCL_OCLGRIND_BUILD_DIR  a normal (not sanitized) build, built here if
 #                               missing (default: build-oclgrind)
@@ -60,6 +65,8 @@ cases=(
   "fwd_cpu_map_padded_causal|test_forward|f32_d64_padded_strides_causal|FLASHCL_TUNING=$repo/tests/tuning/cpu_map.tune|all"
   "fwd_cpu_map_varlen_empty|test_forward|f32_d64_varlen_empty_sequences|FLASHCL_TUNING=$repo/tests/tuning/cpu_map.tune|all"
   "fwd_sep_kv_padded|test_forward|f32_d64_padded_strides_offsets|FLASHCL_TUNING=$repo/tests/tuning/gpu_map_sep_kv.tune|all"
+  "fwd_knobs_a_padded|test_forward|f32_d64_padded_strides_offsets|FLASHCL_TUNING=$repo/tests/tuning/knobs_a.tune|all"
+  "fwd_knobs_b_f16_padded|test_forward|f16_d64_padded|FLASHCL_TUNING=$repo/tests/tuning/knobs_b.tune|all"
   "mask_window_empty_rows|test_masks|window_empty_rows||all"
   "mask_window_right_f16|test_masks|window_right||all"
   "mask_alibi_causal_gqa|test_masks|alibi_causal_gqa||all"
@@ -73,11 +80,15 @@ cases=(
   "bwd_f32_dropout_det1|test_backward|f32_d64_dropout_offset_carry||all"
   "bwd_f16_causal_det01_naive|test_backward|f16_d64_scale_5_large_scores_causal||all"
   "bwd_dropout_mask_philox|test_backward|dropout_mask_matches_c_philox||all"
+  "bwd_knobs_a_padded_causal_gqa|test_backward|f32_d64_padded_gqa_4_2_causal|FLASHCL_TUNING=$repo/tests/tuning/knobs_a.tune|all"
+  "bwd_knobs_b_padded_causal_gqa|test_backward|f32_d64_padded_gqa_4_2_causal|FLASHCL_TUNING=$repo/tests/tuning/knobs_b.tune|all"
   "naive_f32_padded|test_naive|f32_d64_padded||all"
   "decode_contig_f32_split7|test_decode|contig_q4_f32_split7_padded||no_uninit"
   "decode_paged16_f16_split4|test_decode|paged16_q4_f16_split4||no_uninit"
   "decode_tree9_f32|test_decode|tree9_contig_f32_unsplit||no_uninit"
   "kv_append_paged16_f16|test_decode|append_paged16_q4_f16||no_uninit"
+  "decode_knobs_a_contig_f32_split7|test_decode|contig_q4_f32_split7_padded|FLASHCL_TUNING=$repo/tests/tuning/knobs_a.tune|no_uninit"
+  "decode_knobs_b_paged16_f16|test_decode|paged16_q4_f16_split4|FLASHCL_TUNING=$repo/tests/tuning/knobs_b.tune|no_uninit"
   "merge_f32|test_decode|merge_assoc_f32||all"
 )
 
