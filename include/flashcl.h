@@ -109,7 +109,8 @@ typedef enum flashcl_dtype {
   FLASHCL_BF16 = 2, /* bfloat16, storage only: math is fp32 */
   /* Quantized KV-cache formats, one byte per element, legal only as the
    * k_cache / v_cache dtype of flashcl_attention_decode and
-   * flashcl_kv_cache_append (see "Quantized KV cache" at flashcl_decode_desc).
+   * flashcl_kv_cache_append (see "Quantized KV cache" at flashcl_decode_desc),
+   * and as k / v of a forward with a paged source (flashcl_attention_desc.k_scale).
    * Every other tensor of every call refuses them with
    * FLASHCL_ERROR_DTYPE_MISMATCH. */
   FLASHCL_I8 = 3,     /* int8, two's complement, codes -127..127 written */
@@ -120,6 +121,16 @@ typedef enum flashcl_dtype {
 /* Size in bytes of one element, 0 for an unknown dtype. */
 FLASHCL_API size_t flashcl_dtype_size(flashcl_dtype dtype);
 FLASHCL_API const char *flashcl_dtype_name(flashcl_dtype dtype);
+
+/* Scale layouts of a quantized KV cache (see "Quantized KV cache" at
+ * flashcl_decode_desc). TOKEN is 0 so that a descriptor zeroed by hand gets
+ * the kind that flashcl_decode_desc_init() sets. */
+typedef enum flashcl_kv_scale {
+  FLASHCL_KV_SCALE_TOKEN = 0,
+  FLASHCL_KV_SCALE_HEAD = 1,
+  FLASHCL_KV_SCALE_TENSOR = 2,
+  FLASHCL_KV_SCALE_BLOCK32 = 3
+} flashcl_kv_scale;
 
 typedef enum flashcl_algo {
   FLASHCL_ALGO_AUTO = 0,  /* flash, unless a device or option rules it out */
@@ -475,6 +486,22 @@ typedef struct flashcl_attention_desc {
    * (or a desc.tuning of a tensor-core family) fails with
    * FLASHCL_ERROR_UNSUPPORTED. */
   int head_dim_v;
+
+  /* A quantized paged K/V source (chunked prefill from a quantized cache):
+   * with kv_block_table set, k and v may each be stored as FLASHCL_I8,
+   * FLASHCL_F8E4M3 or FLASHCL_F8E5M2 instead of q's dtype, with the decode
+   * cache's codes, scale buffers and layouts (see "Quantized KV cache" at
+   * flashcl_decode_desc; TOKEN and BLOCK32 rows are page * page_size + slot).
+   * k_scale / v_scale are read only for a quantized side, which needs its
+   * buffer (FLASHCL_ERROR_INVALID_ARGUMENT, or BUFFER_TOO_SMALL when smaller
+   * than its layout). Forward only, on the portable flash kernels: AUTO runs
+   * them, desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA and desc.algo =
+   * FLASHCL_ALGO_NAIVE fail with FLASHCL_ERROR_UNSUPPORTED; a quantized k or
+   * v without a paged source is FLASHCL_ERROR_DTYPE_MISMATCH, as before. */
+  cl_mem k_scale;
+  cl_mem v_scale;
+  flashcl_kv_scale k_scale_kind;
+  flashcl_kv_scale v_scale_kind;
 } flashcl_attention_desc;
 
 
@@ -703,14 +730,8 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * kernels take quantized caches, and how they dequantize: docs/inference.md,
  * "Quantized KV cache (int8, fp8)".
  */
-/* TOKEN is 0 so that a descriptor zeroed by hand gets the kind that
- * flashcl_decode_desc_init() sets. */
-typedef enum flashcl_kv_scale {
-  FLASHCL_KV_SCALE_TOKEN = 0,
-  FLASHCL_KV_SCALE_HEAD = 1,
-  FLASHCL_KV_SCALE_TENSOR = 2,
-  FLASHCL_KV_SCALE_BLOCK32 = 3
-} flashcl_kv_scale;
+/* flashcl_kv_scale (the scale layouts of a quantized cache) is declared
+ * before flashcl_attention_desc, which takes it too. */
 
 typedef struct flashcl_decode_desc {
   /* The size of this struct in the header the caller was compiled with, set

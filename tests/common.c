@@ -242,6 +242,10 @@ ref_load_fn fct_loader(flashcl_dtype dtype) {
 void fct_store_poison(flashcl_dtype dtype, void *base, size_t index) {
   uint32_t p32 = FCT_POISON_F32;
   uint16_t p16 = dtype == FLASHCL_BF16 ? FCT_POISON_BF16 : FCT_POISON_F16;
+  if (fct_dtype_size(dtype) == 1) { /* the quantized cache formats: 0xff, a NaN in both fp8 formats */
+    ((unsigned char *)base)[index] = 0xff;
+    return;
+  }
   if (dtype == FLASHCL_F32)
     memcpy((unsigned char *)base + 4 * index, &p32, 4);
   else
@@ -251,6 +255,7 @@ void fct_store_poison(flashcl_dtype dtype, void *base, size_t index) {
 int fct_is_poison(flashcl_dtype dtype, const void *base, size_t index) {
   uint32_t p32;
   uint16_t p16;
+  if (fct_dtype_size(dtype) == 1) return ((const unsigned char *)base)[index] == 0xff;
   if (dtype == FLASHCL_F32) {
     memcpy(&p32, (const unsigned char *)base + 4 * index, 4);
     return p32 == FCT_POISON_F32;

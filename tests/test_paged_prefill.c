@@ -18,6 +18,7 @@
  * untouched).
  */
 #include "common.h"
+#include "reference_kvq.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -635,6 +636,193 @@ static void test_family_case(void **state) {
   fc->run(fc->name, fc->dtype, fc->kernel);
 }
 
+/* ---- a quantized paged source (desc.k_scale / v_scale) ---- */
+
+/* One pool side: fmt FLASHCL_I8 / F8E4M3 / F8E5M2 with scales of `kind`, or
+ * plain (fmt = q's dtype). */
+typedef struct pq_case {
+  const char *name;
+  flashcl_dtype dtype; /* q's */
+  flashcl_dtype kfmt, vfmt;
+  flashcl_kv_scale kkind, vkind;
+  int gpu_map;
+} pq_case;
+
+/* A pool in fmt coded from src's values at the rows sequences own (the
+ * others: code 0xff, NaN in both fp8 formats, and a NaN scale under TOKEN and
+ * BLOCK32, so that a read of them shows up), its scale buffer, and the
+ * dequantized values (double, src's contiguous index) for the reference. */
+typedef struct pq_pool {
+  fct_tensor codes;
+  cl_mem scale;
+  double *deq;
+} pq_pool;
+
+static size_t pq_scale_index(flashcl_kv_scale kind, size_t row, int hkv, int h, int d, int x) {
+  if (kind == FLASHCL_KV_SCALE_BLOCK32) return (row * (size_t)hkv + (size_t)h) * (size_t)(d / 32) + (size_t)(x / 32);
+  return kind == FLASHCL_KV_SCALE_TENSOR ? 0 : kind == FLASHCL_KV_SCALE_HEAD ? (size_t)h : row * (size_t)hkv + (size_t)h;
+}
+
+static void pq_pool_build(pq_pool *pp, const pp_cache *c, const fct_tensor *src, flashcl_dtype fmt,
+                          flashcl_kv_scale kind, int B, const int *lens, int hkv, int d, int ps) {
+  const size_t rows = (size_t)c->num_pages * (size_t)ps, n = rows * (size_t)hkv * (size_t)d;
+  const size_t ns = kind == FLASHCL_KV_SCALE_TENSOR ? 1 : kind == FLASHCL_KV_SCALE_HEAD ? (size_t)hkv
+                    : kind == FLASHCL_KV_SCALE_TOKEN ? rows * (size_t)hkv : rows * (size_t)hkv * (size_t)(d / 32);
+  float *scale = malloc(sizeof *scale * ns), *x = malloc(sizeof *x * n);
+  char *used = calloc(rows, 1);
+  for (size_t i = 0; i < ns; i++) scale[i] = NAN;
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < lens[b]; j++) used[(size_t)c->table[b * c->max_pages + j / ps] * ps + (size_t)(j % ps)] = 1;
+  float amax[8] = {0}, all = 0.0f; /* per head (HEAD), and over the pool (TENSOR) */
+  for (size_t r = 0; r < rows; r++)
+    for (int h = 0; h < hkv; h++)
+      for (int e = 0; e < d; e++) {
+        const size_t i = (r * (size_t)hkv + (size_t)h) * (size_t)d + (size_t)e;
+        x[i] = used[r] ? (float)fct_tensor_get(src, (int64_t)(r / (size_t)ps), (int64_t)(r % (size_t)ps), h, e) : 0.0f;
+        if (fabsf(x[i]) > amax[h]) amax[h] = fabsf(x[i]);
+        if (fabsf(x[i]) > all) all = fabsf(x[i]);
+      }
+  for (size_t r = 0; r < rows; r++)
+    for (int h = 0; h < hkv && used[r]; h++)
+      for (int e = 0; e < d; e += kind == FLASHCL_KV_SCALE_BLOCK32 ? 32 : d) {
+        const float *row = x + (r * (size_t)hkv + (size_t)h) * (size_t)d;
+        const float s = kind == FLASHCL_KV_SCALE_TENSOR ? all / kvq_ref_qmax(fmt)
+                        : kind == FLASHCL_KV_SCALE_HEAD ? amax[h] / kvq_ref_qmax(fmt)
+                        : kind == FLASHCL_KV_SCALE_TOKEN ? kvq_ref_token_scale(fmt, row, d)
+                                                         : kvq_ref_token_scale(fmt, row + e, 32);
+        scale[pq_scale_index(kind, r, hkv, h, d, e)] = s;
+      }
+  contiguous_tensor(&pp->codes, fmt, c->num_pages, ps, hkv, d);
+  uint8_t *codes = pp->codes.host;
+  pp->deq = malloc(sizeof *pp->deq * n);
+  for (size_t r = 0; r < rows; r++)
+    for (int h = 0; h < hkv; h++)
+      for (int e = 0; e < d; e++) {
+        const size_t i = (r * (size_t)hkv + (size_t)h) * (size_t)d + (size_t)e;
+        const float s = scale[pq_scale_index(kind, r, hkv, h, d, e)];
+        codes[i] = used[r] ? kvq_ref_encode(fmt, x[i], s) : 0xff;
+        pp->deq[i] = used[r] ? (double)kvq_ref_decode(fmt, codes[i]) * (double)s : NAN;
+      }
+  upload(&pp->codes);
+  pp->scale = fct_create_buffer(sizeof *scale * ns, scale);
+  free(scale);
+  free(x);
+  free(used);
+}
+
+static void pq_pool_release(pq_pool *pp) {
+  fct_tensor_release(&pp->codes);
+  clReleaseMemObject(pp->scale);
+  free(pp->deq);
+}
+
+/* Sequence b's rows of a dequantized pool as a contiguous double (L_b, hkv, d) array. */
+static double *gather_deq(const pp_cache *c, const double *deq, int b, int len, int hkv, int d, int ps) {
+  double *out = malloc(sizeof *out * (size_t)(len > 0 ? len : 1) * (size_t)hkv * (size_t)d);
+  for (int j = 0; j < len; j++) {
+    const size_t row = (size_t)c->table[b * c->max_pages + j / ps] * ps + (size_t)(j % ps);
+    memcpy(out + (size_t)j * hkv * d, deq + row * hkv * d, sizeof *out * (size_t)hkv * (size_t)d);
+  }
+  return out;
+}
+
+/* The paged forward over quantized pools (a plain side keeps q's dtype)
+ * against the double reference over the same dequantized values. */
+static void test_quant_case(void **state) {
+  const pq_case *pc = (const pq_case *)*state;
+  fct_env *env = fct_env_get();
+  fct_rng rng;
+  fct_rng_init(&rng, pc->name);
+  enum { B = 3, NQ = 40, HQ = 4, HKV = 2, D = 64, PS = 16 };
+  const int lens[B] = {17, 200, 90};
+  pp_cache c;
+  cache_build(&c, pc->dtype, B, lens, HKV, D, PS, &rng);
+  const int kq = pc->kfmt != pc->dtype, vq = pc->vfmt != pc->dtype;
+  pq_pool kp = {0}, vp = {0};
+  if (kq) pq_pool_build(&kp, &c, &c.k, pc->kfmt, pc->kkind, B, lens, HKV, D, PS);
+  if (vq) pq_pool_build(&vp, &c, &c.v, pc->vfmt, pc->vkind, B, lens, HKV, D, PS);
+  fct_tensor q, o, lse;
+  contiguous_tensor(&q, pc->dtype, B, NQ, HQ, D);
+  fct_tensor_fill_random(&q, &rng);
+  fct_tensor_create_guarded(&o, pc->dtype, FCT_BNHD, B, NQ, HQ, D, 0, 64);
+  fct_tensor_create_lse_guarded(&lse, FCT_BNHD, B, NQ, HQ, 0, 64);
+  fct_tensor_poison(&o);
+  fct_tensor_poison(&lse);
+  flashcl_attention_desc desc;
+  paged_desc(&desc, &c, PS);
+  desc.k_scale = kq ? kp.scale : NULL;
+  desc.v_scale = vq ? vp.scale : NULL;
+  desc.k_scale_kind = pc->kkind;
+  desc.v_scale_kind = pc->vkind;
+  if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q.t, kq ? &kp.codes.t : &c.k.t,
+                                             vq ? &vp.codes.t : &c.v.t, &o.t, &lse.t, 0, NULL, NULL),
+                   FLASHCL_SUCCESS, "%s: quantized paged forward", pc->name);
+  fct_finish();
+  fct_tensor_download(&o);
+  fct_tensor_download(&lse);
+  double num = 0, den = 0, lnum = 0, lden = 0, ro[NQ * HQ * D], rl[NQ * HQ];
+  size_t nonfinite = 0;
+  for (int b = 0; b < B; b++) {
+    double *kd = kq ? gather_deq(&c, kp.deq, b, lens[b], HKV, D, PS) : gather(&c, &c.k, b, lens[b], HKV, D, PS);
+    double *vd = vq ? gather_deq(&c, vp.deq, b, lens[b], HKV, D, PS) : gather(&c, &c.v, b, lens[b], HKV, D, PS);
+    ref_tensor qr = fct_tensor_ref(&q);
+    qr.offset += (int64_t)b * qr.stride[0];
+    qr.shape[0] = 1;
+    ref_tensor kr = ref_tensor_bnhd(kd, 1, lens[b], HKV, D), vr = ref_tensor_bnhd(vd, 1, lens[b], HKV, D);
+    ref_out orr = ref_out_bnhd(ro, 1, NQ, HQ, D), lr = ref_out_bnhd(rl, 1, NQ, HQ, 1);
+    ref_attention_params rp = {0};
+    rp.causal = 1;
+    FCT_CHECK(ref_attention_forward(&rp, &qr, &kr, &vr, &orr, &lr) == 0, "reference failed");
+    for (int i = 0; i < NQ; i++)
+      for (int h = 0; h < HQ; h++) {
+        const double want_l = rl[i * HQ + h], got_l = fct_tensor_get(&lse, b, i, h, 0);
+        if (isinf(want_l) != isinf(got_l) || isnan(got_l)) nonfinite++;
+        if (isfinite(want_l) && isfinite(got_l)) {
+          lnum += (got_l - want_l) * (got_l - want_l);
+          lden += want_l * want_l;
+        }
+        for (int x = 0; x < D; x++) {
+          const double want = ro[(i * HQ + h) * D + x], got = fct_tensor_get(&o, b, i, h, x);
+          if (!isfinite(got)) nonfinite++;
+          else {
+            num += (got - want) * (got - want);
+            den += want * want;
+          }
+        }
+      }
+    free(kd);
+    free(vd);
+  }
+  const double err = sqrt(num / den), lerr = sqrt(lnum / lden);
+  FCT_CHECK(nonfinite == 0, "%s: %zu non-finite or misplaced -inf outputs (a read outside the sequences?)",
+            pc->name, nonfinite);
+  FCT_CHECK(err <= fct_tolerance(pc->dtype), "%s: O rel L2 %.3g > %.3g", pc->name, err, fct_tolerance(pc->dtype));
+  FCT_CHECK(lerr <= fct_lse_tolerance(pc->dtype), "%s: LSE rel L2 %.3g > %.3g", pc->name, lerr,
+            fct_lse_tolerance(pc->dtype));
+  FCT_CHECK(written_outside_view(&o) == 0 && written_outside_view(&lse) == 0, "%s: written past the views",
+            pc->name);
+  print_message("    ok  %s: O rel L2 %.3g, LSE rel L2 %.3g\n", pc->name, err, lerr);
+  if (kq) pq_pool_release(&kp);
+  if (vq) pq_pool_release(&vp);
+  fct_tensor_release(&q);
+  fct_tensor_release(&o);
+  fct_tensor_release(&lse);
+  cache_release(&c);
+}
+
+#define TOK FLASHCL_KV_SCALE_TOKEN
+#define BLK FLASHCL_KV_SCALE_BLOCK32
+static const pq_case QUANT_CASES[] = {
+    {"paged_quant_f32_k_i8_token_v_e4m3_block32", FLASHCL_F32, FLASHCL_I8, FLASHCL_F8E4M3, TOK, BLK, 0},
+    {"paged_quant_f16_k_e5m2_head_v_i8_tensor", FLASHCL_F16, FLASHCL_F8E5M2, FLASHCL_I8, FLASHCL_KV_SCALE_HEAD,
+     FLASHCL_KV_SCALE_TENSOR, 0},
+    {"paged_quant_bf16_k_i8_block32_v_plain_gpu_map", FLASHCL_BF16, FLASHCL_I8, FLASHCL_BF16, BLK, TOK, 1},
+    {"paged_quant_f16_k_plain_v_e4m3_token_gpu_map", FLASHCL_F16, FLASHCL_F16, FLASHCL_F8E4M3, TOK, TOK, 1},
+};
+#undef TOK
+#undef BLK
+
 static void expect_untouched(fct_tensor *t, const char *what) {
   fct_tensor_download(t);
   FCT_CHECK(fct_tensor_count_unpoisoned(t) == 0, "%s: a failed call wrote to its output", what);
@@ -744,6 +932,45 @@ static void test_errors(void **state) {
     for (int i = 0; i < 3; i++) fct_tensor_release(g[i]);
     fct_tensor_release(&lse_in);
   }
+  /* A quantized pool: its scales checked, the paths that cannot read it refuse. */
+  {
+    fct_tensor kq;
+    contiguous_tensor(&kq, FLASHCL_I8, c.num_pages, 16, 2, 64);
+    for (size_t i = 0; i < kq.bytes; i++) ((uint8_t *)kq.host)[i] = (uint8_t)(fct_rng_u64(&rng) % 21u) - 10u;
+    upload(&kq);
+    const size_t ns = (size_t)c.num_pages * 16 * 2;
+    float *sv = malloc(sizeof *sv * ns);
+    for (size_t i = 0; i < ns; i++) sv[i] = 0.05f;
+    cl_mem sc = fct_create_buffer(sizeof *sv * ns, sv), sc_small = fct_create_buffer(sizeof *sv * (ns - 1), sv);
+    free(sv);
+    flashcl_attention_desc qd = base;
+    qd.k_scale = sc;
+    d = qd;
+    d.kv_block_table = NULL;
+    d.kv_page_size = d.kv_max_pages = 0;
+    d.kv_seqlens = NULL;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_DTYPE_MISMATCH, "quantized k without a paged source");
+    d = qd; d.k_scale = NULL;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "quantized k without desc.k_scale");
+    d = qd; d.k_scale = sc_small;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.k_scale one float short of TOKEN");
+    d = qd; d.k_scale_kind = (flashcl_kv_scale)7;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale_kind not a flashcl_kv_scale");
+    d = qd; d.k_scale = o.t.buffer;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale is o's buffer");
+    d = qd; d.algo = FLASHCL_ALGO_NAIVE;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_UNSUPPORTED, "quantized paged source on the naive path");
+    d = qd; d.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_UNSUPPORTED, "quantized paged source on the tensor-core kernels");
+    d = qd;
+    FCT_CHECK_STATUS(FWD(d, kq.t, c.v.t), FLASHCL_SUCCESS, "valid quantized paged call");
+    fct_finish();
+    fct_tensor_poison(&o);
+    fct_tensor_poison(&lse);
+    clReleaseMemObject(sc);
+    clReleaseMemObject(sc_small);
+    fct_tensor_release(&kq);
+  }
   /* The valid call succeeds (the fixture is sound). */
   d = base;
   FCT_CHECK_STATUS(FWD(d, c.k.t, c.v.t), FLASHCL_SUCCESS, "valid paged call");
@@ -760,13 +987,16 @@ static void test_errors(void **state) {
 }
 
 int main(void) {
-  enum { N = sizeof CASES / sizeof CASES[0], NF = sizeof FAMILY_CASES / sizeof FAMILY_CASES[0] };
-  struct CMUnitTest tests[N + NF + 2];
+  enum { N = sizeof CASES / sizeof CASES[0], NF = sizeof FAMILY_CASES / sizeof FAMILY_CASES[0],
+         NQ = sizeof QUANT_CASES / sizeof QUANT_CASES[0] };
+  struct CMUnitTest tests[N + NF + NQ + 2];
   size_t n = 0;
   for (size_t i = 0; i < N; i++) tests[n++] = (struct CMUnitTest){CASES[i].name, test_case, NULL, NULL, (void *)&CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_append_then_prefill", test_append_then_prefill, NULL, NULL, NULL};
   for (size_t i = 0; i < NF; i++)
     tests[n++] = (struct CMUnitTest){FAMILY_CASES[i].name, test_family_case, NULL, NULL, (void *)&FAMILY_CASES[i]};
+  for (size_t i = 0; i < NQ; i++)
+    tests[n++] = (struct CMUnitTest){QUANT_CASES[i].name, test_quant_case, NULL, NULL, (void *)&QUANT_CASES[i]};
   tests[n++] = (struct CMUnitTest){"paged_errors", test_errors, NULL, NULL, NULL};
   return fct_run_group("paged_prefill", tests, n, 1);
 }

@@ -118,6 +118,14 @@ inline uchar kvq_fp8_encode(float y, int fmt) {
   return (uchar)(sign | min(c, maxc));
 }
 
+/* Four values of a quantized cache: the codes at p[i .. i + 3], elements e ..
+ * e + 3 (e a multiple of 4) of kv head h's row `row` (d elements), scaled. */
+inline float4 kvq_load4(__global const uchar *p, long i, __global const float *scale, int fmt, int kind, long row,
+                        int heads_kv, int h, int d, int e) {
+  const uchar4 b = vload4(0, p + i);
+  return kvq_decode8((uchar8)(b, (uchar4)(0)), fmt).lo * scale[kvq_scale_index(kind, row, heads_kv, h, d, e)];
+}
+
 /* The code of x under scale s in format fmt. */
 inline uchar kvq_encode(float x, float s, int fmt) {
   if (s == 0.0f) return 0;

@@ -105,7 +105,8 @@
  *                j is slot j % page_size of page block_table[b * max_pages + j / page_size]
  *                (clamped to [0, num_pages)), and its key count is kv_lens[b] clamped to
  *                [0, seqlen_k]; the kernel takes the extra trailing arguments block_table,
- *                page_size, max_pages, num_pages, kv_lens (PAGED_PARAMS). With VARLEN the
+ *                page_size, max_pages, num_pages, kv_lens (PAGED_PARAMS), then the
+ *                scales of a quantized pool (KVQ_PARAMS, flash_fwd_common.cl). With VARLEN the
  *                queries are packed (cu_q) and cu_k is unused (NULL)
  *
  *
@@ -205,7 +206,7 @@
 
 /* Staging registers: fp16 and bf16 stay packed (ushort4) until they are
  * written to local memory, which halves the registers the prefetch costs. */
-#if DTYPE == 0
+#if DTYPE == 0 || K_QUANT || V_QUANT /* a quantized pool is fp32 once loaded */
 typedef float4 stage_t;
 #define STAGE_GLOAD(p, i) GLOAD4(p, i)
 #define STAGE_CVT(x) (x)
@@ -252,9 +253,17 @@ typedef uint2 stage_t;
     const int c = e / (GR), g = e - (e / (GR)) * (GR);                              \
     stage_t val = STAGE_ZERO;                                                       \
     if (KV_IN(e, GR) && (kstart) + c < nk)                                          \
-      val = STAGE_GLOAD(src, (base) + KV_OFF((kstart) + c, sb, sn) + 4 * g);        \
+      val = STAGE_KV(src, (base) + KV_OFF((kstart) + c, sb, sn) + 4 * g, (kstart) + c, 4 * g); \
     stage[u] = val;                                                                 \
   }
+#endif
+/* Four K (src k) or V (src v) values at element i: key j, elements e .. e + 3. */
+#if K_QUANT || V_QUANT
+#define STAGE_KV(src, i, j, e) STAGE_KV_##src(i, j, e)
+#define STAGE_KV_k(i, j, e) KLOAD4(k, i, j, e)
+#define STAGE_KV_v(i, j, e) VLOAD4(v, i, j, e)
+#else
+#define STAGE_KV(src, i, j, e) STAGE_GLOAD(src, i)
 #endif
 #define STAGE_STORE(stage, dst, GR)                                                 \
   for (int u = 0; u < KV_PER_OF(GR); u++) {                                         \
@@ -265,15 +274,15 @@ typedef uint2 stage_t;
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
-    __global const store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
-    __global const store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
+    __global const k_store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
+    __global const v_store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS KVQ_PARAMS) {
   __local float4 Qs[BLOCK_R * QKV_LD];
 #if SEP_KV
   __local float4 Ks[BLOCK_C * QKV_LD];

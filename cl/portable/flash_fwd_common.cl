@@ -2,12 +2,15 @@
  * flash_fwd_common.cl: what the portable forward's two variants share, joined
  * in front of flash_fwd.cl (GPUs) or flash_fwd_cpu.cl (CPUs): the parameters
  * both read, four-element row access (GLOAD4 / GSTORE4), the paged K/V row
- * offsets and the attention-mask tile walk.
+ * offsets, the quantized paged source's loads (KLOAD4 / VLOAD4) and the
+ * attention-mask tile walk.
  *
  * Parameters (-D), as flash_fwd.cl's banner describes them: HEAD_DIM, HEAD_DIM_V, BLOCK_R,
  * BLOCK_C, VEC_ALIGNED, DROPOUT, MASK; DTYPE, VARLEN and PAGED_KV come with
  * dtype.cl and seq_bounds.cl, and CAUSAL, WINDOW, ALIBI, SOFTCAP and SINKS with
- * score_variant.cl, which the kernels join in front of this file.
+ * score_variant.cl, which the kernels join in front of this file. K_DTYPE,
+ * V_DTYPE, K_SCALE and V_SCALE (a paged source stored in a quantized cache
+ * format) come with kv_quant.cl, joined in front when they are set.
  */
 #ifndef FLASH_FWD_COMMON_CL
 #define FLASH_FWD_COMMON_CL
@@ -60,9 +63,52 @@ inline long paged_row(__global const int *bt, int j, int page_size, int num_page
   return (long)clamp(bt[pi], 0, num_pages - 1) * sb + (long)(j - pi * page_size) * sn;
 }
 #define KV_OFF(j, sb, sn) paged_row(bt, (j), page_size, num_pages, (sb), (sn))
+/* The scales of a quantized pool (NULL for a plain one), and the cache row
+ * (page * page_size + slot) of key j that TOKEN and BLOCK32 scales index. */
+#define KVQ_PARAMS , __global const float *k_scale, __global const float *v_scale
+inline long paged_cache_row(__global const int *bt, int j, int page_size, int num_pages) {
+  const int pi = j / page_size;
+  return (long)clamp(bt[pi], 0, num_pages - 1) * page_size + (j - pi * page_size);
+}
 #else
 #define PAGED_PARAMS
+#define KVQ_PARAMS
 #define KV_OFF(j, sb, sn) ((long)(j) * (sn))
+#endif
+
+/* K and V of a paged source may each be a quantized cache (kv_quant.cl): its
+ * codes are read as bytes and turned into fp32 with their scales as they are
+ * loaded, so the rest of the kernel sees fp32 as for any dtype. KLOAD4(p, i,
+ * j, e) is four values from element i of the pool: elements e .. e + 3 of key
+ * j's row (kv head hk). */
+#ifndef K_DTYPE
+#define K_DTYPE DTYPE
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE DTYPE
+#endif
+#define K_QUANT (K_DTYPE != DTYPE)
+#define V_QUANT (V_DTYPE != DTYPE)
+#if (K_QUANT || V_QUANT) && (!PAGED_KV || !defined(KV_QUANT_CL))
+#error "a quantized K/V source needs PAGED_KV=1 and kv_quant.cl compiled first in the same program"
+#endif
+#if K_QUANT
+#define k_store_t uchar
+#define KLOAD4(p, i, j, e)                                                                         \
+  kvq_load4((p), (i), k_scale, K_DTYPE, K_SCALE, paged_cache_row(bt, (j), page_size, num_pages), heads_q / group, \
+            hk, HEAD_DIM, (e))
+#else
+#define k_store_t store_t
+#define KLOAD4(p, i, j, e) GLOAD4(p, i)
+#endif
+#if V_QUANT
+#define v_store_t uchar
+#define VLOAD4(p, i, j, e)                                                                         \
+  kvq_load4((p), (i), v_scale, V_DTYPE, V_SCALE, paged_cache_row(bt, (j), page_size, num_pages), heads_q / group, \
+            hk, HEAD_DIM_V, (e))
+#else
+#define v_store_t store_t
+#define VLOAD4(p, i, j, e) GLOAD4(p, i)
 #endif
 
 #if MASK

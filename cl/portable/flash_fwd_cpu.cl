@@ -30,15 +30,15 @@
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     __global const store_t *q, long q_off, long q_sb, long q_sn, long q_sh,
-    __global const store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
-    __global const store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
+    __global const k_store_t *k, long k_off, long k_sb, long k_sn, long k_sh,
+    __global const v_store_t *v, long v_off, long v_sb, long v_sn, long v_sh,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse,
     int seqlen_q, int seqlen_k, int group, float scale_log2,
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k, int heads_q, ulong seed,
     ulong offset, uint threshold, float keep_scale, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const uint *mask, long mask_bs,
-    long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS) {
+    long mask_hs, int mask_words, int mask_bq, int mask_bk, __global const float *sinks PAGED_PARAMS KVQ_PARAMS) {
   __local float Kt[HEAD_DIM * BLOCK_C]; /* K tile, transposed: Kt[x][j] */
   __local float Vs[BLOCK_C * HEAD_DIM_V]; /* V tile: Vs[j][x] */
   float Qp[BLOCK_R * HEAD_DIM];         /* Q rows, fp32 */
@@ -79,14 +79,14 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
     for (int j = 0; j < BLOCK_C; j++) {
       const int in = k0 + j < nk;
       for (int g = 0; g < HEAD_DIM / 4; g++) {
-        const float4 kv = in ? GLOAD4(k, kbase + KV_OFF(k0 + j, k_sb, k_sn) + 4 * g) : (float4)(0.0f);
+        const float4 kv = in ? KLOAD4(k, kbase + KV_OFF(k0 + j, k_sb, k_sn) + 4 * g, k0 + j, 4 * g) : (float4)(0.0f);
         Kt[(4 * g + 0) * BLOCK_C + j] = kv.x;
         Kt[(4 * g + 1) * BLOCK_C + j] = kv.y;
         Kt[(4 * g + 2) * BLOCK_C + j] = kv.z;
         Kt[(4 * g + 3) * BLOCK_C + j] = kv.w;
       }
       for (int g = 0; g < HEAD_DIM_V / 4; g++)
-        vstore4(in ? GLOAD4(v, vbase + KV_OFF(k0 + j, v_sb, v_sn) + 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM_V);
+        vstore4(in ? VLOAD4(v, vbase + KV_OFF(k0 + j, v_sb, v_sn) + 4 * g, k0 + j, 4 * g) : (float4)(0.0f), g, Vs + j * HEAD_DIM_V);
     }
 
     /* S = Q K^T, RB rows x CB*VW keys at a time. */

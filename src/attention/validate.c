@@ -26,6 +26,8 @@ int fcl_problem_aux(const fcl_problem *p, const flashcl_attention_desc *desc, fc
                          "desc.kv_block_table"};
     aux[n++] = (fcl_aux){desc->kv_seqlens, 0, (size_t)p->batch * sizeof(cl_int), "desc.kv_seqlens"};
   }
+  if (p->k_quant) aux[n++] = (fcl_aux){p->k_scale, 0, p->k_scale_bytes, "desc.k_scale"};
+  if (p->v_quant) aux[n++] = (fcl_aux){p->v_scale, 0, p->v_scale_bytes, "desc.v_scale"};
   return n;
 }
 
@@ -109,17 +111,52 @@ static flashcl_status fcl_check_paged_kv(flashcl_context *ctx, const flashcl_att
   return FLASHCL_SUCCESS;
 }
 
-/* The tensors themselves and their dtypes. */
-static flashcl_status fcl_check_inputs(flashcl_context *ctx, const flashcl_tensor *q, const flashcl_tensor *k,
-                                       const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse) {
+/* k or v as a paged source's pool, which may hold a quantized cache format. */
+static flashcl_status fcl_check_source(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                       const flashcl_tensor *t, const char *name) {
+  if (desc->kv_block_table && t && fcl_dtype_is_kv_quant(t->dtype)) return fcl_check_kv_tensor(ctx, t, name);
+  return fcl_check_tensor(ctx, t, name, 1);
+}
+
+/* The scales of a paged source's quantized pools (rows: page * page_size +
+ * slot), recorded in p. */
+static flashcl_status fcl_check_quant_source(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                             const flashcl_tensor *k, const flashcl_tensor *v, fcl_problem *p) {
+  const uint64_t rows = (uint64_t)k->shape[0] * (uint64_t)k->shape[1];
   flashcl_status st;
-  if ((st = fcl_check_tensor(ctx, q, "q", 1)) || (st = fcl_check_tensor(ctx, k, "k", 1)) ||
-      (st = fcl_check_tensor(ctx, v, "v", 1)))
+  p->k_quant = fcl_dtype_is_kv_quant(k->dtype);
+  p->v_quant = fcl_dtype_is_kv_quant(v->dtype);
+  if (p->k_quant) {
+    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, p->head_dim, "k", "k", rows, p->heads_kv,
+                                 &p->k_scale_bytes)))
+      return st;
+    p->k_scale = desc->k_scale;
+    p->k_scale_kind = (int)desc->k_scale_kind;
+  }
+  if (p->v_quant) {
+    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, p->head_dim_v, "v", "v", rows, p->heads_kv,
+                                 &p->v_scale_bytes)))
+      return st;
+    p->v_scale = desc->v_scale;
+    p->v_scale_kind = (int)desc->v_scale_kind;
+  }
+  return FLASHCL_SUCCESS;
+}
+
+/* The tensors themselves and their dtypes: one dtype, but for the quantized
+ * pools of a paged source. */
+static flashcl_status fcl_check_inputs(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                       const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
+                                       const flashcl_tensor *o, const flashcl_tensor *lse) {
+  flashcl_status st;
+  if ((st = fcl_check_tensor(ctx, q, "q", 1)) || (st = fcl_check_source(ctx, desc, k, "k")) ||
+      (st = fcl_check_source(ctx, desc, v, "v")))
     return st;
   if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
   if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
 
-  if (k->dtype != q->dtype || v->dtype != q->dtype || (o && o->dtype != q->dtype))
+  const int kq = fcl_dtype_is_kv_quant(k->dtype), vq = fcl_dtype_is_kv_quant(v->dtype);
+  if ((!kq && k->dtype != q->dtype) || (!vq && v->dtype != q->dtype) || (o && o->dtype != q->dtype))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH, "q, k, v and o must share one dtype (q %s, k %s, v %s%s%s)",
                     flashcl_dtype_name(q->dtype), flashcl_dtype_name(k->dtype), flashcl_dtype_name(v->dtype),
                     o ? ", o " : "", o ? flashcl_dtype_name(o->dtype) : "");
@@ -242,6 +279,8 @@ static void fcl_fill_problem(const flashcl_attention_desc *desc, const flashcl_t
   const int64_t d = q->shape[3];
   memset(p, 0, sizeof *p);
   p->dtype = q->dtype;
+  p->k_dtype = k->dtype;
+  p->v_dtype = v->dtype;
   p->heads_q = (int)q->shape[2];
   p->heads_kv = (int)k->shape[2];
   p->head_dim = (int)d;
@@ -277,7 +316,7 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
                                  const flashcl_tensor *lse, fcl_problem *p) {
   if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
   flashcl_status st;
-  if ((st = fcl_check_inputs(ctx, q, k, v, o, lse)) || (st = fcl_check_desc_fields(ctx, desc)) ||
+  if ((st = fcl_check_inputs(ctx, desc, q, k, v, o, lse)) || (st = fcl_check_desc_fields(ctx, desc)) ||
       (st = fcl_check_shapes(ctx, desc, q, k, v, o, lse)))
     return st;
   if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes,
@@ -287,7 +326,14 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
 
   fcl_fill_problem(desc, q, k, v, p);
   if ((st = fcl_check_varlen(ctx, desc, q, k, p))) return st;
-  if (desc->kv_block_table && (st = fcl_check_paged_kv(ctx, desc, k, p))) return st;
+  if (desc->kv_block_table &&
+      ((st = fcl_check_paged_kv(ctx, desc, k, p)) || (st = fcl_check_quant_source(ctx, desc, k, v, p))))
+    return st;
+  if ((p->k_quant || p->v_quant) && fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "the naive path reads plain K/V: a quantized paged source (k %s, v %s) runs on the flash kernels "
+                    "(desc.algo = FLASHCL_ALGO_AUTO or FLASH)",
+                    flashcl_dtype_name(p->k_dtype), flashcl_dtype_name(p->v_dtype));
   fcl_fill_variants(desc, p);
   return fcl_check_mask(ctx, desc, p);
 }

@@ -6,6 +6,7 @@
 #include "core/lock.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <string.h>
 
 #define FLASHCL_ERRMSG_CAP 65536
@@ -254,6 +255,13 @@ typedef struct fcl_problem {
    * counts read from kv_seqlens. */
   int paged_kv, kv_page_size, kv_max_pages, kv_num_pages;
   cl_mem kv_block_table, kv_seqlens;
+  /* A quantized paged source (flashcl_attention_desc.k_scale): k_quant /
+   * v_quant 1 where that side is I8 / F8E4M3 / F8E5M2, its dtype, scale
+   * buffer and flashcl_kv_scale (plain sides: 0, q's dtype, NULL, 0). */
+  int k_quant, v_quant, k_scale_kind, v_scale_kind;
+  flashcl_dtype k_dtype, v_dtype;
+  cl_mem k_scale, v_scale;
+  size_t k_scale_bytes, v_scale_bytes; /* what their layouts span */
 } fcl_problem;
 
 /* " -DWINDOW=1 -DALIBI=1 -DSOFTCAP=1 -DMASK=k" for the variants p uses ("" for none), and
@@ -282,6 +290,13 @@ flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, c
 flashcl_status fcl_check_kv_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name);
 /* 1 for FLASHCL_I8, _F8E4M3, _F8E5M2: the one-byte KV-cache formats. */
 int fcl_dtype_is_kv_quant(flashcl_dtype dtype);
+/* The scale buffer of one quantized cache side (name "k" or "v" as in
+ * desc.k_scale, tensor its tensor's name, head dim d, `rows` cache rows of
+ * heads_kv heads): kind a flashcl_kv_scale (BLOCK32 needs d % 32 == 0), the
+ * buffer present and as large as its layout; *bytes gets that size. Shared by
+ * decode, the append and the paged forward. */
+flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, int d, const char *name,
+                                  const char *tensor, uint64_t rows, int heads_kv, size_t *bytes);
 
 
 /* Prints a kernel's build log and resource figures to stderr (verbose >= 2;

@@ -38,6 +38,42 @@ int fcl_dtype_is_kv_quant(flashcl_dtype dtype) {
   return dtype == FLASHCL_I8 || dtype == FLASHCL_F8E4M3 || dtype == FLASHCL_F8E5M2;
 }
 
+flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, int d, const char *name,
+                                  const char *tensor, uint64_t rows, int heads_kv, size_t *bytes) {
+  static const char *const kinds[4] = {"TOKEN", "HEAD", "TENSOR", "BLOCK32"}; /* flashcl_kv_scale order */
+  /* Each factor is below 2^31 (validated shapes), the head dim's blocks below
+   * 2^26: the product fits 64 bits. */
+  uint64_t floats = 1;
+  if (kind == FLASHCL_KV_SCALE_HEAD) floats = (uint64_t)heads_kv;
+  else if (kind == FLASHCL_KV_SCALE_TOKEN)
+    floats = rows * (uint64_t)heads_kv;
+  else if (kind == FLASHCL_KV_SCALE_BLOCK32) {
+    if (d % 32)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                      "desc.%s_scale_kind is BLOCK32 (one scale per 32 elements) but %s's head dim %d is not "
+                      "a multiple of 32", name, tensor, d);
+    floats = rows * (uint64_t)heads_kv * (uint64_t)(d / 32);
+  } else if (kind != FLASHCL_KV_SCALE_TENSOR)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.%s_scale_kind (%d) is not a flashcl_kv_scale", name,
+                    (int)kind);
+  if (!scale)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                    "%s is quantized but desc.%s_scale is NULL: a quantized cache needs its fp32 scales",
+                    tensor, name);
+  const uint64_t need = floats * sizeof(float);
+  if (need > SIZE_MAX) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "desc.%s_scale's size overflows size_t", name);
+  size_t have = 0;
+  char what[32];
+  snprintf(what, sizeof what, "desc.%s_scale", name);
+  flashcl_status st = fcl_buffer_size(ctx, scale, what, &have);
+  if (st != FLASHCL_SUCCESS) return st;
+  if (have < need)
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.%s_scale holds %zu bytes but its %s layout needs %zu",
+                    name, have, kinds[kind], (size_t)need);
+  *bytes = (size_t)need;
+  return FLASHCL_SUCCESS;
+}
+
 /* a * b * c (a * b when c is 1) for the contiguous strides. Dimensions below 1
  * are left to the operations' validation, which names them (INVALID_SHAPE);
  * their product is formed in unsigned arithmetic, where wrapping is defined. A
@@ -156,7 +192,8 @@ static flashcl_status fcl_check_view(flashcl_context *ctx, const flashcl_tensor 
   if (!kv_cache && fcl_dtype_is_kv_quant(t->dtype))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
                     "%s has dtype %s, a quantized KV-cache format: only the k_cache / v_cache of decode and "
-                    "flashcl_kv_cache_append take it (f32, f16 or bf16 here)",
+                    "flashcl_kv_cache_append, and k / v of a forward with a paged source, take it (f32, f16 or "
+                    "bf16 here)",
                     name, flashcl_dtype_name(t->dtype));
   for (int i = 0; i < 4; i++) {
     if (t->shape[i] <= 0)

@@ -28,58 +28,25 @@ void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, con
            kv->v_scale_kind);
 }
 
-/* The scale buffer and kind of one quantized cache (name "k" or "v", head dim
- * d): present, a flashcl_kv_scale, and as large as its layout; *bytes gets
- * that size. */
-static flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, int d,
-                                         const char *name, const fcl_kv_layout *kv, size_t *bytes) {
-  static const char *const kinds[4] = {"TOKEN", "HEAD", "TENSOR", "BLOCK32"}; /* flashcl_kv_scale order */
-  /* Each factor is below 2^31 (validated shapes), the head dim's blocks below
-   * 2^26: the product fits 64 bits. */
-  uint64_t floats = 1;
-  const uint64_t rows = (uint64_t)kv->num_pages * (uint64_t)(kv->paged ? kv->page_size : kv->capacity);
-  if (kind == FLASHCL_KV_SCALE_HEAD) floats = (uint64_t)kv->heads_kv;
-  else if (kind == FLASHCL_KV_SCALE_TOKEN)
-    floats = rows * (uint64_t)kv->heads_kv;
-  else if (kind == FLASHCL_KV_SCALE_BLOCK32) {
-    if (d % 32)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                      "desc.%s_scale_kind is BLOCK32 (one scale per 32 elements) but %s_cache's head dim %d is not "
-                      "a multiple of 32", name, name, d);
-    floats = rows * (uint64_t)kv->heads_kv * (uint64_t)(d / 32);
-  } else if (kind != FLASHCL_KV_SCALE_TENSOR)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.%s_scale_kind (%d) is not a flashcl_kv_scale", name,
-                    (int)kind);
-  if (!scale)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                    "%s_cache is quantized but desc.%s_scale is NULL: a quantized cache needs its fp32 scales",
-                    name, name);
-  const uint64_t need = floats * sizeof(float);
-  if (need > SIZE_MAX) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "desc.%s_scale's size overflows size_t", name);
-  size_t have = 0;
-  char what[32];
-  snprintf(what, sizeof what, "desc.%s_scale", name);
-  flashcl_status st = fcl_buffer_size(ctx, scale, what, &have);
-  if (st != FLASHCL_SUCCESS) return st;
-  if (have < need)
-    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.%s_scale holds %zu bytes but its %s layout needs %zu",
-                    name, have, kinds[kind], (size_t)need);
-  *bytes = (size_t)need;
-  return FLASHCL_SUCCESS;
-}
-
 /* The quantized sides of a validated layout: their scales, recorded in out. */
 static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_decode_desc *desc,
                                          const flashcl_tensor *kc, const flashcl_tensor *vc, fcl_kv_layout *out) {
   flashcl_status st;
+  const uint64_t rows = (uint64_t)out->num_pages * (uint64_t)(out->paged ? out->page_size : out->capacity);
   out->k_quant = fcl_dtype_is_kv_quant(kc->dtype);
   out->v_quant = fcl_dtype_is_kv_quant(vc->dtype);
   if (out->k_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, out->head_dim, "k", out, &out->k_scale_bytes))) return st;
+    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, out->head_dim, "k", "k_cache", rows,
+                                 out->heads_kv,
+                                 &out->k_scale_bytes)))
+      return st;
     out->k_scale_kind = (int)desc->k_scale_kind;
   }
   if (out->v_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, out->head_dim_v, "v", out, &out->v_scale_bytes))) return st;
+    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, out->head_dim_v, "v", "v_cache", rows,
+                                 out->heads_kv,
+                                 &out->v_scale_bytes)))
+      return st;
     out->v_scale_kind = (int)desc->v_scale_kind;
   }
   return FLASHCL_SUCCESS;

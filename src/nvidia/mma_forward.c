@@ -67,6 +67,15 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
             p->head_dim_v, p->head_dim);
     return FLASHCL_SUCCESS;
   }
+  if (p->k_quant || p->v_quant) { /* likewise: only the portable forward dequantizes a paged source */
+    if (desc->kernel == FLASHCL_KERNEL_NVIDIA_MMA || forced == FLASHCL_KERNEL_NVIDIA_MMA)
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                      "the tensor-core kernels do not take a quantized K/V source (%s / %s): use the portable "
+                      "kernels (desc.kernel = FLASHCL_KERNEL_AUTO or PORTABLE)",
+                      flashcl_dtype_name(p->k_dtype), flashcl_dtype_name(p->v_dtype));
+    fcl_log(ctx, "tensor-core kernels do not cover a quantized K/V source: running the portable kernels");
+    return FLASHCL_SUCCESS;
+  }
   const int explicit_mma = fam == FLASHCL_KERNEL_NVIDIA_MMA;
   if (!fcl_mma_available(ctx)) {
     if (explicit_mma)

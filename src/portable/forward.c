@@ -78,6 +78,17 @@ flashcl_status fcl_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tu
   return FLASHCL_SUCCESS;
 }
 
+/* Appends the formats and scale layouts of a quantized paged source
+ * (kv_quant.cl) to buf; a plain side keeps q's dtype. Nothing otherwise, so
+ * that the other programs keep their options. */
+static void fcl_kvq_options(const fcl_problem *p, char *buf, size_t cap) {
+  if (!p->k_quant && !p->v_quant) return;
+  const size_t n = strlen(buf);
+  snprintf(buf + n, cap - n, " -DK_DTYPE=%d -DV_DTYPE=%d -DK_SCALE=%d -DV_SCALE=%d",
+           (int)(p->k_quant ? p->k_dtype : p->dtype), (int)(p->v_quant ? p->v_dtype : p->dtype), p->k_scale_kind,
+           p->v_scale_kind);
+}
+
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
                                  const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
@@ -90,6 +101,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   const char *extra = ctx->build_options;
   char opts[800], variants[160];
   fcl_variant_options(p, variants, sizeof variants);
+  fcl_kvq_options(p, variants, sizeof variants);
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   if (cpu) { /* the CPU rule of fwd_plan.c: one work-item per work-group */
     snprintf(opts, sizeof opts,
@@ -114,9 +126,9 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   /* Dropout, masks and the NVIDIA shuffles bring their helper files into the
    * program; CPUs run their own variant of the kernel. */
   char src[192];
-  snprintf(src, sizeof src, "%s%s%sdtype.cl+seq_bounds.cl+score_variant.cl+flash_fwd_common.cl+%s",
+  snprintf(src, sizeof src, "%s%s%sdtype.cl+%sseq_bounds.cl+score_variant.cl+flash_fwd_common.cl+%s",
            !cpu && shfl ? "warp_ptx.cl+" : "", p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "",
-           cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
+           p->k_quant || p->v_quant ? "kv_quant.cl+" : "", cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
   st = fcl_get_kernel(ctx, src, opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
@@ -137,6 +149,10 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   fcl_arg_mask(&a, p);     /* and the attention mask */
   fcl_arg_mem(&a, p->sinks);
   fcl_arg_paged(&a, p);
+  if (p->paged_kv) { /* flash_fwd_common.cl's KVQ_PARAMS: NULL for a plain side */
+    fcl_arg_mem(&a, p->k_scale);
+    fcl_arg_mem(&a, p->v_scale);
+  }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd)");
 
   size_t qblocks = ((size_t)p->seqlen_q + plan.br - 1) / plan.br;
