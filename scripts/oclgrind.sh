@@ -7,7 +7,7 @@
 # plus its built-in checks of out-of-bounds accesses and of barrier divergence.
 # Every portable kernel family runs: forward (f32, f16, bf16; causal, window,
 # ALiBi, softcap, bit and block masks, dropout, varlen, paged; GPU and CPU
-# work-item mappings), backward (both dQ modes), decode (contiguous, paged,
+# work-item mappings; a quantized paged source), backward (both dQ modes), decode (contiguous, paged,
 # split-KV, tree mask), kv_cache_append, the state merge and the naive
 # algorithm (CLBlast GEMMs). The kernels' compile-time variants that the
 # default rules do not pick on Oclgrind's simulated GPU (unrolls, padded rows,
@@ -76,6 +76,8 @@ cases=(
   "sparse_block_strided_f16|test_sparse|block_strided_gpu_map_f16||all"
   "paged_prefill_f32_nq7|test_paged_prefill|paged_flash_f32_ps16_nq7||all"
   "paged_prefill_naive_f32_nq7|test_paged_prefill|paged_naive_f32_ps64_nq7||all"
+  "paged_quant_f32_i8_e4m3|test_paged_prefill|paged_quant_f32_k_i8_token_v_e4m3_block32||all"
+  "paged_quant_cpu_map_f16_e5m2_i8|test_paged_prefill|paged_quant_f16_k_e5m2_head_v_i8_tensor|FLASHCL_TUNING=$repo/tests/tuning/cpu_map.tune|all"
   "bwd_f32_padded_causal_gqa_det01|test_backward|f32_d64_padded_gqa_4_2_causal||all"
   "bwd_f32_dropout_det1|test_backward|f32_d64_dropout_offset_carry||all"
   "bwd_f16_causal_det01_naive|test_backward|f16_d64_scale_5_large_scores_causal||all"
