@@ -241,6 +241,11 @@ static void test_json(void **state) {
                         "1", "--warmup", "0", "--kv-dtype", "i8", "--kv-scale", "block32", "--csv", NULL};
   const char *const qblk_want[] = {",f32/i8:block32,", ",294912,", NULL};
   check_csv_row(qblk, qblk_want, "--kv-scale block32");
+  /* The paged forward over e4m3 pools: the flash row alone (the naive path reads plain K/V), labelled */
+  const char *pq[] = {"--n", "64", "--d", "32", "--dtype", "f32", "--causal", "1", "--reps", "1", "--warmup", "0",
+                      "--page-size", "16", "--kv-dtype", "f8e4m3", "--kv-scale", "block32", "--csv", NULL};
+  const char *const pq_want[] = {",f32/f8e4m3:block32,", ",flash,", "\"ok\"", NULL};
+  check_csv_row(pq, pq_want, "--page-size --kv-dtype");
   const char *sparse[] = {"--block-sparse", "1,0.5", "--n", "128", "--d", "16", "--dtype", "f32", "--reps", "1",
                           "--batch-tokens", "128", "--hidden", "32", "--json", NULL};
   check_json_run(sparse, "block-sparse", 2);
@@ -303,6 +308,10 @@ static void test_bad_arguments(void **state) {
   free(err);
   const char *kv[] = {SHAPE, "--kv-dtype", "i8", NULL};
   FCT_CHECK(run_bench(kv, &out, &err) == 1 && strstr(err, "needs --decode"), "--kv-dtype without --decode:\n%s", err);
+  free(out);
+  free(err);
+  const char *kv2[] = {SHAPE, "--page-size", "16", "--kv-dtype", "i8,f8e4m3", NULL};
+  FCT_CHECK(run_bench(kv2, &out, &err) == 1 && strstr(err, "one format"), "two pool formats accepted:\n%s", err);
   free(out);
   free(err);
   const char *kvbad[] = {"--decode", "--kv-dtype", "int4", NULL};

@@ -23,7 +23,7 @@
 typedef struct bench_opts {
   const char *device;
   tools_list n, d, dtype, causal, algo;
-  int have_n, have_d, have_dtype, have_causal;
+  int have_n, have_d, have_dtype, have_causal, have_algo;
   long batch_tokens, hidden, gqa;
   long reps, warmup;
   int have_batch_tokens, have_hidden, have_reps, have_warmup;
@@ -49,7 +49,9 @@ typedef struct bench_opts {
 
 /* Buffers and tensors of one (N, d, dtype) config. */
 typedef struct config_bufs {
-  cl_mem mem[14]; /* q k v o lse d_o dq dk dv, ALiBi slopes, --page-size: block table, key counts, sinks, dsinks */
+  /* q k v o lse d_o dq dk dv, ALiBi slopes, --page-size: block table, key counts, sinks, dsinks,
+   * --page-size --kv-dtype: K codes, V codes, their scales */
+  cl_mem mem[17];
   flashcl_tensor q, k, v, o, lse, d_o, dq, dk, dv;
   flashcl_tensor kp, vp; /* --page-size: k and v as page pools */
   long pages_per_seq;
@@ -117,7 +119,8 @@ static const char usage_text[] =
     "  --kv-dtype LIST      --decode: the caches' storage, same (--dtype's; the default), i8,\n"
     "                       f8e4m3, f8e5m2 (quantized; fp32 scales as --kv-scale says);\n"
     "                       the dtype column then reads e.g. f16/i8, and GB/s counts codes\n"
-    "                       and scales\n"
+    "                       and scales. With --page-size and no --decode, one format for\n"
+    "                       the paged forward's K and V pools (random codes, scales 1/64)\n"
     "  --head-dim-v DV      v and o's head dim (desc.head_dim_v), q and k keeping --d's;\n"
     "                       the d column then reads e.g. 192/128, and TFLOP/s counts\n"
     "                       2 d + 2 DV per visible pair forward, 6 d + 4 DV backward;\n"
@@ -259,7 +262,7 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
       {.name = "--d", .kind = ARG_INT_LIST, .dest = &o->d, .seen = &o->have_d},
       {.name = "--dtype", .kind = ARG_DTYPE_LIST, .dest = &o->dtype, .seen = &o->have_dtype},
       {.name = "--causal", .kind = ARG_CAUSAL_LIST, .dest = &o->causal, .seen = &o->have_causal},
-      {.name = "--algo", .kind = ARG_ALGO_LIST, .dest = &o->algo, .hi = MAX_ALGOS},
+      {.name = "--algo", .kind = ARG_ALGO_LIST, .dest = &o->algo, .hi = MAX_ALGOS, .seen = &o->have_algo},
       {.name = "--batch-tokens", .kind = ARG_LONG, .dest = &o->batch_tokens, .seen = &o->have_batch_tokens, .lo = 1,
        .hi = LONG_MAX},
       {.name = "--hidden", .kind = ARG_LONG, .dest = &o->hidden, .seen = &o->have_hidden, .lo = 1, .hi = LONG_MAX},
@@ -315,10 +318,13 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
                     "with --bwd, --layout bhnd or --block-sparse\n");
     return ARGS_BAD_VALUE;
   }
-  if (st == ARGS_OK && o->have_kv_dtype && !o->decode) {
-    fprintf(stderr, "flashcl-bench: --kv-dtype needs --decode (the quantized caches are decode's)\n");
+  if (st == ARGS_OK && o->have_kv_dtype && !o->decode && (!o->page_size || o->kv_dtype.count != 1)) {
+    fprintf(stderr, "flashcl-bench: --kv-dtype needs --decode, or --page-size with one format (the paged "
+                    "forward's pools)\n");
     return ARGS_BAD_VALUE;
   }
+  /* The naive path reads plain K/V only: quantized pools time the flash forward alone. */
+  if (st == ARGS_OK && o->have_kv_dtype && !o->decode && !o->have_algo) tools_parse_algo_list("flash", &o->algo);
   if (st == ARGS_OK && o->head_dim_v && o->decode && o->have_d && o->d.count > 1) {
     fprintf(stderr, "flashcl-bench: --head-dim-v with --decode takes one --d\n");
     return ARGS_BAD_VALUE;
@@ -353,7 +359,7 @@ static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 /* Releases the buffers; the sizes stay (OOM rows still report them). */
 static void release_bufs(config_bufs *b) {
   int i;
-  for (i = 0; i < 14; ++i) {
+  for (i = 0; i < 17; ++i) {
     if (b->mem[i]) clReleaseMemObject(b->mem[i]);
     b->mem[i] = NULL;
   }
@@ -391,6 +397,40 @@ static cl_int alloc_extras(cl_context clctx, const bench_opts *o, long batch, lo
     if (!b->mem[11] || err) return err != CL_SUCCESS ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE;
   }
   return CL_SUCCESS;
+}
+
+/* The paged forward's pool format under --kv-dtype (no --decode), else -1. */
+static int fwd_pool_format(const bench_opts *o) {
+  return !o->decode && o->page_size && o->have_kv_dtype ? (int)o->kv_dtype.v[0] : -1;
+}
+
+/* --page-size --kv-dtype: K and V pools of random codes (no NaN or inf: |E| kept
+ * small) and one scale buffer for both, of --kv-scale's layout (all 1/64).
+ * CL_SUCCESS or an OpenCL error. */
+static cl_int alloc_quant_pools(cl_context clctx, const bench_opts *o, long heads_kv, long d, long dv,
+                                config_bufs *b) {
+  cl_int err = CL_SUCCESS;
+  const size_t rows = b->kv_count / (size_t)d / (size_t)heads_kv, wide = (size_t)(d > dv ? d : dv);
+  const size_t ns = o->kv_scale == FLASHCL_KV_SCALE_TENSOR ? 1 : o->kv_scale == FLASHCL_KV_SCALE_HEAD ? (size_t)heads_kv
+                    : o->kv_scale == FLASHCL_KV_SCALE_TOKEN ? rows * (size_t)heads_kv
+                                                            : rows * (size_t)heads_kv * (wide / 32 ? wide / 32 : 1);
+  const size_t nc = b->kv_count > b->v_count ? b->kv_count : b->v_count;
+  unsigned char *codes = malloc(nc);
+  float *scale = malloc(ns * sizeof *scale);
+  if (!codes || !scale) err = CL_OUT_OF_HOST_MEMORY;
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; !err && i < nc; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    codes[i] = (unsigned char)((x & 0x3f) | ((x >> 8) & 0x80));
+  }
+  for (size_t i = 0; !err && i < ns; ++i) scale[i] = 1.0f / 64.0f;
+  if (!err) b->mem[14] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, b->kv_count, codes, &err);
+  if (b->mem[14]) b->mem[15] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, b->v_count, codes, &err);
+  if (b->mem[15]) b->mem[16] = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, ns * sizeof *scale,
+                                              scale, &err);
+  free(codes);
+  free(scale);
+  return !b->mem[16] && !err ? CL_MEM_OBJECT_ALLOCATION_FAILURE : err;
 }
 
 /* Allocates the config's buffers (random q, k, v and, for --bwd, d_o). Returns
@@ -432,10 +472,14 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
     if (!b->mem[8] || err) goto fail;
   }
   if ((err = alloc_extras(clctx, o, batch, n, heads, scratch, b)) != CL_SUCCESS) goto fail;
+  const int pool_fmt = fwd_pool_format(o);
+  if (pool_fmt >= 0 && (err = alloc_quant_pools(clctx, o, heads_kv, d, dv, b)) != CL_SUCCESS) goto fail;
   if (o->page_size) { /* k and v as page pools: sequence b owns pages [b * n / P, (b + 1) * n / P) */
-    st = flashcl_tensor_init_bnhd(&b->kp, b->mem[1], 0, dtype, batch * b->pages_per_seq, o->page_size, heads_kv, d);
-    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[2], 0, dtype, batch * b->pages_per_seq, o->page_size,
-                                           heads_kv, dv);
+    const flashcl_dtype pdt = pool_fmt >= 0 ? (flashcl_dtype)pool_fmt : dtype;
+    st = flashcl_tensor_init_bnhd(&b->kp, b->mem[pool_fmt >= 0 ? 14 : 1], 0, pdt, batch * b->pages_per_seq,
+                                  o->page_size, heads_kv, d);
+    if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[pool_fmt >= 0 ? 15 : 2], 0, pdt, batch * b->pages_per_seq,
+                                           o->page_size, heads_kv, dv);
   }
   if (!st) st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
   if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
@@ -505,6 +549,8 @@ static void row_call(const bench_opts *o, const config_bufs *b, int causal, cons
     desc->kv_page_size = (int)o->page_size;
     desc->kv_max_pages = (int)b->pages_per_seq;
     desc->kv_seqlens = b->mem[11];
+    desc->k_scale = desc->v_scale = b->mem[16]; /* NULL, and not read, for plain pools */
+    desc->k_scale_kind = desc->v_scale_kind = (flashcl_kv_scale)o->kv_scale;
     args->k = &b->kp;
     args->v = &b->vp;
   }
@@ -1301,13 +1347,22 @@ static const char *d_label(const bench_config *c, char *buf, size_t cap) {
   return buf;
 }
 
+/* The dtype column: q's dtype, and "/the pools' format[:scale kind]" for the
+ * paged forward under --kv-dtype (decode's rows label themselves). */
+static const char *dt_label(const bench_opts *o, const bench_config *c, char *buf, size_t cap) {
+  const int fmt = fwd_pool_format(o), named = fmt >= 0 && o->kv_scale != FLASHCL_KV_SCALE_TOKEN;
+  snprintf(buf, cap, "%s%s%s%s%s", flashcl_dtype_name(c->dtype), fmt >= 0 ? "/" : "",
+           fmt >= 0 ? flashcl_dtype_name((flashcl_dtype)fmt) : "", named ? ":" : "", named ? kv_scale_names[o->kv_scale] : "");
+  return buf;
+}
+
 static void print_row_csv(const bench_opts *o, const flashcl_device_info *info, const bench_config *c, const row *r,
                           const row_stats *rs) {
   const char *stxt = r->ran ? "ok" : r->oom ? "OOM" : flashcl_status_string(r->status);
-  char dl[32];
+  char dl[32], tl[48];
   printf("\"%s\",%s,%ld,%s,%s,%d,%s,%ld,%ld,%ld,%s,%d,%d,%d,", info->device_name,
-         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd", c->n, d_label(c, dl, sizeof dl), flashcl_dtype_name(c->dtype), c->causal,
-         o->bhnd ? "bhnd" : "bnhd", c->batch, c->heads, c->heads_kv, tools_algo_name(r->algo),
+         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd", c->n, d_label(c, dl, sizeof dl), dt_label(o, c, tl, sizeof tl),
+         c->causal, o->bhnd ? "bhnd" : "bnhd", c->batch, c->heads, c->heads_kv, tools_algo_name(r->algo),
          r->have_cfg ? r->cfg.block_r : r->have_plan ? r->plan.block_r : 0,
          r->have_cfg ? r->cfg.block_c : r->have_plan ? r->plan.block_c : 0, r->reps);
   if (r->ran) printf("%.6f,%.6f,%.6f,", r->median_ms, r->min_ms, rs->tflops);
@@ -1332,7 +1387,8 @@ static void print_row_json(const bench_opts *o, const flashcl_device_info *info,
   tools_json_int(&j, "n", c->n);
   tools_json_int(&j, "d", c->d);
   if (c->dv != c->d) tools_json_int(&j, "d_v", c->dv);
-  tools_json_str(&j, "dtype", flashcl_dtype_name(c->dtype));
+  char tl[48];
+  tools_json_str(&j, "dtype", dt_label(o, c, tl, sizeof tl));
   tools_json_int(&j, "causal", c->causal);
   tools_json_str(&j, "layout", o->bhnd ? "bhnd" : "bnhd");
   tools_json_int(&j, "batch", c->batch);
