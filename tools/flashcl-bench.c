@@ -452,7 +452,9 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
   b->kv_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)d;
   b->o_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)dv;
   b->v_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)dv;
-  b->fwd_io = (b->q_count + b->kv_count + b->v_count + b->o_count) * esize;
+  const int pool_fmt = fwd_pool_format(o);
+  /* Quantized pools: one byte per K/V element (their scales are not counted). */
+  b->fwd_io = (b->q_count + b->o_count) * esize + (b->kv_count + b->v_count) * (pool_fmt >= 0 ? 1 : esize);
   b->bwd_io = (2 * (b->q_count + b->kv_count + b->v_count + b->o_count)) * esize + lse_bytes;
   if ((cl_ulong)(o->bwd ? b->bwd_io : b->fwd_io) > info->global_mem_size ||
       (cl_ulong)((b->q_count > b->o_count ? b->q_count : b->o_count) * esize) > info->max_mem_alloc_size)
@@ -472,7 +474,6 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
     if (!b->mem[8] || err) goto fail;
   }
   if ((err = alloc_extras(clctx, o, batch, n, heads, scratch, b)) != CL_SUCCESS) goto fail;
-  const int pool_fmt = fwd_pool_format(o);
   if (pool_fmt >= 0 && (err = alloc_quant_pools(clctx, o, heads_kv, d, dv, b)) != CL_SUCCESS) goto fail;
   if (o->page_size) { /* k and v as page pools: sequence b owns pages [b * n / P, (b + 1) * n / P) */
     const flashcl_dtype pdt = pool_fmt >= 0 ? (flashcl_dtype)pool_fmt : dtype;
@@ -1414,8 +1415,8 @@ static void print_row_json(const bench_opts *o, const flashcl_device_info *info,
   tools_json_close(&j);
 }
 
-static void print_row_text(const bench_config *c, const row *r, const row_stats *rs) {
-  char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32], dl[32];
+static void print_row_text(const bench_opts *o, const bench_config *c, const row *r, const row_stats *rs) {
+  char ms[32], blocks[32], spd[32], rl[32], reps[16], tf[32], dl[32], tl[48];
   if (r->have_cfg) snprintf(blocks, sizeof blocks, "%dx%d", r->cfg.block_r, r->cfg.block_c);
   else if (r->family == FLASHCL_KERNEL_NVIDIA_MMA) snprintf(blocks, sizeof blocks, "mma");
   else if (r->have_plan) snprintf(blocks, sizeof blocks, "%dx%d", r->plan.block_r, r->plan.block_c);
@@ -1432,8 +1433,8 @@ static void print_row_text(const bench_config *c, const row *r, const row_stats 
   if (rs->have_rel) snprintf(rl, sizeof rl, "%.2e", rs->rel);
   else snprintf(rl, sizeof rl, "-");
   printf("%6ld %4s %5s %6d %5ld %5ld %4s %-5s %7s %4s %11s %9s %9.1f %8.1f %9.1f %8s %9s  %s%s%s\n", c->n,
-         d_label(c, dl, sizeof dl),
-         flashcl_dtype_name(c->dtype), c->causal, c->batch, c->heads, rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd",
+         d_label(c, dl, sizeof dl), dt_label(o, c, tl, sizeof tl), c->causal, c->batch, c->heads,
+         rs->pass == FLASHCL_PASS_BACKWARD ? "bwd" : "fwd",
          tools_algo_name(r->algo), blocks, reps, ms, tf, mib(rs->io), mib(r->workspace), mib(rs->io + r->workspace),
          spd, rl, r->have_cfg ? flashcl_tuning_family_name(r->cfg.family) : "", r->have_cfg ? " from " : "",
          r->have_cfg ? r->cfg.origin : "");
@@ -1507,7 +1508,7 @@ static int run_pass(flashcl_context *ctx, const bench_opts *o, const flashcl_dev
     }
     if (o->json) print_row_json(o, info, c, r, &rs);
     else if (o->csv) print_row_csv(o, info, c, r, &rs);
-    else print_row_text(c, r, &rs);
+    else print_row_text(o, c, r, &rs);
   }
   fflush(stdout);
   for (int ai = 0; ai < o->algo.count; ++ai) free_row(&rows[ai]);

@@ -332,7 +332,7 @@ typedef struct fcl_aux {
   size_t offset, bytes;
   const char *name;
 } fcl_aux;
-#define FCL_MAX_AUX 8
+#define FCL_MAX_AUX 12 /* fcl_problem_aux fills up to 8 today */
 /* 1 if bytes [begin, begin + bytes) of m can share a byte with view out. */
 int fcl_range_conflict(const flashcl_tensor *out, cl_mem m, size_t begin, size_t bytes);
 /* INVALID_ARGUMENT when an aux range shares bytes with one of the outputs. */

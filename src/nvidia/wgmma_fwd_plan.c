@@ -27,15 +27,24 @@ static int fcl_wgmma_regs_ok(int nwg, int bc, int d) {
   return bc / 2 + bc / 4 + (d + 15) / 16 * 8 <= avail - 32;
 }
 
-/* The widest key tile that fits the local memory and the registers, or 0. */
+/* The widest key tile that fits the local memory and the registers, else
+ * (warpgroups the registers cannot hold at all, e.g. a tuned nwg = 3 past
+ * d = 128) the widest that fits the local memory, or 0. */
 static int fcl_wgmma_widest(const fcl_wgmma_config *c, int d, size_t cap) {
   static const int bcs[4] = {128, 112, 96, 64};
-  for (int i = 0; i < 4; i++) {
-    fcl_wgmma_config e = *c;
-    e.block_c = bcs[i];
-    if (fcl_wgmma_local(&e, d) <= cap && fcl_wgmma_regs_ok(e.nwg, e.block_c, d)) return e.block_c;
-  }
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < 4; i++) {
+      fcl_wgmma_config e = *c;
+      e.block_c = bcs[i];
+      if (fcl_wgmma_local(&e, d) <= cap && (pass || fcl_wgmma_regs_ok(e.nwg, e.block_c, d))) return e.block_c;
+    }
   return 0;
+}
+
+/* The local memory a configuration of `stages` may take: a third stage is
+ * worth the widest the device runs. */
+static size_t fcl_wgmma_cap(flashcl_context *ctx, int d, int stages) {
+  return stages > 2 ? fcl_local_limit(ctx) : fcl_mma_local_cap(ctx, d);
 }
 
 /* 1 and *out if some tile fits the budget. Three warpgroups (192 query rows):
@@ -43,17 +52,17 @@ static int fcl_wgmma_widest(const fcl_wgmma_config *c, int d, size_t cap) {
  * tensor cores busy while some run their softmax. Past d = 128 two: O alone
  * takes d / 2 registers of each work-item, and three warpgroups leave 170.
  * Three K/V stages with three warpgroups (up to d = 128), in the widest local
- * memory the device runs: on the H100 the forward at d = 96 and 128 is
- * 10-16% faster than with two, at d = 64 the same; past d = 128 a third stage
- * leaves room for 64-key tiles only, 10-13% slower than two stages of 112. */
+ * memory the device runs, where they keep the key tile of two stages: on the
+ * H100 the forward at d = 96 and 128 is 10-16% faster than with two, at
+ * d = 64 the same; past d = 128 a third stage leaves room for 64-key tiles
+ * only, 10-13% slower than two stages of 112. */
 int fcl_wgmma_pick(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu, fcl_wgmma_config *out) {
   const int d = p->head_dim, nwg = d > 128 ? 2 : 3;
   fcl_wgmma_config c = {tu ? fcl_tuned_get(tu, FCL_WG_NWG, nwg) : nwg, 0, 2};
-  const int rule_stages = c.nwg == 3 ? 3 : 2;
-  c.stages = tu ? fcl_tuned_get(tu, FCL_WG_STAGES, rule_stages) : rule_stages;
+  const int tuned_stages = tu && fcl_tuned_has(tu, FCL_WG_STAGES);
+  c.stages = tuned_stages ? tu->val[FCL_WG_STAGES] : c.nwg == 3 ? 3 : 2;
   if (c.stages < 2 || c.stages > 4) return 0;
-  /* A third stage is worth the widest local memory the device runs. */
-  const size_t cap = c.stages > 2 ? fcl_local_limit(ctx) : fcl_mma_local_cap(ctx, d);
+  const size_t cap = fcl_wgmma_cap(ctx, d, c.stages);
   if (tu && fcl_tuned_has(tu, FCL_WG_BLOCK_C)) {
     c.block_c = tu->val[FCL_WG_BLOCK_C];
     if (!fcl_wgmma_bc_ok(c.block_c) || fcl_wgmma_local(&c, d) > cap) return 0;
@@ -61,9 +70,11 @@ int fcl_wgmma_pick(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *
     return 1;
   }
   c.block_c = fcl_wgmma_widest(&c, d, cap);
-  if (!c.block_c && c.stages == 3 && !(tu && fcl_tuned_has(tu, FCL_WG_STAGES))) {
-    c.stages = 2; /* the rule's third stage does not fit this device */
-    c.block_c = fcl_wgmma_widest(&c, d, fcl_mma_local_cap(ctx, d));
+  if (!tuned_stages && c.stages == 3) { /* the rule's third stage, unless it narrows the key tile */
+    fcl_wgmma_config two = c;
+    two.stages = 2;
+    two.block_c = fcl_wgmma_widest(&two, d, fcl_wgmma_cap(ctx, d, 2));
+    if (two.block_c > c.block_c) c = two;
   }
   if (!c.block_c) return 0;
   *out = c;
@@ -75,9 +86,10 @@ int fcl_wgmma_pick(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *
 flashcl_status fcl_wgmma_config_of(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu, fcl_wgmma_config *c) {
   if (!fcl_wgmma_pick(ctx, p, tu, c)) {
     if (tu->source == FLASHCL_TUNING_SOURCE_CALL)
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "wgmma_fwd tuning refused: its tiles do not fit %zu bytes "
-                      "of local memory (block_c must be 64, 96, 112 or 128, stages 2 to 4)",
-                      fcl_mma_local_cap(ctx, p->head_dim));
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "wgmma_fwd tuning refused: its tiles do not fit the local "
+                      "memory (%zu bytes with 2 stages, %zu with 3 or 4; block_c must be 64, 96, 112 or 128, "
+                      "stages 2 to 4)",
+                      fcl_wgmma_cap(ctx, p->head_dim, 2), fcl_wgmma_cap(ctx, p->head_dim, 3));
     fcl_log(ctx, "wgmma_fwd tuning from %s ignored (its tiles do not fit): the default rule runs", tu->origin);
     if (!fcl_wgmma_pick(ctx, p, NULL, c)) return fcl_fail(ctx, FLASHCL_ERROR_INTERNAL, "flash_fwd_wgmma: no tile fits");
   }
