@@ -494,10 +494,10 @@ typedef struct flashcl_attention_desc {
    * flashcl_decode_desc; TOKEN and BLOCK32 rows are page * page_size + slot).
    * k_scale / v_scale are read only for a quantized side, which needs its
    * buffer (FLASHCL_ERROR_INVALID_ARGUMENT, or BUFFER_TOO_SMALL when smaller
-   * than its layout). Forward only, on the portable flash kernels: AUTO runs
-   * them, desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA and desc.algo =
-   * FLASHCL_ALGO_NAIVE fail with FLASHCL_ERROR_UNSUPPORTED; a quantized k or
-   * v without a paged source is FLASHCL_ERROR_DTYPE_MISMATCH, as before. */
+   * than its layout). Forward only, on the portable flash kernels and the
+   * naive path: AUTO runs them, desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA fails
+   * with FLASHCL_ERROR_UNSUPPORTED; a quantized k or v without a paged source
+   * is FLASHCL_ERROR_DTYPE_MISMATCH, as before. */
   cl_mem k_scale;
   cl_mem v_scale;
   flashcl_kv_scale k_scale_kind;

@@ -646,6 +646,7 @@ typedef struct pq_case {
   flashcl_dtype kfmt, vfmt;
   flashcl_kv_scale kkind, vkind;
   int gpu_map;
+  flashcl_algo algo;
 } pq_case;
 
 /* A pool in fmt coded from src's values at the rows sequences own (the
@@ -755,6 +756,7 @@ static void test_quant_case(void **state) {
   desc.k_scale_kind = pc->kkind;
   desc.v_scale_kind = pc->vkind;
   if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  desc.algo = pc->algo;
   FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q.t, kq ? &kp.codes.t : &c.k.t,
                                              vq ? &vp.codes.t : &c.v.t, &o.t, &lse.t, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "%s: quantized paged forward", pc->name);
@@ -813,13 +815,20 @@ static void test_quant_case(void **state) {
 
 #define TOK FLASHCL_KV_SCALE_TOKEN
 #define BLK FLASHCL_KV_SCALE_BLOCK32
+#define FLASH FLASHCL_ALGO_FLASH
 static const pq_case QUANT_CASES[] = {
-    {"paged_quant_f32_k_i8_token_v_e4m3_block32", FLASHCL_F32, FLASHCL_I8, FLASHCL_F8E4M3, TOK, BLK, 0},
+    {"paged_quant_f32_k_i8_token_v_e4m3_block32", FLASHCL_F32, FLASHCL_I8, FLASHCL_F8E4M3, TOK, BLK, 0, FLASH},
     {"paged_quant_f16_k_e5m2_head_v_i8_tensor", FLASHCL_F16, FLASHCL_F8E5M2, FLASHCL_I8, FLASHCL_KV_SCALE_HEAD,
-     FLASHCL_KV_SCALE_TENSOR, 0},
-    {"paged_quant_bf16_k_i8_block32_v_plain_gpu_map", FLASHCL_BF16, FLASHCL_I8, FLASHCL_BF16, BLK, TOK, 1},
-    {"paged_quant_f16_k_plain_v_e4m3_token_gpu_map", FLASHCL_F16, FLASHCL_F16, FLASHCL_F8E4M3, TOK, TOK, 1},
+     FLASHCL_KV_SCALE_TENSOR, 0, FLASH},
+    {"paged_quant_bf16_k_i8_block32_v_plain_gpu_map", FLASHCL_BF16, FLASHCL_I8, FLASHCL_BF16, BLK, TOK, 1, FLASH},
+    {"paged_quant_f16_k_plain_v_e4m3_token_gpu_map", FLASHCL_F16, FLASHCL_F16, FLASHCL_F8E4M3, TOK, TOK, 1, FLASH},
+    /* The naive path dequantizes as it gathers the pools (naive_pack_paged_q). */
+    {"paged_quant_naive_f32_k_e4m3_block32_v_e5m2_head", FLASHCL_F32, FLASHCL_F8E4M3, FLASHCL_F8E5M2, BLK,
+     FLASHCL_KV_SCALE_HEAD, 0, FLASHCL_ALGO_NAIVE},
+    {"paged_quant_naive_f16_k_i8_token_v_plain", FLASHCL_F16, FLASHCL_I8, FLASHCL_F16, TOK, TOK, 0,
+     FLASHCL_ALGO_NAIVE},
 };
+#undef FLASH
 #undef TOK
 #undef BLK
 
@@ -958,8 +967,6 @@ static void test_errors(void **state) {
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale_kind not a flashcl_kv_scale");
     d = qd; d.k_scale = o.t.buffer;
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale is o's buffer");
-    d = qd; d.algo = FLASHCL_ALGO_NAIVE;
-    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_UNSUPPORTED, "quantized paged source on the naive path");
     d = qd; d.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_UNSUPPORTED, "quantized paged source on the tensor-core kernels");
     d = qd;

@@ -23,7 +23,7 @@
 typedef struct bench_opts {
   const char *device;
   tools_list n, d, dtype, causal, algo;
-  int have_n, have_d, have_dtype, have_causal, have_algo;
+  int have_n, have_d, have_dtype, have_causal;
   long batch_tokens, hidden, gqa;
   long reps, warmup;
   int have_batch_tokens, have_hidden, have_reps, have_warmup;
@@ -262,7 +262,7 @@ static args_status parse_table(int argc, char **argv, bench_opts *o) {
       {.name = "--d", .kind = ARG_INT_LIST, .dest = &o->d, .seen = &o->have_d},
       {.name = "--dtype", .kind = ARG_DTYPE_LIST, .dest = &o->dtype, .seen = &o->have_dtype},
       {.name = "--causal", .kind = ARG_CAUSAL_LIST, .dest = &o->causal, .seen = &o->have_causal},
-      {.name = "--algo", .kind = ARG_ALGO_LIST, .dest = &o->algo, .hi = MAX_ALGOS, .seen = &o->have_algo},
+      {.name = "--algo", .kind = ARG_ALGO_LIST, .dest = &o->algo, .hi = MAX_ALGOS},
       {.name = "--batch-tokens", .kind = ARG_LONG, .dest = &o->batch_tokens, .seen = &o->have_batch_tokens, .lo = 1,
        .hi = LONG_MAX},
       {.name = "--hidden", .kind = ARG_LONG, .dest = &o->hidden, .seen = &o->have_hidden, .lo = 1, .hi = LONG_MAX},
@@ -323,8 +323,6 @@ static args_status parse_args(int argc, char **argv, bench_opts *o) {
                     "forward's pools)\n");
     return ARGS_BAD_VALUE;
   }
-  /* The naive path reads plain K/V only: quantized pools time the flash forward alone. */
-  if (st == ARGS_OK && o->have_kv_dtype && !o->decode && !o->have_algo) tools_parse_algo_list("flash", &o->algo);
   if (st == ARGS_OK && o->head_dim_v && o->decode && o->have_d && o->d.count > 1) {
     fprintf(stderr, "flashcl-bench: --head-dim-v with --decode takes one --d\n");
     return ARGS_BAD_VALUE;

@@ -31,6 +31,7 @@
  *              program); naive_softmax hides key j of query i when its bit is 0
  *   SINKS      1: naive_softmax adds the row's sink (score_variant.cl) to its max and sum
  *   PAGED_KV   1: paged K/V source (see flash_fwd.cl): naive_pack_paged gathers K/V
+ *              (naive_pack_paged_q from a quantized pool, with kv_quant.cl joined in front)
  *              from the page pools, and naive_softmax takes a trailing kv_lens
  *              argument (sequence s has clamp(kv_lens[s], 0, padded_k) keys)
  *
@@ -219,4 +220,27 @@ __kernel void naive_pack_paged(__global const store_t *src, long off, long sb, l
   }
   dst[((long)sh_id * padded + n) * get_global_size(0) + x] = val;
 }
+
+#ifdef KV_QUANT_CL
+/* naive_pack_paged from a pool in a quantized cache format (kv_quant.cl, joined
+ * in front for such a call): element x of a row is code * its scale in fp32,
+ * the scale of layout `kind` for cache row page * page_size + slot. */
+__kernel void naive_pack_paged_q(__global const uchar *src, long off, long sb, long sn, long sh,
+                                 __global float *dst, int heads, int padded, __global const int *block_table,
+                                 int page_size, int max_pages, int num_pages, __global const int *kv_lens,
+                                 __global const float *scale, int fmt, int kind) {
+  const int x = get_global_id(0), n = get_global_id(1), sh_id = get_global_id(2);
+  const int s = sh_id / heads, h = sh_id - s * heads;
+  float val = 0.0f;
+  if (n < clamp(kv_lens[s], 0, padded)) {
+    const int pi = n / page_size, slot = n - pi * page_size;
+    const int pg = clamp(block_table[(long)s * max_pages + pi], 0, num_pages - 1);
+    const uchar code = src[off + (long)pg * sb + (long)slot * sn + (long)h * sh + x];
+    const long row = (long)pg * page_size + slot;
+    val = kvq_decode8((uchar8)(code), fmt).s0 *
+          scale[kvq_scale_index(kind, row, heads, h, (int)get_global_size(0), x)];
+  }
+  dst[((long)sh_id * padded + n) * get_global_size(0) + x] = val;
+}
+#endif
 #endif

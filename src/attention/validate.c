@@ -329,11 +329,6 @@ flashcl_status fcl_check_problem(flashcl_context *ctx, const flashcl_attention_d
   if (desc->kv_block_table &&
       ((st = fcl_check_paged_kv(ctx, desc, k, p)) || (st = fcl_check_quant_source(ctx, desc, k, v, p))))
     return st;
-  if ((p->k_quant || p->v_quant) && fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "the naive path reads plain K/V: a quantized paged source (k %s, v %s) runs on the flash kernels "
-                    "(desc.algo = FLASHCL_ALGO_AUTO or FLASH)",
-                    flashcl_dtype_name(p->k_dtype), flashcl_dtype_name(p->v_dtype));
   fcl_fill_variants(desc, p);
   return fcl_check_mask(ctx, desc, p);
 }

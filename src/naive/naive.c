@@ -98,9 +98,13 @@ static flashcl_status fcl_pack(flashcl_context *ctx, cl_kernel kern, const flash
                      "enqueue naive_pack");
 }
 
-/* naive_pack_paged: K or V of every sequence gathered from the page pool t. */
-static flashcl_status fcl_pack_paged(flashcl_context *ctx, cl_kernel kern, const flashcl_tensor *t, cl_mem dst,
-                                     const fcl_problem *p, cl_uint nwait, const cl_event *wait) {
+/* naive_pack_paged: K or V of every sequence gathered from the page pool t;
+ * naive_pack_paged_q (kern_q) when t is quantized, with its scales. */
+static flashcl_status fcl_pack_paged(flashcl_context *ctx, cl_kernel kern, cl_kernel kern_q, const flashcl_tensor *t,
+                                     cl_mem scale, int kind, cl_mem dst, const fcl_problem *p, cl_uint nwait,
+                                     const cl_event *wait) {
+  const int quant = fcl_dtype_is_kv_quant(t->dtype);
+  if (quant) kern = kern_q;
   fcl_args a = {kern, 0, CL_SUCCESS};
   fcl_arg_tensor(&a, t);
   fcl_arg_mem(&a, dst);
@@ -111,6 +115,11 @@ static flashcl_status fcl_pack_paged(flashcl_context *ctx, cl_kernel kern, const
   fcl_arg_int(&a, p->kv_max_pages);
   fcl_arg_int(&a, p->kv_num_pages);
   fcl_arg_mem(&a, p->kv_seqlens);
+  if (quant) {
+    fcl_arg_mem(&a, scale);
+    fcl_arg_int(&a, (int)t->dtype);
+    fcl_arg_int(&a, kind);
+  }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_pack_paged)");
   return fcl_enqueue(ctx, kern, (size_t)t->shape[3], (size_t)p->seqlen_k, (size_t)p->batch * p->heads_kv, 0, nwait,
                      wait, NULL, "enqueue naive_pack_paged");
@@ -210,9 +219,10 @@ typedef struct fcl_naive_call {
   const fcl_problem *p;
   int wg; /* work-items per softmax / dS row */
   char opts[288];
-  const char *src;
+  char src[96];
   cl_kernel pack, soft, unpack;
-  cl_kernel extra; /* naive_pack_paged (paged forward) or naive_ds (backward) */
+  cl_kernel extra;   /* naive_pack_paged (paged forward) or naive_ds (backward) */
+  cl_kernel extra_q; /* naive_pack_paged_q: a quantized pool of a paged forward */
   int ooo;         /* CLBlast takes no wait list, so an out-of-order queue needs explicit barriers */
   cl_mem cu_q, cu_k;
   int tq, tk, d, dv; /* d: q/k head dim, dv: v/o head dim */
@@ -229,19 +239,17 @@ static flashcl_status fcl_naive_kernels(fcl_naive_call *c, const char *extra) {
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DCAUSAL=%d -DVARLEN=%d -DWG=%d -DDROPOUT=%d%s", (int)p->dtype,
            p->head_dim, p->causal && !p->window, p->varlen, c->wg, p->dropout,
            fcl_variant_options(p, variants, sizeof variants));
-  /* Dropout and masks bring their helper files into the program. */
-  static const char *const srcs[4] = {
-      "dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl",
-      "philox.cl+dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl",
-      "mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl",
-      "philox.cl+mask.cl+dtype.cl+seq_bounds.cl+score_variant.cl+naive.cl"};
-  c->src = srcs[(p->dropout ? 1 : 0) + (p->mask_kind ? 2 : 0)];
-  c->extra = NULL;
+  /* Dropout, masks and quantized pools bring their helper files into the program. */
+  const int quant = p->k_quant || p->v_quant;
+  snprintf(c->src, sizeof c->src, "%s%sdtype.cl+%sseq_bounds.cl+score_variant.cl+naive.cl",
+           p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "", quant ? "kv_quant.cl+" : "");
+  c->extra = c->extra_q = NULL;
   flashcl_status st;
   if ((st = fcl_get_kernel(ctx, c->src, c->opts, "naive_pack", &c->pack)) ||
       (st = fcl_get_kernel(ctx, c->src, c->opts, "naive_softmax", &c->soft)) ||
       (st = fcl_get_kernel(ctx, c->src, c->opts, "naive_unpack", &c->unpack)) ||
-      (extra && (st = fcl_get_kernel(ctx, c->src, c->opts, extra, &c->extra))))
+      (extra && (st = fcl_get_kernel(ctx, c->src, c->opts, extra, &c->extra))) ||
+      (quant && (st = fcl_get_kernel(ctx, c->src, c->opts, "naive_pack_paged_q", &c->extra_q))))
     return st;
   return FLASHCL_SUCCESS;
 }
@@ -315,8 +323,10 @@ static flashcl_status fcl_naive_forward_pack(const fcl_naive_call *c, const flas
   flashcl_status st;
   if ((st = fcl_naive_pack(c, q, buf[FWD_Q], 1, nwait, wait))) return st;
   if (p->paged_kv) {
-    if ((st = fcl_pack_paged(c->ctx, c->extra, k, buf[FWD_K], p, nwait, wait)) ||
-        (st = fcl_pack_paged(c->ctx, c->extra, v, buf[FWD_V], p, nwait, wait)))
+    if ((st = fcl_pack_paged(c->ctx, c->extra, c->extra_q, k, p->k_scale, p->k_scale_kind, buf[FWD_K], p, nwait,
+                             wait)) ||
+        (st = fcl_pack_paged(c->ctx, c->extra, c->extra_q, v, p->v_scale, p->v_scale_kind, buf[FWD_V], p, nwait,
+                             wait)))
       return st;
   } else if ((st = fcl_naive_pack(c, k, buf[FWD_K], 0, nwait, wait)) ||
              (st = fcl_naive_pack(c, v, buf[FWD_V], 0, nwait, wait)))
