@@ -92,20 +92,19 @@ inline long paged_cache_row(__global const int *bt, int j, int page_size, int nu
 #if (K_QUANT || V_QUANT) && (!PAGED_KV || !defined(KV_QUANT_CL))
 #error "a quantized K/V source needs PAGED_KV=1 and kv_quant.cl compiled first in the same program"
 #endif
+/* One quantized side: its scale buffer, format, scale layout and row length. */
+#define KVQ_LOAD4(p, i, j, e, scale, fmt, kind, d) \
+  kvq_load4((p), (i), scale, fmt, kind, paged_cache_row(bt, (j), page_size, num_pages), heads_q / group, hk, d, (e))
 #if K_QUANT
 #define k_store_t uchar
-#define KLOAD4(p, i, j, e)                                                                         \
-  kvq_load4((p), (i), k_scale, K_DTYPE, K_SCALE, paged_cache_row(bt, (j), page_size, num_pages), heads_q / group, \
-            hk, HEAD_DIM, (e))
+#define KLOAD4(p, i, j, e) KVQ_LOAD4(p, i, j, e, k_scale, K_DTYPE, K_SCALE, HEAD_DIM)
 #else
 #define k_store_t store_t
 #define KLOAD4(p, i, j, e) GLOAD4(p, i)
 #endif
 #if V_QUANT
 #define v_store_t uchar
-#define VLOAD4(p, i, j, e)                                                                         \
-  kvq_load4((p), (i), v_scale, V_DTYPE, V_SCALE, paged_cache_row(bt, (j), page_size, num_pages), heads_q / group, \
-            hk, HEAD_DIM_V, (e))
+#define VLOAD4(p, i, j, e) KVQ_LOAD4(p, i, j, e, v_scale, V_DTYPE, V_SCALE, HEAD_DIM_V)
 #else
 #define v_store_t store_t
 #define VLOAD4(p, i, j, e) GLOAD4(p, i)
