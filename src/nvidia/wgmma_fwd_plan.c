@@ -12,7 +12,8 @@
  * mbarriers per stage. */
 static size_t fcl_wgmma_local(const fcl_wgmma_config *c, int d) {
   const size_t dpad = ((size_t)d + 63) / 64 * 64; /* the swizzled regions are 64 columns wide */
-  return ((size_t)c->nwg * 64 + 2 * (size_t)c->stages * c->block_c) * dpad * 2 + 1008 + (c->stages > 2 ? 16 * (size_t)c->stages : 0);
+  const size_t mbarriers = c->stages > 2 ? 16 * (size_t)c->stages : 0;
+  return ((size_t)c->nwg * 64 + 2 * (size_t)c->stages * c->block_c) * dpad * 2 + 1008 + mbarriers;
 }
 
 static int fcl_wgmma_bc_ok(int bc) { return bc == 64 || bc == 96 || bc == 112 || bc == 128; }
