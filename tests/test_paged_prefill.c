@@ -73,7 +73,9 @@ typedef struct pp_cache {
   cl_mem bt, lens;
 } pp_cache;
 
-static void cache_build(pp_cache *c, flashcl_dtype dt, int B, const int *lens, int hkv, int d, int ps, fct_rng *rng) {
+/* V's pool has head dim dv (d: q's and K's). */
+static void cache_build_dv(pp_cache *c, flashcl_dtype dt, int B, const int *lens, int hkv, int d, int dv, int ps,
+                           fct_rng *rng) {
   int used = 0, maxl = 0;
   for (int b = 0; b < B; b++) {
     used += (lens[b] + ps - 1) / ps;
@@ -95,7 +97,7 @@ static void cache_build(pp_cache *c, flashcl_dtype dt, int B, const int *lens, i
       c->table[b * c->max_pages + p] = p < (lens[b] + ps - 1) / ps ? perm[next++] : -7; /* never read */
   free(perm);
   contiguous_tensor(&c->k, dt, c->num_pages, ps, hkv, d);
-  contiguous_tensor(&c->v, dt, c->num_pages, ps, hkv, d);
+  contiguous_tensor(&c->v, dt, c->num_pages, ps, hkv, dv);
   fct_tensor *pools[2] = {&c->k, &c->v};
   for (int t = 0; t < 2; t++) {
     fct_tensor *pt = pools[t];
@@ -105,13 +107,17 @@ static void cache_build(pp_cache *c, flashcl_dtype dt, int B, const int *lens, i
       for (int j = 0; j < lens[b]; j++) {
         int page = c->table[b * c->max_pages + j / ps];
         for (int h = 0; h < hkv; h++)
-          for (int x = 0; x < d; x++)
+          for (int x = 0; x < (t ? dv : d); x++)
             fct_store(dt, pt->host, fct_tensor_index(pt, page, j % ps, h, x), (float)fct_rng_normal(rng));
       }
     upload(pt);
   }
   c->bt = int_buffer(c->table, (size_t)B * (size_t)c->max_pages);
   c->lens = int_buffer((const int32_t *)lens, (size_t)B);
+}
+
+static void cache_build(pp_cache *c, flashcl_dtype dt, int B, const int *lens, int hkv, int d, int ps, fct_rng *rng) {
+  cache_build_dv(c, dt, B, lens, hkv, d, d, ps, rng);
 }
 
 static void cache_release(pp_cache *c) {
@@ -647,6 +653,7 @@ typedef struct pq_case {
   flashcl_kv_scale kkind, vkind;
   int gpu_map;
   flashcl_algo algo;
+  int dv; /* v's and o's head dim (desc.head_dim_v); 0: q's */
 } pq_case;
 
 /* A pool in fmt coded from src's values at the rows sequences own (the
@@ -735,22 +742,23 @@ static void test_quant_case(void **state) {
   fct_rng rng;
   fct_rng_init(&rng, pc->name);
   enum { B = 3, NQ = 40, HQ = 4, HKV = 2, D = 64, PS = 16 };
-  const int lens[B] = {17, 200, 90};
+  const int lens[B] = {17, 200, 90}, DV = pc->dv ? pc->dv : D;
   pp_cache c;
-  cache_build(&c, pc->dtype, B, lens, HKV, D, PS, &rng);
+  cache_build_dv(&c, pc->dtype, B, lens, HKV, D, DV, PS, &rng);
   const int kq = pc->kfmt != pc->dtype, vq = pc->vfmt != pc->dtype;
   pq_pool kp = {0}, vp = {0};
   if (kq) pq_pool_build(&kp, &c, &c.k, pc->kfmt, pc->kkind, B, lens, HKV, D, PS);
-  if (vq) pq_pool_build(&vp, &c, &c.v, pc->vfmt, pc->vkind, B, lens, HKV, D, PS);
+  if (vq) pq_pool_build(&vp, &c, &c.v, pc->vfmt, pc->vkind, B, lens, HKV, DV, PS);
   fct_tensor q, o, lse;
   contiguous_tensor(&q, pc->dtype, B, NQ, HQ, D);
   fct_tensor_fill_random(&q, &rng);
-  fct_tensor_create_guarded(&o, pc->dtype, FCT_BNHD, B, NQ, HQ, D, 0, 64);
+  fct_tensor_create_guarded(&o, pc->dtype, FCT_BNHD, B, NQ, HQ, DV, 0, 64);
   fct_tensor_create_lse_guarded(&lse, FCT_BNHD, B, NQ, HQ, 0, 64);
   fct_tensor_poison(&o);
   fct_tensor_poison(&lse);
   flashcl_attention_desc desc;
   paged_desc(&desc, &c, PS);
+  if (DV != D) desc.head_dim_v = DV;
   desc.k_scale = kq ? kp.scale : NULL;
   desc.v_scale = vq ? vp.scale : NULL;
   desc.k_scale_kind = pc->kkind;
@@ -763,16 +771,16 @@ static void test_quant_case(void **state) {
   fct_finish();
   fct_tensor_download(&o);
   fct_tensor_download(&lse);
-  double num = 0, den = 0, lnum = 0, lden = 0, ro[NQ * HQ * D], rl[NQ * HQ];
+  double num = 0, den = 0, lnum = 0, lden = 0, ro[NQ * HQ * D], rl[NQ * HQ]; /* DV <= D */
   size_t nonfinite = 0;
   for (int b = 0; b < B; b++) {
     double *kd = kq ? gather_deq(&c, kp.deq, b, lens[b], HKV, D, PS) : gather(&c, &c.k, b, lens[b], HKV, D, PS);
-    double *vd = vq ? gather_deq(&c, vp.deq, b, lens[b], HKV, D, PS) : gather(&c, &c.v, b, lens[b], HKV, D, PS);
+    double *vd = vq ? gather_deq(&c, vp.deq, b, lens[b], HKV, DV, PS) : gather(&c, &c.v, b, lens[b], HKV, DV, PS);
     ref_tensor qr = fct_tensor_ref(&q);
     qr.offset += (int64_t)b * qr.stride[0];
     qr.shape[0] = 1;
-    ref_tensor kr = ref_tensor_bnhd(kd, 1, lens[b], HKV, D), vr = ref_tensor_bnhd(vd, 1, lens[b], HKV, D);
-    ref_out orr = ref_out_bnhd(ro, 1, NQ, HQ, D), lr = ref_out_bnhd(rl, 1, NQ, HQ, 1);
+    ref_tensor kr = ref_tensor_bnhd(kd, 1, lens[b], HKV, D), vr = ref_tensor_bnhd(vd, 1, lens[b], HKV, DV);
+    ref_out orr = ref_out_bnhd(ro, 1, NQ, HQ, DV), lr = ref_out_bnhd(rl, 1, NQ, HQ, 1);
     ref_attention_params rp = {0};
     rp.causal = 1;
     FCT_CHECK(ref_attention_forward(&rp, &qr, &kr, &vr, &orr, &lr) == 0, "reference failed");
@@ -784,8 +792,8 @@ static void test_quant_case(void **state) {
           lnum += (got_l - want_l) * (got_l - want_l);
           lden += want_l * want_l;
         }
-        for (int x = 0; x < D; x++) {
-          const double want = ro[(i * HQ + h) * D + x], got = fct_tensor_get(&o, b, i, h, x);
+        for (int x = 0; x < DV; x++) {
+          const double want = ro[(i * HQ + h) * DV + x], got = fct_tensor_get(&o, b, i, h, x);
           if (!isfinite(got)) nonfinite++;
           else {
             num += (got - want) * (got - want);
@@ -827,6 +835,11 @@ static const pq_case QUANT_CASES[] = {
      FLASHCL_KV_SCALE_HEAD, 0, FLASHCL_ALGO_NAIVE},
     {"paged_quant_naive_f16_k_i8_token_v_plain", FLASHCL_F16, FLASHCL_I8, FLASHCL_F16, TOK, TOK, 0,
      FLASHCL_ALGO_NAIVE},
+    /* V with a head dim of its own (MLA-like): its BLOCK32 scales count V's row. */
+    {"paged_quant_f32_dv32_k_i8_block32_v_e4m3_block32", FLASHCL_F32, FLASHCL_I8, FLASHCL_F8E4M3, BLK, BLK, 0, FLASH,
+     32},
+    {"paged_quant_naive_f16_dv32_k_e5m2_token_v_i8_block32", FLASHCL_F16, FLASHCL_F8E5M2, FLASHCL_I8, TOK, BLK, 0,
+     FLASHCL_ALGO_NAIVE, 32},
 };
 #undef FLASH
 #undef TOK
