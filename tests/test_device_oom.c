@@ -5,8 +5,9 @@
  * and leave the context working once memory is free again.
  *
  * Covered: the naive forward and backward (their N x N workspaces), the flash
- * backward (its scratch) and decode with split-KV on a context that has no
- * decode scratch yet (the context allocates it on first need).
+ * backward in both dQ modes (atomic dQ needs an fp32 accumulator) and decode
+ * with split-KV on a context that has no decode scratch yet (the context
+ * allocates it on first need).
  *
  * It fills a GPU's whole memory, so it runs only with FLASHCL_TEST_OOM=1 and
  * on a GPU (CTest label long); elsewhere it reports itself skipped. On a CPU
@@ -18,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FILL_MAX 4096 /* buffers of the filler */
+#define FILL_MAX 16384 /* buffers of the filler */
 
 typedef struct filler {
   cl_mem mem[FILL_MAX];
@@ -45,12 +46,14 @@ static int fill_one(filler *f, size_t bytes) {
   return 1;
 }
 
-/* Fills the device in shrinking chunks down to 1 MiB. */
+/* Fills the device in shrinking chunks down to 4 KiB: the decode scratch of
+ * this test is ~70 KB, and a driver may place buffers that small in memory
+ * that 1 MiB ones no longer find. */
 static void fill_device(filler *f) {
   fct_env *env = fct_env_get();
   size_t chunk = env->info.max_mem_alloc_size < ((size_t)1 << 30) ? env->info.max_mem_alloc_size : (size_t)1 << 30;
   memset(f, 0, sizeof *f);
-  for (; chunk >= ((size_t)1 << 20); chunk /= 4)
+  for (; chunk >= ((size_t)1 << 12); chunk /= 4)
     while (f->bytes < 2 * env->info.global_mem_size && fill_one(f, chunk)) {
     }
   print_message("    filled %.2f GiB in %d buffers (device: %.2f GiB)\n", f->bytes / 1073741824.0, f->n,
@@ -122,6 +125,19 @@ static void calls_on_full_device(fct_problem *p) {
   fct_tensor_download(&t.dq);
   if (st != FLASHCL_SUCCESS)
     FCT_CHECK(fct_tensor_count_unpoisoned(&t.dq) == 0, "a failed flash backward wrote dq");
+  /* Atomic dQ needs an fp32 accumulator of dQ's size, where the deterministic
+   * tensor-core backward needs none. */
+  desc.deterministic = 0;
+  fct_tensor_poison(&t.dq);
+  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, &t.d_o.t, &t.dq.t,
+                                  &t.dk.t, &t.dv.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  print_message("    flash backward, atomic dQ, on a full device: %s (%s)\n", flashcl_status_string(st),
+                flashcl_context_last_error(env->ctx));
+  FCT_CHECK(oom_or_success(st), "atomic-dQ flash backward on a full device: %s", flashcl_status_string(st));
+  fct_tensor_download(&t.dq);
+  if (st != FLASHCL_SUCCESS)
+    FCT_CHECK(fct_tensor_count_unpoisoned(&t.dq) == 0, "a failed atomic-dQ flash backward wrote dq");
   release_filler(&f);
   outs_release(&t);
 }
