@@ -494,10 +494,10 @@ typedef struct flashcl_attention_desc {
    * flashcl_decode_desc; TOKEN and BLOCK32 rows are page * page_size + slot).
    * k_scale / v_scale are read only for a quantized side, which needs its
    * buffer (FLASHCL_ERROR_INVALID_ARGUMENT, or BUFFER_TOO_SMALL when smaller
-   * than its layout). Forward only, on the portable flash kernels and the
-   * naive path: AUTO runs them, desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA fails
-   * with FLASHCL_ERROR_UNSUPPORTED; a quantized k or v without a paged source
-   * is FLASHCL_ERROR_DTYPE_MISMATCH, as before. */
+   * than its layout). Forward only: the portable flash kernels, the naive
+   * path and the tensor-core forward (fp16/bf16 q, k and v with one head
+   * dim, rows aligned as for a plain pool) read it; a quantized k or v
+   * without a paged source is FLASHCL_ERROR_DTYPE_MISMATCH, as before. */
   cl_mem k_scale;
   cl_mem v_scale;
   flashcl_kv_scale k_scale_kind;

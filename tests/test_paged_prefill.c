@@ -654,6 +654,8 @@ typedef struct pq_case {
   int gpu_map;
   flashcl_algo algo;
   int dv; /* v's and o's head dim (desc.head_dim_v); 0: q's */
+  flashcl_kernel_family kernel; /* NVIDIA_MMA: the tensor-core forward (skipped where it is not available) */
+  int d;                        /* q's and k's head dim; 0: 64 */
 } pq_case;
 
 /* A pool in fmt coded from src's values at the rows sequences own (the
@@ -741,8 +743,8 @@ static void test_quant_case(void **state) {
   fct_env *env = fct_env_get();
   fct_rng rng;
   fct_rng_init(&rng, pc->name);
-  enum { B = 3, NQ = 40, HQ = 4, HKV = 2, D = 64, PS = 16 };
-  const int lens[B] = {17, 200, 90}, DV = pc->dv ? pc->dv : D;
+  enum { B = 3, NQ = 40, HQ = 4, HKV = 2, PS = 16 };
+  const int lens[B] = {17, 200, 90}, D = pc->d ? pc->d : 64, DV = pc->dv ? pc->dv : D;
   pp_cache c;
   cache_build_dv(&c, pc->dtype, B, lens, HKV, D, DV, PS, &rng);
   const int kq = pc->kfmt != pc->dtype, vq = pc->vfmt != pc->dtype;
@@ -765,13 +767,25 @@ static void test_quant_case(void **state) {
   desc.v_scale_kind = pc->vkind;
   if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
   desc.algo = pc->algo;
+  desc.kernel = pc->kernel;
+  if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
+      !fct_mma_ready(pc->name, &desc, &q.t, kq ? &kp.codes.t : &c.k.t, vq ? &vp.codes.t : &c.v.t,
+                     FLASHCL_PASS_FORWARD)) {
+    if (kq) pq_pool_release(&kp);
+    if (vq) pq_pool_release(&vp);
+    fct_tensor_release(&q), fct_tensor_release(&o), fct_tensor_release(&lse);
+    cache_release(&c);
+    FCT_SKIP();
+    return;
+  }
   FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q.t, kq ? &kp.codes.t : &c.k.t,
                                              vq ? &vp.codes.t : &c.v.t, &o.t, &lse.t, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "%s: quantized paged forward", pc->name);
   fct_finish();
   fct_tensor_download(&o);
   fct_tensor_download(&lse);
-  double num = 0, den = 0, lnum = 0, lden = 0, ro[NQ * HQ * D], rl[NQ * HQ]; /* DV <= D */
+  double num = 0, den = 0, lnum = 0, lden = 0, rl[NQ * HQ], *ro = malloc(sizeof *ro * NQ * HQ * (size_t)DV);
+  FCT_CHECK(ro != NULL, "out of host memory");
   size_t nonfinite = 0;
   for (int b = 0; b < B; b++) {
     double *kd = kq ? gather_deq(&c, kp.deq, b, lens[b], HKV, D, PS) : gather(&c, &c.k, b, lens[b], HKV, D, PS);
@@ -805,13 +819,19 @@ static void test_quant_case(void **state) {
     free(vd);
   }
   const double err = sqrt(num / den), lerr = sqrt(lnum / lden);
+  /* The tensor cores read K as code * scale rounded to bf16 (2^-9) where its
+   * scales vary by row or block (flash_fwd_mma.cl, "Quantized pools"): that
+   * rounding, absent from the reference, reaches the LSE at ~1e-4. */
+  const int k_rounded = pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA && kq && pc->dtype == FLASHCL_BF16 &&
+                        (pc->kkind == FLASHCL_KV_SCALE_TOKEN || pc->kkind == FLASHCL_KV_SCALE_BLOCK32);
+  const double ltol = fct_lse_tolerance(pc->dtype) * (k_rounded ? 4.0 : 1.0);
   FCT_CHECK(nonfinite == 0, "%s: %zu non-finite or misplaced -inf outputs (a read outside the sequences?)",
             pc->name, nonfinite);
   FCT_CHECK(err <= fct_tolerance(pc->dtype), "%s: O rel L2 %.3g > %.3g", pc->name, err, fct_tolerance(pc->dtype));
-  FCT_CHECK(lerr <= fct_lse_tolerance(pc->dtype), "%s: LSE rel L2 %.3g > %.3g", pc->name, lerr,
-            fct_lse_tolerance(pc->dtype));
+  FCT_CHECK(lerr <= ltol, "%s: LSE rel L2 %.3g > %.3g", pc->name, lerr, ltol);
   FCT_CHECK(written_outside_view(&o) == 0 && written_outside_view(&lse) == 0, "%s: written past the views",
             pc->name);
+  free(ro);
   print_message("    ok  %s: O rel L2 %.3g, LSE rel L2 %.3g\n", pc->name, err, lerr);
   if (kq) pq_pool_release(&kp);
   if (vq) pq_pool_release(&vp);
@@ -840,6 +860,20 @@ static const pq_case QUANT_CASES[] = {
      32},
     {"paged_quant_naive_f16_dv32_k_e5m2_token_v_i8_block32", FLASHCL_F16, FLASHCL_F8E5M2, FLASHCL_I8, TOK, BLK, 0,
      FLASHCL_ALGO_NAIVE, 32},
+    /* The tensor-core forward (flash_fwd_mma.cl's quantized sides): both
+     * layouts of its K/V stages (d = 64: two stages, Q in registers; d = 128:
+     * Q in local memory), every format and scale layout, a plain side beside a
+     * quantized one; skipped where the tensor cores are not available. */
+    {"paged_quant_mma_f16_k_i8_token_v_e4m3_head", FLASHCL_F16, FLASHCL_I8, FLASHCL_F8E4M3, TOK,
+     FLASHCL_KV_SCALE_HEAD, 0, FLASH, 0, MMA},
+    {"paged_quant_mma_bf16_k_e5m2_block32_v_i8_tensor", FLASHCL_BF16, FLASHCL_F8E5M2, FLASHCL_I8, BLK,
+     FLASHCL_KV_SCALE_TENSOR, 0, FLASH, 0, MMA},
+    {"paged_quant_mma_f16_d128_k_e4m3_block32_v_i8_token", FLASHCL_F16, FLASHCL_F8E4M3, FLASHCL_I8, BLK, TOK, 0,
+     FLASH, 0, MMA, 128},
+    {"paged_quant_mma_f16_d128_k_plain_v_e5m2_block32", FLASHCL_F16, FLASHCL_F16, FLASHCL_F8E5M2, TOK, BLK, 0, FLASH,
+     0, MMA, 128},
+    {"paged_quant_mma_bf16_d96_k_i8_head_v_plain", FLASHCL_BF16, FLASHCL_I8, FLASHCL_BF16, FLASHCL_KV_SCALE_HEAD, TOK,
+     0, FLASH, 0, MMA, 96},
 };
 #undef FLASH
 #undef TOK
@@ -954,7 +988,7 @@ static void test_errors(void **state) {
     for (int i = 0; i < 3; i++) fct_tensor_release(g[i]);
     fct_tensor_release(&lse_in);
   }
-  /* A quantized pool: its scales checked, the paths that cannot read it refuse. */
+  /* A quantized pool: its scales checked, a call without a paged source refused. */
   {
     fct_tensor kq;
     contiguous_tensor(&kq, FLASHCL_I8, c.num_pages, 16, 2, 64);
@@ -980,8 +1014,6 @@ static void test_errors(void **state) {
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale_kind not a flashcl_kv_scale");
     d = qd; d.k_scale = o.t.buffer;
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale is o's buffer");
-    d = qd; d.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
-    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_UNSUPPORTED, "quantized paged source on the tensor-core kernels");
     d = qd;
     FCT_CHECK_STATUS(FWD(d, kq.t, c.v.t), FLASHCL_SUCCESS, "valid quantized paged call");
     fct_finish();

@@ -32,7 +32,8 @@
  * and LSE = -inf.
  *
  * Quantized caches (K_DTYPE / V_DTYPE a kv_quant.cl format; the host always
- * joins kv_quant.cl, "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl"): a
+ * joins kv_quant.cl and kvq_ptx.cl's conversions,
+ * "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+decode_mma.cl"): a
  * quantized side's rows (HEAD_DIM bytes) reach local memory through cp.async as
  * they are (with their TOKEN scales, 4-byte cp.async), and once a tile is in,
  * the work-group writes it out as 16-bit elements in a tile of the plain
@@ -55,9 +56,8 @@
  * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
  * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
  * sinks of flashcl_decode_desc.sinks; no other score variant runs here),
- * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches),
- * CVT_E4M3 (1: the device has sm_89's cvt.rn.f16x2.e4m3x2; the host sets it
- * from the compute capability).
+ * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches);
+ * kvq_ptx.cl's CVT_E4M3 for the fp8 conversions.
  *
  * requires: kv_quant.cl
  */
@@ -94,9 +94,6 @@
 #ifndef TREE_MASK
 #define TREE_MASK 0
 #endif
-#ifndef CVT_E4M3
-#define CVT_E4M3 0
-#endif
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
 #ifndef KV_QUANT_CL
 #error "decode_mma.cl needs kv_quant.cl compiled first in the same program"
@@ -113,6 +110,9 @@
 #endif
 #if (K_Q && (K_DTYPE < 3 || K_DTYPE > 5)) || (V_Q && (V_DTYPE < 3 || V_DTYPE > 5))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
+#endif
+#if USE_PTX && (K_Q || V_Q) && !defined(KVQ_PTX_CL)
+#error "decode_mma.cl with a quantized cache needs kvq_ptx.cl compiled first in the same program"
 #endif
 #if (K_Q && K_SCALE == KVQ_SCALE_BLOCK32) || (V_Q && V_SCALE == KVQ_SCALE_BLOCK32)
 #error "decode_mma takes TOKEN, HEAD and TENSOR scales (BLOCK32 runs decode.cl)"
@@ -170,96 +170,10 @@ typedef ushort vel_t;
 #define V_ROWSCALE 0
 #endif
 
-#if K_Q || V_Q
-#if USE_PTX
-/* Bytes of {b, a} (b the high word) picked by the selector's nibbles. */
-inline uint dmq_prmt(uint a, uint b, uint sel) {
-  uint r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-/* Code i of x = w ^ 0x80808080 as the fp32 bits of 2^23 + code + 128. */
-#define DMQ_I8F(x, i) as_float(dmq_prmt((x), 0x4b000000u, 0x7540u + (i)))
-
-/* Eight fp8 codes as exact fp16 values: e5m2 is binary16's top byte (byte
- * permutes); e4m3 through sm_89's conversion, NaN included. Only for formats
- * DMQ_FP8_FAST takes. */
-#define DMQ_FP8_FAST(fmt) ((fmt) == KVQ_E5M2 || (CVT_E4M3 && (fmt) == KVQ_E4M3))
-inline uint4 dmq_fp8_f16x8(uint2 w, int fmt) {
-  if (fmt == KVQ_E5M2)
-    return (uint4)(dmq_prmt(w.x, 0u, 0x1404u), dmq_prmt(w.x, 0u, 0x3424u), dmq_prmt(w.y, 0u, 0x1404u),
-                   dmq_prmt(w.y, 0u, 0x3424u));
-  uint4 h = (uint4)(0u);
-#if CVT_E4M3
-  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %4;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t"
-      "mov.b32 {a, b}, %5;\n\tcvt.rn.f16x2.e4m3x2 %2, a;\n\tcvt.rn.f16x2.e4m3x2 %3, b;}"
-      : "=r"(h.x), "=r"(h.y), "=r"(h.z), "=r"(h.w)
-      : "r"(w.x), "r"(w.y));
-#endif
-  return h;
-}
-/* A packed pair of fp16 values as two floats (lo first). */
-inline float2 dmq_f16x2_f32(uint h) {
-  float2 f;
-  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;}"
-      : "=f"(f.x), "=f"(f.y)
-      : "r"(h));
-  return f;
-}
-#else
-#define DMQ_FP8_FAST(fmt) 0
-#endif
-
-/* Eight codes of format fmt in fp32, before the scale. int8 goes through the
- * fp32 bits of 2^23 + (code + 128), less 2^23 + 128 (exact; the integer to
- * float conversion runs at a quarter of the fp32 rate), fp8 through exact
- * fp16 where DMQ_FP8_FAST, else as decode.cl does. */
-inline float8 dmq_decode8(uint2 w, int fmt) {
-#if USE_PTX
-  if (DMQ_FP8_FAST(fmt)) {
-    const uint4 h = dmq_fp8_f16x8(w, fmt);
-    const float2 a = dmq_f16x2_f32(h.x), b = dmq_f16x2_f32(h.y), c = dmq_f16x2_f32(h.z), d = dmq_f16x2_f32(h.w);
-    return (float8)(a, b, c, d);
-  }
-  if (fmt == KVQ_I8) {
-    const uint x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;
-    return (float8)(DMQ_I8F(x, 0), DMQ_I8F(x, 1), DMQ_I8F(x, 2), DMQ_I8F(x, 3), DMQ_I8F(y, 0), DMQ_I8F(y, 1),
-                    DMQ_I8F(y, 2), DMQ_I8F(y, 3)) -
-           8388736.0f;
-  }
-#endif
-  return kvq_decode8(as_uchar8(w), fmt);
-}
-
-#if USE_PTX
-/* Two int8 codes (bytes sel picks of x = w ^ 0x80808080) as exact fp16 values:
- * 0x64XX is 1024 + XX, and XX is code + 128. */
-inline uint dmq_i8x2_f16(uint x, uint sel) {
-  uint r = dmq_prmt(x, 0x64646464u, sel);
-  asm("sub.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0x64806480u)); /* 1152, 1152 */
-  return r;
-}
-/* Eight codes as eight exact DTYPE values (no scale): into fp16 directly where
- * a fast conversion exists (int8 by byte permutes, DMQ_FP8_FAST), else through
- * fp32. */
-inline uint4 dmq_codes8(uint2 w, int fmt) {
-#if DTYPE == 1
-  if (fmt == KVQ_I8) {
-    const uint x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;
-    return (uint4)(dmq_i8x2_f16(x, 0x4140u), dmq_i8x2_f16(x, 0x4342u), dmq_i8x2_f16(y, 0x4140u),
-                   dmq_i8x2_f16(y, 0x4342u));
-  }
-  if (DMQ_FP8_FAST(fmt)) return dmq_fp8_f16x8(w, fmt);
-#endif
-  const float8 f = dmq_decode8(w, fmt);
-  return (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));
-}
-#if K_ROWSCALE || V_ROWSCALE
+#if (K_ROWSCALE || V_ROWSCALE) && USE_PTX
 inline void cp_async4(uint saddr, __global const float *src, uint bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(saddr), "l"(src), "r"(bytes));
 }
-#endif
-#endif /* USE_PTX */
 #endif
 
 #if USE_PTX

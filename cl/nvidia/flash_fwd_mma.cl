@@ -88,12 +88,30 @@
  *                registers, and its cp.async requests go out after S = Q K^T, so
  *                the table read's latency hides behind the mma (faster than
  *                reading the table in front of each request, 0; BENCHMARKS.md)
+ *   K_DTYPE, V_DTYPE, K_SCALE, V_SCALE  a quantized page pool (kv_quant.cl's
+ *                formats and scale layouts, joined in front by the host; a
+ *                plain side keeps DTYPE): PAGED_KV only, see "Quantized pools"
  *   PAGE_SHIFT   log2 of the page size when it is a power of two (the page_size
  *                argument must then equal it): a shift instead of a division
  *                per row; -1: any page size
  *   RESCALE_THRESHOLD  float, log2 units: the running max (and with it O and l)
  *                is only moved when a row's max grows by more than this; 0.0f
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
+ *
+ * Quantized pools (K_DTYPE or V_DTYPE an int8 / fp8 format of kv_quant.cl):
+ * such a side's codes cannot take cp.async, since they must become 16-bit
+ * elements on their way to local memory. Each work-item reads its chunks'
+ * eight codes (and, with TOKEN or BLOCK32 scales, their scale) into registers
+ * with plain loads as soon as the tile may be requested, and writes them to
+ * the chunk's place in the swizzled tile just before the barrier that
+ * publishes the tile (with KV_STAGES = 2: after the current tile's math, whose
+ * time hides the loads' latency), through kvq_ptx.cl's conversions. The
+ * tensor cores then read the tile as from a 16-bit pool. With a HEAD or
+ * TENSOR scale the tile holds the codes themselves (exact in fp16 and bf16)
+ * and the scale multiplies the scores (K) or O (V) in fp32; with TOKEN or
+ * BLOCK32 scales it holds code * scale, in fp32 rounded once to DTYPE (in bf16
+ * that rounding, 2^-9, shows in the LSE). Rows past the keys and padding
+ * chunks read as zeros.
  *
  * With USE_PTX=1 the host joins seq_bounds.cl in front too (the kernel, which
  * uses it, exists only then; mma_ptx.cl, mma_scores.cl and score_variant.cl likewise).
@@ -155,10 +173,36 @@
 #ifndef PAGE_SHIFT
 #define PAGE_SHIFT -1
 #endif
+#ifndef K_DTYPE
+#define K_DTYPE DTYPE
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE DTYPE
+#endif
+#ifndef K_SCALE
+#define K_SCALE 0
+#endif
+#ifndef V_SCALE
+#define V_SCALE 0
+#endif
+#define K_Q (K_DTYPE != DTYPE)
+#define V_Q (V_DTYPE != DTYPE)
+#define KVQ (K_Q || V_Q)
+#if KVQ && (!PAGED_KV || !defined(KV_QUANT_CL))
+#error "a quantized K/V pool needs PAGED_KV=1 and kv_quant.cl compiled first in the same program"
+#endif
+#if KVQ && USE_PTX && !defined(KVQ_PTX_CL)
+#error "a quantized K/V pool needs kvq_ptx.cl compiled first in the same program"
+#endif
+/* A side with one scale for its kv head (HEAD, TENSOR) keeps its codes, which
+ * int8 and fp8 share exactly with fp16 and bf16; the scale then multiplies
+ * K's scores or O in fp32. */
+#define K_UNI (K_Q && (K_SCALE == 1 || K_SCALE == 2))
+#define V_UNI (V_Q && (V_SCALE == 1 || V_SCALE == 2))
 #ifndef PAGED_EARLY
 #define PAGED_EARLY PAGED_KV
 #endif
-#if PAGED_EARLY && !(PAGED_KV && KV_STAGES == 2)
+#if PAGED_EARLY && !(PAGED_KV && KV_STAGES == 2 && !KVQ)
 #undef PAGED_EARLY
 #define PAGED_EARLY 0
 #endif
@@ -290,6 +334,11 @@ __kernel __attribute__((reqd_work_group_size(32, 1, 1))) void mma_probe(__global
 #else
 #define MMA_PAGED_PARAMS
 #endif
+#if KVQ
+#define MMA_KVQ_PARAMS , __global const float *k_scale, __global const float *v_scale
+#else
+#define MMA_KVQ_PARAMS
+#endif
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mma(
     __global const ushort *q, long q_off, long q_sb, long q_sn, long q_sh,
@@ -301,7 +350,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     __global const int *cu_q, __global const int *cu_k, int total_q, int total_k,
     int window_left, int window_right, __global const float *alibi, float softcap_in, float softcap_log2,
     __global const uint *mask, long mask_bs, long mask_hs, int mask_words, int mask_bq, int mask_bk,
-    ulong seed, ulong offset, uint threshold, float keep_scale, __global const float *sinks MMA_PAGED_PARAMS) {
+    ulong seed, ulong offset, uint threshold, float keep_scale, __global const float *sinks MMA_PAGED_PARAMS MMA_KVQ_PARAMS) {
   __local uint4 smem[SMEM_ROWS * SWZ_ROW];
   const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -415,6 +464,53 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     TILE_PAGES(pg_, k0)                             \
     LOAD_TILE_PAGES(buf, ptr0, sb, sn, k0, pg_)     \
   }
+#if KVQ
+/* A quantized side (see "Quantized pools"): QFETCH reads the codes (cq, 8 per
+ * chunk) and scales (cs) of the tile at k0 into registers, QPUT writes them
+ * out as code * scale in DTYPE. */
+  __local uchar *smb = (__local uchar *)smem;
+  const int heads_kv = get_num_groups(1) / group;
+#define QFETCH(cq, cs, codes, sb, sn, scl, kind, uni, k0)                                             \
+  for (int i = 0; i < LPER; i++) {                                                                   \
+    const int r = TILE_ROW(i), c = TILE_COL(i), j = (k0) + r;                                        \
+    const int ok = TILE_IN(BLOCK_C, r) && j < nk && CHUNK_OK(c);                                     \
+    const int pi = ok ? PAGE_OF(j) : 0, pg = ok ? clamp(bt[pi], 0, num_pages - 1) : 0;                \
+    const long slot = ok ? j - pi * page_size : 0;                                                   \
+    (cq)[i] = ok ? *(__global const uint2 *)((codes) + (long)pg * (sb) + slot * (sn) + c * 8) : (uint2)(0u); \
+    if (!(uni))                                                                                      \
+      (cs)[i] = ok ? (scl)[kvq_scale_index(kind, (long)pg * page_size + slot, heads_kv, hk, HEAD_DIM, c * 8)] : 0.0f; \
+  }
+#define QPUT(buf, cq, cs, fmt, uni)                                                                   \
+  for (int i = 0; i < LPER; i++) {                                                                   \
+    const int r = TILE_ROW(i), c = TILE_COL(i);                                                      \
+    if (TILE_IN(BLOCK_C, r)) {                                                                       \
+      uint4 h_;                                                                                      \
+      if (uni) {                                                                                     \
+        h_ = dmq_codes8((cq)[i], fmt);                                                               \
+      } else {                                                                                       \
+        const float8 f = dmq_decode8((cq)[i], fmt) * (cs)[i];                                        \
+        h_ = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));    \
+      }                                                                                              \
+      *(__local uint4 *)(smb + ((buf) - sbase) + SWZ(r, c)) = h_;                                    \
+    }                                                                                                \
+  }
+#endif
+#if K_Q
+  uint2 kcq[LPER];
+  float kcs[LPER];
+  __global const uchar *kq8 = (__global const uchar *)k + kbase;
+  const float k_uni = K_UNI ? k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
+#define LOAD_K(buf, k0) QFETCH(kcq, kcs, kq8, k_sb, k_sn, k_scale, K_SCALE, K_UNI, k0)
+#define PUT_K(buf) QPUT(buf, kcq, kcs, K_DTYPE, K_UNI)
+#endif
+#if V_Q
+  uint2 vcq[LPER];
+  float vcs[LPER];
+  __global const uchar *vq8 = (__global const uchar *)v + vbase;
+  const float v_uni = V_UNI ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
+#define LOAD_V(buf, k0) QFETCH(vcq, vcs, vq8, v_sb, v_sn, v_scale, V_SCALE, V_UNI, k0)
+#define PUT_V(buf) QPUT(buf, vcq, vcs, V_DTYPE, V_UNI)
+#endif
 #else
 #define LOAD_TILE(buf, ptr, ptr0, sb, sn, step, k0)                                           \
   {                                                                                         \
@@ -428,17 +524,31 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     cp_commit();                                                                            \
   }
 #endif
+/* A plain side: cp.async, nothing to write out. */
+#ifndef LOAD_K
+#define LOAD_K(buf, k0) LOAD_TILE(buf, kp, kp0, k_sb, k_sn, kstep, k0)
+#define PUT_K(buf)
+#endif
+#ifndef LOAD_V
+#define LOAD_V(buf, k0) LOAD_TILE(buf, vp, vp0, v_sb, v_sn, vstep, k0)
+#define PUT_V(buf)
+#endif
 
   int k0 = NEXT_TILE(kbeg);
 #if KV_STAGES == 2
 #define STAGE_BYTES (2 * BLOCK_C * SWZ_ROW * 16) /* K | V of one stage */
   if (k0 < kend) {
-    LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, k0)
-    LOAD_TILE(vbuf, vp, vp0, v_sb, v_sn, vstep, k0)
+    LOAD_K(kbuf, k0)
+    LOAD_V(vbuf, k0)
+    PUT_K(kbuf)
+    PUT_V(vbuf)
   }
   int stage = 0;
 #else
-  if (k0 < kend) LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, k0)
+  if (k0 < kend) {
+    LOAD_K(kbuf, k0)
+    PUT_K(kbuf)
+  }
 #endif
 
   while (k0 < kend) {
@@ -458,15 +568,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     TILE_PAGES(pgn, kn)
 #else
     if (kn < kend) {
-      LOAD_TILE(nbuf, kp, kp0, k_sb, k_sn, kstep, kn)
-      LOAD_TILE(nbuf + BLOCK_C * SWZ_ROW * 16, vp, vp0, v_sb, v_sn, vstep, kn)
+      LOAD_K(nbuf, kn)
+      LOAD_V(nbuf + BLOCK_C * SWZ_ROW * 16, kn)
     }
 #endif
     stage ^= 1;
 #else
     barrier(CLK_LOCAL_MEM_FENCE); /* K ready; every warp is done with the previous V */
     const uint kb = kbuf, vb = vbuf;
-    LOAD_TILE(vbuf, vp, vp0, v_sb, v_sn, vstep, k0)
+    LOAD_V(vbuf, k0)
 #endif
 
     int active = k0 < wend;
@@ -509,6 +619,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         }
       }
 
+#if K_UNI
+      /* K held its codes: the scores times its one scale. */
+      #pragma unroll
+      for (int mt = 0; mt < M_TILES; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+          #pragma unroll
+          for (int e = 0; e < 4; e++) s[mt][nt][e] *= k_uni;
+#endif
       const int need_mask =
           sv_tile_partial(wrow0, WARP_ROWS, k0, BLOCK_C, diag, nk, window_left, window_right) | !(wcls & 2);
       if (SCORE_LOG2 || need_mask) {
@@ -609,9 +728,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     }
 
 #if KV_STAGES == 1
+    PUT_V(vbuf)
     cp_wait_all();
     barrier(CLK_LOCAL_MEM_FENCE); /* V ready; every warp is done with K */
-    if (kn < kend) LOAD_TILE(kbuf, kp, kp0, k_sb, k_sn, kstep, kn)
+    if (kn < kend) LOAD_K(kbuf, kn)
 #elif PAGED_EARLY
     if (kn < kend) {
       LOAD_TILE_PAGES(nbuf, kp0, k_sb, k_sn, kn, pgn)
@@ -634,6 +754,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
           }
         }
     }
+#if KVQ /* the next tile's quantized sides, before the barrier that publishes it */
+    if (kn < kend) {
+#if KV_STAGES == 2
+      PUT_K(nbuf)
+      PUT_V(nbuf + BLOCK_C * SWZ_ROW * 16)
+#else
+      PUT_K(kbuf)
+#endif
+    }
+#endif
     k0 = kn;
   }
 
@@ -656,6 +786,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
         inv = j.y > 0.0f ? j.z / j.y : 0.0f;
         lse2 = j.y > 0.0f ? j.x + log2(j.y) : -INFINITY;
       }
+#endif
+#if V_UNI
+      inv *= v_uni; /* V held its codes */
 #endif
       __global uint *orow = (__global uint *)(o + obase + (long)row * o_sn + 2 * t);
       #pragma unroll

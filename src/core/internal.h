@@ -269,6 +269,12 @@ typedef struct fcl_problem {
  * without them build exactly the options they always did. */
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap);
 
+/* Appends " -DK_DTYPE=.. -DV_DTYPE=.. -DK_SCALE=.. -DV_SCALE=.." for a
+ * quantized paged source (kv_quant.cl's formats; a plain side keeps q's
+ * dtype) to buf; nothing otherwise, so that other programs keep their
+ * options. */
+void fcl_kvq_options(const fcl_problem *p, char *buf, size_t cap);
+
 /* Appends the dropout kernel arguments (seed, offset, threshold, keep_scale). */
 struct fcl_args;
 cl_uint fcl_dropout_threshold(float p);

@@ -384,6 +384,14 @@ flashcl_status fcl_check_output_distinct(flashcl_context *ctx, const flashcl_ten
   return FLASHCL_SUCCESS;
 }
 
+void fcl_kvq_options(const fcl_problem *p, char *buf, size_t cap) {
+  if (!p->k_quant && !p->v_quant) return;
+  const size_t n = strlen(buf);
+  snprintf(buf + n, cap - n, " -DK_DTYPE=%d -DV_DTYPE=%d -DK_SCALE=%d -DV_SCALE=%d",
+           (int)(p->k_quant ? p->k_dtype : p->dtype), (int)(p->v_quant ? p->v_dtype : p->dtype), p->k_scale_kind,
+           p->v_scale_kind);
+}
+
 const char *fcl_variant_options(const fcl_problem *p, char *buf, size_t cap) {
   /* A v head dim apart from q's is an option only where it differs, like the
    * variants: the programs of the common case keep their options. */

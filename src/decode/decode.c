@@ -201,7 +201,7 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
            L->desc->tree_mask != NULL, L->desc->sinks != NULL, quant,
            kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
-  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+kv_quant.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma",
+  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma",
                            &L->kern)))
     return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);

@@ -18,7 +18,9 @@
  * of 8 padded to 16 in local memory), scale > 0, and every tensor's
  * element offset and (batch, seq, head) strides a multiple of 8 elements (16-byte
  * rows for cp.async); causal, GQA, varlen, dropout, the sliding window, ALiBi,
- * softcap, attention masks and (forward only) a paged K/V source compose. Other
+ * softcap, attention masks and (forward only) a paged K/V source compose, its
+ * pools fp16/bf16 or quantized (int8 / fp8 codes with their scales, turned
+ * into 16-bit values on their way to local memory). Other
  * problems run the portable kernels; a v head dim apart from q's
  * (desc.head_dim_v) is refused when the tensor cores are asked for by name.
  *
@@ -67,15 +69,6 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
             p->head_dim_v, p->head_dim);
     return FLASHCL_SUCCESS;
   }
-  if (p->k_quant || p->v_quant) { /* likewise: only the portable forward dequantizes a paged source */
-    if (desc->kernel == FLASHCL_KERNEL_NVIDIA_MMA || forced == FLASHCL_KERNEL_NVIDIA_MMA)
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                      "the tensor-core kernels do not take a quantized K/V source (%s / %s): use the portable "
-                      "kernels (desc.kernel = FLASHCL_KERNEL_AUTO or PORTABLE)",
-                      flashcl_dtype_name(p->k_dtype), flashcl_dtype_name(p->v_dtype));
-    fcl_log(ctx, "tensor-core kernels do not cover a quantized K/V source: running the portable kernels");
-    return FLASHCL_SUCCESS;
-  }
   const int explicit_mma = fam == FLASHCL_KERNEL_NVIDIA_MMA;
   if (!fcl_mma_available(ctx)) {
     if (explicit_mma)
@@ -112,8 +105,9 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
 }
 
 void fcl_mma_sources(const fcl_problem *p, const char *kernel_file, char *buf, size_t cap) {
-  snprintf(buf, cap, "mma_ptx.cl+%s%smma_scores.cl+score_variant.cl+seq_bounds.cl+%s",
-           p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+mask_mma.cl+" : "", kernel_file);
+  snprintf(buf, cap, "mma_ptx.cl+%s%s%smma_scores.cl+score_variant.cl+seq_bounds.cl+%s",
+           p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+mask_mma.cl+" : "",
+           p->k_quant || p->v_quant ? "kv_quant.cl+kvq_ptx.cl+" : "", kernel_file);
 }
 
 flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
@@ -125,8 +119,11 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   if (st != FLASHCL_SUCCESS) return st;
   const int threads = c.nwarps * 32, block_r = c.nwarps * 16 * c.m_tiles;
   const char *extra = ctx->build_options;
-  char opts[640], variants[128];
+  char opts[720], variants[192];
   fcl_variant_options(p, variants, sizeof variants);
+  fcl_kvq_options(p, variants, sizeof variants);
+  if ((p->k_quant || p->v_quant) && ctx->mma_cc >= 89) /* kvq_ptx.cl's fp8 conversion */
+    snprintf(variants + strlen(variants), sizeof variants - strlen(variants), " -DCVT_E4M3=1");
   const int causal = p->causal && !p->window; /* a window carries causal as window_right = 0 */
   snprintf(opts, sizeof opts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_C=%d -DNWARPS=%d -DM_TILES=%d -DQ_IN_SMEM=%d "
@@ -134,7 +131,7 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
            (int)p->dtype, p->head_dim, c.block_c, c.nwarps, c.m_tiles, c.q_in_smem, c.kv_stages, causal, p->varlen,
            p->dropout, p->paged_kv ? fcl_page_shift(p->kv_page_size) : -1, variants, extra ? " " : "", extra ? extra : "");
   cl_kernel kern;
-  char src[128];
+  char src[192];
   fcl_mma_sources(p, "flash_fwd_mma.cl", src, sizeof src);
   st = fcl_get_kernel(ctx, src, opts, "flash_fwd_mma", &kern);
   if (st != FLASHCL_SUCCESS) return st;
@@ -153,6 +150,10 @@ flashcl_status fcl_mma_forward(flashcl_context *ctx, const fcl_problem *p, const
   fcl_arg_dropout(&a, p);
   fcl_arg_mem(&a, p->sinks);
   fcl_arg_paged(&a, p);
+  if (p->k_quant || p->v_quant) { /* MMA_KVQ_PARAMS: NULL for a plain side */
+    fcl_arg_mem(&a, p->k_scale);
+    fcl_arg_mem(&a, p->v_scale);
+  }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(flash_fwd_mma)");
 
   size_t qblocks = ((size_t)p->seqlen_q + block_r - 1) / block_r;

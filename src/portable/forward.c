@@ -78,17 +78,6 @@ flashcl_status fcl_fwd_config(flashcl_context *ctx, const fcl_problem *p, fcl_tu
   return FLASHCL_SUCCESS;
 }
 
-/* Appends the formats and scale layouts of a quantized paged source
- * (kv_quant.cl) to buf; a plain side keeps q's dtype. Nothing otherwise, so
- * that the other programs keep their options. */
-static void fcl_kvq_options(const fcl_problem *p, char *buf, size_t cap) {
-  if (!p->k_quant && !p->v_quant) return;
-  const size_t n = strlen(buf);
-  snprintf(buf + n, cap - n, " -DK_DTYPE=%d -DV_DTYPE=%d -DK_SCALE=%d -DV_SCALE=%d",
-           (int)(p->k_quant ? p->k_dtype : p->dtype), (int)(p->v_quant ? p->v_dtype : p->dtype), p->k_scale_kind,
-           p->v_scale_kind);
-}
-
 flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                  fcl_tuned *tu, const flashcl_tensor *q, const flashcl_tensor *k,
                                  const flashcl_tensor *v, const flashcl_tensor *o, const flashcl_tensor *lse,
