@@ -131,11 +131,12 @@ static const qcase QCASES[] = {
      {17, 64, 129}, 16, 0},
     /* BLOCK32 scales (one per 32 elements of a row, as ggml's q8_0): every
      * format, paged and contiguous, beside TOKEN, TENSOR and plain sides, at
-     * d = 32 (one block), 64 and 128 (which AUTO sends to the portable kernel
-     * even where the tensor-core decode takes TOKEN scales). */
+     * d = 32 (one block, the portable kernel), 64 and 128 (the tensor-core
+     * decode where it runs; bf16 at d = 64 with K's blocks too). */
     {"quant_i8_block32_contig_f16_d128_split3", FLASHCL_F16, I8, I8, BLK, BLK, 2, 1, 16, 4, 128, {150, 71}, 0, 3},
     {"quant_i8_block32_paged16_f32_d64", FLASHCL_F32, I8, I8, BLK, BLK, 2, 2, 8, 2, 64, {45, 90}, 16, 2},
     {"quant_k_e4m3blk_v_e5m2blk_paged8_bf16_d32", FLASHCL_BF16, E4, E5, BLK, BLK, 2, 1, 4, 1, 32, {33, 17}, 8, 0},
+    {"quant_k_e5m2blk_v_i8blk_paged16_bf16_d64_q2", FLASHCL_BF16, E5, I8, BLK, BLK, 2, 2, 8, 2, 64, {70, 41}, 16, 2},
     {"quant_k_i8blk_v_e4m3tok_contig_f16_d64", FLASHCL_F16, I8, E4, BLK, TOK, 1, 3, 8, 2, 64, {77}, 0, 2},
     {"quant_k_f16_v_i8blk_paged12_f16_d128_kpt4", FLASHCL_F16, FLASHCL_F16, I8, TOK, BLK, 2, 1, 8, 2, 128, {40, 25},
      12, 1, "decode kpt=4 stages=0"},
@@ -517,13 +518,10 @@ static void run_quant_case(const qcase *c) {
   FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, &cfg), FLASHCL_SUCCESS,
                    "%s: config", c->name);
   /* The tensor-core kernel dequantizes in local memory where it covers the
-   * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows, no BLOCK32
-   * scales) on a device that must have it; decode.cl's register path takes
-   * every other call. */
+   * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows) on a device
+   * that must have it; decode.cl's register path takes every other call. */
   char what[128];
-  const int block32 = (is_quant(c->kfmt) && c->kkind == BLK) || (is_quant(c->vfmt) && c->vkind == BLK);
-  const int mma_case =
-      c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning && !block32;
+  const int mma_case = c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning;
   const int want_mma = mma_case && fct_device_requires_mma(env->device, what, sizeof what);
   FCT_CHECK(strcmp(cfg.kernel, want_mma ? "decode_mma" : "decode_attn") == 0 ||
                 (!want_mma && strcmp(cfg.kernel, "decode_mma") == 0 && mma_case),
@@ -564,8 +562,13 @@ static void run_quant_case(const qcase *c) {
                 splits, err_o, err_l);
   FCT_CHECK(nonfinite == 0, "%s: %zu non-finite outputs", c->name, nonfinite);
   FCT_CHECK(err_o <= fct_tolerance(c->dtype), "%s: O relL2 %.3e > %.1e", c->name, err_o, fct_tolerance(c->dtype));
-  FCT_CHECK(err_l <= fct_lse_tolerance(c->dtype), "%s: LSE relL2 %.3e > %.1e", c->name, err_l,
-            fct_lse_tolerance(c->dtype));
+  /* decode_mma reads K as code * scale rounded to bf16 (2^-9) under BLOCK32
+   * scales (decode_mma.cl): that rounding, absent from the reference, reaches
+   * the LSE at ~1e-4. */
+  const int k_rounded = strcmp(cfg.kernel, "decode_mma") == 0 && c->dtype == FLASHCL_BF16 && is_quant(c->kfmt) &&
+                        c->kkind == BLK;
+  const double ltol = fct_lse_tolerance(c->dtype) * (k_rounded ? 4.0 : 1.0);
+  FCT_CHECK(err_l <= ltol, "%s: LSE relL2 %.3e > %.1e", c->name, err_l, ltol);
 
   free(ref_o);
   free(ref_lse);

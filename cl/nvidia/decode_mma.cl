@@ -35,14 +35,15 @@
  * joins kv_quant.cl and kvq_ptx.cl's conversions,
  * "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+decode_mma.cl"): a
  * quantized side's rows (HEAD_DIM bytes) reach local memory through cp.async as
- * they are (with their TOKEN scales, 4-byte cp.async), and once a tile is in,
+ * they are (with their TOKEN or BLOCK32 scales, 4-byte cp.async), and once a tile is in,
  * the work-group writes it out as 16-bit elements in a tile of the plain
  * side's layout, from which the tensor cores read as from a 16-bit cache. K
  * becomes its codes, exactly (int8, e4m3 and e5m2 codes are all fp16 and bf16
- * values), and each key's score is multiplied by its scale in fp32. V becomes
- * code * scale, in fp32 rounded once to DTYPE, with TOKEN scales; with a HEAD
- * or TENSOR scale it becomes its codes and O is multiplied by the scale at the
- * end. This costs a barrier per tile and the conversion, and halves (int8,
+ * values), and each key's score is multiplied by its scale in fp32; under
+ * BLOCK32 scales (several per row) K becomes code * scale, in fp32 rounded
+ * once to DTYPE. V becomes code * scale likewise, with TOKEN and BLOCK32
+ * scales; with a HEAD or TENSOR scale it becomes its codes and O is
+ * multiplied by the scale at the end. This costs a barrier per tile and the conversion, and halves (int8,
  * fp8) the bytes that cross the memory bus: that pays where decode is bound
  * by bandwidth (many sequences); with one sequence the chain of tiles each
  * work-group walks bounds it more than their bytes (BENCHMARKS.md, "Quantized
@@ -114,8 +115,15 @@
 #if USE_PTX && (K_Q || V_Q) && !defined(KVQ_PTX_CL)
 #error "decode_mma.cl with a quantized cache needs kvq_ptx.cl compiled first in the same program"
 #endif
-#if (K_Q && K_SCALE == KVQ_SCALE_BLOCK32) || (V_Q && V_SCALE == KVQ_SCALE_BLOCK32)
-#error "decode_mma takes TOKEN, HEAD and TENSOR scales (BLOCK32 runs decode.cl)"
+#if K_Q && K_SCALE == KVQ_SCALE_BLOCK32
+#define K_BLK 1
+#else
+#define K_BLK 0
+#endif
+#if V_Q && V_SCALE == KVQ_SCALE_BLOCK32
+#define V_BLK 1
+#else
+#define V_BLK 0
 #endif
 
 #define NTHREADS (32 * WR * WK)
@@ -129,10 +137,11 @@
  * HEAD_DIM-byte rows, dense. The dequantized tiles follow the stages. */
 #define K_TILE_BYTES (K_Q ? TILE_BYTES / 2 : TILE_BYTES)
 #define V_TILE_BYTES (V_Q ? TILE_BYTES / 2 : TILE_BYTES)
-/* TOKEN scales come with their tile: BLOCK_C floats after the V rows. */
+/* TOKEN and BLOCK32 scales come with their tile: BLOCK_C * NSC floats per
+ * side after the V rows. */
 #define K_SC_OFF (K_TILE_BYTES + V_TILE_BYTES)
-#define V_SC_OFF (K_SC_OFF + K_ROWSCALE * BLOCK_C * 4)
-#define STAGE_BYTES (V_SC_OFF + V_ROWSCALE * BLOCK_C * 4)
+#define V_SC_OFF (K_SC_OFF + K_NSC * BLOCK_C * 4)
+#define STAGE_BYTES (V_SC_OFF + V_NSC * BLOCK_C * 4)
 #define CONV_OFF (KV_STAGES * STAGE_BYTES)
 #define CONV_BYTES ((K_Q + V_Q) * TILE_BYTES)
 #define OBUF_FLOATS (WR * 16 * HEAD_DIM)
@@ -169,8 +178,11 @@ typedef ushort vel_t;
 #else
 #define V_ROWSCALE 0
 #endif
+/* Scales a stage carries per key row: TOKEN 1, BLOCK32 HEAD_DIM / 32. */
+#define K_NSC (K_ROWSCALE ? 1 : K_BLK ? HEAD_DIM / 32 : 0)
+#define V_NSC (V_ROWSCALE ? 1 : V_BLK ? HEAD_DIM / 32 : 0)
 
-#if (K_ROWSCALE || V_ROWSCALE) && USE_PTX
+#if (K_NSC || V_NSC) && USE_PTX
 inline void cp_async4(uint saddr, __global const float *src, uint bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(saddr), "l"(src), "r"(bytes));
 }
@@ -280,12 +292,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
   /* Scales: a tensor's or head's once here, a row's with its tile. */
   const int heads_kv = heads_q / group;
   (void)heads_kv;
-#if K_Q && !K_ROWSCALE
+#if K_Q && !K_ROWSCALE && !K_BLK
   const float k_uni = k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)];
 #else
   const float k_uni = 1.0f;
 #endif
-#if V_Q && !V_ROWSCALE
+#if V_Q && !V_ROWSCALE && !V_BLK
   const float v_uni = v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)];
 #else
   const float v_uni = 1.0f;
@@ -335,29 +347,31 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     }                                                                                                  \
     cp_commit();                                                                                       \
   }
-/* A side's TOKEN scales for the tile's rows (0 past kend: zero-filled). */
-#define COPY_SCALES(SCL, DST, KB)                                                                      \
-  for (int r = tid; r < BLOCK_C; r += NTHREADS) {                                                      \
-    const int j = (KB) + r, ok = j < kend;                                                             \
-    const long si = ok ? kvq_scale_index(KVQ_SCALE_TOKEN, SCALE_ROW(j), heads_kv, hk, HEAD_DIM, 0) : 0;           \
-    cp_async4((DST) + (uint)(r * 4), (SCL) + si, ok ? 4u : 0u);                                        \
+/* A side's TOKEN or BLOCK32 scales for the tile's rows, NSC per row (0 past
+ * kend: zero-filled). */
+#define COPY_SCALES(SCL, DST, KB, NSC, KIND)                                                           \
+  for (int i = tid; i < BLOCK_C * (NSC); i += NTHREADS) {                                              \
+    const int r = i / (NSC), x = i - r * (NSC), j = (KB) + r, ok = j < kend;                           \
+    const long si = ok ? kvq_scale_index(KIND, SCALE_ROW(j), heads_kv, hk, HEAD_DIM, x * 32) : 0;      \
+    cp_async4((DST) + (uint)(i * 4), (SCL) + si, ok ? 4u : 0u);                                        \
   }
-#if K_ROWSCALE
-#define COPY_K_SCALES(DST, KB) COPY_SCALES(k_scale, DST, KB)
+#if K_NSC
+#define COPY_K_SCALES(DST, KB) COPY_SCALES(k_scale, DST, KB, K_NSC, K_SCALE)
 #else
 #define COPY_K_SCALES(DST, KB)
 #endif
-#if V_ROWSCALE
-#define COPY_V_SCALES(DST, KB) COPY_SCALES(v_scale, DST, KB)
+#if V_NSC
+#define COPY_V_SCALES(DST, KB) COPY_SCALES(v_scale, DST, KB, V_NSC, V_SCALE)
 #else
 #define COPY_V_SCALES(DST, KB)
 #endif
 /* A quantized side's tile at local byte offset RAW (dense rows of HEAD_DIM
  * codes) into the 16-bit tile at CONV (the plain side's swizzled layout), 8
  * codes per work-item and step: the codes themselves (SCO < 0), or code *
- * scale with the row's scale at local byte offset SCO, in fp32 rounded once. */
+ * scale with the row's NSC scales at local byte offset SCO (TOKEN: one;
+ * BLOCK32: chunk c is in block c / 4), in fp32 rounded once. */
 #define DQ_STEPS ((BLOCK_C * CH + NTHREADS - 1) / NTHREADS)
-#define DEQUANT_TILE(RAW, CONV, FMT, SCO)                                                              \
+#define DEQUANT_TILE(RAW, CONV, FMT, SCO, NSC)                                                         \
   _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                            \
     const int i = tid + it * NTHREADS;                                                                 \
     if (DQ_STEPS * NTHREADS > BLOCK_C * CH && i >= BLOCK_C * CH) break;                                \
@@ -367,7 +381,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     if ((SCO) < 0) {                                                                                   \
       h = dmq_codes8(w, FMT);                                                                          \
     } else {                                                                                           \
-      const float8 f = dmq_decode8(w, FMT) * *(__local const float *)(smb + (SCO) + r * 4);          \
+      const int si = (NSC) == 1 ? r : r * (NSC) + (c >> 2);                                            \
+      const float8 f = dmq_decode8(w, FMT) * *(__local const float *)(smb + (SCO) + si * 4);           \
       h = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));         \
     }                                                                                                  \
     *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = h;                                                  \
@@ -393,11 +408,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       /* Every work-item is past the loop head's barrier, so the dequantized
        * tiles of the previous step have been read. */
 #if K_Q
-      DEQUANT_TILE(so, CONV_OFF, K_DTYPE, -1)
+      DEQUANT_TILE(so, CONV_OFF, K_DTYPE, K_BLK ? so + K_SC_OFF : -1, K_NSC)
       kb = sbase + CONV_OFF;
 #endif
 #if V_Q
-      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE, V_ROWSCALE ? so + V_SC_OFF : -1)
+      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE, V_NSC ? so + V_SC_OFF : -1, V_NSC)
       vb = sbase + CONV_OFF + K_Q * TILE_BYTES;
 #endif
       barrier(CLK_LOCAL_MEM_FENCE);

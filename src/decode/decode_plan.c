@@ -40,7 +40,7 @@
  *     fit, or the kernel they belong to does not run) is refused.
  * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
  *   tensor-core kernel where it applies (as above, with fp16/bf16 tokens and
- *   16-byte aligned cache rows), which copies the codes through cp.async and
+ *   16-byte aligned cache rows; any scale layout), which copies the codes through cp.async and
  *   dequantizes each tile in local memory; else the register path of
  *   decode.cl, which dequantizes on load. decode.cl's cp.async stages copy
  *   16-bit rows only, so a quantized call never takes them.
@@ -115,11 +115,13 @@ static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int sta
 }
 
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
- * per element, and its TOKEN scales, counted for any scale layout) and
- * dequantized tiles, or the merge buffer reusing them, and Ml. */
+ * per element, and its scales: d / 32 per row, BLOCK32's count, counted for
+ * any scale layout) and dequantized tiles, or the merge buffer reusing them,
+ * and Ml. */
 size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq) {
   const size_t keys = 16 * (size_t)wk, row = keys * (size_t)d; /* one side's tile: keys, elements */
-  const size_t stage = row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + keys * 4 * (size_t)(kq + vq);
+  const size_t nsc = d >= 32 ? (size_t)d / 32 : 1;
+  const size_t stage = row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + keys * 4 * nsc * (size_t)(kq + vq);
   const size_t kv = (size_t)stages * stage + (size_t)(kq + vq) * row * 2;
   const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
   return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
@@ -178,10 +180,7 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
    * kernel keeps raw scores and their row max, which needs a positive scale. */
-  /* BLOCK32 scales change within a row: the portable kernel takes them. */
-  const int block32 = (kq && p->kv.k_scale_kind == FLASHCL_KV_SCALE_BLOCK32) ||
-                      (vq && p->kv.v_scale_kind == FLASHCL_KV_SCALE_BLOCK32);
-  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && !block32 && p->head_dim_v == d &&
+  if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && p->head_dim_v == d &&
       (d == 64 || d == 128) &&
       fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
