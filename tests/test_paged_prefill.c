@@ -656,6 +656,7 @@ typedef struct pq_case {
   int dv; /* v's and o's head dim (desc.head_dim_v); 0: q's */
   flashcl_kernel_family kernel; /* NVIDIA_MMA: the tensor-core forward (skipped where it is not available) */
   int d;                        /* q's and k's head dim; 0: 64 */
+  const char *tuning;           /* desc.tuning as flashcl_tuning_parse reads it, or NULL */
 } pq_case;
 
 /* A pool in fmt coded from src's values at the rows sequences own (the
@@ -766,6 +767,11 @@ static void test_quant_case(void **state) {
   desc.k_scale_kind = pc->kkind;
   desc.v_scale_kind = pc->vkind;
   if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  flashcl_tuning tune;
+  if (pc->tuning) {
+    FCT_CHECK_STATUS(flashcl_tuning_parse(env->ctx, pc->tuning, &tune), FLASHCL_SUCCESS, "%s: tuning", pc->name);
+    desc.tuning = &tune;
+  }
   desc.algo = pc->algo;
   desc.kernel = pc->kernel;
   if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
@@ -874,6 +880,13 @@ static const pq_case QUANT_CASES[] = {
      0, MMA, 128},
     {"paged_quant_mma_bf16_d96_k_i8_head_v_plain", FLASHCL_BF16, FLASHCL_I8, FLASHCL_BF16, FLASHCL_KV_SCALE_HEAD, TOK,
      0, FLASH, 0, MMA, 96},
+    /* d = 72: a zero-filled padding chunk per row, chunks spread over the
+     * work-items without a fixed column; one K/V stage (K and V quantized in
+     * turn, V published before the second barrier). */
+    {"paged_quant_mma_f16_d72_k_e4m3_tensor_v_i8_token", FLASHCL_F16, FLASHCL_F8E4M3, FLASHCL_I8,
+     FLASHCL_KV_SCALE_TENSOR, TOK, 0, FLASH, 0, MMA, 72},
+    {"paged_quant_mma_f16_d128_one_stage_k_i8_token_v_e5m2_head", FLASHCL_F16, FLASHCL_I8, FLASHCL_F8E5M2, TOK,
+     FLASHCL_KV_SCALE_HEAD, 0, FLASH, 0, MMA, 128, "mma_fwd kv_stages=1"},
 };
 #undef FLASH
 #undef TOK
