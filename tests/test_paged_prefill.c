@@ -19,6 +19,7 @@
  */
 #include "common.h"
 #include "reference_kvq.h"
+#include "reference_masks.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -657,6 +658,8 @@ typedef struct pq_case {
   flashcl_kernel_family kernel; /* NVIDIA_MMA: the tensor-core forward (skipped where it is not available) */
   int d;                        /* q's and k's head dim; 0: 64 */
   const char *tuning;           /* desc.tuning as flashcl_tuning_parse reads it, or NULL */
+  float softcap;                /* desc.softcap (0: off) */
+  int window;                   /* > 0: desc.window_left = window */
 } pq_case;
 
 /* A pool in fmt coded from src's values at the rows sequences own (the
@@ -774,6 +777,8 @@ static void test_quant_case(void **state) {
   }
   desc.algo = pc->algo;
   desc.kernel = pc->kernel;
+  desc.softcap = pc->softcap;
+  if (pc->window > 0) desc.window_left = pc->window;
   if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
       !fct_mma_ready(pc->name, &desc, &q.t, kq ? &kp.codes.t : &c.k.t, vq ? &vp.codes.t : &c.v.t,
                      FLASHCL_PASS_FORWARD)) {
@@ -803,7 +808,8 @@ static void test_quant_case(void **state) {
     ref_out orr = ref_out_bnhd(ro, 1, NQ, HQ, DV), lr = ref_out_bnhd(rl, 1, NQ, HQ, 1);
     ref_attention_params rp = {0};
     rp.causal = 1;
-    FCT_CHECK(ref_attention_forward(&rp, &qr, &kr, &vr, &orr, &lr) == 0, "reference failed");
+    const ref_masks rm = {pc->window > 0 ? pc->window : -1, -1, NULL, pc->softcap, NULL, NULL, NULL};
+    FCT_CHECK(ref_masks_forward(&rp, &rm, NULL, &qr, &kr, &vr, &orr, &lr) == 0, "reference failed");
     for (int i = 0; i < NQ; i++)
       for (int h = 0; h < HQ; h++) {
         const double want_l = rl[i * HQ + h], got_l = fct_tensor_get(&lse, b, i, h, 0);
@@ -887,6 +893,15 @@ static const pq_case QUANT_CASES[] = {
      FLASHCL_KV_SCALE_TENSOR, TOK, 0, FLASH, 0, MMA, 72},
     {"paged_quant_mma_f16_d128_one_stage_k_i8_token_v_e5m2_head", FLASHCL_F16, FLASHCL_I8, FLASHCL_F8E5M2, TOK,
      FLASHCL_KV_SCALE_HEAD, 0, FLASH, 0, MMA, 128, "mma_fwd kv_stages=1"},
+    /* d = 56: a fixed column per work-item and a padding chunk; K's one scale
+     * before the softcap and the window (score variants on the tensor cores). */
+    {"paged_quant_mma_f16_d56_softcap_window_k_e5m2_head_v_e4m3_token", FLASHCL_F16, FLASHCL_F8E5M2,
+     FLASHCL_F8E4M3, FLASHCL_KV_SCALE_HEAD, TOK, 0, FLASH, 0, MMA, 56, NULL, 4.0f, 37},
+    /* The same variants on the portable kernel (both mappings). */
+    {"paged_quant_f32_softcap_window_k_i8_block32_v_e5m2_head", FLASHCL_F32, FLASHCL_I8, FLASHCL_F8E5M2, BLK,
+     FLASHCL_KV_SCALE_HEAD, 0, FLASH, 0, FLASHCL_KERNEL_AUTO, 64, NULL, 4.0f, 37},
+    {"paged_quant_f16_softcap_window_gpu_map_k_e4m3_token_v_i8_token", FLASHCL_F16, FLASHCL_F8E4M3, FLASHCL_I8, TOK,
+     TOK, 1, FLASH, 0, FLASHCL_KERNEL_AUTO, 64, NULL, 4.0f, 37},
 };
 #undef FLASH
 #undef TOK

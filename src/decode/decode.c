@@ -426,9 +426,7 @@ static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flash
   c.block_r = p.mma ? 16 * p.mma_wr : p.rows;
   c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
   c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;
-  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, p.kv.k_quant,
-                                                  p.kv.v_quant)
-                        : p.local_bytes;
+  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, &p.kv) : p.local_bytes;
   *config = c;
   return FLASHCL_SUCCESS;
 }

@@ -69,7 +69,7 @@ typedef struct fcl_decode_plan {
 } fcl_decode_plan;
 
 /* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer (decode_plan.c). */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq);
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_layout *kv);
 /* Checks a decode call's arguments and fills p's shapes (decode_check.c). */
 flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                                    const flashcl_tensor *kc, const flashcl_tensor *vc, const flashcl_tensor *o,

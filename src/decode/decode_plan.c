@@ -114,17 +114,24 @@ static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int sta
   return 4 * (sh > obuf ? sh : obuf) + 4 * 2 * sr;
 }
 
+/* Scales per key row a quantized side's stage carries (decode_mma.cl's NSC):
+ * TOKEN 1, BLOCK32 d / 32, HEAD and TENSOR none. */
+static size_t fcl_dec_row_scales(int quant, int kind, int d) {
+  if (!quant) return 0;
+  return kind == FLASHCL_KV_SCALE_TOKEN ? 1 : kind == FLASHCL_KV_SCALE_BLOCK32 ? (size_t)d / 32 : 0;
+}
+
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
- * per element, and its scales: d / 32 per row, BLOCK32's count, counted for
- * any scale layout) and dequantized tiles, or the merge buffer reusing them,
- * and Ml. */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, int kq, int vq) {
+ * per element, and its row scales) and dequantized tiles, or the merge
+ * buffer reusing them, and Ml. */
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_layout *kv) {
+  const int kq = kv->k_quant, vq = kv->v_quant;
   const size_t keys = 16 * (size_t)wk, row = keys * (size_t)d; /* one side's tile: keys, elements */
-  const size_t nsc = d >= 32 ? (size_t)d / 32 : 1;
-  const size_t stage = row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + keys * 4 * nsc * (size_t)(kq + vq);
-  const size_t kv = (size_t)stages * stage + (size_t)(kq + vq) * row * 2;
+  const size_t nsc = fcl_dec_row_scales(kq, kv->k_scale_kind, d) + fcl_dec_row_scales(vq, kv->v_scale_kind, d);
+  const size_t stage = row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + keys * 4 * nsc;
+  const size_t kvb = (size_t)stages * stage + (size_t)(kq + vq) * row * 2;
   const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
-  return (kv > ob ? kv : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
+  return (kvb > ob ? kvb : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
 
 /* 16-byte vector loads of 8 elements are aligned for every key row. */
@@ -176,13 +183,13 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
   const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
   int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
-  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) > cap) st2--;
+  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv) > cap) st2--;
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
    * kernel keeps raw scores and their row max, which needs a positive scale. */
   if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && p->head_dim_v == d &&
       (d == 64 || d == 128) &&
-      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, kq, vq) <= cap &&
+      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
     p->mma = 1;
     p->mma_wr = wr;
