@@ -123,7 +123,9 @@ inline uchar kvq_fp8_encode(float y, int fmt) {
 inline float4 kvq_load4(__global const uchar *p, long i, __global const float *scale, int fmt, int kind, long row,
                         int heads_kv, int h, int d, int e) {
   const uchar4 b = vload4(0, p + i);
-  return kvq_decode8((uchar8)(b, (uchar4)(0)), fmt).lo * scale[kvq_scale_index(kind, row, heads_kv, h, d, e)];
+  /* Element by element, not (uchar8)(b, (uchar4)(0)): see decode.cl's Q load. */
+  const uchar8 b8 = (uchar8)(b.s0, b.s1, b.s2, b.s3, 0, 0, 0, 0);
+  return kvq_decode8(b8, fmt).lo * scale[kvq_scale_index(kind, row, heads_kv, h, d, e)];
 }
 
 /* The code of x under scale s in format fmt. */

@@ -402,7 +402,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     if (rg < nrows) {
       const int gi = rg / q_len, t = rg - (rg / q_len) * q_len;
       const long qi = q_off + b * q_sb + t * q_sn + (long)(hk * group + gi) * q_sh + 8 * x;
-      t8 = (float8)(LOAD4(q, qi), LOAD4(q, qi + 4)) * scale_log2;
+      /* Element by element, not (float8)(lo, hi): at -cl-opt-disable that
+       * concatenation is a shufflevector with undef mask elements, on which
+       * Oclgrind 21.10's --uninitialized crashes (docs/reliability.md). */
+      const float4 lo = LOAD4(q, qi), hi = LOAD4(q, qi + 4);
+      t8 = (float8)(lo.s0, lo.s1, lo.s2, lo.s3, hi.s0, hi.s1, hi.s2, hi.s3) * scale_log2;
     }
     qr[r] = t8;
     acc[r] = (float8)(0.0f);
