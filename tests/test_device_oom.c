@@ -91,8 +91,24 @@ static void outs_release(outs *t) {
   fct_tensor_release(&t->dq), fct_tensor_release(&t->dk), fct_tensor_release(&t->dv);
 }
 
-/* The naive forward (an N x N workspace) and the flash backward (its scratch)
- * on a full device: out of memory and nothing written, or success. */
+/* One backward on a full device: out of memory and dQ untouched, or success. */
+static void flash_backward_on_full_device(fct_problem *p, outs *t, const flashcl_attention_desc *desc,
+                                          const char *what) {
+  fct_env *env = fct_env_get();
+  fct_tensor_poison(&t->dq);
+  const flashcl_status st =
+      flashcl_attention_backward(env->ctx, desc, &p->q.t, &p->k.t, &p->v.t, &t->o.t, &t->lse.t, &t->d_o.t, &t->dq.t,
+                                 &t->dk.t, &t->dv.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  print_message("    %s on a full device: %s (%s)\n", what, flashcl_status_string(st),
+                flashcl_context_last_error(env->ctx));
+  FCT_CHECK(oom_or_success(st), "%s on a full device: %s", what, flashcl_status_string(st));
+  fct_tensor_download(&t->dq);
+  if (st != FLASHCL_SUCCESS) FCT_CHECK(fct_tensor_count_unpoisoned(&t->dq) == 0, "a failed %s wrote dq", what);
+}
+
+/* The naive forward (an N x N workspace) and the flash backward in both dQ
+ * modes on a full device: out of memory and nothing written, or success. */
 static void calls_on_full_device(fct_problem *p) {
   fct_env *env = fct_env_get();
   outs t;
@@ -115,29 +131,11 @@ static void calls_on_full_device(fct_problem *p) {
     FCT_CHECK(fct_tensor_count_unpoisoned(&t.o) == 0, "a failed naive forward wrote o");
   run.algo = FLASHCL_ALGO_FLASH;
   fct_problem_desc(p, &run, &desc);
-  fct_tensor_poison(&t.dq);
-  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, &t.d_o.t, &t.dq.t,
-                                  &t.dk.t, &t.dv.t, 0, NULL, NULL);
-  clFinish(env->queue);
-  print_message("    flash backward on a full device: %s (%s)\n", flashcl_status_string(st),
-                flashcl_context_last_error(env->ctx));
-  FCT_CHECK(oom_or_success(st), "flash backward on a full device: %s", flashcl_status_string(st));
-  fct_tensor_download(&t.dq);
-  if (st != FLASHCL_SUCCESS)
-    FCT_CHECK(fct_tensor_count_unpoisoned(&t.dq) == 0, "a failed flash backward wrote dq");
+  flash_backward_on_full_device(p, &t, &desc, "flash backward");
   /* Atomic dQ needs an fp32 accumulator of dQ's size, where the deterministic
    * tensor-core backward needs none. */
   desc.deterministic = 0;
-  fct_tensor_poison(&t.dq);
-  st = flashcl_attention_backward(env->ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &t.o.t, &t.lse.t, &t.d_o.t, &t.dq.t,
-                                  &t.dk.t, &t.dv.t, 0, NULL, NULL);
-  clFinish(env->queue);
-  print_message("    flash backward, atomic dQ, on a full device: %s (%s)\n", flashcl_status_string(st),
-                flashcl_context_last_error(env->ctx));
-  FCT_CHECK(oom_or_success(st), "atomic-dQ flash backward on a full device: %s", flashcl_status_string(st));
-  fct_tensor_download(&t.dq);
-  if (st != FLASHCL_SUCCESS)
-    FCT_CHECK(fct_tensor_count_unpoisoned(&t.dq) == 0, "a failed atomic-dQ flash backward wrote dq");
+  flash_backward_on_full_device(p, &t, &desc, "flash backward, atomic dQ,");
   release_filler(&f);
   outs_release(&t);
 }
