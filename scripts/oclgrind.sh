@@ -57,8 +57,10 @@ no_uninit="--data-races --check-api --max-errors 100000 --build-options -cl-opt-
 # Oclgrind 21.10 also gives a new buffer a released one's index and keeps the
 # old shadow memory, so reads of what a kernel wrote past the old size are
 # reported as uninitialized (decode_merge's partials in the append case, whose
-# test releases and creates buffers between calls). That case runs with
-# scripts/oclgrind_keep_buffers.c preloaded: no buffer is ever released.
+# test releases and creates buffers between calls). That case (KEEP_BUFFERS)
+# runs with scripts/oclgrind_keep_buffers.c preloaded in front of Oclgrind's
+# own runtime (which implements clReleaseMemObject too): no buffer is ever
+# released.
 keep_so="$logs/oclgrind_keep_buffers.so"
 cc -shared -fPIC -O2 -o "$keep_so" "$repo/scripts/oclgrind_keep_buffers.c"
 
@@ -99,7 +101,7 @@ cases=(
   "decode_contig_f32_split7|test_decode|contig_q4_f32_split7_padded||all"
   "decode_paged16_f16_split4|test_decode|paged16_q4_f16_split4||all"
   "decode_tree9_f32|test_decode|tree9_contig_f32_unsplit||all"
-  "kv_append_paged16_f16|test_decode|append_paged16_q4_f16|LD_PRELOAD=$keep_so|all"
+  "kv_append_paged16_f16|test_decode|append_paged16_q4_f16|KEEP_BUFFERS|all"
   "decode_knobs_a_contig_f32_split7|test_decode|contig_q4_f32_split7_padded|FLASHCL_TUNING=$repo/tests/tuning/knobs_a.tune|all"
   "decode_knobs_b_paged16_f16|test_decode|paged16_q4_f16_split4|FLASHCL_TUNING=$repo/tests/tuning/knobs_b.tune|all"
   "merge_f32|test_decode|merge_assoc_f32||all"
@@ -116,8 +118,13 @@ done
 
 run_case() {
   IFS='|' read -r name exe filter extra checks <<<"$1"
-  local log="$logs/$name.log" flags="$all_checks" start end rc
+  local log="$logs/$name.log" flags="$all_checks" start end rc pre=()
   [ "$checks" = "no_uninit" ] && flags="$no_uninit"
+  if [ "$extra" = "KEEP_BUFFERS" ]; then
+    extra=""
+    # shellcheck disable=SC2016 # expanded by the inner shell, after Oclgrind set LD_PRELOAD
+    pre=(sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec "$@"' "$keep_so")
+  fi
   start=$(date +%s)
   set +e
   # A private program cache: flashcl's cache key does not include Oclgrind's
@@ -125,7 +132,7 @@ run_case() {
   # log names every program built and its options (the variants covered).
   # shellcheck disable=SC2086 # flags is a list of words on purpose
   env FLASHCL_CACHE_DIR="$logs/cache-$name" FLASHCL_TEST_FILTER="$filter" FLASHCL_TEST_SEED=1 FLASHCL_TEST_VERBOSE=1 $extra \
-    timeout 1800 oclgrind $flags "$build_dir/tests/$exe" >"$log" 2>&1
+    timeout 1800 oclgrind $flags "${pre[@]}" "$build_dir/tests/$exe" >"$log" 2>&1
   rc=$?
   set -e
   end=$(date +%s)
