@@ -197,8 +197,8 @@
 /* A side with one scale for its kv head (HEAD, TENSOR) keeps its codes, which
  * int8 and fp8 share exactly with fp16 and bf16; the scale then multiplies
  * K's scores or O in fp32. */
-#define K_UNI (K_Q && (K_SCALE == 1 || K_SCALE == 2))
-#define V_UNI (V_Q && (V_SCALE == 1 || V_SCALE == 2))
+#define K_UNI (K_Q && (K_SCALE == KVQ_SCALE_HEAD || K_SCALE == KVQ_SCALE_TENSOR))
+#define V_UNI (V_Q && (V_SCALE == KVQ_SCALE_HEAD || V_SCALE == KVQ_SCALE_TENSOR))
 #ifndef PAGED_EARLY
 #define PAGED_EARLY PAGED_KV
 #endif
@@ -466,8 +466,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   }
 #if KVQ
 /* A quantized side (see "Quantized pools"): QFETCH reads the codes (cq, 8 per
- * chunk) and scales (cs) of the tile at k0 into registers, QPUT writes them
- * out as code * scale in DTYPE. */
+ * chunk) and, unless the side has one scale (uni), their scales (cs) of the
+ * tile at k0 into registers; QPUT writes them out in DTYPE: the codes, or
+ * code * scale. */
   __local uchar *smb = (__local uchar *)smem;
   const int heads_kv = get_num_groups(1) / group;
 #define QFETCH(cq, cs, codes, sb, sn, scl, kind, uni, k0)                                             \
