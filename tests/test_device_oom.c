@@ -7,7 +7,10 @@
  * Covered: the naive forward and backward (their N x N workspaces), the flash
  * backward in both dQ modes (atomic dQ needs an fp32 accumulator) and decode
  * with split-KV on a context that has no decode scratch yet (the context
- * allocates it on first need).
+ * allocates it on first need). Then calls that create no buffer but whose
+ * launches may still need device memory: the flash forward (portable and AUTO
+ * kernels), flashcl_kv_cache_append into a paged cache, a split decode reading
+ * that cache and flashcl_merge_states.
  *
  * It fills a GPU's whole memory, so it runs only with FLASHCL_TEST_OOM=1 and
  * on a GPU (CTest label long); elsewhere it reports itself skipped. On a CPU
@@ -234,6 +237,294 @@ static void more_calls_on_full_device(fct_problem *p, dec_bufs *dec) {
   outs_release(&t);
 }
 
+/* One call of the cases below: run() poisons the call's outputs and makes it;
+ * check() fails the test unless the outputs hold the reference result. */
+typedef struct oom_case {
+  const char *what;
+  flashcl_status (*run)(void *arg);
+  void (*check)(void *arg);
+  void *arg;
+  fct_tensor *out[2];
+  flashcl_status on_full; /* the status on the full device */
+} oom_case;
+
+/* Stricter than oom_or_success: a full device is no reason for a host
+ * allocation to fail, so FLASHCL_ERROR_HOST_OUT_OF_MEMORY would misreport it. */
+static void case_on_full_device(oom_case *c) {
+  fct_env *env = fct_env_get();
+  c->on_full = c->run(c->arg);
+  print_message("    %s on a full device: %s (%s)\n", c->what, flashcl_status_string(c->on_full),
+                flashcl_context_last_error(env->ctx));
+  FCT_CHECK(c->on_full == FLASHCL_SUCCESS || c->on_full == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
+            "%s on a full device: %s", c->what, flashcl_status_string(c->on_full));
+  if (c->on_full == FLASHCL_SUCCESS)
+    c->check(c->arg);
+  else
+    FCT_CHECK(fct_tensors_written(c->out, 2) == 0, "a failed %s wrote its outputs", c->what);
+}
+
+/* A call that ran out of memory must work on the same context once the memory
+ * is free; one that succeeded was checked already. */
+static void case_after_release(oom_case *c) {
+  if (c->on_full == FLASHCL_SUCCESS) return;
+  FCT_CHECK_STATUS(c->run(c->arg), FLASHCL_SUCCESS, "%s after the device was freed", c->what);
+  c->check(c->arg);
+}
+
+/* Relative L2 distance of t's (B, N, H, D) view from a contiguous reference of
+ * that shape. An element left as the poison (NaN) makes it NaN, and NaN fails
+ * every `<=` check. */
+static double rel_l2(const fct_tensor *t, const double *ref) {
+  const int64_t *s = t->t.shape;
+  double e2 = 0, r2 = 0;
+  size_t i = 0;
+  for (int64_t b = 0; b < s[0]; b++)
+    for (int64_t n = 0; n < s[1]; n++)
+      for (int64_t h = 0; h < s[2]; h++)
+        for (int64_t x = 0; x < s[3]; x++, i++) {
+          const double g = fct_tensor_get(t, b, n, h, x);
+          e2 += (g - ref[i]) * (g - ref[i]), r2 += ref[i] * ref[i];
+        }
+  return sqrt(e2 / r2);
+}
+
+static void check_o_lse(fct_tensor *o, fct_tensor *lse, const double *ref_o, const double *ref_lse,
+                        const char *what) {
+  fct_tensor_download(o), fct_tensor_download(lse);
+  const double eo = rel_l2(o, ref_o), el = rel_l2(lse, ref_lse);
+  FCT_CHECK(eo <= fct_tolerance(o->t.dtype) && el <= fct_lse_tolerance(o->t.dtype),
+            "%s against the reference: O rel-L2 %.3e, LSE rel-L2 %.3e", what, eo, el);
+}
+
+/* The flash forward of the problem in one kernel family. */
+typedef struct fwd_bufs {
+  fct_problem *p;
+  flashcl_kernel_family kernel;
+  fct_tensor o, lse;
+} fwd_bufs;
+
+static flashcl_status fwd_run(void *arg) {
+  fwd_bufs *f = arg;
+  fct_env *env = fct_env_get();
+  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, f->kernel, NULL};
+  flashcl_attention_desc desc;
+  fct_tensor_poison(&f->o), fct_tensor_poison(&f->lse);
+  fct_problem_desc(f->p, &run, &desc);
+  const flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &f->p->q.t, &f->p->k.t, &f->p->v.t, &f->o.t,
+                                                      &f->lse.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  return st;
+}
+
+static void fwd_check(void *arg) {
+  fwd_bufs *f = arg;
+  check_o_lse(&f->o, &f->lse, f->p->ref_o, f->p->ref_lse, "flash forward");
+}
+
+/* The AUTO case is there for the tensor-core kernels. Their probes ran first on
+ * a full device above (the flash backward); a probe that failed there turns
+ * them off for the context's lifetime, and AUTO would then test the portable
+ * kernels a second time. */
+static void auto_runs_tensor_cores(fwd_bufs *f) {
+  fct_env *env = fct_env_get();
+  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
+  flashcl_attention_desc desc;
+  flashcl_kernel_family fam = FLASHCL_KERNEL_AUTO;
+  char dev[128] = "";
+  fct_problem_desc(f->p, &run, &desc);
+  FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &f->p->q.t, &f->p->k.t, &f->p->v.t, &f->o.t,
+                                                   FLASHCL_PASS_FORWARD, &fam),
+                   FLASHCL_SUCCESS, "the kernel family of the AUTO forward");
+  const int must = fct_device_requires_mma(env->device, dev, sizeof dev);
+  print_message("    flash forward, kernel AUTO: %s kernels (device: %s)\n",
+                fam == FLASHCL_KERNEL_NVIDIA_MMA ? "tensor-core" : "portable", dev);
+  FCT_CHECK(!must || fam == FLASHCL_KERNEL_NVIDIA_MMA,
+            "AUTO resolves to the portable kernels on a device with tensor cores (did an earlier call on the "
+            "full device fail the tensor-core probe?)");
+}
+
+enum { PAGE = 16 }; /* slots per page of the paged cache */
+
+/* A paged cache that flashcl_kv_cache_append fills with the problem's whole K
+ * and V (B = 1), pages in reverse order so that slot order differs from pool
+ * order, plus pages 0 and 1 that nothing may write; then a decode of the
+ * problem's last query row over it, whose reference is that row's. */
+typedef struct paged_bufs {
+  fct_problem *p;
+  fct_tensor kp, vp, o, lse;
+  flashcl_tensor q;
+  cl_mem table, zero, lens;
+  int num_pages;
+  flashcl_decode_desc desc;
+} paged_bufs;
+
+static void paged_create(paged_bufs *c, fct_problem *p) {
+  const fct_case *pc = &p->c;
+  const int max_pages = (int)((p->Nk + PAGE - 1) / PAGE);
+  const int32_t zero = 0, len = (int32_t)p->Nk;
+  int32_t *table = malloc(sizeof *table * (size_t)max_pages);
+  FCT_CHECK(table != NULL && p->B == 1, "out of host memory, or a batch of %lld", (long long)p->B);
+  c->p = p;
+  c->num_pages = max_pages + 2;
+  for (int i = 0; i < max_pages; i++) table[i] = c->num_pages - 1 - i;
+  c->table = fct_create_buffer(sizeof *table * (size_t)max_pages, table);
+  free(table);
+  c->zero = fct_create_buffer(sizeof zero, &zero);
+  c->lens = fct_create_buffer(sizeof len, &len);
+  fct_tensor_create(&c->kp, pc->dtype, FCT_BNHD, c->num_pages, PAGE, pc->heads_kv, pc->head_dim, 931);
+  fct_tensor_create(&c->vp, pc->dtype, FCT_BNHD, c->num_pages, PAGE, pc->heads_kv, pc->head_dim, 932);
+  fct_tensor_create(&c->o, pc->dtype, FCT_BNHD, 1, 1, pc->heads_q, pc->head_dim, 933);
+  fct_tensor_create_lse(&c->lse, FCT_BNHD, 1, 1, pc->heads_q, 934);
+  c->q = p->q.t;
+  c->q.offset += (size_t)((p->Nq - 1) * p->q.t.stride[1]) * flashcl_dtype_size(c->q.dtype);
+  c->q.shape[1] = 1;
+  flashcl_decode_desc_init(&c->desc);
+  c->desc.page_size = PAGE;
+  c->desc.block_table = c->table;
+  c->desc.max_pages = max_pages;
+  c->desc.num_splits = 4; /* the split and merge kernels, on the scratch the split decode above left */
+}
+
+static void paged_release(paged_bufs *c) {
+  fct_tensor_release(&c->kp), fct_tensor_release(&c->vp), fct_tensor_release(&c->o), fct_tensor_release(&c->lse);
+  clReleaseMemObject(c->table), clReleaseMemObject(c->zero), clReleaseMemObject(c->lens);
+}
+
+static flashcl_status append_run(void *arg) {
+  paged_bufs *c = arg;
+  fct_env *env = fct_env_get();
+  fct_tensor_poison(&c->kp), fct_tensor_poison(&c->vp);
+  const flashcl_status st = flashcl_kv_cache_append(env->ctx, &c->desc, &c->p->k.t, &c->p->v.t, &c->kp.t, &c->vp.t,
+                                                    c->zero, 0, NULL, NULL);
+  clFinish(env->queue);
+  return st;
+}
+
+/* A plain cache of the tokens' dtype is a copy, so every slot must equal its
+ * token exactly, and nothing else may change (the spare pages included). */
+static void append_check(void *arg) {
+  paged_bufs *c = arg;
+  const fct_problem *p = c->p;
+  const int64_t H = p->c.heads_kv, D = p->c.head_dim;
+  const size_t n = (size_t)(p->Nk * H * D);
+  size_t wrong = 0;
+  fct_tensor_download(&c->kp), fct_tensor_download(&c->vp);
+  for (int64_t j = 0; j < p->Nk; j++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t x = 0; x < D; x++) {
+        const int64_t page = c->num_pages - 1 - j / PAGE, slot = j % PAGE;
+        wrong += fct_tensor_get(&c->kp, page, slot, h, x) != fct_tensor_get(&p->k, 0, j, h, x);
+        wrong += fct_tensor_get(&c->vp, page, slot, h, x) != fct_tensor_get(&p->v, 0, j, h, x);
+      }
+  const size_t kw = fct_tensor_count_unpoisoned(&c->kp), vw = fct_tensor_count_unpoisoned(&c->vp);
+  FCT_CHECK(wrong == 0 && kw == n && vw == n, "kv append: %zu slot values wrong; %zu and %zu elements of the K and V "
+            "pools written, want %zu each", wrong, kw, vw, n);
+}
+
+static flashcl_status decode_run(void *arg) {
+  paged_bufs *c = arg;
+  fct_env *env = fct_env_get();
+  fct_tensor_poison(&c->o), fct_tensor_poison(&c->lse);
+  const flashcl_status st = flashcl_attention_decode(env->ctx, &c->desc, &c->q, &c->kp.t, &c->vp.t, c->lens,
+                                                     &c->o.t, &c->lse.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  return st;
+}
+
+static void decode_check(void *arg) {
+  paged_bufs *c = arg;
+  const fct_problem *p = c->p;
+  const size_t row = (size_t)((p->Nq - 1) * p->c.heads_q);
+  check_o_lse(&c->o, &c->lse, p->ref_o + row * (size_t)p->c.head_dim, p->ref_lse + row, "paged decode");
+}
+
+/* Forwards over the first and the second half of the keys, made before the
+ * device is filled; their merge must equal the problem's reference. */
+typedef struct merge_bufs {
+  fct_problem *p;
+  fct_tensor oa, la, ob, lb, o, lse;
+} merge_bufs;
+
+static void merge_create(merge_bufs *m, fct_problem *p) {
+  fct_env *env = fct_env_get();
+  const fct_case *c = &p->c;
+  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
+  fct_tensor *o[3] = {&m->oa, &m->ob, &m->o}, *l[3] = {&m->la, &m->lb, &m->lse};
+  const int64_t half = p->Nk / 2;
+  flashcl_attention_desc desc;
+  m->p = p;
+  fct_problem_desc(p, &run, &desc);
+  for (int s = 0; s < 3; s++) {
+    fct_tensor_create(o[s], c->dtype, FCT_BNHD, p->B, p->Nq, c->heads_q, c->head_dim, 941 + 2 * s);
+    fct_tensor_create_lse(l[s], FCT_BNHD, p->B, p->Nq, c->heads_q, 942 + 2 * s);
+  }
+  for (int s = 0; s < 2; s++) {
+    flashcl_tensor k = p->k.t, v = p->v.t;
+    k.shape[1] = v.shape[1] = s ? p->Nk - half : half;
+    k.offset += (size_t)(s * half * k.stride[1]) * flashcl_dtype_size(k.dtype);
+    v.offset += (size_t)(s * half * v.stride[1]) * flashcl_dtype_size(v.dtype);
+    FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &p->q.t, &k, &v, &o[s]->t, &l[s]->t, 0, NULL, NULL),
+                     FLASHCL_SUCCESS, "the forward over key half %d", s);
+  }
+  clFinish(env->queue);
+}
+
+static void merge_release(merge_bufs *m) {
+  fct_tensor_release(&m->oa), fct_tensor_release(&m->la), fct_tensor_release(&m->ob);
+  fct_tensor_release(&m->lb), fct_tensor_release(&m->o), fct_tensor_release(&m->lse);
+}
+
+static flashcl_status merge_run(void *arg) {
+  merge_bufs *m = arg;
+  fct_env *env = fct_env_get();
+  fct_tensor_poison(&m->o), fct_tensor_poison(&m->lse);
+  const flashcl_status st =
+      flashcl_merge_states(env->ctx, &m->oa.t, &m->la.t, &m->ob.t, &m->lb.t, &m->o.t, &m->lse.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  return st;
+}
+
+static void merge_check(void *arg) {
+  merge_bufs *m = arg;
+  check_o_lse(&m->o, &m->lse, m->p->ref_o, m->p->ref_lse, "merge_states");
+}
+
+/* The forwards, the append and the merge on one full device. The decode gets
+ * a device filled again, so that it reads what the append wrote even where the
+ * append ran out of memory and was redone after the release. */
+static void inference_calls_on_full_device(fct_problem *p) {
+  const fct_case *pc = &p->c;
+  fwd_bufs fwd[2] = {{p, FLASHCL_KERNEL_PORTABLE}, {p, FLASHCL_KERNEL_AUTO}};
+  paged_bufs pg;
+  merge_bufs m;
+  filler f;
+  for (int i = 0; i < 2; i++) {
+    fct_tensor_create(&fwd[i].o, pc->dtype, FCT_BNHD, p->B, p->Nq, pc->heads_q, pc->head_dim, 951 + 2 * i);
+    fct_tensor_create_lse(&fwd[i].lse, FCT_BNHD, p->B, p->Nq, pc->heads_q, 952 + 2 * i);
+  }
+  auto_runs_tensor_cores(&fwd[1]);
+  paged_create(&pg, p);
+  merge_create(&m, p);
+  oom_case cases[5] = {
+      {"flash forward, portable kernels,", fwd_run, fwd_check, &fwd[0], {&fwd[0].o, &fwd[0].lse}},
+      {"flash forward, kernel AUTO,", fwd_run, fwd_check, &fwd[1], {&fwd[1].o, &fwd[1].lse}},
+      {"kv append into a paged cache", append_run, append_check, &pg, {&pg.kp, &pg.vp}},
+      {"merge_states", merge_run, merge_check, &m, {&m.o, &m.lse}},
+      {"split decode of the paged cache", decode_run, decode_check, &pg, {&pg.o, &pg.lse}},
+  };
+  fill_device(&f);
+  for (int i = 0; i < 4; i++) case_on_full_device(&cases[i]);
+  release_filler(&f);
+  for (int i = 0; i < 4; i++) case_after_release(&cases[i]);
+  fill_device(&f);
+  case_on_full_device(&cases[4]);
+  release_filler(&f);
+  case_after_release(&cases[4]);
+  for (int i = 0; i < 2; i++) fct_tensor_release(&fwd[i].o), fct_tensor_release(&fwd[i].lse);
+  paged_release(&pg);
+  merge_release(&m);
+}
+
 static void full_device(void **state) {
   (void)state;
   fct_env *env = fct_env_get();
@@ -251,6 +542,13 @@ static void full_device(void **state) {
   more_calls_on_full_device(&p, &dec);
   dec_check_after(&dec);
   dec_release(&dec);
+  /* Non-causal, so that every query row sees every key: the reference then
+   * also gives the merge of two key halves and a decode of one row. */
+  const fct_case small = {FLASHCL_F16, 1, 256, 256, 2, 2, 64, 0, 0.0f, FCT_BNHD, 0, 0, 0, NULL, NULL};
+  fct_problem sp;
+  fct_problem_create(&sp, &small);
+  inference_calls_on_full_device(&sp);
+  fct_problem_release(&sp);
   /* The context works again once memory is free: both algorithms, checked. */
   fct_run flash = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
   fct_run naive = {FLASHCL_ALGO_NAIVE, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
