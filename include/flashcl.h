@@ -107,7 +107,7 @@ typedef enum flashcl_dtype {
   FLASHCL_F32 = 0,
   FLASHCL_F16 = 1,  /* IEEE binary16, storage only: math is fp32 */
   FLASHCL_BF16 = 2, /* bfloat16, storage only: math is fp32 */
-  /* Quantized KV-cache formats, one byte per element, legal only as the
+  /* Quantized KV-cache formats (one byte per element; I4X2 below packs two), legal only as the
    * k_cache / v_cache dtype of flashcl_attention_decode and
    * flashcl_kv_cache_append (see "Quantized KV cache" at flashcl_decode_desc),
    * and as k / v of a forward with a paged source (flashcl_attention_desc.k_scale).
@@ -115,7 +115,12 @@ typedef enum flashcl_dtype {
    * FLASHCL_ERROR_DTYPE_MISMATCH. */
   FLASHCL_I8 = 3,     /* int8, two's complement, codes -127..127 written */
   FLASHCL_F8E4M3 = 4, /* fp8 E4M3 (OCP "FN"): bias 7, no inf, NaN S.1111.111, max 448 */
-  FLASHCL_F8E5M2 = 5  /* fp8 E5M2: bias 15, IEEE-like inf and NaN, max 57344 */
+  FLASHCL_F8E5M2 = 5, /* fp8 E5M2: bias 15, IEEE-like inf and NaN, max 57344 */
+  /* int4 codes -8..7 (two's complement; -7..7 written), two per byte: one
+   * element of the tensor is one byte holding two consecutive codes, the
+   * even one in the low nibble. A cache of it has shape[3] = head_dim / 2 and
+   * counts its strides and offset in those bytes. */
+  FLASHCL_I4X2 = 6
 } flashcl_dtype;
 
 /* Size in bytes of one element, 0 for an unknown dtype. */
@@ -489,7 +494,7 @@ typedef struct flashcl_attention_desc {
 
   /* A quantized paged K/V source (chunked prefill from a quantized cache):
    * with kv_block_table set, k and v may each be stored as FLASHCL_I8,
-   * FLASHCL_F8E4M3 or FLASHCL_F8E5M2 instead of q's dtype, with the decode
+   * FLASHCL_F8E4M3, FLASHCL_F8E5M2 or FLASHCL_I4X2 instead of q's dtype, with the decode
    * cache's codes, scale buffers and layouts (see "Quantized KV cache" at
    * flashcl_decode_desc; TOKEN and BLOCK32 rows are page * page_size + slot).
    * k_scale / v_scale are read only for a quantized side, which needs its
@@ -691,10 +696,16 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  *
  * Quantized KV cache. k_cache and v_cache may each, independently, be stored as
  * FLASHCL_I8, FLASHCL_F8E4M3 or FLASHCL_F8E5M2 (one byte per element, same (pages or
- * batch, slots, Hkv, d) views and element strides as a plain cache) instead of
+ * batch, slots, Hkv, d) views and element strides as a plain cache) or
+ * FLASHCL_I4X2 (4-bit codes, two per byte: a (pages or batch, slots, Hkv, d / 2)
+ * view of bytes, its offset and strides in bytes) instead of
  * q's dtype. Element value = (float)code * scale, in fp32, where code is:
  *   I8:     the byte as a two's-complement integer (-128..127; the append
  *           writes -127..127).
+ *   I4X2:   element 2i of a row is the low nibble of the row's byte i, 2i + 1
+ *           the high nibble, each a two's-complement integer (-8..7; the
+ *           append writes -7..7). With BLOCK32 scales this is ggml's q4_0
+ *           with its scales apart (and its nibbles in element order).
  *   F8E4M3: bits S EEEE MMM, bias 7: E = 0: (-1)^S * M/8 * 2^-6 (subnormal);
  *           else (-1)^S * (1 + M/8) * 2^(E-7); E = 15, M = 7 is NaN; no inf
  *           (largest finite 448, code 0x7e).
@@ -719,12 +730,12 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * scale fields. flashcl_kv_cache_append quantizes on write (k_new / v_new in
  * q's plain dtype, f32/f16/bf16): with TOKEN scales it first writes each new
  * row's scale = absmax / qmax, absmax = max |x| over the row's d values in
- * fp32 and qmax = 127 (I8), 448 (E4M3), 57344 (E5M2) (BLOCK32: each block's
+ * fp32 and qmax = 127 (I8), 7 (I4X2), 448 (E4M3), 57344 (E5M2) (BLOCK32: each block's
  * scale from the absmax of its 32 values); with TENSOR or HEAD
  * scales it reads the caller's scale. Each value is then coded from
  * y = x / scale (fp32): I8 rounds y to nearest, ties to even, and clamps to
- * [-127, 127] (NaN gives 0); fp8 rounds y to the nearest representable value,
- * ties to even, saturating at the largest finite value (inf too), NaN gives
+ * [-127, 127] (NaN gives 0), I4X2 likewise to [-7, 7]; fp8 rounds y to the
+ * nearest representable value, ties to even, saturating at the largest finite value (inf too), NaN gives
  * the format's NaN (0x7f / 0x7e with the sign). A scale of 0 (a row of zeros
  * under TOKEN) stores code 0 (+0) for every element of the row. Which decode
  * kernels take quantized caches, and how they dequantize: docs/inference.md,

@@ -175,7 +175,8 @@ size_t fct_dtype_size(flashcl_dtype dtype) {
     case FLASHCL_BF16: return 2;
     case FLASHCL_I8:
     case FLASHCL_F8E4M3:
-    case FLASHCL_F8E5M2: return 1; /* KV-cache codes: tests/reference_kvq.h reads them */
+    case FLASHCL_F8E5M2:
+    case FLASHCL_I4X2: return 1; /* KV-cache codes: tests/reference_kvq.h reads them */
   }
   return 0;
 }
@@ -188,6 +189,7 @@ const char *fct_dtype_str(flashcl_dtype dtype) {
     case FLASHCL_I8: return "i8";
     case FLASHCL_F8E4M3: return "f8e4m3";
     case FLASHCL_F8E5M2: return "f8e5m2";
+    case FLASHCL_I4X2: return "i4x2";
   }
   return "?";
 }

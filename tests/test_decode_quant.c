@@ -65,7 +65,7 @@ static float get_f32(const qbuf *b, size_t i) {
 static void set_f32(qbuf *b, size_t i, float f) { memcpy(b->host + 4 * i, &f, 4); }
 
 static int is_quant(flashcl_dtype t) {
-  return t == FLASHCL_I8 || t == FLASHCL_F8E4M3 || t == FLASHCL_F8E5M2;
+  return t == FLASHCL_I8 || t == FLASHCL_F8E4M3 || t == FLASHCL_F8E5M2 || t == FLASHCL_I4X2;
 }
 
 /* Steps between two floats of one sign (ulps). */
@@ -94,6 +94,7 @@ typedef struct qcase {
 #define I8 FLASHCL_I8
 #define E4 FLASHCL_F8E4M3
 #define E5 FLASHCL_F8E5M2
+#define I4 FLASHCL_I4X2
 #define TOK FLASHCL_KV_SCALE_TOKEN
 #define HEAD FLASHCL_KV_SCALE_HEAD
 #define TENS FLASHCL_KV_SCALE_TENSOR
@@ -142,6 +143,19 @@ static const qcase QCASES[] = {
      12, 1, "decode kpt=4 stages=0"},
     {"quant_k_e5m2tens_v_i8blk_contig_f32_d64_offset3", FLASHCL_F32, E5, I8, TENS, BLK, 2, 1, 4, 2, 64, {31, 58}, 0,
      2, NULL, 3},
+    /* int4, two codes a byte (q4_0-like with BLOCK32 scales): every scale
+     * kind, beside int8 / fp8 / plain sides, a cache 3 bytes into its buffer
+     * (odd addresses for the 4-byte code loads), and 4 keys per work-item;
+     * the first two are tensor-core shapes (16-bit tokens, d 128 / 64). */
+    {"quant_i4_block32_paged16_f16_d128_split3", FLASHCL_F16, I4, I4, BLK, BLK, 2, 1, 16, 4, 128, {150, 71}, 16, 3},
+    {"quant_k_i4tok_v_i4head_paged16_bf16_d64_q4", FLASHCL_BF16, I4, I4, TOK, HEAD, 2, 4, 16, 2, 64, {130, 66}, 16,
+     0},
+    {"quant_i4_token_contig_f32_d64_q2", FLASHCL_F32, I4, I4, TOK, TOK, 2, 2, 8, 2, 64, {45, 90}, 0, 2},
+    {"quant_k_i4blk_v_i8tok_paged12_bf16_d64_offset3", FLASHCL_BF16, I4, I8, BLK, TOK, 2, 1, 8, 2, 64, {33, 70}, 12, 2,
+     NULL, 3},
+    {"quant_k_f16_v_i4head_paged8_f16_d32", FLASHCL_F16, FLASHCL_F16, I4, TOK, HEAD, 2, 1, 4, 1, 32, {50, 91}, 8, 0},
+    {"quant_k_i4tens_v_e4m3blk_contig_f32_d64_kpt4", FLASHCL_F32, I4, E4, TENS, BLK, 1, 3, 8, 2, 64, {77}, 0, 2,
+     "decode kpt=4 stages=0"},
 };
 
 /* One side (K or V) of a cache: codes or plain elements, dense
@@ -163,9 +177,14 @@ typedef struct qcache {
   qside k, v;
 } qcache;
 
-/* Element x = 0 of (row, h) in a side's buffer. */
-static size_t elem_at(const qcase *c, size_t row, int h) {
-  return (row * (size_t)c->heads_kv + (size_t)h) * (size_t)c->head_dim + (size_t)c->elem_offset;
+/* A side's tensor elements per (row, kv head): d, or d / 2 bytes of int4. */
+static size_t row_elems(flashcl_dtype fmt, const qcase *c) {
+  return is_quant(fmt) ? kvq_ref_row_bytes(fmt, (size_t)c->head_dim) : (size_t)c->head_dim;
+}
+
+/* Element x = 0 of (row, h) in a side's buffer (its tensor's elements). */
+static size_t elem_at(const qside *s, const qcase *c, size_t row, int h) {
+  return (row * (size_t)c->heads_kv + (size_t)h) * row_elems(s->fmt, c) + (size_t)c->elem_offset;
 }
 
 /* Row (page * rows + slot) of sequence b's token j. */
@@ -199,7 +218,7 @@ static void side_make(qside *s, const qcache *cc, const qcase *c, flashcl_dtype 
   s->fmt = fmt;
   s->kind = kind;
   s->es = fct_dtype_size(fmt);
-  const size_t n = (size_t)cc->pages * cc->rows * c->heads_kv * c->head_dim + (size_t)c->elem_offset;
+  const size_t n = (size_t)cc->pages * cc->rows * c->heads_kv * row_elems(fmt, c) + (size_t)c->elem_offset;
   qbuf_make(&s->data, n * s->es);
   if (is_quant(fmt)) {
     memset(s->data.host, 0xff, s->data.bytes);
@@ -212,7 +231,7 @@ static void side_make(qside *s, const qcache *cc, const qcase *c, flashcl_dtype 
     for (size_t i = 0; i < ns; i++) set_f32(&s->scale, i, NAN);
   }
   FCT_CHECK(flashcl_tensor_init_bnhd(&s->t, s->data.mem, (size_t)c->elem_offset * s->es, fmt, cc->pages, cc->rows,
-                                     c->heads_kv, c->head_dim) ==
+                                     c->heads_kv, (int64_t)row_elems(fmt, c)) ==
                 FLASHCL_SUCCESS,
             "tensor init");
 }
@@ -316,7 +335,7 @@ static void side_fixed_scales(qside *s, const qcase *c, const float *vals, const
 
 /* The host writes row (b, j, h) as a backend would. */
 static void side_host_row(qside *s, const qcache *cc, const qcase *c, const float *r, int b, int j, int h) {
-  const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h);
+  const size_t row = cache_row(cc, c, b, j), at = elem_at(s, c, row, h);
   if (!is_quant(s->fmt)) {
     for (int x = 0; x < c->head_dim; x++) fct_store(s->fmt, s->data.host, at + x, r[x]);
     return;
@@ -326,7 +345,8 @@ static void side_host_row(qside *s, const qcache *cc, const qcase *c, const floa
     const size_t si = scale_index(c, s->kind, row, h, x0);
     if (s->kind == TOK || s->kind == BLK) set_f32(&s->scale, si, kvq_ref_token_scale(s->fmt, r + x0, span));
     const float sc = get_f32(&s->scale, si);
-    for (int x = x0; x < x0 + span; x++) s->data.host[at + x] = kvq_ref_encode(s->fmt, r[x], sc);
+    for (int x = x0; x < x0 + span; x++)
+      kvq_ref_put(s->fmt, s->data.host + at, (size_t)x, kvq_ref_encode(s->fmt, r[x], sc));
   }
 }
 
@@ -342,7 +362,7 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
     for (int j = c->seqlens[b] - c->q_len; j < c->seqlens[b]; j++)
       for (int h = 0; h < c->heads_kv; h++) {
         const float *r = row_of(vals, c, qv, b, j, h);
-        const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h);
+        const size_t row = cache_row(cc, c, b, j), at = elem_at(s, c, row, h);
         if (!is_quant(s->fmt)) {
           for (int x = 0; x < c->head_dim; x++)
             FCT_CHECK(fct_load(s->fmt, got, at + x) == (double)r[x], "%s %s: plain element (b %d, j %d, h %d, x %d)",
@@ -363,12 +383,12 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
             scale_inexact += du != 0;
             memcpy(s->expect_scale + 4 * si, &sc, 4);
           }
-          const uint8_t want = kvq_ref_encode(s->fmt, r[x], sc), have = got[at + x];
+          const uint8_t want = kvq_ref_encode(s->fmt, r[x], sc), have = kvq_ref_get(s->fmt, got + at, (size_t)x);
           const int dist = kvq_ref_code_distance(s->fmt, have, want);
           FCT_CHECK(dist <= 1, "%s %s: code of (b %d, j %d, h %d, x %d) = %.9g / %.9g is 0x%02x, the host's 0x%02x",
                     c->name, what, b, j, h, x, (double)r[x], (double)sc, have, want);
           off_by_one += dist != 0;
-          s->expect[at + x] = have;
+          kvq_ref_put(s->fmt, s->expect + at, (size_t)x, have);
         }
       }
   FCT_CHECK(memcmp(got, s->expect, s->data.bytes) == 0, "%s %s: the append changed bytes outside its rows", c->name,
@@ -387,9 +407,10 @@ static void side_check_append(qside *s, const qcache *cc, const qcase *c, const 
 
 /* The value the device reads at (b, j, h, x): code * scale in fp32, or the plain element. */
 static double side_value(const qside *s, const qcache *cc, const qcase *c, int b, int j, int h, int x) {
-  const size_t row = cache_row(cc, c, b, j), at = elem_at(c, row, h) + (size_t)x;
-  if (!is_quant(s->fmt)) return fct_load(s->fmt, s->data.host, at);
-  const float v = kvq_ref_decode(s->fmt, s->data.host[at]) * get_f32(&s->scale, scale_index(c, s->kind, row, h, x));
+  const size_t row = cache_row(cc, c, b, j), at = elem_at(s, c, row, h);
+  if (!is_quant(s->fmt)) return fct_load(s->fmt, s->data.host, at + (size_t)x);
+  const float v = kvq_ref_decode(s->fmt, kvq_ref_get(s->fmt, s->data.host + at, (size_t)x)) *
+                  get_f32(&s->scale, scale_index(c, s->kind, row, h, x));
   return v;
 }
 
@@ -651,10 +672,11 @@ static void one_key_call(flashcl_decode_desc *desc, cl_mem *lens, cl_mem ks, fla
 
 /* A one-key decode returns that key's V row: with V holding every code of
  * fmt under a TENSOR scale of 2, o must be each code's value times 2,
- * exactly (NaN where the code is NaN, inf where inf). */
+ * exactly (NaN where the code is NaN, inf where inf). int4: 16 bytes hold
+ * every code in either nibble (code i low, 15 - i high). */
 static void device_decodes_codes(flashcl_dtype fmt) {
   fct_env *env = fct_env_get();
-  const int d = 256;
+  const int d = fmt == I4 ? 32 : 256;
   fct_rng rng;
   fct_rng_init(&rng, fct_dtype_str(fmt));
   fct_tensor q, o, kc;
@@ -664,14 +686,15 @@ static void device_decodes_codes(flashcl_dtype fmt) {
   fct_tensor_fill_random(&q, &rng);
   fct_tensor_fill_random(&kc, &rng);
   qbuf vc, sc;
-  qbuf_make(&vc, (size_t)d);
-  for (int x = 0; x < d; x++) vc.host[x] = (unsigned char)x;
+  const size_t bytes = kvq_ref_row_bytes(fmt, (size_t)d);
+  qbuf_make(&vc, bytes);
+  for (size_t x = 0; x < bytes; x++) vc.host[x] = (unsigned char)(fmt == I4 ? x | (15 - x) << 4 : x);
   qbuf_upload(&vc);
   qbuf_make(&sc, 4);
   set_f32(&sc, 0, 2.0f);
   qbuf_upload(&sc);
   flashcl_tensor vt;
-  flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, d);
+  flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, (int64_t)bytes);
   cl_mem lens;
   flashcl_decode_desc desc;
   one_key_call(&desc, &lens, NULL, TOK, sc.mem, TENS);
@@ -680,10 +703,11 @@ static void device_decodes_codes(flashcl_dtype fmt) {
   fct_finish();
   fct_tensor_download(&o);
   for (int x = 0; x < d; x++) {
-    const float want = kvq_ref_decode(fmt, (uint8_t)x) * 2.0f;
+    const uint8_t code = kvq_ref_get(fmt, vc.host, (size_t)x);
+    const float want = kvq_ref_decode(fmt, code) * 2.0f;
     const float got = (float)fct_tensor_get(&o, 0, 0, 0, x);
     FCT_CHECK(isnan(want) ? isnan(got) : got == want, "%s code 0x%02x: the device reads %.9g, the format says %.9g",
-              fct_dtype_str(fmt), x, (double)got, (double)want);
+              fct_dtype_str(fmt), code, (double)got, (double)want);
   }
   clReleaseMemObject(lens);
   qbuf_free(&vc);
@@ -710,8 +734,12 @@ static void device_decodes_codes(flashcl_dtype fmt) {
 static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl_kv_scale vkind) {
   fct_env *env = fct_env_get();
   enum { D = 128, H = 128 };
-  /* 2^-8, 2^-10, 2^-17: |code * ks| < 0.5 */
-  const float vs = 0.125f, ks = fmt == I8 ? 0.00390625f : fmt == E4 ? 0.0009765625f : 0.00000762939453125f;
+  /* 2^-8, 2^-10, 2^-17, 2^-4: |code * ks| <= 0.5 */
+  const float vs = 0.125f, ks = fmt == I8   ? 0.00390625f
+                                : fmt == E4 ? 0.0009765625f
+                                : fmt == I4 ? 0.0625f
+                                            : 0.00000762939453125f;
+  const size_t rb = kvq_ref_row_bytes(fmt, D);
   const float scale = 0.5f;
   char what[128];
   for (int half = 0; half < 2; half++) {
@@ -726,14 +754,18 @@ static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl
     cl_int err = clEnqueueWriteBuffer(env->queue, q.t.buffer, CL_TRUE, 0, q.bytes, q.host, 0, NULL, NULL);
     FCT_CHECK(err == CL_SUCCESS, "clEnqueueWriteBuffer: %d", (int)err);
     qbuf kc, vc, ksc, vsc;
-    qbuf_make(&kc, D);
-    qbuf_make(&vc, D);
+    qbuf_make(&kc, rb);
+    qbuf_make(&vc, rb);
     float kval[D];
+    uint8_t vcode[D], kcode[D];
     for (int x = 0; x < D; x++) {
-      const uint8_t c = (uint8_t)(128 * half + x);
-      vc.host[x] = c;
-      kc.host[x] = isfinite(kvq_ref_decode(fmt, c)) ? c : 0;
-      kval[x] = kvq_ref_decode(fmt, kc.host[x]);
+      /* int4: the 16 codes eight times, in the other order in the second call */
+      const uint8_t c = (uint8_t)(fmt == I4 ? (half ? 15 - x % 16 : x % 16) : 128 * half + x);
+      vcode[x] = c;
+      kcode[x] = isfinite(kvq_ref_decode(fmt, c)) ? c : 0;
+      kval[x] = kvq_ref_decode(fmt, kcode[x]);
+      kvq_ref_put(fmt, vc.host, (size_t)x, vcode[x]);
+      kvq_ref_put(fmt, kc.host, (size_t)x, kcode[x]);
     }
     qbuf_make(&ksc, 4);
     qbuf_make(&vsc, 4);
@@ -744,8 +776,8 @@ static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl
     qbuf_upload(&ksc);
     qbuf_upload(&vsc);
     flashcl_tensor kt, vt;
-    flashcl_tensor_init_bnhd(&kt, kc.mem, 0, fmt, 1, 1, 1, D);
-    flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, D);
+    flashcl_tensor_init_bnhd(&kt, kc.mem, 0, fmt, 1, 1, 1, (int64_t)rb);
+    flashcl_tensor_init_bnhd(&vt, vc.mem, 0, fmt, 1, 1, 1, (int64_t)rb);
     cl_mem lens;
     flashcl_decode_desc desc;
     one_key_call(&desc, &lens, ksc.mem, kkind, vsc.mem, vkind);
@@ -762,17 +794,17 @@ static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl
     int bad = 0;
     for (int h = 0; h < H && bad < 4; h++) {
       for (int x = 0; x < D && bad < 4; x++) {
-        const float want = kvq_ref_decode(fmt, vc.host[x]) * vs, got = (float)fct_tensor_get(&o, 0, 0, h, x);
+        const float want = kvq_ref_decode(fmt, vcode[x]) * vs, got = (float)fct_tensor_get(&o, 0, 0, h, x);
         if (isnan(want) ? !isnan(got) : got != want) {
           bad++;
           print_message("  %s %s V code 0x%02x (head %d, %s): o %.9g, the format says %.9g\n", fct_dtype_str(fmt),
-                        cfg.kernel, vc.host[x], h, vkind == TOK ? "TOKEN" : "TENSOR", (double)got, (double)want);
+                        cfg.kernel, vcode[x], h, vkind == TOK ? "TOKEN" : "TENSOR", (double)got, (double)want);
         }
       }
       const double want = (double)kval[h] * ks * scale, got = fct_tensor_get(&lse, 0, 0, h, 0);
       if (!(fabs(got - want) <= 1e-6 * fabs(want) + 1e-30)) {
         bad++;
-        print_message("  %s %s K code 0x%02x: LSE %.9g, want %.9g\n", fct_dtype_str(fmt), cfg.kernel, kc.host[h], got,
+        print_message("  %s %s K code 0x%02x: LSE %.9g, want %.9g\n", fct_dtype_str(fmt), cfg.kernel, kcode[h], got,
                       want);
       }
     }
@@ -795,7 +827,9 @@ typedef struct fmt_case {
   flashcl_dtype fmt;
   flashcl_kv_scale k2, v2;
 } fmt_case;
-static const fmt_case FMTS[3] = {{"i8", I8, HEAD, TENS}, {"e4m3", E4, TENS, HEAD}, {"e5m2", E5, HEAD, TENS}};
+enum { NFMT = 4 };
+static const fmt_case FMTS[NFMT] = {
+    {"i8", I8, HEAD, TENS}, {"e4m3", E4, TENS, HEAD}, {"e5m2", E5, HEAD, TENS}, {"i4x2", I4, TENS, HEAD}};
 
 static void test_mma_codes(void **state) {
   const fmt_case *f = (const fmt_case *)*state;
@@ -852,14 +886,14 @@ static void device_encodes(flashcl_dtype fmt) {
                     CL_SUCCESS,
             "upload");
   qbuf kc, sc;
-  qbuf_make(&kc, (size_t)T * d);
+  qbuf_make(&kc, (size_t)T * kvq_ref_row_bytes(fmt, (size_t)d));
   memset(kc.host, 0xff, kc.bytes);
   qbuf_upload(&kc);
   qbuf_make(&sc, 4);
   set_f32(&sc, 0, 0.5f);
   qbuf_upload(&sc);
   flashcl_tensor kt;
-  flashcl_tensor_init_bnhd(&kt, kc.mem, 0, fmt, 1, T, 1, d);
+  flashcl_tensor_init_bnhd(&kt, kc.mem, 0, fmt, 1, T, 1, (int64_t)kvq_ref_row_bytes(fmt, (size_t)d));
   const int32_t zero = 0;
   cl_mem lens = fct_create_buffer(4, &zero);
   flashcl_decode_desc desc;
@@ -872,13 +906,14 @@ static void device_encodes(flashcl_dtype fmt) {
   unsigned char *got = malloc(kc.bytes);
   qbuf_download(&kc, got);
   for (int i = 0; i < T * d; i++) {
-    const uint8_t want = kvq_ref_encode(fmt, probe[i], 0.5f);
-    if (isnan(probe[i]) && fmt != I8) { /* the sign of a NaN quotient is not defined */
-      FCT_CHECK(isnan(kvq_ref_decode(fmt, got[i])), "%s: NaN encodes as 0x%02x", fct_dtype_str(fmt), got[i]);
+    /* Rows are dense, so element i of the flat probe list is code i. */
+    const uint8_t want = kvq_ref_encode(fmt, probe[i], 0.5f), have = kvq_ref_get(fmt, got, (size_t)i);
+    if (isnan(probe[i]) && fmt != I8 && fmt != I4) { /* the sign of a NaN quotient is not defined */
+      FCT_CHECK(isnan(kvq_ref_decode(fmt, have)), "%s: NaN encodes as 0x%02x", fct_dtype_str(fmt), have);
       continue;
     }
-    FCT_CHECK(got[i] == want, "%s: %.9g / 0.5 encodes as 0x%02x on the device, 0x%02x on the host", fct_dtype_str(fmt),
-              (double)probe[i], got[i], want);
+    FCT_CHECK(have == want, "%s: %.9g / 0.5 encodes as 0x%02x on the device, 0x%02x on the host", fct_dtype_str(fmt),
+              (double)probe[i], have, want);
   }
   fct_tensor_download(&vc);
   FCT_CHECK(memcmp(vc.host, probe, vc.bytes) == 0, "the plain V side is not a bit-exact copy");
@@ -1076,8 +1111,8 @@ static void test_quant_errors(void **state) {
   }
   FCT_CHECK(strcmp(flashcl_dtype_name(I8), "i8") == 0 && strcmp(flashcl_dtype_name(E4), "f8e4m3") == 0 &&
                 strcmp(flashcl_dtype_name(E5), "f8e5m2") == 0 && flashcl_dtype_size(I8) == 1 &&
-                flashcl_dtype_size(E4) == 1 && flashcl_dtype_size(E5) == 1 &&
-                flashcl_dtype_size((flashcl_dtype)6) == 0,
+                flashcl_dtype_size(E4) == 1 && flashcl_dtype_size(E5) == 1 && strcmp(flashcl_dtype_name(I4), "i4x2") == 0 &&
+                flashcl_dtype_size(I4) == 1 && flashcl_dtype_size((flashcl_dtype)7) == 0,
             "dtype names and sizes");
   {
     flashcl_decode_desc dd;
@@ -1093,14 +1128,14 @@ static void test_quant_errors(void **state) {
 
 int main(void) {
   enum { NQ = sizeof QCASES / sizeof QCASES[0] };
-  struct CMUnitTest tests[NQ + 11];
+  struct CMUnitTest tests[NQ + 3 * NFMT + 2];
   size_t n = 0;
   tests[n++] = (struct CMUnitTest){"quant_host_formats", test_host_formats, NULL, NULL, NULL};
-  static char names[3][3][40];
+  static char names[3][NFMT][40];
   static const char *const kinds[3] = {"quant_device_decode_", "quant_kernel_codes_", "quant_device_encode_"};
   void (*const funcs[3])(void **) = {test_device_decode, test_mma_codes, test_device_encode};
   for (int k = 0; k < 3; k++)
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NFMT; i++) {
       snprintf(names[k][i], sizeof names[k][i], "%s%s", kinds[k], FMTS[i].name);
       tests[n++] = (struct CMUnitTest){names[k][i], funcs[k], NULL, NULL, (void *)&FMTS[i]};
     }

@@ -440,7 +440,7 @@ static void mutate_tensor(fz_case *c, fz_tensor *ft, const flashcl_tensor **ptr,
     }
     case 3: /* dtype */
     {
-      static const int dts[] = {-1, 6, 7, INT_MAX, INT_MIN, 0, 1, 2}; /* 3-5: the KV-cache formats */
+      static const int dts[] = {-1, 7, 8, INT_MAX, INT_MIN, 0, 1, 2}; /* 3-6: the KV-cache formats */
       int d = dts[rbelow(&c->r, 8)];
       clog_(c, "%s.dtype = %d", name, d);
       if (d == (int)t->dtype) break;

@@ -645,7 +645,7 @@ static void test_family_case(void **state) {
 
 /* ---- a quantized paged source (desc.k_scale / v_scale) ---- */
 
-/* One pool side: fmt FLASHCL_I8 / F8E4M3 / F8E5M2 with scales of `kind`, or
+/* One pool side: fmt FLASHCL_I8 / F8E4M3 / F8E5M2 / I4X2 with scales of `kind`, or
  * plain (fmt = q's dtype). */
 typedef struct pq_case {
   const char *name;
@@ -706,16 +706,19 @@ static void pq_pool_build(pq_pool *pp, const pp_cache *c, const fct_tensor *src,
                                                          : kvq_ref_token_scale(fmt, row + e, 32);
         scale[pq_scale_index(kind, r, hkv, h, d, e)] = s;
       }
-  contiguous_tensor(&pp->codes, fmt, c->num_pages, ps, hkv, d);
+  /* int4: a row is d / 2 bytes of two codes each */
+  const size_t rb = kvq_ref_row_bytes(fmt, (size_t)d);
+  contiguous_tensor(&pp->codes, fmt, c->num_pages, ps, hkv, (int)rb);
   uint8_t *codes = pp->codes.host;
   pp->deq = malloc(sizeof *pp->deq * n);
   for (size_t r = 0; r < rows; r++)
     for (int h = 0; h < hkv; h++)
       for (int e = 0; e < d; e++) {
         const size_t i = (r * (size_t)hkv + (size_t)h) * (size_t)d + (size_t)e;
+        uint8_t *row = codes + (r * (size_t)hkv + (size_t)h) * rb;
         const float s = scale[pq_scale_index(kind, r, hkv, h, d, e)];
-        codes[i] = used[r] ? kvq_ref_encode(fmt, x[i], s) : 0xff;
-        pp->deq[i] = used[r] ? (double)kvq_ref_decode(fmt, codes[i]) * (double)s : NAN;
+        kvq_ref_put(fmt, row, (size_t)e, used[r] ? kvq_ref_encode(fmt, x[i], s) : 0xff);
+        pp->deq[i] = used[r] ? (double)kvq_ref_decode(fmt, kvq_ref_get(fmt, row, (size_t)e)) * (double)s : NAN;
       }
   upload(&pp->codes);
   pp->scale = fct_create_buffer(sizeof *scale * ns, scale);
@@ -902,6 +905,22 @@ static const pq_case QUANT_CASES[] = {
      FLASHCL_KV_SCALE_HEAD, 0, FLASH, 0, FLASHCL_KERNEL_AUTO, 64, NULL, 4.0f, 37},
     {"paged_quant_f16_softcap_window_gpu_map_k_e4m3_token_v_i8_token", FLASHCL_F16, FLASHCL_F8E4M3, FLASHCL_I8, TOK,
      TOK, 1, FLASH, 0, FLASHCL_KERNEL_AUTO, 64, NULL, 4.0f, 37},
+    /* int4 pools (two codes a byte): both mappings, the naive path, and V
+     * with a head dim of its own. */
+    {"paged_quant_f16_k_i4_block32_v_i4_token", FLASHCL_F16, FLASHCL_I4X2, FLASHCL_I4X2, BLK, TOK, 0, FLASH},
+    {"paged_quant_bf16_k_i4_head_v_i8_block32_gpu_map", FLASHCL_BF16, FLASHCL_I4X2, FLASHCL_I8,
+     FLASHCL_KV_SCALE_HEAD, BLK, 1, FLASH},
+    {"paged_quant_naive_f32_k_i4_block32_v_i4_tensor", FLASHCL_F32, FLASHCL_I4X2, FLASHCL_I4X2, BLK,
+     FLASHCL_KV_SCALE_TENSOR, 0, FLASHCL_ALGO_NAIVE},
+    {"paged_quant_f32_dv32_k_e4m3_token_v_i4_block32", FLASHCL_F32, FLASHCL_F8E4M3, FLASHCL_I4X2, TOK, BLK, 0, FLASH,
+     32},
+    /* int4 on the tensor-core forward: codes under one scale, code * scale
+     * under row scales, one K/V stage at d = 80 (40-byte rows). */
+    {"paged_quant_mma_f16_d128_k_i4_block32_v_i4_head", FLASHCL_F16, FLASHCL_I4X2, FLASHCL_I4X2, BLK,
+     FLASHCL_KV_SCALE_HEAD, 0, FLASH, 0, MMA, 128},
+    {"paged_quant_mma_bf16_k_i4_token_v_plain", FLASHCL_BF16, FLASHCL_I4X2, FLASHCL_BF16, TOK, TOK, 0, FLASH, 0, MMA},
+    {"paged_quant_mma_f16_d80_one_stage_k_e5m2_tensor_v_i4_token", FLASHCL_F16, FLASHCL_F8E5M2, FLASHCL_I4X2,
+     FLASHCL_KV_SCALE_TENSOR, TOK, 0, FLASH, 0, MMA, 80, "mma_fwd kv_stages=1"},
 };
 #undef FLASH
 #undef TOK

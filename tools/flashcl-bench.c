@@ -117,7 +117,7 @@ static const char usage_text[] =
 
     "  --q-len T            --decode: new tokens per sequence (default 1, at most 16)\n"
     "  --kv-dtype LIST      --decode: the caches' storage, same (--dtype's; the default), i8,\n"
-    "                       f8e4m3, f8e5m2 (quantized; fp32 scales as --kv-scale says);\n"
+    "                       f8e4m3, f8e5m2, i4x2 (quantized; fp32 scales as --kv-scale says);\n"
     "                       the dtype column then reads e.g. f16/i8, and GB/s counts codes\n"
     "                       and scales. With --page-size and no --decode, one format for\n"
     "                       the paged forward's K and V pools (random codes, scales 1/64)\n"
@@ -237,7 +237,7 @@ static int parse_kv_scale(const char *text, void *dest) {
   return -1;
 }
 
-/* --kv-dtype: "same" (the --dtype), i8, f8e4m3, f8e5m2. */
+/* --kv-dtype: "same" (the --dtype), i8, f8e4m3, f8e5m2, i4x2. */
 static int parse_kv_dtype_list(const char *text, void *dest) {
   tools_list *out = (tools_list *)dest;
   char buf[256];
@@ -247,7 +247,7 @@ static int parse_kv_dtype_list(const char *text, void *dest) {
     long v = -2;
     if (!strcmp(tok, "same")) v = -1;
     else
-      for (int dt = FLASHCL_I8; dt <= FLASHCL_F8E5M2; ++dt)
+      for (int dt = FLASHCL_I8; dt <= FLASHCL_I4X2; ++dt)
         if (!strcmp(tok, flashcl_dtype_name((flashcl_dtype)dt))) v = dt;
     if (v == -2 || out->count >= TOOLS_MAX_LIST) return -1;
     out->v[out->count++] = v;
@@ -451,8 +451,9 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
   b->o_count = (size_t)batch * (size_t)n * (size_t)heads * (size_t)dv;
   b->v_count = (size_t)batch * (size_t)n * (size_t)heads_kv * (size_t)dv;
   const int pool_fmt = fwd_pool_format(o);
-  /* Quantized pools: one byte per K/V element (their scales are not counted). */
-  b->fwd_io = (b->q_count + b->o_count) * esize + (b->kv_count + b->v_count) * (pool_fmt >= 0 ? 1 : esize);
+  /* Quantized pools: one byte per K/V element, half for i4x2 (their scales are not counted). */
+  const size_t pack = pool_fmt == FLASHCL_I4X2 ? 2 : 1;
+  b->fwd_io = (b->q_count + b->o_count) * esize + (b->kv_count + b->v_count) * (pool_fmt >= 0 ? 1 : esize) / pack;
   b->bwd_io = (2 * (b->q_count + b->kv_count + b->v_count + b->o_count)) * esize + lse_bytes;
   if ((cl_ulong)(o->bwd ? b->bwd_io : b->fwd_io) > info->global_mem_size ||
       (cl_ulong)((b->q_count > b->o_count ? b->q_count : b->o_count) * esize) > info->max_mem_alloc_size)
@@ -476,9 +477,9 @@ static int alloc_bufs(flashcl_context *ctx, const bench_opts *o, const flashcl_d
   if (o->page_size) { /* k and v as page pools: sequence b owns pages [b * n / P, (b + 1) * n / P) */
     const flashcl_dtype pdt = pool_fmt >= 0 ? (flashcl_dtype)pool_fmt : dtype;
     st = flashcl_tensor_init_bnhd(&b->kp, b->mem[pool_fmt >= 0 ? 14 : 1], 0, pdt, batch * b->pages_per_seq,
-                                  o->page_size, heads_kv, d);
+                                  o->page_size, heads_kv, d / (long)pack);
     if (!st) st = flashcl_tensor_init_bnhd(&b->vp, b->mem[pool_fmt >= 0 ? 15 : 2], 0, pdt, batch * b->pages_per_seq,
-                                           o->page_size, heads_kv, dv);
+                                           o->page_size, heads_kv, dv / (long)pack);
   }
   if (!st) st = init(&b->q, b->mem[0], 0, dtype, batch, n, heads, d);
   if (!st) st = init(&b->k, b->mem[1], 0, dtype, batch, n, heads_kv, d);
@@ -698,7 +699,8 @@ typedef struct decode_shape {
   char dname[24]; /* "d", or "d/dv" with --head-dim-v */
   long d, dv, b, n, T, hq, hkv;
   long P, pages_per, rows; /* page size (0: contiguous), pages per sequence, cache tokens */
-  size_t es, kv_elems, kv_elems_v, kv_read;
+  size_t es, kv_elems, kv_elems_v, kv_read; /* kv_elems*: the caches' tensor elements */
+  long pack;                                  /* cache values per tensor element: 2 for i4x2 */
   uint64_t seed;
 } decode_shape;
 
@@ -725,18 +727,19 @@ static decode_shape make_decode_shape(const bench_opts *o, flashcl_dtype dt, lon
   snprintf(s.dtname, sizeof s.dtname, "%s%s%s%s%s", flashcl_dtype_name(dt), s.quant ? "/" : "",
            s.quant ? flashcl_dtype_name(s.kvt) : "", named ? ":" : "", named ? kv_scale_names[o->kv_scale] : "");
   s.es = flashcl_dtype_size(s.kvt);
+  s.pack = s.kvt == FLASHCL_I4X2 ? 2 : 1;
   s.P = o->page_size;
   s.pages_per = s.P ? (n + s.P - 1) / s.P : 0;
   s.rows = s.P ? b * s.pages_per * s.P : b * n;
   /* With a left window a call reads only the window's keys (and the new tokens). */
   const long n_read = o->window >= 0 && o->window + s.T < n ? o->window + s.T : n;
-  s.kv_elems = (size_t)s.rows * hkv * d;
-  s.kv_elems_v = (size_t)s.rows * hkv * s.dv;
+  s.kv_elems = (size_t)s.rows * hkv * d / s.pack;
+  s.kv_elems_v = (size_t)s.rows * hkv * s.dv / s.pack;
   /* Scales read with each row: TOKEN's one, BLOCK32's d / 32 (K) and dv / 32 (V). */
   const int tok = s.quant && o->kv_scale == FLASHCL_KV_SCALE_TOKEN, blk = s.quant && o->kv_scale == FLASHCL_KV_SCALE_BLOCK32;
   s.row_scales = tok ? 1 : blk ? d / 32 : 0;
   const long v_scales = tok ? 1 : blk ? s.dv / 32 : 0;
-  s.kv_read = (size_t)b * n_read * hkv * ((d + s.dv) * s.es + (s.row_scales + v_scales) * sizeof(float));
+  s.kv_read = (size_t)b * n_read * hkv * ((d + s.dv) * s.es / s.pack + (s.row_scales + v_scales) * sizeof(float));
   s.seed = 7 + (uint64_t)li;
   return s;
 }
@@ -848,8 +851,8 @@ static int decode_fill(cl_command_queue queue, const decode_shape *s, const deco
 static int decode_tensors(const decode_shape *s, decode_bufs *u) {
   const long seqs = s->P ? s->b * s->pages_per : s->b, len = s->P ? s->P : s->n;
   int st = flashcl_tensor_init_bnhd(&u->q, u->mem[0], 0, s->dt, s->b, s->T, s->hq, s->d);
-  if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->kvt, seqs, len, s->hkv, s->d);
-  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->kvt, seqs, len, s->hkv, s->dv);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->kc, u->mem[1], 0, s->kvt, seqs, len, s->hkv, s->d / s->pack);
+  if (!st) st = flashcl_tensor_init_bnhd(&u->vc, u->mem[2], 0, s->kvt, seqs, len, s->hkv, s->dv / s->pack);
   if (!st) st = flashcl_tensor_init_bnhd(&u->out, u->mem[3], 0, s->dt, s->b, s->T, s->hq, s->dv);
   if (!st) st = flashcl_tensor_init_lse(&u->lse, u->mem[4], 0, s->b, s->T, s->hq);
   return st;

@@ -5,17 +5,23 @@
  * host joins it in front of each kernel file that declares
  * "requires: kv_quant.cl"; tests/reference_kvq.c is its host copy.
  *
- * Formats (the flashcl_dtype values, one byte per element):
+ * Formats (the flashcl_dtype values, one byte per element but for KVQ_I4):
  *   KVQ_I8   (3) two's-complement int8;
  *   KVQ_E4M3 (4) fp8 S.EEEE.MMM, bias 7, subnormals, no inf, NaN S.1111.111,
  *                largest finite 448 (0x7e);
  *   KVQ_E5M2 (5) fp8 S.EEEEE.MM, bias 15 (binary16's top byte): subnormals,
- *                inf (E = 31, M = 0) and NaN, largest finite 57344 (0x7b).
+ *                inf (E = 31, M = 0) and NaN, largest finite 57344 (0x7b);
+ *   KVQ_I4   (6) two's-complement int4, two per byte (FLASHCL_I4X2): element
+ *                2i of a row in the low nibble of the row's byte i, 2i + 1 in
+ *                the high one. A cache of it counts bytes in its strides and
+ *                last dimension (d / 2 of them per row), so the host's tensor
+ *                machinery stays byte-sized; only the code index halves.
  * Decoding is integer bit manipulation into fp32 (no fp8 hardware, and no
  * fp32 subnormals, which some devices flush). A value is code * scale.
  *
  * Encoding of x with scale s: y = x / s in fp32; s == 0 gives code 0. I8
- * rounds y to nearest even and clamps to [-127, 127] (NaN: 0); fp8 rounds
+ * rounds y to nearest even and clamps to [-127, 127] (NaN: 0), I4 likewise
+ * to [-7, 7] (symmetric, as I8: -8 decodes but is never written); fp8 rounds
  * |y| to the nearest representable magnitude, ties to even, and saturates at
  * the largest finite one (inf included), NaN keeps its sign and becomes the
  * format's NaN (E4M3 0x7f, E5M2 0x7e).
@@ -38,6 +44,7 @@
 #define KVQ_I8 3
 #define KVQ_E4M3 4
 #define KVQ_E5M2 5
+#define KVQ_I4 6
 #define KVQ_SCALE_TOKEN 0
 #define KVQ_SCALE_HEAD 1
 #define KVQ_SCALE_TENSOR 2
@@ -57,7 +64,11 @@
 #endif
 
 /* The largest code magnitude: TOKEN scales are absmax / kvq_qmax. */
-inline float kvq_qmax(int fmt) { return fmt == KVQ_I8 ? 127.0f : fmt == KVQ_E4M3 ? 448.0f : 57344.0f; }
+inline float kvq_qmax(int fmt) {
+  return fmt == KVQ_I8 ? 127.0f : fmt == KVQ_I4 ? 7.0f : fmt == KVQ_E4M3 ? 448.0f : 57344.0f;
+}
+/* Code bytes per 8 elements of a row: 4 for KVQ_I4, else 8. */
+#define KVQ_BYTES8(fmt) ((fmt) == KVQ_I4 ? 4 : 8)
 
 /* Index of the scale of element e of kv head h at cache row `row` (d elements
  * per row) in a scale buffer of this kind. */
@@ -88,9 +99,19 @@ inline float8 kvq_e5m2x8_to_float8(uchar8 b) {
   return as_float8(as_uint8(mag) | ((u & 0x80u) << 24));
 }
 
-/* Eight codes of format fmt as fp32 (not yet scaled). */
+/* Eight int4 codes (four bytes, low nibble first) as fp32: (n ^ 8) - 8 is
+ * nibble n as a two's-complement value. */
+inline float8 kvq_i4x8_to_float8(uchar4 b) {
+  const int4 w = convert_int4(b);
+  const float4 lo = convert_float4(((w & 15) ^ 8) - 8), hi = convert_float4(((w >> 4) ^ 8) - 8);
+  return (float8)(lo.s0, hi.s0, lo.s1, hi.s1, lo.s2, hi.s2, lo.s3, hi.s3);
+}
+
+/* Eight codes of format fmt as fp32 (not yet scaled); for KVQ_I4, b.lo holds
+ * the four bytes of the eight codes. */
 inline float8 kvq_decode8(uchar8 b, int fmt) {
   if (fmt == KVQ_I8) return convert_float8(as_char8(b));
+  if (fmt == KVQ_I4) return kvq_i4x8_to_float8(b.lo);
   return fmt == KVQ_E4M3 ? kvq_e4m3x8_to_float8(b) : kvq_e5m2x8_to_float8(b);
 }
 
@@ -118,13 +139,21 @@ inline uchar kvq_fp8_encode(float y, int fmt) {
   return (uchar)(sign | min(c, maxc));
 }
 
-/* Four values of a quantized cache: the codes at p[i .. i + 3], elements e ..
- * e + 3 (e a multiple of 4) of kv head h's row `row` (d elements), scaled. */
+/* Four values of a quantized cache: elements e .. e + 3 (e a multiple of 4)
+ * of kv head h's row `row` (d elements), scaled. i is where element e's code
+ * would be at one byte per element (the row's start + e): the codes are at
+ * p[i .. i + 3], or for KVQ_I4 in the two bytes from p[i - e / 2]. */
 inline float4 kvq_load4(__global const uchar *p, long i, __global const float *scale, int fmt, int kind, long row,
                         int heads_kv, int h, int d, int e) {
-  const uchar4 b = vload4(0, p + i);
   /* Element by element, not (uchar8)(b, (uchar4)(0)): see decode.cl's Q load. */
-  const uchar8 b8 = (uchar8)(b.s0, b.s1, b.s2, b.s3, 0, 0, 0, 0);
+  uchar8 b8;
+  if (fmt == KVQ_I4) {
+    const uchar2 b = vload2(0, p + i - e / 2);
+    b8 = (uchar8)(b.s0, b.s1, 0, 0, 0, 0, 0, 0);
+  } else {
+    const uchar4 b = vload4(0, p + i);
+    b8 = (uchar8)(b.s0, b.s1, b.s2, b.s3, 0, 0, 0, 0);
+  }
   return kvq_decode8(b8, fmt).lo * scale[kvq_scale_index(kind, row, heads_kv, h, d, e)];
 }
 
@@ -133,6 +162,8 @@ inline uchar kvq_encode(float x, float s, int fmt) {
   if (s == 0.0f) return 0;
   const float y = x / s;
   if (fmt == KVQ_I8) return isnan(y) ? (uchar)0 : as_uchar((char)(int)clamp(rint(y), -127.0f, 127.0f));
+  /* I4: the low nibble holds the code; the caller packs two per byte. */
+  if (fmt == KVQ_I4) return isnan(y) ? (uchar)0 : (uchar)((int)clamp(rint(y), -7.0f, 7.0f) & 15);
   return kvq_fp8_encode(y, fmt);
 }
 

@@ -61,7 +61,8 @@
  *
  * Quantized caches (K_DTYPE / V_DTYPE one of kv_quant.cl's formats, each side on
  *   its own): the work-item's 8 codes of a key row are loaded as a uchar8 (8
- *   bytes, any alignment) and dequantized on the conversion to fp32, times the
+ *   bytes, any alignment; KVQ_I4: a uchar4 at half the offset, as the cache
+ *   counts bytes) and dequantized on the conversion to fp32, times the
  *   row's scale: K_SCALE / V_SCALE KVQ_SCALE_TENSOR or _HEAD read it once per
  *   work-group, _TOKEN with the row (index (page * rows_per_page + slot) *
  *   heads_kv + hk, rows_per_page = page_size, or capacity when contiguous),
@@ -96,7 +97,7 @@
  *   path; >= 2 needs USE_PTX = 1, i.e. the program
  *   "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl"), WINDOW, SOFTCAP,
  *   ALIBI, SINKS (0 or 1: the score variants above), K_DTYPE, V_DTYPE (the caches'
- *   storage: DTYPE, or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2), K_SCALE, V_SCALE (their
+ *   storage: DTYPE, or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2 / KVQ_I4), K_SCALE, V_SCALE (their
  *   KVQ_SCALE_* layouts; ignored for a plain cache).
  *
  * requires: dtype.cl kv_quant.cl score_variant.cl
@@ -202,7 +203,7 @@
 #if ASYNC_STAGES && (ASYNC_STAGES < 2 || !USE_PTX || DTYPE == 0 || !VEC_ALIGNED || K_QUANT || V_QUANT)
 #error "ASYNC_STAGES needs >= 2 stages, USE_PTX = 1, a 16-bit DTYPE, VEC_ALIGNED = 1 and plain caches"
 #endif
-#if (K_QUANT && (K_DTYPE < KVQ_I8 || K_DTYPE > KVQ_E5M2)) || (V_QUANT && (V_DTYPE < KVQ_I8 || V_DTYPE > KVQ_E5M2))
+#if (K_QUANT && (K_DTYPE < KVQ_I8 || K_DTYPE > KVQ_I4)) || (V_QUANT && (V_DTYPE < KVQ_I8 || V_DTYPE > KVQ_I4))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
 #endif
 #if (HEAD_DIM % 32 && K_QUANT && K_SCALE == KVQ_SCALE_BLOCK32) || (HEAD_DIM_V % 32 && V_QUANT && V_SCALE == KVQ_SCALE_BLOCK32)
@@ -235,8 +236,15 @@ inline float8 raw_cvt8(ushort8 x) { return as_float8(convert_uint8(x) << 16); }
 #endif
 
 /* A cache's rows as loaded (k*_t) and their element type: the plain raw8_t, or
- * 8 codes of a quantized format. *_CVT8 gives fp32 before the scale. */
-#if K_QUANT
+ * 8 codes of a quantized format. *_CVT8 gives fp32 before the scale. *_STEP8:
+ * how far the index moves per 8 elements of a row (4 bytes for int4). */
+#if K_QUANT && K_DTYPE == KVQ_I4
+typedef uchar kstore_t;
+typedef uchar4 kraw8_t;
+#define K_LOAD8(p, i) vload4(0, (p) + (i))
+#define K_ZERO8 ((uchar4)(0))
+#define K_CVT8(x) kvq_i4x8_to_float8(x)
+#elif K_QUANT
 typedef uchar kstore_t;
 typedef uchar8 kraw8_t;
 #define K_LOAD8(p, i) vload8(0, (p) + (i))
@@ -249,7 +257,13 @@ typedef raw8_t kraw8_t;
 #define K_ZERO8 RAW_ZERO8
 #define K_CVT8(x) RAW_CVT8(x)
 #endif
-#if V_QUANT
+#if V_QUANT && V_DTYPE == KVQ_I4
+typedef uchar vstore_t;
+typedef uchar4 vraw8_t;
+#define V_LOAD8(p, i) vload4(0, (p) + (i))
+#define V_ZERO8 ((uchar4)(0))
+#define V_CVT8(x) kvq_i4x8_to_float8(x)
+#elif V_QUANT
 typedef uchar vstore_t;
 typedef uchar8 vraw8_t;
 #define V_LOAD8(p, i) vload8(0, (p) + (i))
@@ -261,6 +275,17 @@ typedef raw8_t vraw8_t;
 #define V_LOAD8(p, i) RAW_LOAD8(p, i)
 #define V_ZERO8 RAW_ZERO8
 #define V_CVT8(x) RAW_CVT8(x)
+#endif
+
+#if K_QUANT && K_DTYPE == KVQ_I4
+#define K_STEP8 4
+#else
+#define K_STEP8 8
+#endif
+#if V_QUANT && V_DTYPE == KVQ_I4
+#define V_STEP8 4
+#else
+#define V_STEP8 8
 #endif
 
 inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
@@ -301,7 +326,7 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
 /* SC[u] receives the row's scale where ROWSCALE (TOKEN scales), from SCL; 0
  * past kend, where a stale or unset scale could be inf and turn the zero
  * codes into NaN. */
-#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, KIND, D, XOK, SCL, PTR, OFF, SB, SN, SH, KB, TPG)     \
+#define LOAD_ROWS(R, SC, LD, Z, ROWSCALE, KIND, D, XOK, SCL, PTR, OFF, SB, SN, SH, KB, TPG, STEP) \
   for (int u = 0; u < KPT; u++) {                                                              \
     const int j = (KB) + u * KG + kg;                                                          \
     R[u] = Z;                                                                                  \
@@ -309,15 +334,16 @@ inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi)
     if (j < kend && (XOK)) {                                                                   \
       int pg_, sl_;                                                                            \
       KEY_ROW(j, pg_, sl_, TPG);                                                               \
-      R[u] = LD(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + 8 * x);                             \
+      R[u] = LD(PTR, OFF + pg_ * SB + sl_ * SN + hk * SH + (STEP) * x);                        \
       if (ROWSCALE) SC[u] = SCL[kvq_scale_index(KIND, (long)pg_ * srows + sl_, heads_kv, hk, D, 8 * x)]; \
     }                                                                                          \
   }
 #define LOAD_K(R, SC, KB, TPG) \
-  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, K_SCALE, HEAD_DIM, 1, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG)
+  LOAD_ROWS(R, SC, K_LOAD8, K_ZERO8, K_ROWSCALE, K_SCALE, HEAD_DIM, 1, k_scale, k, k_off, k_sb, k_sn, k_sh, KB, TPG, \
+            K_STEP8)
 #define LOAD_V(R, SC, KB, TPG) \
   LOAD_ROWS(R, SC, V_LOAD8, V_ZERO8, V_ROWSCALE, V_SCALE, HEAD_DIM_V, x < TPV, v_scale, v, v_off, v_sb, v_sn, v_sh, \
-            KB, TPG)
+            KB, TPG, V_STEP8)
 
 #if ASYNC_STAGES
 /* Copies this work-item's KPT key rows of the tile at KB into the slot at byte

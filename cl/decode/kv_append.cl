@@ -22,7 +22,7 @@
  * Parameters (-D): DTYPE (0 = fp32, 1 = fp16, 2 = bf16; storage only: the new
  * tokens' dtype), HEAD_DIM (multiple of 4), HEAD_DIM_V (v's, <= HEAD_DIM;
  * default HEAD_DIM), PAGED, K_DTYPE, V_DTYPE (the caches:
- * DTYPE or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2), K_SCALE, V_SCALE (KVQ_SCALE_* layouts).
+ * DTYPE or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2 / KVQ_I4), K_SCALE, V_SCALE (KVQ_SCALE_* layouts).
  *
  * requires: dtype.cl kv_quant.cl
  */
@@ -77,8 +77,8 @@ __kernel void kv_append(__global const raw_t *kn, long kn_off, long kn_sb, long 
 }
 
 /* One row of d new values src[0..d) into cache row dst (element index, bytes
- * for a quantized format) of format fmt; scale_at: this row's slot of the
- * scale buffer. */
+ * for a quantized format, d / 2 of them for KVQ_I4) of format fmt; scale_at:
+ * this row's slot of the scale buffer. */
 inline void kv_append_row(__global const store_t *src, __global uchar *cache, long dst, int d, int fmt, int kind,
                           __global float *scales, long scale_at) {
   if (fmt == DTYPE) {
@@ -101,7 +101,12 @@ inline void kv_append_row(__global const store_t *src, __global uchar *cache, lo
     } else {
       scale = scales[scale_at];
     }
-    for (int x = x0; x < x0 + bw; x++) cache[dst + x] = kvq_encode(LOAD(src, x), scale, fmt);
+    if (fmt == KVQ_I4) /* two codes per byte, the even element low */
+      for (int x = x0; x < x0 + bw; x += 2)
+        cache[dst + x / 2] =
+            (uchar)(kvq_encode(LOAD(src, x), scale, fmt) | (kvq_encode(LOAD(src, x + 1), scale, fmt) << 4));
+    else
+      for (int x = x0; x < x0 + bw; x++) cache[dst + x] = kvq_encode(LOAD(src, x), scale, fmt);
   }
 }
 

@@ -224,7 +224,8 @@ __kernel void naive_pack_paged(__global const store_t *src, long off, long sb, l
 #ifdef KV_QUANT_CL
 /* naive_pack_paged from a pool in a quantized cache format (kv_quant.cl, joined
  * in front for such a call): element x of a row is code * its scale in fp32,
- * the scale of layout `kind` for cache row page * page_size + slot. */
+ * the scale of layout `kind` for cache row page * page_size + slot. Global
+ * (d, ...): d is the row's elements, twice the pool's bytes for int4. */
 __kernel void naive_pack_paged_q(__global const uchar *src, long off, long sb, long sn, long sh,
                                  __global float *dst, int heads, int padded, __global const int *block_table,
                                  int page_size, int max_pages, int num_pages, __global const int *kv_lens,
@@ -235,7 +236,10 @@ __kernel void naive_pack_paged_q(__global const uchar *src, long off, long sb, l
   if (n < clamp(kv_lens[s], 0, padded)) {
     const int pi = n / page_size, slot = n - pi * page_size;
     const int pg = clamp(block_table[(long)s * max_pages + pi], 0, num_pages - 1);
-    const uchar code = src[off + (long)pg * sb + (long)slot * sn + (long)h * sh + x];
+    /* int4 (two codes a byte): element x is byte x / 2's low or high nibble. */
+    const int i4 = fmt == KVQ_I4;
+    const uchar byte = src[off + (long)pg * sb + (long)slot * sn + (long)h * sh + (i4 ? x / 2 : x)];
+    const uchar code = i4 ? (uchar)((x & 1) ? byte >> 4 : byte & 15) : byte;
     const long row = (long)pg * page_size + slot;
     val = kvq_decode8((uchar8)(code), fmt).s0 *
           scale[kvq_scale_index(kind, row, heads, h, (int)get_global_size(0), x)];

@@ -109,8 +109,19 @@
 #else
 #define V_Q 0
 #endif
-#if (K_Q && (K_DTYPE < 3 || K_DTYPE > 5)) || (V_Q && (V_DTYPE < 3 || V_DTYPE > 5))
+#if (K_Q && (K_DTYPE < KVQ_I8 || K_DTYPE > KVQ_I4)) || (V_Q && (V_DTYPE < KVQ_I8 || V_DTYPE > KVQ_I4))
 #error "K_DTYPE / V_DTYPE: DTYPE or a kv_quant.cl format"
+#endif
+/* int4 sides: rows of HEAD_DIM / 2 bytes. */
+#if K_Q && K_DTYPE == KVQ_I4
+#define K_I4 1
+#else
+#define K_I4 0
+#endif
+#if V_Q && V_DTYPE == KVQ_I4
+#define V_I4 1
+#else
+#define V_I4 0
 #endif
 #if USE_PTX && (K_Q || V_Q) && !defined(KVQ_PTX_CL)
 #error "decode_mma.cl with a quantized cache needs kvq_ptx.cl compiled first in the same program"
@@ -134,9 +145,10 @@
 #define DT (HEAD_DIM / 8)    /* 8-column n-tiles of O */
 #define TILE_BYTES (BLOCK_C * CH * 16) /* a tile of 16-bit rows */
 /* A stage is K | V as copied: 16-bit rows (swizzled), or a quantized side's
- * HEAD_DIM-byte rows, dense. The dequantized tiles follow the stages. */
-#define K_TILE_BYTES (K_Q ? TILE_BYTES / 2 : TILE_BYTES)
-#define V_TILE_BYTES (V_Q ? TILE_BYTES / 2 : TILE_BYTES)
+ * HEAD_DIM-byte rows (HEAD_DIM / 2 for int4), dense. The dequantized tiles
+ * follow the stages. */
+#define K_TILE_BYTES (K_I4 ? TILE_BYTES / 4 : K_Q ? TILE_BYTES / 2 : TILE_BYTES)
+#define V_TILE_BYTES (V_I4 ? TILE_BYTES / 4 : V_Q ? TILE_BYTES / 2 : TILE_BYTES)
 /* TOKEN and BLOCK32 scales come with their tile: BLOCK_C * NSC floats per
  * side after the V rows. */
 #define K_SC_OFF (K_TILE_BYTES + V_TILE_BYTES)
@@ -151,7 +163,8 @@
 #error "inconsistent decode_mma parameters"
 #endif
 
-/* A side's elements as stored, and its 16-byte chunks per row. */
+/* A side's elements as stored (EPC of them in a 16-byte chunk), and its
+ * chunks per row. */
 #if K_Q
 typedef uchar kel_t;
 #define K_EPC 16
@@ -166,8 +179,8 @@ typedef uchar vel_t;
 typedef ushort vel_t;
 #define V_EPC 8
 #endif
-#define K_CH (HEAD_DIM / K_EPC)
-#define V_CH (HEAD_DIM / V_EPC)
+#define K_CH (HEAD_DIM / (K_I4 ? 32 : K_EPC))
+#define V_CH (HEAD_DIM / (V_I4 ? 32 : V_EPC))
 #if K_Q && K_SCALE == 0
 #define K_ROWSCALE 1
 #else
@@ -366,8 +379,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #define COPY_V_SCALES(DST, KB)
 #endif
 /* A quantized side's tile at local byte offset RAW (dense rows of HEAD_DIM
- * codes) into the 16-bit tile at CONV (the plain side's swizzled layout), 8
- * codes per work-item and step: the codes themselves (SCO < 0), or code *
+ * codes, 8 or 4 bytes per 8 codes) into the 16-bit tile at CONV (the plain
+ * side's swizzled layout), 8 codes per work-item and step: the codes themselves (SCO < 0), or code *
  * scale with the row's NSC scales at local byte offset SCO (TOKEN: one;
  * BLOCK32: chunk c is in block c / 4), in fp32 rounded once. */
 #define DQ_STEPS ((BLOCK_C * CH + NTHREADS - 1) / NTHREADS)
@@ -376,7 +389,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     const int i = tid + it * NTHREADS;                                                                 \
     if (DQ_STEPS * NTHREADS > BLOCK_C * CH && i >= BLOCK_C * CH) break;                                \
     const int r = i / CH, c = i - (i / CH) * CH;                                                       \
-    const uint2 w = *(__local const uint2 *)(smb + (RAW) + i * 8);                                     \
+    const uint2 w = (FMT) == KVQ_I4 ? dmq_i4_bytes(*(__local const uint *)(smb + (RAW) + i * 4))        \
+                                    : *(__local const uint2 *)(smb + (RAW) + i * 8);                   \
     uint4 h;                                                                                           \
     if ((SCO) < 0) {                                                                                   \
       h = dmq_codes8(w, FMT);                                                                          \

@@ -98,10 +98,10 @@
  *                is only moved when a row's max grows by more than this; 0.0f
  *                moves it on every growth. Bounds p by 2^RESCALE_THRESHOLD.
  *
- * Quantized pools (K_DTYPE or V_DTYPE an int8 / fp8 format of kv_quant.cl):
+ * Quantized pools (K_DTYPE or V_DTYPE an int8 / fp8 / int4 format of kv_quant.cl):
  * such a side's codes cannot take cp.async, since they must become 16-bit
  * elements on their way to local memory. Each work-item reads its chunks'
- * eight codes (and, with TOKEN or BLOCK32 scales, their scale) into registers
+ * eight codes (8 bytes, or 4 of int4; with TOKEN or BLOCK32 scales, their scale) into registers
  * with plain loads as soon as the tile may be requested, and writes them to
  * the chunk's place in the swizzled tile just before the barrier that
  * publishes the tile (with KV_STAGES = 2: after the current tile's math, whose
@@ -466,18 +466,21 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   }
 #if KVQ
 /* A quantized side (see "Quantized pools"): QFETCH reads the codes (cq, 8 per
- * chunk) and, unless the side has one scale (uni), their scales (cs) of the
- * tile at k0 into registers; QPUT writes them out in DTYPE: the codes, or
- * code * scale. */
+ * chunk: 8 bytes, or one word of int4 in cq.x) and, unless the side has one
+ * scale (uni), their scales (cs) of the tile at k0 into registers; QPUT
+ * writes them out in DTYPE: the codes, or code * scale. */
   __local uchar *smb = (__local uchar *)smem;
   const int heads_kv = get_num_groups(1) / group;
-#define QFETCH(cq, cs, codes, sb, sn, scl, kind, uni, k0)                                             \
+#define QFETCH(cq, cs, codes, sb, sn, scl, fmt, kind, uni, k0)                                        \
   for (int i = 0; i < LPER; i++) {                                                                   \
     const int r = TILE_ROW(i), c = TILE_COL(i), j = (k0) + r;                                        \
     const int ok = TILE_IN(BLOCK_C, r) && j < nk && CHUNK_OK(c);                                     \
     const int pi = ok ? PAGE_OF(j) : 0, pg = ok ? clamp(bt[pi], 0, num_pages - 1) : 0;                \
     const long slot = ok ? j - pi * page_size : 0;                                                   \
-    (cq)[i] = ok ? *(__global const uint2 *)((codes) + (long)pg * (sb) + slot * (sn) + c * 8) : (uint2)(0u); \
+    __global const uchar *p_ = (codes) + (long)pg * (sb) + slot * (sn);                             \
+    (cq)[i] = !ok                  ? (uint2)(0u)                                                      \
+              : (fmt) == KVQ_I4 ? (uint2)(*(__global const uint *)(p_ + c * 4), 0u)                  \
+                                 : *(__global const uint2 *)(p_ + c * 8);                             \
     if (!(uni))                                                                                      \
       (cs)[i] = ok ? (scl)[kvq_scale_index(kind, (long)pg * page_size + slot, heads_kv, hk, HEAD_DIM, c * 8)] : 0.0f; \
   }
@@ -486,10 +489,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
     const int r = TILE_ROW(i), c = TILE_COL(i);                                                      \
     if (TILE_IN(BLOCK_C, r)) {                                                                       \
       uint4 h_;                                                                                      \
+      const uint2 w_ = (fmt) == KVQ_I4 ? dmq_i4_bytes((cq)[i].x) : (cq)[i];                          \
       if (uni) {                                                                                     \
-        h_ = dmq_codes8((cq)[i], fmt);                                                               \
+        h_ = dmq_codes8(w_, fmt);                                                                    \
       } else {                                                                                       \
-        const float8 f = dmq_decode8((cq)[i], fmt) * (cs)[i];                                        \
+        const float8 f = dmq_decode8(w_, fmt) * (cs)[i];                                             \
         h_ = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));    \
       }                                                                                              \
       *(__local uint4 *)(smb + ((buf) - sbase) + SWZ(r, c)) = h_;                                    \
@@ -501,7 +505,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   float kcs[LPER];
   __global const uchar *kq8 = (__global const uchar *)k + kbase;
   const float k_uni = K_UNI ? k_scale[kvq_scale_index(K_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
-#define LOAD_K(buf, k0) QFETCH(kcq, kcs, kq8, k_sb, k_sn, k_scale, K_SCALE, K_UNI, k0)
+#define LOAD_K(buf, k0) QFETCH(kcq, kcs, kq8, k_sb, k_sn, k_scale, K_DTYPE, K_SCALE, K_UNI, k0)
 #define PUT_K(buf) QPUT(buf, kcq, kcs, K_DTYPE, K_UNI)
 #endif
 #if V_Q
@@ -509,7 +513,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void flash_fwd_mm
   float vcs[LPER];
   __global const uchar *vq8 = (__global const uchar *)v + vbase;
   const float v_uni = V_UNI ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM, 0)] : 1.0f;
-#define LOAD_V(buf, k0) QFETCH(vcq, vcs, vq8, v_sb, v_sn, v_scale, V_SCALE, V_UNI, k0)
+#define LOAD_V(buf, k0) QFETCH(vcq, vcs, vq8, v_sb, v_sn, v_scale, V_DTYPE, V_SCALE, V_UNI, k0)
 #define PUT_V(buf) QPUT(buf, vcq, vcs, V_DTYPE, V_UNI)
 #endif
 #else

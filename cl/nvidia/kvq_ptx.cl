@@ -1,6 +1,6 @@
 /*
- * kvq_ptx.cl: the codes of a quantized KV cache (kv_quant.cl's int8, e4m3 and
- * e5m2) turned into fp32 or 16-bit values with PTX byte permutes and sm_89's
+ * kvq_ptx.cl: the codes of a quantized KV cache (kv_quant.cl's int8, e4m3,
+ * e5m2 and int4) turned into fp32 or 16-bit values with PTX byte permutes and sm_89's
  * fp8 conversion, for the NVIDIA kernels that feed such a cache to the tensor
  * cores (decode_mma.cl, flash_fwd_mma.cl). kv_quant.cl's portable decoding
  * does the same with integer bit manipulation, several instructions per code;
@@ -66,7 +66,17 @@ inline float2 dmq_f16x2_f32(uint h) {
   return f;
 }
 
-/* Eight codes of format fmt in fp32, before the scale. int8 goes through the
+/* Eight int4 codes (one word, element order from the low nibble up) as eight
+ * bytes of code + 8, in element order: dmq_decode8 and dmq_codes8 take
+ * these for KVQ_I4 (flipping bit 3 of a nibble adds 8 to its two's-complement
+ * value; the two permutes interleave the low and high nibbles). */
+inline uint2 dmq_i4_bytes(uint w) {
+  const uint x = w ^ 0x88888888u, lo = x & 0x0f0f0f0fu, hi = (x >> 4) & 0x0f0f0f0fu;
+  return (uint2)(dmq_prmt(lo, hi, 0x5140u), dmq_prmt(lo, hi, 0x7362u));
+}
+
+/* Eight codes of format fmt in fp32, before the scale (KVQ_I4: w from
+ * dmq_i4_bytes, through the same fp32 bits as int8 with its own offset). int8 goes through the
  * fp32 bits of 2^23 + (code + 128), less 2^23 + 128 (exact; the integer to
  * float conversion runs at a quarter of the fp32 rate), fp8 through exact
  * fp16 where DMQ_FP8_FAST, else as decode.cl does. */
@@ -82,6 +92,10 @@ inline float8 dmq_decode8(uint2 w, int fmt) {
                     DMQ_I8F(y, 2), DMQ_I8F(y, 3)) -
            8388736.0f;
   }
+  if (fmt == KVQ_I4)
+    return (float8)(DMQ_I8F(w.x, 0), DMQ_I8F(w.x, 1), DMQ_I8F(w.x, 2), DMQ_I8F(w.x, 3), DMQ_I8F(w.y, 0),
+                    DMQ_I8F(w.y, 1), DMQ_I8F(w.y, 2), DMQ_I8F(w.y, 3)) -
+           8388616.0f;
   return kvq_decode8(as_uchar8(w), fmt);
 }
 
@@ -92,9 +106,15 @@ inline uint dmq_i8x2_f16(uint x, uint sel) {
   asm("sub.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0x64806480u)); /* 1152, 1152 */
   return r;
 }
+/* Two int4 codes (bytes sel picks of x, each code + 8) as exact fp16 values. */
+inline uint dmq_i4x2_f16(uint x, uint sel) {
+  uint r = dmq_prmt(x, 0x64646464u, sel);
+  asm("sub.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0x64086408u)); /* 1032, 1032 */
+  return r;
+}
 /* Eight codes as eight exact DTYPE values (no scale): into fp16 directly where
- * a fast conversion exists (int8 by byte permutes, DMQ_FP8_FAST), else through
- * fp32. */
+ * a fast conversion exists (int8 and int4 by byte permutes, DMQ_FP8_FAST),
+ * else through fp32. KVQ_I4: w from dmq_i4_bytes. */
 inline uint4 dmq_codes8(uint2 w, int fmt) {
 #if DTYPE == 1
   if (fmt == KVQ_I8) {
@@ -102,6 +122,9 @@ inline uint4 dmq_codes8(uint2 w, int fmt) {
     return (uint4)(dmq_i8x2_f16(x, 0x4140u), dmq_i8x2_f16(x, 0x4342u), dmq_i8x2_f16(y, 0x4140u),
                    dmq_i8x2_f16(y, 0x4342u));
   }
+  if (fmt == KVQ_I4)
+    return (uint4)(dmq_i4x2_f16(w.x, 0x4140u), dmq_i4x2_f16(w.x, 0x4342u), dmq_i4x2_f16(w.y, 0x4140u),
+                   dmq_i4x2_f16(w.y, 0x4342u));
   if (DMQ_FP8_FAST(fmt)) return dmq_fp8_f16x8(w, fmt);
 #endif
   const float8 f = dmq_decode8(w, fmt);

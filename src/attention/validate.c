@@ -189,19 +189,20 @@ static flashcl_status fcl_check_desc_fields(flashcl_context *ctx, const flashcl_
 static flashcl_status fcl_check_shapes(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                        const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                        const flashcl_tensor *o, const flashcl_tensor *lse) {
-  int64_t d = q->shape[3];
+  /* k and v rows count their elements (an i4x2 pool has two per byte). */
+  const int64_t d = q->shape[3], kd = fcl_kv_head_dim(k), vd = fcl_kv_head_dim(v);
   if (desc->head_dim_v < 0)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                     "desc.head_dim_v is %d: it must be 0 (v and o have q's head dim) or v's head dim",
                     desc->head_dim_v);
-  if (!desc->head_dim_v && (k->shape[3] != d || v->shape[3] != d))
+  if (!desc->head_dim_v && (kd != d || vd != d))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k %lld, v %lld", (long long)d,
-                    (long long)k->shape[3], (long long)v->shape[3]);
-  if (desc->head_dim_v && (k->shape[3] != d || v->shape[3] != desc->head_dim_v))
+                    (long long)kd, (long long)vd);
+  if (desc->head_dim_v && (kd != d || vd != desc->head_dim_v))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                     "head_dim differs: q %lld, k %lld (must be equal), v %lld (desc.head_dim_v %d)", (long long)d,
-                    (long long)k->shape[3], (long long)v->shape[3], desc->head_dim_v);
-  const int64_t dv = v->shape[3];
+                    (long long)kd, (long long)vd, desc->head_dim_v);
+  const int64_t dv = vd;
   if (d % 8 != 0 || d < 8 || d > 576 || dv % 8 != 0 || dv < 8 || dv > 512)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %lld is not supported: q/k take multiples of 8 in [8, 576], v/o in [8, 512]",
@@ -284,7 +285,7 @@ static void fcl_fill_problem(const flashcl_attention_desc *desc, const flashcl_t
   p->heads_q = (int)q->shape[2];
   p->heads_kv = (int)k->shape[2];
   p->head_dim = (int)d;
-  p->head_dim_v = (int)v->shape[3];
+  p->head_dim_v = (int)fcl_kv_head_dim(v);
   p->causal = desc->causal != 0;
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
   p->dropout = desc->dropout_p > 0.0f;

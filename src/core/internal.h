@@ -202,6 +202,11 @@ void fcl_cache_store(flashcl_context *ctx, const fcl_cache_key *key, cl_program 
 void fcl_cache_trim(flashcl_context *ctx, const char *dir, const char *keep);
 void fcl_cache_touch(const char *path);
 
+/* 1 for the OpenCL codes of a shortage (device or host memory, resources):
+ * a failure that says nothing about the device and may pass. */
+static inline int fcl_cl_is_shortage(cl_int err) {
+  return err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY || err == CL_MEM_OBJECT_ALLOCATION_FAILURE;
+}
 /* src/core/retry.c: 1 when err is a shortage of resources, after flushing
  * ctx's queue (and side, if not NULL): the caller then tries the failed set-up
  * or enqueue of a later command of its call once more. 0 for any other error. */
@@ -294,8 +299,11 @@ flashcl_status fcl_check_tensor(flashcl_context *ctx, const flashcl_tensor *t, c
  * stored in a quantized format (fcl_dtype_is_kv_quant); fcl_check_tensor
  * refuses those with FLASHCL_ERROR_DTYPE_MISMATCH. */
 flashcl_status fcl_check_kv_tensor(flashcl_context *ctx, const flashcl_tensor *t, const char *name);
-/* 1 for FLASHCL_I8, _F8E4M3, _F8E5M2: the one-byte KV-cache formats. */
+/* 1 for FLASHCL_I8, _F8E4M3, _F8E5M2, _I4X2: the quantized KV-cache formats. */
 int fcl_dtype_is_kv_quant(flashcl_dtype dtype);
+/* The elements of one row of a KV cache tensor: shape[3], twice that for
+ * FLASHCL_I4X2, whose elements are bytes of two codes. */
+int64_t fcl_kv_head_dim(const flashcl_tensor *t);
 /* The scale buffer of one quantized cache side (name "k" or "v" as in
  * desc.k_scale, tensor its tensor's name, head dim d, `rows` cache rows of
  * heads_kv heads): kind a flashcl_kv_scale (BLOCK32 needs d % 32 == 0), the

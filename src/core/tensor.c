@@ -17,7 +17,8 @@ size_t flashcl_dtype_size(flashcl_dtype dtype) {
   case FLASHCL_BF16: return 2;
   case FLASHCL_I8:
   case FLASHCL_F8E4M3:
-  case FLASHCL_F8E5M2: return 1;
+  case FLASHCL_F8E5M2:
+  case FLASHCL_I4X2: return 1;
   }
   return 0;
 }
@@ -30,12 +31,17 @@ const char *flashcl_dtype_name(flashcl_dtype dtype) {
   case FLASHCL_I8: return "i8";
   case FLASHCL_F8E4M3: return "f8e4m3";
   case FLASHCL_F8E5M2: return "f8e5m2";
+  case FLASHCL_I4X2: return "i4x2";
   }
   return "invalid";
 }
 
 int fcl_dtype_is_kv_quant(flashcl_dtype dtype) {
-  return dtype == FLASHCL_I8 || dtype == FLASHCL_F8E4M3 || dtype == FLASHCL_F8E5M2;
+  return dtype == FLASHCL_I8 || dtype == FLASHCL_F8E4M3 || dtype == FLASHCL_F8E5M2 || dtype == FLASHCL_I4X2;
+}
+
+int64_t fcl_kv_head_dim(const flashcl_tensor *t) {
+  return t->dtype == FLASHCL_I4X2 ? 2 * t->shape[3] : t->shape[3];
 }
 
 flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv_scale kind, int d, const char *name,

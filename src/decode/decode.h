@@ -26,9 +26,11 @@ typedef struct fcl_kv_layout {
   int page_size, max_pages, num_pages;
   int capacity; /* tokens per sequence */
   /* Quantized sides (flashcl.h, "Quantized KV cache"): 1 where that cache is
-   * I8 / F8E4M3 / F8E5M2, its flashcl_kv_scale (0 for a plain side) and the
-   * bytes of its scale buffer the layout spans (0 for a plain side). */
+   * I8 / F8E4M3 / F8E5M2 / I4X2, its dtype, its flashcl_kv_scale (0 for a
+   * plain side) and the bytes of its scale buffer the layout spans (0 for a
+   * plain side). */
   int k_quant, v_quant;
+  flashcl_dtype k_dtype, v_dtype;
   int k_scale_kind, v_scale_kind;
   size_t k_scale_bytes, v_scale_bytes;
 } fcl_kv_layout;

@@ -35,6 +35,8 @@ static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_dec
   const uint64_t rows = (uint64_t)out->num_pages * (uint64_t)(out->paged ? out->page_size : out->capacity);
   out->k_quant = fcl_dtype_is_kv_quant(kc->dtype);
   out->v_quant = fcl_dtype_is_kv_quant(vc->dtype);
+  out->k_dtype = kc->dtype;
+  out->v_dtype = vc->dtype;
   if (out->k_quant) {
     if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, out->head_dim, "k", "k_cache", rows,
                                  out->heads_kv,
@@ -68,8 +70,8 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
                       "k_cache and v_cache must have the same pages (or batch), slots and heads");
   memset(out, 0, sizeof *out);
   out->heads_kv = (int)kc->shape[2];
-  out->head_dim = (int)kc->shape[3];
-  out->head_dim_v = (int)vc->shape[3];
+  out->head_dim = (int)fcl_kv_head_dim(kc);
+  out->head_dim_v = (int)fcl_kv_head_dim(vc);
   if (desc->block_table) {
     if (desc->page_size <= 0)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.page_size must be >= 1, got %d",
@@ -176,10 +178,10 @@ static flashcl_status fcl_decode_check_shapes(flashcl_context *ctx, const flashc
                                               const flashcl_tensor *q, const flashcl_tensor *kc,
                                               const flashcl_tensor *vc, const flashcl_tensor *o,
                                               const flashcl_tensor *lse) {
-  const int64_t d = q->shape[3], dv = vc->shape[3];
-  if (kc->shape[3] != d)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k_cache %lld", (long long)d,
-                    (long long)kc->shape[3]);
+  const int64_t d = q->shape[3], dv = fcl_kv_head_dim(vc);
+  if (fcl_kv_head_dim(kc) != d)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "head_dim differs: q %lld, k_cache %lld%s", (long long)d,
+                    (long long)fcl_kv_head_dim(kc), kc->dtype == FLASHCL_I4X2 ? " (i4x2: 2 * shape[3])" : "");
   if (d % 8 != 0 || d < 8 || d > FCL_DECODE_MAX_HEAD_DIM)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM,
                     "head_dim %lld is not supported: decode takes a multiple of 8 in [8, %d]", (long long)d,
@@ -256,7 +258,7 @@ flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_de
   p->heads_q = (int)hq;
   p->heads_kv = (int)hkv;
   p->head_dim = (int)d;
-  p->head_dim_v = (int)vc->shape[3];
+  p->head_dim_v = (int)fcl_kv_head_dim(vc);
   p->group = (int)(hq / hkv);
   p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
   p->window = desc->window_left >= 0 || desc->window_right >= 0;

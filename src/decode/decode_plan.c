@@ -121,14 +121,21 @@ static size_t fcl_dec_row_scales(int quant, int kind, int d) {
   return kind == FLASHCL_KV_SCALE_TOKEN ? 1 : kind == FLASHCL_KV_SCALE_BLOCK32 ? (size_t)d / 32 : 0;
 }
 
+/* Half-bytes per element of one cache side as stored: 4 (16-bit), 2 (a
+ * one-byte format), 1 (int4). */
+static size_t fcl_dec_side_halves(int quant, flashcl_dtype dtype) {
+  return !quant ? 4 : dtype == FLASHCL_I4X2 ? 1 : 2;
+}
+
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
- * per element, and its row scales) and dequantized tiles, or the merge
- * buffer reusing them, and Ml. */
+ * per element, half a byte for int4, and its row scales) and dequantized
+ * tiles, or the merge buffer reusing them, and Ml. */
 size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_layout *kv) {
   const int kq = kv->k_quant, vq = kv->v_quant;
   const size_t keys = 16 * (size_t)wk, row = keys * (size_t)d; /* one side's tile: keys, elements */
   const size_t nsc = fcl_dec_row_scales(kq, kv->k_scale_kind, d) + fcl_dec_row_scales(vq, kv->v_scale_kind, d);
-  const size_t stage = row * (size_t)((kq ? 1 : 2) + (vq ? 1 : 2)) + keys * 4 * nsc;
+  const size_t halves = fcl_dec_side_halves(kq, kv->k_dtype) + fcl_dec_side_halves(vq, kv->v_dtype);
+  const size_t stage = row * halves / 2 + keys * 4 * nsc;
   const size_t kvb = (size_t)stages * stage + (size_t)(kq + vq) * row * 2;
   const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
   return (kvb > ob ? kvb : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;

@@ -121,8 +121,8 @@ static flashcl_status fcl_pack_paged(flashcl_context *ctx, cl_kernel kern, cl_ke
     fcl_arg_int(&a, kind);
   }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(naive_pack_paged)");
-  return fcl_enqueue(ctx, kern, (size_t)t->shape[3], (size_t)p->seqlen_k, (size_t)p->batch * p->heads_kv, 0, nwait,
-                     wait, NULL, "enqueue naive_pack_paged");
+  return fcl_enqueue(ctx, kern, (size_t)fcl_kv_head_dim(t), (size_t)p->seqlen_k, (size_t)p->batch * p->heads_kv, 0,
+                     nwait, wait, NULL, "enqueue naive_pack_paged");
 }
 
 static flashcl_status fcl_softmax(flashcl_context *ctx, cl_kernel kern, cl_mem scores, cl_mem lse_ws,
