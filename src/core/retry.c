@@ -17,7 +17,7 @@
 #include "core/internal.h"
 
 int fcl_retry_after_flush(flashcl_context *ctx, cl_command_queue side, cl_int err, const char *what) {
-  if (err != CL_OUT_OF_RESOURCES && err != CL_OUT_OF_HOST_MEMORY && err != CL_MEM_OBJECT_ALLOCATION_FAILURE) return 0;
+  if (!fcl_cl_is_shortage(err)) return 0;
   fcl_log(ctx, "%s failed (%d) after earlier commands of the call: flushing the queue and trying once more", what,
           (int)err);
   clFlush(ctx->queue);

@@ -21,6 +21,16 @@ static int fcl_mma_disable(flashcl_context *ctx, const char *fmt, const char *ar
   return 0;
 }
 
+/* A probe that could not run for want of memory says nothing about the
+ * device: the state stays undecided, so that the next call probes again
+ * rather than losing the tensor cores for the context's lifetime. */
+static int fcl_mma_defer(flashcl_context *ctx, const char *what) {
+  snprintf(ctx->mma_reason, sizeof ctx->mma_reason,
+           "the probe kernel could not run (%s); it runs again on the next call", what);
+  fcl_log(ctx, "NVIDIA tensor-core kernels not used for this call: %s", ctx->mma_reason);
+  return 0;
+}
+
 unsigned short fcl_small_int_half(int x) {
   /* Exact fp16 bits of a small integer |x| <= 64. */
   if (x == 0) return 0;
@@ -36,6 +46,10 @@ unsigned short fcl_small_int_half(int x) {
 static int fcl_mma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
   flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+seq_bounds.cl+flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
+  if (st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY || st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY) {
+    fcl_clear_error(ctx);
+    return fcl_mma_defer(ctx, flashcl_status_string(st));
+  }
   if (st != FLASHCL_SUCCESS) {
     /* Keep the start of the build log: it says which instruction was refused. */
     char msg[400];
@@ -61,6 +75,7 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
   if (ba) clReleaseMemObject(ba);
   if (bb) clReleaseMemObject(bb);
   if (bd) clReleaseMemObject(bd);
+  if (fcl_cl_is_shortage(err)) return fcl_mma_defer(ctx, fcl_cl_error_name(err));
   if (err != CL_SUCCESS) return fcl_mma_disable(ctx, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
   for (int m = 0; m < 16; m++) {
     int rs = 0;

@@ -46,10 +46,23 @@ static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
   return 0;
 }
 
+/* As fcl_mma_defer: a probe that could not run for want of memory leaves the
+ * state undecided for the next call. */
+static int fcl_wgmma_defer(flashcl_context *ctx, const char *what) {
+  snprintf(ctx->wgmma_reason, sizeof ctx->wgmma_reason, "the probe could not run (%s); it runs again on the next call",
+           what);
+  fcl_log(ctx, "Hopper wgmma forward not used for this call: %s", ctx->wgmma_reason);
+  return 0;
+}
+
 static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
   flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+wgmma_ptx.cl+seq_bounds.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
                                            "wgmma_probe", &fcl_sm90a_route, &kern);
+  if (st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY || st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY) {
+    fcl_clear_error(ctx);
+    return fcl_wgmma_defer(ctx, flashcl_status_string(st));
+  }
   if (st != FLASHCL_SUCCESS) {
     char msg[400];
     snprintf(msg, sizeof msg, "the probe kernel does not build: %.360s", ctx->errmsg);
@@ -65,7 +78,7 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
     free(ai);
     free(ah);
     free(d);
-    return fcl_wgmma_disable(ctx, "out of host memory for the probe");
+    return fcl_wgmma_defer(ctx, "out of host memory");
   }
   int *bi = ai + N * N;
   for (int i = 0; i < N * N; i++) {
@@ -100,6 +113,7 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   free(ai);
   free(ah);
   free(d);
+  if (fcl_cl_is_shortage(err)) return fcl_wgmma_defer(ctx, fcl_cl_error_name(err));
   if (err != CL_SUCCESS) {
     char msg[128];
     snprintf(msg, sizeof msg, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
@@ -111,7 +125,8 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
 
 int fcl_wgmma_available(flashcl_context *ctx) {
   if (ctx->wgmma_state) return ctx->wgmma_state > 0;
-  if (!fcl_mma_available(ctx)) return fcl_wgmma_disable(ctx, "the tensor-core path is unavailable");
+  if (!fcl_mma_available(ctx)) /* an undecided tensor-core path (its probe deferred) decides nothing here */
+    return ctx->mma_state < 0 ? fcl_wgmma_disable(ctx, "the tensor-core path is unavailable") : 0;
   if (ctx->mma_cc != 90) return fcl_wgmma_disable(ctx, "the compute capability is not 9.0 (wgmma is sm_90a only)");
   if (!fcl_wgmma_run_probe(ctx)) return 0;
   ctx->wgmma_state = 1;
