@@ -1273,7 +1273,9 @@ typedef struct dec {
   fz_buf *scale[2];     /* their fp32 scales (quantized sides) */
 } dec;
 
-static int is_kv_quant(flashcl_dtype t) { return t == FLASHCL_I8 || t == FLASHCL_F8E4M3 || t == FLASHCL_F8E5M2; }
+static int is_kv_quant(flashcl_dtype t) {
+  return t == FLASHCL_I8 || t == FLASHCL_F8E4M3 || t == FLASHCL_F8E5M2 || t == FLASHCL_I4X2;
+}
 
 /* A random code of fmt that is finite (no NaN or inf: the reference's values
  * must be numbers). */
@@ -1288,12 +1290,12 @@ static uint8_t finite_code(frng *r, flashcl_dtype fmt) {
  * random finite codes and positive scales of a random kind, so that the
  * values stay within a few units. */
 static void dec_quantize(fz_case *c, dec *d, int k, double p) {
-  static const flashcl_dtype fmts[3] = {FLASHCL_I8, FLASHCL_F8E4M3, FLASHCL_F8E5M2};
+  static const flashcl_dtype fmts[4] = {FLASHCL_I8, FLASHCL_F8E4M3, FLASHCL_F8E5M2, FLASHCL_I4X2};
   fz_tensor *t = k ? &d->vc : &d->kc;
   flashcl_decode_desc *ds = &d->desc;
   d->fmt[k] = d->dt;
   if (!rchance(&c->r, p)) return;
-  const flashcl_dtype fmt = fmts[rbelow(&c->r, 3)];
+  const flashcl_dtype fmt = fmts[rbelow(&c->r, 4)];
   flashcl_kv_scale kind = (flashcl_kv_scale)rbelow(&c->r, 4);
   const int hd = k ? d->DV : d->D; /* this side's head dim */
   if (kind == FLASHCL_KV_SCALE_BLOCK32 && hd % 32) kind = FLASHCL_KV_SCALE_TOKEN; /* BLOCK32 needs d % 32 == 0 */
@@ -1303,11 +1305,13 @@ static void dec_quantize(fz_case *c, dec *d, int k, double p) {
                    : kind == FLASHCL_KV_SCALE_HEAD    ? (size_t)d->Hkv
                                                       : 1;
   int64_t b, j, h, x;
-  tensor_make(c, t, fmt, t->t.shape[0], t->t.shape[1], d->Hkv, hd, 0, k ? "v_cache_q" : "k_cache_q");
+  /* int4: a row is hd / 2 bytes of two codes each (every nibble is finite) */
+  tensor_make(c, t, fmt, t->t.shape[0], t->t.shape[1], d->Hkv, (int)kvq_ref_row_bytes(fmt, (size_t)hd), 0,
+              k ? "v_cache_q" : "k_cache_q");
   for (b = 0; b < t->t.shape[0]; b++)
     for (j = 0; j < t->t.shape[1]; j++)
       for (h = 0; h < d->Hkv; h++)
-        for (x = 0; x < hd; x++) t->b->init[tidx(&t->t, b, j, h, x)] = finite_code(&c->r, fmt);
+        for (x = 0; x < t->t.shape[3]; x++) t->b->init[tidx(&t->t, b, j, h, x)] = finite_code(&c->r, fmt);
   d->scale[k] = buf_new(c, n * 4, k ? "v_scale" : "k_scale");
   for (size_t i = 0; i < n; i++) {
     const float f = (float)((0.5 + runif(&c->r)) * 2.0 / kvq_ref_qmax(fmt));
@@ -1321,8 +1325,7 @@ static void dec_quantize(fz_case *c, dec *d, int k, double p) {
 /* The value the decode reads at (bb, nn, h, x) of side k. */
 static double dec_value(const dec *d, int k, int64_t bb, int64_t nn, int64_t h, int64_t x) {
   const fz_tensor *t = k ? &d->vc : &d->kc;
-  const size_t at = tidx(&t->t, bb, nn, h, x);
-  if (!is_kv_quant(d->fmt[k])) return fct_load(d->dt, t->b->init, at);
+  if (!is_kv_quant(d->fmt[k])) return fct_load(d->dt, t->b->init, tidx(&t->t, bb, nn, h, x));
   const flashcl_kv_scale kind = k ? d->desc.v_scale_kind : d->desc.k_scale_kind;
   const size_t row = (size_t)(bb * t->t.shape[1] + nn) * (size_t)d->Hkv + (size_t)h;
   const size_t si = kind == FLASHCL_KV_SCALE_TOKEN     ? row
@@ -1331,7 +1334,8 @@ static double dec_value(const dec *d, int k, int64_t bb, int64_t nn, int64_t h, 
                                                        : 0;
   float sc;
   memcpy(&sc, d->scale[k]->init + 4 * si, 4);
-  return (double)(kvq_ref_decode(d->fmt[k], t->b->init[at]) * sc);
+  const uint8_t code = kvq_ref_get(d->fmt[k], t->b->init + tidx(&t->t, bb, nn, h, 0), (size_t)x);
+  return (double)(kvq_ref_decode(d->fmt[k], code) * sc);
 }
 
 static void dec_make(fz_case *c, dec *d, int append) {
