@@ -380,26 +380,43 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #endif
 /* A quantized side's tile at local byte offset RAW (dense rows of HEAD_DIM
  * codes, 8 or 4 bytes per 8 codes) into the 16-bit tile at CONV (the plain
- * side's swizzled layout), 8 codes per work-item and step: the codes themselves (SCO < 0), or code *
- * scale with the row's NSC scales at local byte offset SCO (TOKEN: one;
- * BLOCK32: chunk c is in block c / 4), in fp32 rounded once. */
+ * side's swizzled layout), 8 codes per work-item and step: the codes
+ * themselves (SCO < 0), or code * scale with the row's NSC scales at local
+ * byte offset SCO (TOKEN: one; BLOCK32: chunk c is in block c / 4), in fp32
+ * rounded once. Every step's codes and scale are loaded before the first
+ * store: the compiler cannot tell the stores from the loads' addresses, and
+ * interleaved, each step's loads would wait for the previous step's store
+ * (a serial chain of local-memory latencies per tile). */
 #define DQ_STEPS ((BLOCK_C * CH + NTHREADS - 1) / NTHREADS)
+#define DQ_OK(i) (DQ_STEPS * NTHREADS == BLOCK_C * CH || (i) < BLOCK_C * CH)
 #define DEQUANT_TILE(RAW, CONV, FMT, SCO, NSC)                                                         \
-  _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                            \
-    const int i = tid + it * NTHREADS;                                                                 \
-    if (DQ_STEPS * NTHREADS > BLOCK_C * CH && i >= BLOCK_C * CH) break;                                \
-    const int r = i / CH, c = i - (i / CH) * CH;                                                       \
-    const uint2 w = (FMT) == KVQ_I4 ? dmq_i4_bytes(*(__local const uint *)(smb + (RAW) + i * 4))        \
-                                    : *(__local const uint2 *)(smb + (RAW) + i * 8);                   \
-    uint4 h;                                                                                           \
-    if ((SCO) < 0) {                                                                                   \
-      h = dmq_codes8(w, FMT);                                                                          \
-    } else {                                                                                           \
-      const int si = (NSC) == 1 ? r : r * (NSC) + (c >> 2);                                            \
-      const float8 f = dmq_decode8(w, FMT) * *(__local const float *)(smb + (SCO) + si * 4);           \
-      h = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));         \
+  {                                                                                                    \
+    uint2 w_[DQ_STEPS];                                                                                \
+    float sc_[DQ_STEPS];                                                                               \
+    _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                          \
+      const int i = tid + it * NTHREADS, r = i / CH, c = i - (i / CH) * CH;                            \
+      w_[it] = (uint2)(0u);                                                                            \
+      sc_[it] = 0.0f;                                                                                  \
+      if (DQ_OK(i)) {                                                                                  \
+        if ((FMT) == KVQ_I4) w_[it].x = *(__local const uint *)(smb + (RAW) + i * 4);                  \
+        else w_[it] = *(__local const uint2 *)(smb + (RAW) + i * 8);                                   \
+        if ((SCO) >= 0)                                                                                \
+          sc_[it] = *(__local const float *)(smb + (SCO) + ((NSC) == 1 ? r : r * (NSC) + (c >> 2)) * 4); \
+      }                                                                                                \
     }                                                                                                  \
-    *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = h;                                                  \
+    _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                          \
+      const int i = tid + it * NTHREADS, r = i / CH, c = i - (i / CH) * CH;                            \
+      if (!DQ_OK(i)) break;                                                                            \
+      const uint2 w = (FMT) == KVQ_I4 ? dmq_i4_bytes(w_[it].x) : w_[it];                               \
+      uint4 h;                                                                                         \
+      if ((SCO) < 0) {                                                                                 \
+        h = dmq_codes8(w, FMT);                                                                        \
+      } else {                                                                                         \
+        const float8 f = dmq_decode8(w, FMT) * sc_[it];                                                \
+        h = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));       \
+      }                                                                                                \
+      *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = h;                                                \
+    }                                                                                                  \
   }
 
   for (int s = 0; s < KV_STAGES - 1; s++) LOAD_TILE(kstart + s * BLOCK_C, s, TILE_PAGE(kstart + s * BLOCK_C))
