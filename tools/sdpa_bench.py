@@ -55,7 +55,8 @@ def main():
     ap.add_argument("--n", default="1024,2048,4096,8192,16384")
     ap.add_argument("--d", default="64,128")
     ap.add_argument("--causal", default="0")
-    ap.add_argument("--backend", default="flash", choices=sorted(BACKENDS))
+    ap.add_argument("--backend", default=None, choices=sorted(BACKENDS),
+                    help="default flash; with --decode, SDPA's own choice unless given")
     ap.add_argument("--batch-tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--bwd", action="store_true")
@@ -75,7 +76,8 @@ def main():
         print(f"copy,{src.numel() * 2},{ms:.3f} ms,{2 * src.numel() * 2 / ms * 1e-6:.1f} GB/s (read + write)")
         return
     if args.decode:
-        print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, SDPA default backend, fp16, q_len 1, "
+        backend = f"backend {args.backend}" if args.backend else "SDPA default backend"
+        print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, {backend}, fp16, q_len 1, "
               f"{args.calls} back-to-back call(s) per timed span")
         print("batch,kv_len,d,ms,GB/s (K+V bytes read / time)")
         d = 128 if args.d == "64,128" else ints(args.d)[0]
@@ -86,12 +88,20 @@ def main():
                     continue
                 q = torch.randn(b, 32, 1, d, device="cuda", dtype=torch.float16)
                 k, v = (torch.randn(b, 8, n, d, device="cuda", dtype=torch.float16) for _ in range(2))
-                ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.warmup, args.reps,
-                             args.calls)
-                print(f"{b},{n},{d},{ms:.4f},{2 * k.numel() * 2 / ms * 1e-6:.1f}")
+                call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                try:
+                    if args.backend:
+                        with sdpa_kernel(BACKENDS[args.backend]):
+                            ms = time_ms(call, args.warmup, args.reps, args.calls)
+                    else:
+                        ms = time_ms(call, args.warmup, args.reps, args.calls)
+                    print(f"{b},{n},{d},{ms:.4f},{2 * k.numel() * 2 / ms * 1e-6:.1f}")
+                except RuntimeError as e:  # the backend refuses this shape (e.g. GQA)
+                    print(f"{b},{n},{d},unsupported ({str(e).splitlines()[0][:80]})")
                 del q, k, v
                 torch.cuda.empty_cache()
         return
+    args.backend = args.backend or "flash"
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, backend {args.backend}, fp16")
     print("N,d,causal,batch,heads,pass,ms,tflops")
     for d in ints(args.d):
