@@ -1084,6 +1084,19 @@ static void test_quant_errors(void **state) {
   t = f.kn.t;
   t.dtype = E5;
   EXPECT(APP(&f.desc, &t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_DTYPE_MISMATCH, "append: k_new f8e5m2");
+  t = f.q.t;
+  t.dtype = I4;
+  EXPECT(DEC(&f.desc, &t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_DTYPE_MISMATCH, "decode: q i4x2");
+  {
+    /* An int4 cache counts bytes: shape[3] is d / 2. The fixture's d-element
+     * rows read as i4x2 hold 2 d values, which is not q's head dim. */
+    flashcl_tensor k4 = f.kt, v4 = f.vt;
+    k4.dtype = I4;
+    EXPECT(DEC(&f.desc, &f.q.t, &k4, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_SHAPE, "decode: i4x2 k_cache of d bytes");
+    FCT_CHECK(strstr(flashcl_context_last_error(ctx), "i4x2") != NULL, "message: %s", flashcl_context_last_error(ctx));
+    v4.dtype = I4;
+    EXPECT(APP(&f.desc, &f.kn.t, &f.vn.t, &f.kt, &v4), FLASHCL_ERROR_INVALID_SHAPE, "append: i4x2 v_cache of d bytes");
+  }
   {
     /* A plain side must still be q's dtype: V as 4 rows of f16 (the same 64 bytes). */
     flashcl_tensor vf, kf;
