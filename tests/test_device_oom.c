@@ -492,6 +492,78 @@ static void merge_check(void *arg) {
 /* The forwards, the append and the merge on one full device. The decode gets
  * a device filled again, so that it reads what the append wrote even where the
  * append ran out of memory and was redone after the release. */
+/* flashcl_dropout_mask of the problem's shape (p = 0.3): the bytes of a run
+ * before the device was filled are the reference (the mask depends on seed
+ * and offset only). Its output tensor is the mask buffer viewed as fp32, so
+ * that the poison check sees any write. */
+typedef struct mask_bufs {
+  fct_problem *p;
+  fct_tensor out;
+  unsigned char *want;
+  size_t bytes;
+} mask_bufs;
+
+static flashcl_status mask_run(void *arg) {
+  mask_bufs *m = arg;
+  fct_env *env = fct_env_get();
+  flashcl_attention_desc desc;
+  flashcl_attention_desc_init(&desc);
+  desc.dropout_p = 0.3f, desc.seed = 0x5eedu, desc.offset = 7;
+  fct_tensor_poison(&m->out);
+  const fct_case *c = &m->p->c;
+  const flashcl_status st = flashcl_dropout_mask(env->ctx, &desc, m->p->B, c->heads_q, m->p->Nq, m->p->Nk,
+                                                 m->out.t.buffer, 0, NULL, NULL);
+  clFinish(env->queue);
+  return st;
+}
+
+static void mask_check(void *arg) {
+  mask_bufs *m = arg;
+  fct_tensor_download(&m->out);
+  FCT_CHECK(memcmp(m->out.host, m->want, m->bytes) == 0, "dropout mask differs from the one made before the fill");
+}
+
+static void mask_create(mask_bufs *m, fct_problem *p) {
+  m->p = p;
+  m->bytes = (size_t)p->B * (size_t)p->c.heads_q * (size_t)p->Nq * (size_t)p->Nk;
+  fct_tensor_create(&m->out, FLASHCL_F32, FCT_BNHD, 1, 1, 1, (int64_t)(m->bytes / 4), 961);
+  FCT_CHECK_STATUS(mask_run(m), FLASHCL_SUCCESS, "dropout mask before the fill");
+  fct_tensor_download(&m->out);
+  m->want = malloc(m->bytes);
+  memcpy(m->want, m->out.host, m->bytes);
+}
+
+/* A second flashcl context made on the full device (over the test's OpenCL
+ * objects, so that it sees the problem's buffers) must either be refused with
+ * a status or work: its first forward on the full device is checked like the
+ * others. */
+static void new_context_on_full_device(fct_problem *p, fwd_bufs *f) {
+  fct_env *env = fct_env_get();
+  flashcl_context *c2 = NULL;
+  const flashcl_status st = flashcl_context_create_from_cl(env->cl_ctx, env->device, env->queue, NULL, &c2);
+  print_message("    new context on a full device: %s\n", flashcl_status_string(st));
+  FCT_CHECK(st == FLASHCL_SUCCESS || st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY ||
+                st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY,
+            "flashcl_context_create_from_cl on a full device: %s", flashcl_status_string(st));
+  if (st != FLASHCL_SUCCESS) return;
+  const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, NULL};
+  flashcl_attention_desc desc;
+  fct_tensor_poison(&f->o), fct_tensor_poison(&f->lse);
+  fct_problem_desc(p, &run, &desc);
+  const flashcl_status fs =
+      flashcl_attention_forward(c2, &desc, &p->q.t, &p->k.t, &p->v.t, &f->o.t, &f->lse.t, 0, NULL, NULL);
+  clFinish(env->queue);
+  print_message("    its first forward: %s (%s)\n", flashcl_status_string(fs), flashcl_context_last_error(c2));
+  FCT_CHECK(fs == FLASHCL_SUCCESS || fs == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "the new context's forward: %s",
+            flashcl_status_string(fs));
+  if (fs == FLASHCL_SUCCESS) fwd_check(f);
+  else {
+    fct_tensor *outs[2] = {&f->o, &f->lse};
+    FCT_CHECK(fct_tensors_written(outs, 2) == 0, "a failed forward of the new context wrote its outputs");
+  }
+  flashcl_context_destroy(c2);
+}
+
 static void inference_calls_on_full_device(fct_problem *p) {
   const fct_case *pc = &p->c;
   fwd_bufs fwd[2] = {{p, FLASHCL_KERNEL_PORTABLE}, {p, FLASHCL_KERNEL_AUTO}};
@@ -505,21 +577,27 @@ static void inference_calls_on_full_device(fct_problem *p) {
   auto_runs_tensor_cores(&fwd[1]);
   paged_create(&pg, p);
   merge_create(&m, p);
-  oom_case cases[5] = {
+  mask_bufs mk;
+  mask_create(&mk, p);
+  oom_case cases[6] = {
       {"flash forward, portable kernels,", fwd_run, fwd_check, &fwd[0], {&fwd[0].o, &fwd[0].lse}},
       {"flash forward, kernel AUTO,", fwd_run, fwd_check, &fwd[1], {&fwd[1].o, &fwd[1].lse}},
       {"kv append into a paged cache", append_run, append_check, &pg, {&pg.kp, &pg.vp}},
       {"merge_states", merge_run, merge_check, &m, {&m.o, &m.lse}},
+      {"dropout mask", mask_run, mask_check, &mk, {&mk.out, &mk.out}},
       {"split decode of the paged cache", decode_run, decode_check, &pg, {&pg.o, &pg.lse}},
   };
   fill_device(&f);
-  for (int i = 0; i < 4; i++) case_on_full_device(&cases[i]);
+  for (int i = 0; i < 5; i++) case_on_full_device(&cases[i]);
+  new_context_on_full_device(p, &fwd[0]);
   release_filler(&f);
-  for (int i = 0; i < 4; i++) case_after_release(&cases[i]);
+  for (int i = 0; i < 5; i++) case_after_release(&cases[i]);
   fill_device(&f);
-  case_on_full_device(&cases[4]);
+  case_on_full_device(&cases[5]);
   release_filler(&f);
-  case_after_release(&cases[4]);
+  case_after_release(&cases[5]);
+  fct_tensor_release(&mk.out);
+  free(mk.want);
   for (int i = 0; i < 2; i++) fct_tensor_release(&fwd[i].o), fct_tensor_release(&fwd[i].lse);
   paged_release(&pg);
   merge_release(&m);
