@@ -39,11 +39,12 @@
  * 4-byte cp.async), and once a tile is in, the work-group writes its codes
  * out as 16-bit elements (exactly: int8, int4, e4m3 and e5m2 codes are all
  * fp16 and bf16 values) in a tile of the plain side's layout, from which the
- * tensor cores read as from a 16-bit cache. The scales stay out of the tile:
- * K's multiply each key's score in fp32 (BLOCK32: one product per 32-element
- * block, each times its block's scale); V's multiply P (TOKEN: each key's
- * p; BLOCK32: one P fragment per 32 columns), rounded to DTYPE as P is, or
- * with a HEAD or TENSOR scale, O at the end. This costs a barrier per tile
+ * tensor cores read as from a 16-bit cache. K's scales stay out of the
+ * tile and multiply each key's score in fp32 (BLOCK32: one product per
+ * 32-element block, each times its block's scale). V's TOKEN and BLOCK32
+ * scales go into the tile (code * scale, in fp32 rounded once to DTYPE);
+ * with a HEAD or TENSOR scale V keeps its codes and O is multiplied at the
+ * end. This costs a barrier per tile
  * and the conversion, and halves (int8, fp8) or quarters (int4) the bytes
  * that cross the memory bus: that pays where decode is bound
  * by bandwidth (many sequences); with one sequence the chain of tiles each
@@ -381,30 +382,44 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #endif
 /* A quantized side's tile at local byte offset RAW (dense rows of HEAD_DIM
  * codes, 8 or 4 bytes per 8 codes) into the 16-bit tile at CONV (the plain
- * side's swizzled layout), 8 codes per work-item and step, as the codes
- * themselves (exact in fp16 and bf16): the scales are applied to the scores
- * (K) and to P (V) instead. Every step's codes are loaded before the first
- * store: the compiler cannot tell the stores from the loads' addresses, and
- * interleaved, each step's loads would wait for the previous step's store
- * (a serial chain of local-memory latencies per tile). */
+ * side's swizzled layout), 8 codes per work-item and step: the codes
+ * themselves (SCO < 0; K, whose scales multiply the scores, and a V under one
+ * scale), or code * scale with the row's NSC scales at local byte offset SCO
+ * (V's TOKEN: one; BLOCK32: chunk c is in block c / 4), in fp32 rounded once.
+ * (V's scales cannot move to P in fp16: p * scale, for fp8's small scales,
+ * falls below fp16's normal range.) Every step's codes and scale are loaded
+ * before the first store: the compiler cannot tell the stores from the
+ * loads' addresses, and interleaved, each step's loads would wait for the
+ * previous step's store (a serial chain of local-memory latencies per tile). */
 #define DQ_STEPS ((BLOCK_C * CH + NTHREADS - 1) / NTHREADS)
 #define DQ_OK(i) (DQ_STEPS * NTHREADS == BLOCK_C * CH || (i) < BLOCK_C * CH)
-#define DEQUANT_TILE(RAW, CONV, FMT)                                                                   \
+#define DEQUANT_TILE(RAW, CONV, FMT, SCO, NSC)                                                         \
   {                                                                                                    \
     uint2 w_[DQ_STEPS];                                                                                \
+    float sc_[DQ_STEPS];                                                                               \
     _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                          \
-      const int i = tid + it * NTHREADS;                                                               \
+      const int i = tid + it * NTHREADS, r = i / CH, c = i - (i / CH) * CH;                            \
       w_[it] = (uint2)(0u);                                                                            \
+      sc_[it] = 0.0f;                                                                                  \
       if (DQ_OK(i)) {                                                                                  \
         if ((FMT) == KVQ_I4) w_[it].x = *(__local const uint *)(smb + (RAW) + i * 4);                  \
         else w_[it] = *(__local const uint2 *)(smb + (RAW) + i * 8);                                   \
+        if ((SCO) >= 0)                                                                                \
+          sc_[it] = *(__local const float *)(smb + (SCO) + ((NSC) == 1 ? r : r * (NSC) + (c >> 2)) * 4); \
       }                                                                                                \
     }                                                                                                  \
     _Pragma("unroll") for (int it = 0; it < DQ_STEPS; it++) {                                          \
       const int i = tid + it * NTHREADS, r = i / CH, c = i - (i / CH) * CH;                            \
       if (!DQ_OK(i)) break;                                                                            \
       const uint2 w = (FMT) == KVQ_I4 ? dmq_i4_bytes(w_[it].x) : w_[it];                               \
-      *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = dmq_codes8(w, FMT);                               \
+      uint4 h;                                                                                         \
+      if ((SCO) < 0) {                                                                                 \
+        h = dmq_codes8(w, FMT);                                                                        \
+      } else {                                                                                         \
+        const float8 f = dmq_decode8(w, FMT) * sc_[it];                                                \
+        h = (uint4)(pack2(f.s0, f.s1), pack2(f.s2, f.s3), pack2(f.s4, f.s5), pack2(f.s6, f.s7));       \
+      }                                                                                                \
+      *(__local uint4 *)(smb + (CONV) + SWZ(r, c)) = h;                                                \
     }                                                                                                  \
   }
 
@@ -428,11 +443,11 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       /* Every work-item is past the loop head's barrier, so the dequantized
        * tiles of the previous step have been read. */
 #if K_Q
-      DEQUANT_TILE(so, CONV_OFF, K_DTYPE)
+      DEQUANT_TILE(so, CONV_OFF, K_DTYPE, -1, 0)
       kb = sbase + CONV_OFF;
 #endif
 #if V_Q
-      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE)
+      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE, V_NSC ? so + V_SC_OFF : -1, V_NSC)
       vb = sbase + CONV_OFF + K_Q * TILE_BYTES;
 #endif
       barrier(CLK_LOCAL_MEM_FENCE);
@@ -503,9 +518,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
         }
     }
     uint pf[4];
-#if V_NSC
-    uint pfv[V_NSC][4];
-#endif
     #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       float x = fmax(fmax(s[0][2 * hh], s[0][2 * hh + 1]), fmax(s[1][2 * hh], s[1][2 * hh + 1]));
@@ -529,30 +541,15 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       /* The S accumulators of n-tiles 0 and 1 are the A fragment of the 16 keys. */
       pf[hh] = pack2(p0, p1);
       pf[hh + 2] = pack2(p2, p3);
-#if V_NSC
-      /* V held codes with a scale per key (TOKEN) or per key and 32 columns
-       * (BLOCK32): P times that scale, one A fragment per scale column. */
-      #pragma unroll
-      for (int i = 0; i < V_NSC; i++) {
-        pfv[i][hh] = pack2(p0 * KEY_SCALE(V_SC_OFF, V_NSC, 0, 0, i), p1 * KEY_SCALE(V_SC_OFF, V_NSC, 0, 1, i));
-        pfv[i][hh + 2] = pack2(p2 * KEY_SCALE(V_SC_OFF, V_NSC, 1, 0, i), p3 * KEY_SCALE(V_SC_OFF, V_NSC, 1, 1, i));
-      }
-#endif
     }
-#if V_NSC
-#define PF(dp) pfv[V_BLK ? (dp) >> 1 : 0] /* n-tiles 2 dp, 2 dp + 1: columns 16 dp .. 16 dp + 15 */
-#else
-#define PF(dp) pf
-#endif
     #pragma unroll
     for (int dp = 0; dp < DT / 2; dp++) {
       uint b0, b1, b2, b3;
       const int r = wk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
       LDSM_X4_T(b0, b1, b2, b3, vb + SWZ(r, 2 * dp + (lane >> 4)));
-      MMA(oacc[2 * dp], PF(dp), b0, b1);
-      MMA(oacc[2 * dp + 1], PF(dp), b2, b3);
+      MMA(oacc[2 * dp], pf, b0, b1);
+      MMA(oacc[2 * dp + 1], pf, b2, b3);
     }
-#undef PF
 #undef KEY_SCALE
   }
   CP_WAIT(0);

@@ -130,6 +130,12 @@ static flashcl_status fcl_build(flashcl_context *ctx, const char *files, const f
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clCreateProgramWithSource");
   fcl_log(ctx, "building %s with \"%s\"", files, options);
   err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
+  if (err != CL_SUCCESS && fcl_cl_is_shortage(err)) {
+    /* Out of memory is not a fault of the source: callers that fall back on a
+     * build failure (or turn a kernel family off) must not do it for this. */
+    clReleaseProgram(prog);
+    return fcl_cl_fail(ctx, err, "clBuildProgram");
+  }
   if (err != CL_SUCCESS) {
     char *log = fcl_build_log(ctx, prog);
     fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with options \"%s\" failed (%s):\n%s", files, options,
@@ -184,13 +190,19 @@ static flashcl_status fcl_build_retargeted(flashcl_context *ctx, const char *fil
   cl_program prog = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len,
                                               (const unsigned char **)&out_bin, &bin_status, &err);
   free(out_bin);
-  /* Every failure here is a build failure: the caller falls back on it. */
+  /* Every other failure here is a build failure: the caller falls back on it. */
+  if (err != CL_SUCCESS && fcl_cl_is_shortage(err))
+    return fcl_cl_fail(ctx, err, "clCreateProgramWithBinary");
   if (err != CL_SUCCESS)
     return fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s for %s: clCreateProgramWithBinary failed (%s)",
                     files, rt->name, fcl_cl_error_name(err));
   fcl_log(ctx, "building %s for %s", files, rt->name);
   /* The driver assembles the rewritten binary (PTX on NVIDIA) here. */
   err = clBuildProgram(prog, 1, &ctx->device, fcl_binary_options(ctx), NULL, NULL);
+  if (err != CL_SUCCESS && fcl_cl_is_shortage(err)) {
+    clReleaseProgram(prog);
+    return fcl_cl_fail(ctx, err, "clBuildProgram (retargeted)");
+  }
   if (err != CL_SUCCESS) {
     char *log = fcl_build_log(ctx, prog);
     fcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "assembling %s for %s failed (%s):\n%s", files,

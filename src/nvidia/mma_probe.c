@@ -75,7 +75,10 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
   if (ba) clReleaseMemObject(ba);
   if (bb) clReleaseMemObject(bb);
   if (bd) clReleaseMemObject(bd);
-  if (fcl_cl_is_shortage(err)) return fcl_mma_defer(ctx, fcl_cl_error_name(err));
+  /* Out of memory defers; CL_OUT_OF_RESOURCES is also how NVIDIA's driver
+   * reports a kernel that faulted, which is what the probe is there to see. */
+  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY)
+    return fcl_mma_defer(ctx, fcl_cl_error_name(err));
   if (err != CL_SUCCESS) return fcl_mma_disable(ctx, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
   for (int m = 0; m < 16; m++) {
     int rs = 0;

@@ -113,7 +113,9 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   free(ai);
   free(ah);
   free(d);
-  if (fcl_cl_is_shortage(err)) return fcl_wgmma_defer(ctx, fcl_cl_error_name(err));
+  /* As the mma.sync probe: out of memory defers, a fault (CL_OUT_OF_RESOURCES) does not. */
+  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY)
+    return fcl_wgmma_defer(ctx, fcl_cl_error_name(err));
   if (err != CL_SUCCESS) {
     char msg[128];
     snprintf(msg, sizeof msg, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
