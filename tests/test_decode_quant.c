@@ -421,7 +421,15 @@ static double side_value(const qside *s, const qcache *cc, const qcase *c, int b
 }
 
 /* Double attention of the new tokens (bottom-right causal) over the cache's values. */
-static void ref_attention(const qcase *c, const qcache *cc, const fct_tensor *q, double *ref_o, double *ref_lse) {
+/* raw NULL: over the values the cache's bytes hold; else over the values
+ * before quantization (for the quantization error the case prints). */
+static double ref_value(const qside *s, const qcache *cc, const qcase *c, const float *raw, const qvals *qv, int b,
+                        int j, int h, int x) {
+  return raw ? (double)row_of(raw, c, qv, b, j, h)[x] : side_value(s, cc, c, b, j, h, x);
+}
+
+static void ref_attention(const qcase *c, const qcache *cc, const fct_tensor *q, const qvals *raw, double *ref_o,
+                          double *ref_lse) {
   const int T = c->q_len, Hq = c->heads_q, d = c->head_dim, G = Hq / c->heads_kv;
   const double scale = 1.0 / sqrt((double)d);
   for (int b = 0; b < c->batch; b++)
@@ -433,14 +441,15 @@ static void ref_attention(const qcase *c, const qcache *cc, const fct_tensor *q,
         for (int x = 0; x < d; x++) o[x] = 0;
         for (int j = 0; j <= last; j++) {
           double a = 0;
-          for (int x = 0; x < d; x++) a += fct_tensor_get(q, b, t, h, x) * side_value(&cc->k, cc, c, b, j, hk, x);
+          for (int x = 0; x < d; x++)
+            a += fct_tensor_get(q, b, t, h, x) * ref_value(&cc->k, cc, c, raw ? raw->k : NULL, raw, b, j, hk, x);
           s[j] = a * scale;
           m = s[j] > m ? s[j] : m;
         }
         for (int j = 0; j <= last; j++) {
           const double p = exp(s[j] - m);
           l += p;
-          for (int x = 0; x < d; x++) o[x] += p * side_value(&cc->v, cc, c, b, j, hk, x);
+          for (int x = 0; x < d; x++) o[x] += p * ref_value(&cc->v, cc, c, raw ? raw->v : NULL, raw, b, j, hk, x);
         }
         for (int x = 0; x < d; x++) o[x] /= l;
         ref_lse[((size_t)b * T + t) * Hq + h] = m + log(l);
@@ -559,7 +568,7 @@ static void run_quant_case(const qcase *c) {
                    FLASHCL_SUCCESS, "%s: workspace size", c->name);
   FCT_CHECK(c->num_splits == 0 || splits == c->num_splits, "%s: %d splits", c->name, splits);
   double *ref_o = malloc(sizeof(double) * (size_t)B * T * Hq * d), *ref_lse = malloc(sizeof(double) * (size_t)B * T * Hq);
-  ref_attention(c, &cc, &q, ref_o, ref_lse);
+  ref_attention(c, &cc, &q, NULL, ref_o, ref_lse);
 
   flashcl_status st =
       flashcl_attention_decode(env->ctx, &desc, &q.t, &cc.k.t, &cc.v.t, seqlens, &o.t, &lse.t, 0, NULL, NULL);
@@ -589,6 +598,27 @@ static void run_quant_case(const qcase *c) {
                 splits, err_o, err_l);
   FCT_CHECK(nonfinite == 0, "%s: %zu non-finite outputs", c->name, nonfinite);
   FCT_CHECK(err_o <= fct_tolerance(c->dtype), "%s: O relL2 %.3e > %.1e", c->name, err_o, fct_tolerance(c->dtype));
+  {
+    /* The quantization error itself: the device's O against the attention
+     * over the values before quantization (what an unquantized cache of
+     * those values would give, up to its own rounding). Printed, for
+     * BENCHMARKS.md and docs/inference.md; the check above is over the bytes
+     * the cache holds. */
+    double *raw_o = malloc(sizeof(double) * (size_t)B * T * Hq * d), *raw_l = malloc(sizeof(double) * (size_t)B * T * Hq);
+    ref_attention(c, &cc, &q, &qv, raw_o, raw_l);
+    double qe = 0, qr = 0;
+    for (size_t i = 0; i < (size_t)B * T * Hq; i++)
+      for (int x = 0; x < d; x++) {
+        const int64_t h = (int64_t)(i % (size_t)Hq), t = (int64_t)(i / (size_t)Hq % (size_t)T),
+                      b = (int64_t)(i / ((size_t)Hq * T));
+        const double g = fct_tensor_get(&o, b, t, h, x), w = raw_o[i * d + x];
+        qe += (g - w) * (g - w), qr += w * w;
+      }
+    print_message("[ QUANT    ] %-40s quantization error of O (vs the values before quantization): relL2 %.2e\n",
+                  c->name, sqrt(qe / qr));
+    free(raw_o);
+    free(raw_l);
+  }
   /* K's codes are exact and its scales multiply the scores in fp32 on every
    * kernel: the LSE keeps the dtype's tolerance. */
   FCT_CHECK(err_l <= fct_lse_tolerance(c->dtype), "%s: LSE relL2 %.3e > %.1e", c->name, err_l,
