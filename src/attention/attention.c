@@ -160,7 +160,11 @@ flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx, const flas
                                                 const flashcl_tensor *q, const flashcl_tensor *k,
                                                 const flashcl_tensor *v, flashcl_pass pass, size_t *bytes) {
   fcl_enter(ctx);
-  return fcl_leave(ctx, fcl_attention_workspace_size_locked(ctx, desc, q, k, v, pass, bytes));
+  const int d0 = ctx ? ctx->probe_defers : 0;
+  size_t b = 0;
+  flashcl_status st = fcl_attention_workspace_size_locked(ctx, desc, q, k, v, pass, bytes ? &b : NULL);
+  if ((st = fcl_query_settled(ctx, d0, st)) == FLASHCL_SUCCESS) *bytes = b;
+  return fcl_leave(ctx, st);
 }
 
 static flashcl_status fcl_attention_kernel_family_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -193,5 +197,9 @@ flashcl_status flashcl_attention_kernel_family(flashcl_context *ctx, const flash
                                                const flashcl_tensor *v, const flashcl_tensor *o, flashcl_pass pass,
                                                flashcl_kernel_family *family) {
   fcl_enter(ctx);
-  return fcl_leave(ctx, fcl_attention_kernel_family_locked(ctx, desc, q, k, v, o, pass, family));
+  const int d0 = ctx ? ctx->probe_defers : 0;
+  flashcl_kernel_family f = FLASHCL_KERNEL_AUTO;
+  flashcl_status st = fcl_attention_kernel_family_locked(ctx, desc, q, k, v, o, pass, family ? &f : NULL);
+  if ((st = fcl_query_settled(ctx, d0, st)) == FLASHCL_SUCCESS) *family = f;
+  return fcl_leave(ctx, st);
 }

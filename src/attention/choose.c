@@ -147,5 +147,9 @@ flashcl_status flashcl_attention_config(flashcl_context *ctx, const flashcl_atte
                                         const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                                         const flashcl_tensor *o, flashcl_pass pass, flashcl_config *config) {
   fcl_enter(ctx);
-  return fcl_leave(ctx, fcl_attention_config_locked(ctx, desc, q, k, v, o, pass, config));
+  const int d0 = ctx ? ctx->probe_defers : 0;
+  flashcl_config c;
+  flashcl_status st = fcl_attention_config_locked(ctx, desc, q, k, v, o, pass, config ? &c : NULL);
+  if ((st = fcl_query_settled(ctx, d0, st)) == FLASHCL_SUCCESS) *config = c;
+  return fcl_leave(ctx, st);
 }

@@ -37,6 +37,10 @@ struct flashcl_context {
    * -1 = unavailable for the reason in mma_reason. Probed on first use. */
   int mma_state;
   char mma_reason[512];
+  /* Probes (mma.sync, wgmma) deferred for want of memory so far: a query
+   * during which one was deferred answers for a path the next call may not
+   * take (fcl_query_settled). */
+  int probe_defers;
   /* Local memory per work-group the tensor-core kernels may use: the local
    * budget (fcl_local_budget), copied when the path is probed. */
   size_t mma_local_bytes;
@@ -109,6 +113,12 @@ struct flashcl_context {
  *   fcl_enter(ctx);
  *   return fcl_leave(ctx, fcl_xxx_locked(ctx, ...)); */
 void fcl_enter(const flashcl_context *ctx);
+/* For the queries (workspace sizes, kernel family, configuration): st, or
+ * FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY when a tensor-core probe was deferred
+ * since the query started (defers0): its answer, planned without the tensor
+ * cores, would not hold once the probe runs. The caller writes its outputs
+ * only on success. */
+flashcl_status fcl_query_settled(flashcl_context *ctx, int defers0, flashcl_status st);
 flashcl_status fcl_leave(const flashcl_context *ctx, flashcl_status st);
 
 char *fcl_strdup(const char *s);

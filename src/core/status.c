@@ -80,6 +80,13 @@ static void fcl_publish_error(const flashcl_context *ctx) {
   fcl_thread_callctx = ctx->serial;
 }
 
+flashcl_status fcl_query_settled(flashcl_context *ctx, int defers0, flashcl_status st) {
+  if (st != FLASHCL_SUCCESS || !ctx || ctx->probe_defers == defers0) return st;
+  return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY,
+                  "the tensor-core probe could not run (device out of memory), so this answer would not hold for "
+                  "the next call; ask again once memory is free (%s)", ctx->mma_reason);
+}
+
 void fcl_enter(const flashcl_context *ctx) {
   if (ctx) fcl_mutex_lock(&((flashcl_context *)ctx)->lock);
 }

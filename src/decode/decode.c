@@ -43,7 +43,16 @@ flashcl_status flashcl_attention_decode_workspace_size(flashcl_context *ctx, con
                                                        const flashcl_tensor *q, const flashcl_tensor *k_cache,
                                                        const flashcl_tensor *v_cache, size_t *bytes, int *num_splits) {
   fcl_enter(ctx);
-  return fcl_leave(ctx, fcl_attention_decode_workspace_size_locked(ctx, desc, q, k_cache, v_cache, bytes, num_splits));
+  const int d0 = ctx ? ctx->probe_defers : 0;
+  size_t b = 0;
+  int ns = 0;
+  flashcl_status st = fcl_attention_decode_workspace_size_locked(ctx, desc, q, k_cache, v_cache, bytes ? &b : NULL,
+                                                                 num_splits ? &ns : NULL);
+  if ((st = fcl_query_settled(ctx, d0, st)) == FLASHCL_SUCCESS) {
+    *bytes = b;
+    if (num_splits) *num_splits = ns;
+  }
+  return fcl_leave(ctx, st);
 }
 
 static void fcl_arg_lse_or_null(fcl_args *a, const flashcl_tensor *lse) {
@@ -435,5 +444,9 @@ flashcl_status flashcl_decode_config(flashcl_context *ctx, const flashcl_decode_
                                      const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
                                      flashcl_config *config) {
   fcl_enter(ctx);
-  return fcl_leave(ctx, fcl_decode_config_locked(ctx, desc, q, k_cache, v_cache, config));
+  const int d0 = ctx ? ctx->probe_defers : 0;
+  flashcl_config c;
+  flashcl_status st = fcl_decode_config_locked(ctx, desc, q, k_cache, v_cache, config ? &c : NULL);
+  if ((st = fcl_query_settled(ctx, d0, st)) == FLASHCL_SUCCESS) *config = c;
+  return fcl_leave(ctx, st);
 }

@@ -25,6 +25,7 @@ static int fcl_mma_disable(flashcl_context *ctx, const char *fmt, const char *ar
  * device: the state stays undecided, so that the next call probes again
  * rather than losing the tensor cores for the context's lifetime. */
 static int fcl_mma_defer(flashcl_context *ctx, const char *what) {
+  ctx->probe_defers++;
   snprintf(ctx->mma_reason, sizeof ctx->mma_reason,
            "the probe kernel could not run (%s); it runs again on the next call", what);
   fcl_log(ctx, "NVIDIA tensor-core kernels not used for this call: %s", ctx->mma_reason);

@@ -49,6 +49,7 @@ static int fcl_wgmma_disable(flashcl_context *ctx, const char *why) {
 /* As fcl_mma_defer: a probe that could not run for want of memory leaves the
  * state undecided for the next call. */
 static int fcl_wgmma_defer(flashcl_context *ctx, const char *what) {
+  ctx->probe_defers++;
   snprintf(ctx->wgmma_reason, sizeof ctx->wgmma_reason, "the probe could not run (%s); it runs again on the next call",
            what);
   fcl_log(ctx, "Hopper wgmma forward not used for this call: %s", ctx->wgmma_reason);
