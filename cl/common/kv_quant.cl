@@ -67,7 +67,8 @@
 inline float kvq_qmax(int fmt) {
   return fmt == KVQ_I8 ? 127.0f : fmt == KVQ_I4 ? 7.0f : fmt == KVQ_E4M3 ? 448.0f : 57344.0f;
 }
-/* Code bytes per 8 elements of a row: 4 for KVQ_I4, else 8. */
+/* Index steps per 8 elements of a row: 4 bytes for KVQ_I4, else 8 elements
+ * (a byte of the other formats, or of a plain cache in its dtype). */
 #define KVQ_BYTES8(fmt) ((fmt) == KVQ_I4 ? 4 : 8)
 
 /* Index of the scale of element e of kv head h at cache row `row` (d elements

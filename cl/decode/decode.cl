@@ -277,16 +277,8 @@ typedef raw8_t vraw8_t;
 #define V_CVT8(x) RAW_CVT8(x)
 #endif
 
-#if K_QUANT && K_DTYPE == KVQ_I4
-#define K_STEP8 4
-#else
-#define K_STEP8 8
-#endif
-#if V_QUANT && V_DTYPE == KVQ_I4
-#define V_STEP8 4
-#else
-#define V_STEP8 8
-#endif
+#define K_STEP8 KVQ_BYTES8(K_DTYPE) /* a plain side's DTYPE (0-2) gives 8 */
+#define V_STEP8 KVQ_BYTES8(V_DTYPE)
 
 inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
 

@@ -457,10 +457,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     const int j0 = k0 + wk * 16; /* this warp's first key */
     if (j0 >= kend) continue;    /* no barrier until the loop head */
 
-    /* Scale i of this work-item's key e (keys 2 t4, 2 t4 + 1 of n-tiles 0
-     * and 1) in the stage's row scales at byte offset OFF, NSC per key. */
-#define KEY_SCALE(OFF, NSC, nt, e, i) \
-  (*(__local const float *)(smb + so + (OFF) + ((wk * 16 + (nt) * 8 + 2 * t4 + ((e) & 1)) * (NSC) + (i)) * 4))
+    /* K's scale i of this work-item's key of n-tile nt, accumulator e (keys
+     * 2 t4, 2 t4 + 1), in the stage's row scales (K_NSC per key). */
+#define K_KEY_SCALE(nt, e, i) \
+  (*(__local const float *)(smb + so + K_SC_OFF + ((wk * 16 + (nt) * 8 + 2 * t4 + ((e) & 1)) * K_NSC + (i)) * 4))
     float s[2][4];
     #pragma unroll
     for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -493,9 +493,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       for (int e = 0; e < 4; e++) {
 #if K_BLK
         #pragma unroll
-        for (int i = 0; i < KT / 2; i++) s[nt][e] = fma(sb[i][nt][e], KEY_SCALE(K_SC_OFF, K_NSC, nt, e, i), s[nt][e]);
+        for (int i = 0; i < KT / 2; i++) s[nt][e] = fma(sb[i][nt][e], K_KEY_SCALE(nt, e, i), s[nt][e]);
 #elif K_ROWSCALE
-        s[nt][e] *= KEY_SCALE(K_SC_OFF, 1, nt, e, 0);
+        s[nt][e] *= K_KEY_SCALE(nt, e, 0);
 #else
         s[nt][e] *= k_uni;
 #endif
@@ -550,7 +550,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       MMA(oacc[2 * dp], pf, b0, b1);
       MMA(oacc[2 * dp + 1], pf, b2, b3);
     }
-#undef KEY_SCALE
+#undef K_KEY_SCALE
   }
   CP_WAIT(0);
 

@@ -217,6 +217,19 @@ void fcl_cache_touch(const char *path);
 static inline int fcl_cl_is_shortage(cl_int err) {
   return err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY || err == CL_MEM_OBJECT_ALLOCATION_FAILURE;
 }
+/* 1 for the codes of an allocation that failed (device or host memory), not
+ * CL_OUT_OF_RESOURCES, which NVIDIA's driver also gives for a faulting kernel. */
+static inline int fcl_cl_is_alloc_failure(cl_int err) {
+  return err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY;
+}
+static inline int fcl_status_is_oom(flashcl_status st) {
+  return st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY || st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
+}
+/* src/core/probe.c: the failure of a call that names the NVIDIA path `what`
+ * ("the NVIDIA tensor-core kernels") when fcl_mma_available said no:
+ * FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY while its probe is deferred (undecided),
+ * else FLASHCL_ERROR_UNSUPPORTED, with ctx->mma_reason. */
+flashcl_status fcl_mma_refusal(flashcl_context *ctx, const char *what);
 /* src/core/retry.c: 1 when err is a shortage of resources, after flushing
  * ctx's queue (and side, if not NULL): the caller then tries the failed set-up
  * or enqueue of a later command of its call once more. 0 for any other error. */

@@ -107,3 +107,9 @@ size_t fcl_local_limit(flashcl_context *ctx) {
   ctx->local_limit = limit;
   return limit;
 }
+
+flashcl_status fcl_mma_refusal(flashcl_context *ctx, const char *what) {
+  if (ctx->mma_state == 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "%s are not usable now: %s", what, ctx->mma_reason);
+  return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s are not available: %s", what, ctx->mma_reason);
+}

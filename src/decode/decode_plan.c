@@ -168,12 +168,7 @@ static flashcl_status fcl_decode_nvidia(flashcl_context *ctx, const flashcl_deco
   *nvidia = 0;
   if (fam == FLASHCL_KERNEL_PORTABLE) return FLASHCL_SUCCESS;
   if (!fcl_mma_available(ctx)) {
-    if (fam == FLASHCL_KERNEL_NVIDIA_MMA && ctx->mma_state == 0) /* undecided: its probe ran out of memory */
-      return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "the NVIDIA cp.async decode path is not usable now: %s",
-                      ctx->mma_reason);
-    if (fam == FLASHCL_KERNEL_NVIDIA_MMA)
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA cp.async decode path is not available: %s",
-                      ctx->mma_reason);
+    if (fam == FLASHCL_KERNEL_NVIDIA_MMA) return fcl_mma_refusal(ctx, "the NVIDIA cp.async decode kernels");
     return FLASHCL_SUCCESS;
   }
   *nvidia = 1;

@@ -71,12 +71,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   }
   const int explicit_mma = fam == FLASHCL_KERNEL_NVIDIA_MMA;
   if (!fcl_mma_available(ctx)) {
-    if (explicit_mma && ctx->mma_state == 0) /* undecided: its probe ran out of memory */
-      return fcl_fail(ctx, FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY, "the NVIDIA tensor-core kernels are not usable now: %s",
-                      ctx->mma_reason);
-    if (explicit_mma)
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the NVIDIA tensor-core kernels are not available: %s",
-                      ctx->mma_reason);
+    if (explicit_mma) return fcl_mma_refusal(ctx, "the NVIDIA tensor-core kernels");
     return FLASHCL_SUCCESS;
   }
   const char *why = NULL;

@@ -47,7 +47,7 @@ unsigned short fcl_small_int_half(int x) {
 static int fcl_mma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
   flashcl_status st = fcl_get_kernel(ctx, "mma_ptx.cl+seq_bounds.cl+flash_fwd_mma.cl", fcl_mma_probe_options, "mma_probe", &kern);
-  if (st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY || st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY) {
+  if (fcl_status_is_oom(st)) {
     fcl_clear_error(ctx);
     return fcl_mma_defer(ctx, flashcl_status_string(st));
   }
@@ -76,10 +76,8 @@ static int fcl_mma_run_probe(flashcl_context *ctx) {
   if (ba) clReleaseMemObject(ba);
   if (bb) clReleaseMemObject(bb);
   if (bd) clReleaseMemObject(bd);
-  /* Out of memory defers; CL_OUT_OF_RESOURCES is also how NVIDIA's driver
-   * reports a kernel that faulted, which is what the probe is there to see. */
-  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY)
-    return fcl_mma_defer(ctx, fcl_cl_error_name(err));
+  /* Out of memory defers; a fault (CL_OUT_OF_RESOURCES) is what the probe is there to see. */
+  if (fcl_cl_is_alloc_failure(err)) return fcl_mma_defer(ctx, fcl_cl_error_name(err));
   if (err != CL_SUCCESS) return fcl_mma_disable(ctx, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
   for (int m = 0; m < 16; m++) {
     int rs = 0;

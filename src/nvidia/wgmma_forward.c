@@ -60,7 +60,7 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   cl_kernel kern;
   flashcl_status st = fcl_get_kernel_retargeted(ctx, "mma_ptx.cl+wgmma_ptx.cl+seq_bounds.cl+flash_fwd_wgmma.cl", fcl_wgmma_probe_options,
                                            "wgmma_probe", &fcl_sm90a_route, &kern);
-  if (st == FLASHCL_ERROR_DEVICE_OUT_OF_MEMORY || st == FLASHCL_ERROR_HOST_OUT_OF_MEMORY) {
+  if (fcl_status_is_oom(st)) {
     fcl_clear_error(ctx);
     return fcl_wgmma_defer(ctx, flashcl_status_string(st));
   }
@@ -115,8 +115,7 @@ static int fcl_wgmma_run_probe(flashcl_context *ctx) {
   free(ah);
   free(d);
   /* As the mma.sync probe: out of memory defers, a fault (CL_OUT_OF_RESOURCES) does not. */
-  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY)
-    return fcl_wgmma_defer(ctx, fcl_cl_error_name(err));
+  if (fcl_cl_is_alloc_failure(err)) return fcl_wgmma_defer(ctx, fcl_cl_error_name(err));
   if (err != CL_SUCCESS) {
     char msg[128];
     snprintf(msg, sizeof msg, "the probe kernel failed to run (%s)", fcl_cl_error_name(err));
