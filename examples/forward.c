@@ -84,7 +84,7 @@ int main(void) {
 
   flashcl_attention_desc desc;
   flashcl_attention_desc_init(&desc); /* scale 1/sqrt(D), no mask, algo AUTO (flash) */
-  desc.causal = 1;
+  desc.mask.causal = true;
 
   /* Asynchronous: the call enqueues the work and returns an event. */
   cl_event done;

@@ -10,7 +10,7 @@
  *   1. append the step's new K/V to the cache    flashcl_kv_cache_append
  *   2. attend to the sequence's own tokens:
  *        prompt chunks (chunked prefill)          flashcl_attention_forward with
- *                                                 desc.kv_block_table (causal)
+ *                                                 desc.paged.cache.block_table (causal)
  *        generated tokens, one per step           flashcl_attention_decode
  *   3. attend to the shared prefix                flashcl_attention_forward, the
  *                                                 prefix K/V seen by both sequences
@@ -142,9 +142,13 @@ static int step(state *st, int pos, int T, int decode) {
   /* The paged cache, as decode and append see it: the pools are (POOL, PAGE, HKV, D). */
   flashcl_decode_desc dd;
   flashcl_decode_desc_init(&dd);
-  dd.page_size = PAGE;
-  dd.block_table = st->table;
-  dd.max_pages = MAX_PAGES;
+  dd.cache.page_size = PAGE;
+  dd.cache.block_table = st->table;
+  dd.cache.max_pages = MAX_PAGES;
+  /* The append writes into the same cache layout. */
+  flashcl_kv_append_desc ad;
+  flashcl_kv_append_desc_init(&ad);
+  ad.cache = dd.cache;
   flashcl_tensor k_pool, v_pool, q, k_new, v_new, o_own, o_prefix, o, lse_own, lse_prefix, lse;
   CHECK(flashcl_tensor_init_bnhd(&k_pool, st->k_pool, 0, FLASHCL_F32, POOL, PAGE, HKV, D));
   CHECK(flashcl_tensor_init_bnhd(&v_pool, st->v_pool, 0, FLASHCL_F32, POOL, PAGE, HKV, D));
@@ -161,7 +165,7 @@ static int step(state *st, int pos, int T, int decode) {
   /* 1. Append at positions lens[b] .. lens[b] + T - 1, then count the new
    * tokens in: the append reads lens but leaves it alone. The queue is in
    * order, so the blocking write runs after the append has read the old lengths. */
-  CHECK(flashcl_kv_cache_append(ctx, &dd, &k_new, &v_new, &k_pool, &v_pool, st->lens, 0, NULL, NULL));
+  CHECK(flashcl_kv_cache_append(ctx, &ad, &k_new, &v_new, &k_pool, &v_pool, st->lens, 0, NULL, NULL));
   for (int b = 0; b < B; ++b) st->len[b] += T;
   CHECK_CL(clEnqueueWriteBuffer(st->queue, st->lens, CL_TRUE, 0, sizeof st->len, st->len, 0, NULL, NULL));
 
@@ -173,11 +177,11 @@ static int step(state *st, int pos, int T, int decode) {
   } else {
     flashcl_attention_desc desc;
     flashcl_attention_desc_init(&desc);
-    desc.causal = 1;
-    desc.kv_block_table = st->table;
-    desc.kv_page_size = PAGE;
-    desc.kv_max_pages = MAX_PAGES;
-    desc.kv_seqlens = st->lens;
+    desc.mask.causal = true;
+    desc.paged.cache.block_table = st->table;
+    desc.paged.cache.page_size = PAGE;
+    desc.paged.cache.max_pages = MAX_PAGES;
+    desc.paged.seqlens = st->lens;
     CHECK(flashcl_attention_forward(ctx, &desc, &q, &k_pool, &v_pool, &o_own, &lse_own, 0, NULL, NULL));
   }
 

@@ -131,11 +131,11 @@ int main(void) {
   CHECK(flashcl_tensor_init_bnhd(&tdk, buf[7], 0, FLASHCL_F32, B, N, H, D));
   CHECK(flashcl_tensor_init_bnhd(&tdv, buf[8], 0, FLASHCL_F32, B, N, H, D));
 
-  /* The backward takes the forward's descriptor. deterministic = 1 (the
-   * default) makes dQ bit-reproducible; 0 would accumulate it with atomics. */
+  /* The backward takes the forward's descriptor. backward.deterministic = true (the
+   * default) makes dQ bit-reproducible; false would accumulate it with atomics. */
   flashcl_attention_desc desc;
   flashcl_attention_desc_init(&desc);
-  desc.causal = 1;
+  desc.mask.causal = true;
 
   /* Both calls go on the context's in-order queue; the event chain below makes
    * the order explicit, as it would need to be on an out-of-order queue. */

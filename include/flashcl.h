@@ -27,6 +27,7 @@
 #define FLASHCL_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -110,7 +111,7 @@ typedef enum flashcl_dtype {
   /* Quantized KV-cache formats (one byte per element; I4X2 below packs two), legal only as the
    * k_cache / v_cache dtype of flashcl_attention_decode and
    * flashcl_kv_cache_append (see "Quantized KV cache" at flashcl_decode_desc),
-   * and as k / v of a forward with a paged source (flashcl_attention_desc.k_scale).
+   * and as k / v of a forward with a paged source (flashcl_paged_desc).
    * Every other tensor of every call refuses them with
    * FLASHCL_ERROR_DTYPE_MISMATCH. */
   FLASHCL_I8 = 3,     /* int8, two's complement, codes -127..127 written */
@@ -334,6 +335,204 @@ typedef enum flashcl_mask_kind {
   FLASHCL_MASK_BITS = 2
 } flashcl_mask_kind;
 
+/*
+ * The descriptor of a forward or backward call is split by concern: each group
+ * below is its own struct, a member of flashcl_attention_desc (desc.mask.causal,
+ * desc.score.softcap, ...). flashcl_attention_desc_init() gives every field its
+ * default; fill only the groups a call needs.
+ */
+
+/* Head counts and V's head dim. */
+typedef struct flashcl_shape_desc {
+  /* 0 takes them from the q and k tensors; if set they must match the tensors.
+   * heads_q must be a multiple of heads_kv (GQA/MQA): query head h reads
+   * key/value head h / (heads_q / heads_kv). */
+  int heads_q;
+  int heads_kv;
+  /* Head dim of v and o (and of d_o and dv in the backward) when it differs from
+   * q and k's (MLA-style models, e.g. DeepSeek's prefill with d_qk = 192 and
+   * d_v = 128). 0 (the default) means v and o have q's head dim, and any other
+   * v/o head dim is FLASHCL_ERROR_INVALID_SHAPE. When > 0, v.shape[3] and
+   * o.shape[3] (d_o and dv too) must equal it, q and k keep head_dim_qk =
+   * q.shape[3], both multiples of 8, head_dim_qk in [8, 576] and head_dim_v in
+   * [8, 512]. Q K^T reduces over head_dim_qk, P V over head_dim_v; the default
+   * scale stays 1/sqrt(head_dim_qk). Which kernel families run it:
+   * docs/api.md, "Separate head dim for V" (a family that does not is refused
+   * when asked for by name, and AUTO skips it). */
+  int head_dim_v;
+} flashcl_shape_desc;
+
+/* Variable-length (packed) batches. When cu_seqlens_q is non-NULL, q/o have
+ * shape (1, total_q, heads, d) and k/v shape (1, total_k, heads_kv, d); sequence
+ * s owns rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) of q and the matching range of
+ * cu_seqlens_k in k/v. Both are int32 buffers of num_seqs + 1 non-decreasing
+ * entries starting at 0; max_seqlen_* bound the per-sequence lengths. The LSE
+ * tensor then has shape (1, total_q, heads_q, 1). max_seqlen_k also bounds a
+ * paged source's key counts (flashcl_paged_desc). */
+typedef struct flashcl_varlen_desc {
+  cl_mem cu_seqlens_q;
+  cl_mem cu_seqlens_k;
+  int num_seqs;
+  int max_seqlen_q;
+  int max_seqlen_k;
+} flashcl_varlen_desc;
+
+/* How a KV cache is stored: flashcl_attention_decode, flashcl_kv_cache_append and
+ * a forward's paged source read the same layout (see "The KV cache" at
+ * flashcl_decode_desc for the page tables, "Quantized KV cache" for the scales).
+ * The default (all 0 / NULL) is a contiguous, plain cache. */
+typedef struct flashcl_kv_layout {
+  /* Paged cache: page_size >= 1 and block_table with max_pages >= 1 int32
+   * entries per sequence. All three 0 / NULL for a contiguous cache. */
+  int page_size;
+  cl_mem block_table;
+  int max_pages;
+  /* Scales of a quantized k / v cache: fp32 buffers in the layout of
+   * k_scale_kind / v_scale_kind (default FLASHCL_KV_SCALE_TOKEN, which the
+   * append fills). Ignored for a plain cache. */
+  cl_mem k_scale;
+  cl_mem v_scale;
+  flashcl_kv_scale k_scale_kind;
+  flashcl_kv_scale v_scale_kind;
+} flashcl_kv_layout;
+
+/* A paged K/V source (chunked prefill over a paged KV cache). cache.block_table
+ * NULL (the default) is off. When set, k and v are the page pools of the decode
+ * cache: (num_pages, page_size, Hkv, d) tensors with page_size = cache.page_size
+ * (which must equal k.shape[1]), and cache.block_table is an int32 buffer
+ * [B][cache.max_pages] (B = q's batch): sequence b's key j lives in slot
+ * j % page_size of page block_table[b * max_pages + j / page_size] (page indices
+ * clamped to [0, num_pages) on the device). seqlens is an int32 buffer [B] of
+ * key counts L_b, including the Nq new tokens, which must already be in the
+ * cache (append them with flashcl_kv_cache_append first): q (B, Nq, Hq, d) holds
+ * the LAST Nq positions of each sequence, so diag = L_b - Nq per sequence
+ * (bottom-right causal alignment, as everywhere). varlen.max_seqlen_k (0:
+ * max_pages * page_size) bounds L_b; device lengths are clamped to [0, that
+ * bound]. A query row that sees no key (L_b < Nq - i) gets O = 0 and
+ * LSE = -inf. Dropout, the window, ALiBi, softcap and masks compose as usual
+ * (indices count from the start of the sequence; mask columns: Lk = the
+ * bound). Varlen chunks: with varlen.cu_seqlens_q set (and cu_seqlens_k NULL:
+ * the key counts are seqlens), q and o are packed (1, total_q, Hq, d) as for
+ * varlen, sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]),
+ * which are the last Nq_s positions of its L_s keys (diag = L_s - Nq_s), and
+ * B = num_seqs. A quantized source: k and v may each be stored as FLASHCL_I8,
+ * FLASHCL_F8E4M3, FLASHCL_F8E5M2 or FLASHCL_I4X2 instead of q's dtype, with
+ * the decode cache's codes and scales (cache.k_scale / v_scale and their
+ * kinds; TOKEN and BLOCK32 rows are page * page_size + slot); a quantized side
+ * needs its scale buffer (FLASHCL_ERROR_INVALID_ARGUMENT, or BUFFER_TOO_SMALL
+ * when smaller than its layout), and a quantized k or v without a paged
+ * source is FLASHCL_ERROR_DTYPE_MISMATCH. Forward only, on the flash kernels
+ * and the naive path; the backward with a paged source returns
+ * FLASHCL_ERROR_UNSUPPORTED. */
+typedef struct flashcl_paged_desc {
+  flashcl_kv_layout cache;
+  cl_mem seqlens; /* int32 [B] */
+} flashcl_paged_desc;
+
+/* Which (query, key) pairs are visible, besides the window of
+ * flashcl_score_desc. With diag = Nk - Nq (per sequence for varlen):
+ *   causal: key j hidden from query i iff j > i + diag (aligned to the
+ *     bottom-right corner, as FlashAttention-2: query i of a sequence with Nq
+ *     queries and Nk keys sees key j iff j <= i + (Nk - Nq)).
+ *   kind != FLASHCL_MASK_NONE: an explicit mask (block-sparse or one bit per
+ *     pair), see README "Block-sparse and bitmask attention" and
+ *     flashcl_mask_kind for the layouts of `bits`. A 0 bit hides its pair or
+ *     block.
+ * Everything composes by intersection (a key is visible iff every rule lets it
+ * through, the window and varlen lengths included); ALiBi / softcap apply to
+ * the visible scores. A query row that sees no key gets O = 0 and LSE = -inf
+ * (no NaN), dq = 0, and unseen keys get dK = dV = 0. The flash kernels skip
+ * K/V tiles whose mask bits are all 0, forward and backward, so their runtime
+ * falls with the mask's density. */
+typedef struct flashcl_mask_desc {
+  bool causal;
+  flashcl_mask_kind kind; /* FLASHCL_MASK_NONE (default) ignores the fields below */
+  cl_mem bits;            /* uint32 words, the layout of kind, from byte 0 */
+  int block_q;            /* FLASHCL_MASK_BLOCK: queries per mask block (>= 1) */
+  int block_k;            /* FLASHCL_MASK_BLOCK: keys per mask block (>= 1) */
+  bool per_head;          /* false: one mask per sequence, shared by all query
+                             heads; true: one per (sequence, query head) */
+} flashcl_mask_desc;
+
+/* Score variants (FlashAttention-2's), shared by flashcl_attention_desc and
+ * flashcl_decode_desc (README "Masks and score variants"). With diag = Nk - Nq
+ * (per sequence for varlen), query i and key j:
+ *   s = scale * q_i . k_j
+ *   softcap > 0:        s = softcap * tanh(s / softcap)
+ *   alibi_slopes:       s = s - slope[h] * |j - (i + diag)|   (h: the query head)
+ *   window_left >= 0:   key j hidden iff j < i + diag - window_left
+ *   window_right >= 0:  key j hidden iff j > i + diag + window_right
+ *   (the mask's causal rule is window_right = 0; they compose by intersection)
+ * in this order, then softmax; LSE is log sum_j exp(s) of the final scores.
+ * They run on every kernel family and the naive path, forward and backward. */
+typedef struct flashcl_score_desc {
+  /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim) (q's head dim). */
+  float scale;
+  /* 0 (off) or a finite value > 0. */
+  float softcap;
+  /* NULL (off) or an fp32 buffer of at least heads_q floats. */
+  cl_mem alibi_slopes;
+  /* Attention sinks (gpt-oss): NULL (off) or an fp32 buffer of at least heads_q
+   * logits, sink[h] in the units of the scaled scores. Each row of query head h
+   * takes one more softmax entry of logit sink[h] that carries no value: it
+   * enters the row's max and sum, so O = sum_j P_j V_j with
+   * P_j = exp(s_j - LSE) and LSE = log(exp(sink[h]) + sum_j exp(s_j)). A row
+   * that sees no key gets O = 0 and LSE = sink[h]. The backward takes the
+   * forward's LSE (which includes the sinks); its gradient is
+   * flashcl_backward_desc.dsinks. */
+  cl_mem sinks;
+  /* -1 (the default of *_desc_init) is unbounded; values < -1 are invalid. */
+  int window_left;
+  int window_right;
+} flashcl_score_desc;
+
+/* Dropout probability p in [0, 1) applied to P; kept entries are scaled by
+ * 1/(1 - p). The mask is regenerated from (seed, offset), never stored; see
+ * README "Dropout" for the counter layout. */
+typedef struct flashcl_dropout_desc {
+  float p;
+  uint64_t seed;
+  uint64_t offset;
+} flashcl_dropout_desc;
+
+/* Which algorithm and kernels run, and with which tuning. */
+typedef struct flashcl_algorithm_desc {
+  flashcl_algo algo;
+  flashcl_kernel_family kernel;
+  /* Tile sizes for the portable flash kernels: query rows (Br) and key rows (Bc)
+   * per tile, forward and backward; 0 takes them from the tuning sources or the
+   * local-memory rule (README "Block sizes"). Non-zero values must be multiples
+   * of 8, and they are shorthand for the fwd/bwd parameters br and bc: a call
+   * that runs another family fails with FLASHCL_ERROR_UNSUPPORTED rather than
+   * ignore them (use `tuning` there). */
+  int block_r;
+  int block_c;
+  /* Per-call tuning (see "Tuning" below). NULL (the default) takes the
+   * configuration from the context's tuning sources. Otherwise its family must be
+   * one this call can run (its parameters replace the database's for this call);
+   * a family the call cannot run, or parameters that do not fit this device or
+   * problem, fail with FLASHCL_ERROR_UNSUPPORTED and a message. */
+  const struct flashcl_tuning *tuning;
+} flashcl_algorithm_desc;
+
+/* What only the backward reads. */
+typedef struct flashcl_backward_desc {
+  /* true (the default) computes dQ in its own kernel or, on the tensor-core
+   * backward, in per-split fp32 accumulators added in a fixed order (README
+   * "Backward: dQ modes"), so results are bit-reproducible. false accumulates
+   * dQ with fp32 atomics inside the dK/dV kernel (fewer FLOPs, order-dependent
+   * rounding); it permits atomics rather than demanding them (docs/kernels.md
+   * lists the head dims that stay deterministic). */
+  bool deterministic;
+  /* NULL, or an fp32 buffer of >= heads_q floats that gets dL/dsink[h] =
+   * -sum over the rows of head h of exp(sink[h] - LSE) * rowsum(dO * O); it
+   * must not overlap any other buffer of the call. */
+  cl_mem dsinks;
+} flashcl_backward_desc;
+
+/* The groups are fixed once released: a later release adds fields (or new
+ * groups) at the end of flashcl_attention_desc only, so struct_size keeps
+ * older programs working (see struct_size). */
 typedef struct flashcl_attention_desc {
   /* The size of this struct in the header the caller was compiled with, set
    * by flashcl_attention_desc_init(): a library built with a newer header, whose struct has
@@ -341,172 +540,14 @@ typedef struct flashcl_attention_desc {
    * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
    * it otherwise. */
   size_t struct_size;
-  /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim) (q's head dim). */
-  float scale;
-  /* Causal mask, aligned to the bottom-right corner (FlashAttention-2): query i of
-   * a sequence with Nq queries and Nk keys sees key j iff j <= i + (Nk - Nq).
-   * A query row that sees no key gets O = 0 and LSE = -inf. */
-  int causal;
-  /* Query and key/value head counts. 0 takes them from the q and k tensors; if set
-   * they must match the tensors. heads_q must be a multiple of heads_kv (GQA/MQA):
-   * query head h reads key/value head h / (heads_q / heads_kv). */
-  int heads_q;
-  int heads_kv;
-
-  /* Variable-length (packed) batches. When cu_seqlens_q is non-NULL, q/o have
-   * shape (1, total_q, heads, d) and k/v shape (1, total_k, heads_kv, d); sequence
-   * s owns rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) of q and the matching range of
-   * cu_seqlens_k in k/v. Both are int32 buffers of num_seqs + 1 non-decreasing
-   * entries starting at 0; max_seqlen_* bound the per-sequence lengths. The LSE
-   * tensor then has shape (1, total_q, heads_q, 1). */
-  cl_mem cu_seqlens_q;
-  cl_mem cu_seqlens_k;
-  int num_seqs;
-  int max_seqlen_q;
-  int max_seqlen_k;
-
-  flashcl_algo algo;
-  flashcl_kernel_family kernel;
-
-  /* Tile sizes for the portable flash kernels: query rows (Br) and key rows (Bc)
-   * per tile, forward and backward; 0 takes them from the tuning sources or the
-   * local-memory rule (README "Block sizes"). Non-zero values must be multiples
-   * of 8, and they are shorthand for the fwd/bwd parameters br and bc: a call
-   * that runs another family (the tensor-core kernels) fails with
-   * FLASHCL_ERROR_UNSUPPORTED rather than ignore them (use desc.tuning there). */
-  int block_r;
-  int block_c;
-
-  /* Training. deterministic = 1 (the default) computes dQ in its own kernel or,
-   * on the tensor-core backward, in per-split fp32 accumulators added in a fixed
-   * order (README "Backward: dQ modes"), so results are bit-reproducible.
-   * 0 accumulates dQ with fp32 atomics inside the dK/dV kernel (fewer FLOPs,
-   * order-dependent rounding). 0 permits atomics rather than demanding them: on
-   * the tensor-core kernels, head dims whose dQ tile the atomic layout cannot
-   * split (48, 80, 112) run the deterministic kernels. */
-  int deterministic;
-  /* Dropout probability in [0, 1) applied to P; kept entries are scaled by
-   * 1/(1 - p). The mask is regenerated from (seed, offset), never stored; see
-   * README "Dropout" for the counter layout. */
-  float dropout_p;
-  uint64_t seed;
-  uint64_t offset;
-
-  /* Score variants (FlashAttention-2's), see README "Masks and score variants".
-   * With diag = Nk - Nq (per sequence for varlen), query i and key j:
-   *   s = scale * q_i . k_j
-   *   softcap > 0:        s = softcap * tanh(s / softcap)
-   *   alibi_slopes:       s = s - slope[h] * |j - (i + diag)|   (h: the query head)
-   *   window_left >= 0:   key j hidden iff j < i + diag - window_left
-   *   window_right >= 0:  key j hidden iff j > i + diag + window_right
-   *   causal:             key j hidden iff j > i + diag (window_right = 0; the two
-   *                       compose by intersection)
-   * in this order, then softmax; LSE is log sum_j exp(s) of the final scores.
-   * window_left / window_right: -1 (the default of flashcl_attention_desc_init) is
-   * unbounded; values < -1 are invalid. alibi_slopes: NULL (off) or an fp32 buffer
-   * of at least heads_q floats. softcap: 0 (off) or a finite value > 0. These run
-   * on every flash kernel family and the naive path, forward and backward. */
-  int window_left;
-  int window_right;
-  cl_mem alibi_slopes;
-  float softcap;
-
-  /* Explicit attention mask (block-sparse or one bit per pair), see README
-   * "Block-sparse and bitmask attention" and flashcl_mask_kind for the layouts.
-   * A 0 bit hides its (query, key) pair or block; the mask composes with causal,
-   * the window and varlen lengths by intersection (a key is visible iff every one
-   * of them lets it through), and ALiBi / softcap apply to the visible scores as
-   * usual. Rows left without a visible key get O = 0 and LSE = -inf (no NaN).
-   * The flash forward skips K/V tiles whose mask bits are all 0, so its runtime
-   * falls with the mask's density. mask_kind FLASHCL_MASK_NONE (the default)
-   * ignores the other mask fields. Flash and naive, forward and backward (the
-   * backward skips all-0 tiles too; hidden pairs get P = 0, so empty rows get
-   * dQ = 0 and unseen keys dK = dV = 0); the tensor-core kernels skip all-0 tiles
-   * the same way. */
-  flashcl_mask_kind mask_kind;
-  cl_mem mask;         /* uint32 words, the layout of mask_kind, from byte 0 */
-  int mask_block_q;    /* FLASHCL_MASK_BLOCK: queries per mask block (>= 1) */
-  int mask_block_k;    /* FLASHCL_MASK_BLOCK: keys per mask block (>= 1) */
-  int mask_per_head;   /* 0: one mask per sequence, shared by all query heads;
-                          1: one mask per (sequence, query head) */
-
-  /* Paged K/V source (chunked prefill over a paged KV cache). kv_block_table NULL
-   * (the default) is off. When set, k and v are the page pools of the decode
-   * cache (see flashcl_decode_desc): (num_pages, page_size, Hkv, d) tensors with
-   * page_size = kv_page_size, and kv_block_table is an int32 buffer [B][kv_max_pages]
-   * (B = q's batch): sequence b's key j lives in slot j % kv_page_size of page
-   * kv_block_table[b * kv_max_pages + j / kv_page_size] (page indices clamped to
-   * [0, num_pages) on the device). kv_seqlens is an int32 buffer [B] of key counts
-   * L_b, including the Nq new tokens, which must already be in the cache (append
-   * them with flashcl_kv_cache_append first): q (B, Nq, Hq, d) holds the LAST Nq
-   * positions of each sequence, so diag = L_b - Nq per sequence (bottom-right
-   * causal alignment, as everywhere). max_seqlen_k (0: kv_max_pages * kv_page_size)
-   * bounds L_b; device lengths are clamped to [0, that bound]. A query row that
-   * sees no key (L_b < Nq - i) gets O = 0 and LSE = -inf. Dropout, the window,
-   * ALiBi, softcap and masks compose as usual (indices count from the start of
-   * the sequence; mask columns: Lk = the bound). Varlen chunks: with cu_seqlens_q
-   * set (and cu_seqlens_k NULL: the key counts are kv_seqlens), q and o are packed
-   * (1, total_q, Hq, d) as for varlen, sequence s owns query rows
-   * [cu_seqlens_q[s], cu_seqlens_q[s+1]), which are the last Nq_s positions of its
-   * L_s keys (diag = L_s - Nq_s), and B = num_seqs. Forward only, on the flash
-   * kernels (portable and tensor-core) and the naive path; the backward pass with
-   * a paged source returns FLASHCL_ERROR_UNSUPPORTED. */
-  cl_mem kv_block_table;
-  int kv_page_size;    /* >= 1, must equal k.shape[1] */
-  int kv_max_pages;    /* >= 1 */
-  cl_mem kv_seqlens;   /* int32 [B] */
-
-  /* Per-call tuning (see "Tuning" below). NULL (the default) takes the
-   * configuration from the context's tuning sources. Otherwise its family must be
-   * one this call can run (its parameters replace the database's for this call);
-   * a family the call cannot run, or parameters that do not fit this device or
-   * problem, fail with FLASHCL_ERROR_UNSUPPORTED and a message. */
-  const struct flashcl_tuning *tuning;
-
-  /* Attention sinks (gpt-oss): NULL (the default) is off; else an fp32 buffer of
-   * at least heads_q logits, sink[h] in the units of the scaled scores. Each row
-   * of query head h takes one more softmax entry of logit sink[h] that carries
-   * no value: it enters the row's max and sum, so O = sum_j P_j V_j with
-   * P_j = exp(s_j - LSE) and LSE = log(exp(sink[h]) + sum_j exp(s_j)). A row
-   * that sees no key gets O = 0 and LSE = sink[h]. The backward takes the
-   * forward's LSE (which includes the sinks) and needs nothing else for dq, dk
-   * and dv. dsinks: NULL, or (backward only) an fp32 buffer of >= heads_q floats
-   * that gets dL/dsink[h] = -sum over the rows of head h of
-   * exp(sink[h] - LSE) * rowsum(dO * O); it must not overlap any other buffer
-   * of the call. Every kernel family and the naive path take sinks, forward
-   * and backward. */
-  cl_mem sinks;
-  cl_mem dsinks;
-
-  /* Head dim of v and o (and of d_o and dv in the backward) when it differs from
-   * q and k's (MLA-style models, e.g. DeepSeek's prefill with d_qk = 192 and
-   * d_v = 128). 0 (the default of flashcl_attention_desc_init) means v and o
-   * have q's head dim, and any other v/o head dim is FLASHCL_ERROR_INVALID_SHAPE
-   * as before. When > 0, v.shape[3] and o.shape[3] (d_o and dv too) must equal
-   * head_dim_v, q and k keep head_dim_qk = q.shape[3], and both are multiples of
-   * 8, head_dim_qk in [8, 576] and head_dim_v in [8, 512]. Q K^T reduces over head_dim_qk, P V over head_dim_v; the
-   * default scale stays 1/sqrt(head_dim_qk). The portable flash kernels and the
-   * naive path run it (forward and backward); the tensor-core kernels do not:
-   * AUTO runs the portable kernels, and desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA
-   * (or a desc.tuning of a tensor-core family) fails with
-   * FLASHCL_ERROR_UNSUPPORTED. */
-  int head_dim_v;
-
-  /* A quantized paged K/V source (chunked prefill from a quantized cache):
-   * with kv_block_table set, k and v may each be stored as FLASHCL_I8,
-   * FLASHCL_F8E4M3, FLASHCL_F8E5M2 or FLASHCL_I4X2 instead of q's dtype, with the decode
-   * cache's codes, scale buffers and layouts (see "Quantized KV cache" at
-   * flashcl_decode_desc; TOKEN and BLOCK32 rows are page * page_size + slot).
-   * k_scale / v_scale are read only for a quantized side, which needs its
-   * buffer (FLASHCL_ERROR_INVALID_ARGUMENT, or BUFFER_TOO_SMALL when smaller
-   * than its layout). Forward only: the portable flash kernels, the naive
-   * path and the tensor-core forward (fp16/bf16 q, k and v with one head
-   * dim, rows aligned as for a plain pool) read it; a quantized k or v
-   * without a paged source is FLASHCL_ERROR_DTYPE_MISMATCH, as before. */
-  cl_mem k_scale;
-  cl_mem v_scale;
-  flashcl_kv_scale k_scale_kind;
-  flashcl_kv_scale v_scale_kind;
+  flashcl_shape_desc shape;
+  flashcl_score_desc score;
+  flashcl_mask_desc mask;
+  flashcl_varlen_desc varlen;
+  flashcl_paged_desc paged;
+  flashcl_dropout_desc dropout;
+  flashcl_backward_desc backward;
+  flashcl_algorithm_desc algorithm;
 } flashcl_attention_desc;
 
 
@@ -520,7 +561,7 @@ typedef struct flashcl_attention_desc {
  *                             (with L > 0, only k < L): the flat block butterfly
  *                             of the block-sparse FlashAttention experiments,
  *                             1 + log2(n) blocks per row for n = 2^m blocks
- * Compose with causal through desc.causal (intersection). */
+ * Compose with causal through desc.mask.causal (intersection). */
 typedef enum flashcl_block_layout {
   FLASHCL_BLOCK_LOCAL = 0,
   FLASHCL_BLOCK_STRIDED = 1,
@@ -550,7 +591,7 @@ static inline void flashcl_attention_desc_init(flashcl_attention_desc *desc) {
 /*
  * O = softmax(scale * Q K^T + mask) V, per batch and query head.
  *   q: (B, Nq, Hq, d)   k, v: (B, Nk, Hkv, d)   o: (B, Nq, Hq, d)
- *   (with desc.head_dim_v = dv > 0: v (B, Nk, Hkv, dv) and o (B, Nq, Hq, dv))
+ *   (with desc.shape.head_dim_v = dv > 0: v (B, Nk, Hkv, dv) and o (B, Nq, Hq, dv))
  *   q, k, v and o share one dtype; head_dim is a multiple of 8 in [8, 576]
  *   (v and o's at most 512; past 256 the portable kernels and the naive path
  *   run, as MLA's 576 / 512 needs).
@@ -579,7 +620,7 @@ FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx, const
  * Gradients of flashcl_attention_forward with the same desc (scale, causal, GQA,
  * varlen, dropout). o and lse are the forward's outputs (lse is required).
  * dq has q's shape, dk has k's shape and dv v's (d_o has o's: with
- * desc.head_dim_v set, d_o, o, v and dv have head dim head_dim_v); all share
+ * desc.shape.head_dim_v set, d_o, o, v and dv have head dim head_dim_v); all share
  * q's dtype. With GQA, dk and
  * dv are summed over the query heads that share a key/value head. Query rows
  * that see no key get dq = 0 and contribute nothing to dk/dv.
@@ -611,7 +652,7 @@ FLASHCL_API flashcl_status flashcl_dropout_mask(flashcl_context *ctx, const flas
 typedef enum flashcl_pass { FLASHCL_PASS_FORWARD = 0, FLASHCL_PASS_BACKWARD = 1 } flashcl_pass;
 
 /* Scratch device memory (bytes) the call would allocate for the algorithm that
- * desc->algo resolves to, beyond q/k/v/o/lse. Runs the same validation as the
+ * desc->algorithm.algo resolves to, beyond q/k/v/o/lse. Runs the same validation as the
  * operation. For pass BACKWARD on a device with the tensor-core kernels, the
  * kernel family also depends on the alignment of o, dO and the gradients, which
  * this call does not see: it reports the larger of the two families' figures. */
@@ -621,10 +662,10 @@ FLASHCL_API flashcl_status flashcl_attention_workspace_size(flashcl_context *ctx
                                                             size_t *bytes);
 
 /* The flash kernel family the operation would run for these arguments on ctx:
- * FLASHCL_KERNEL_PORTABLE or FLASHCL_KERNEL_NVIDIA_MMA (AUTO, desc->kernel and
+ * FLASHCL_KERNEL_PORTABLE or FLASHCL_KERNEL_NVIDIA_MMA (AUTO, desc->algorithm.kernel and
  * $FLASHCL_KERNEL resolved; a problem the tensor-core kernels do not cover
  * resolves to PORTABLE, with the reason in the verbose log), or
- * FLASHCL_KERNEL_AUTO when desc->algo resolves to NAIVE (no flash kernel runs).
+ * FLASHCL_KERNEL_AUTO when desc->algorithm.algo resolves to NAIVE (no flash kernel runs).
  * Runs the forward's validation; the first call may build the tensor-core probe.
  * For pass BACKWARD the tensor-core kernels also need dO, dQ, dK and dV rows
  * that are 16-byte aligned, which this call does not see. Fails like the
@@ -678,12 +719,13 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
 #define FLASHCL_DECODE_MAX_SPLITS 256
 
 /*
- * The KV cache of flashcl_attention_decode and flashcl_kv_cache_append.
+ * The KV cache of flashcl_attention_decode and flashcl_kv_cache_append, whose
+ * descriptors hold its layout as `cache` (a flashcl_kv_layout).
  *
- * Contiguous (block_table == NULL): k_cache and v_cache are (B, max_len, Hkv, d)
+ * Contiguous (cache.block_table == NULL): k_cache and v_cache are (B, max_len, Hkv, d)
  *   tensors (any strides, unit head_dim stride; v_cache's d may be smaller, see
  *   flashcl_attention_decode); sequence b's token j is row j of batch entry b.
- * Paged (block_table != NULL): k_cache and v_cache are pools of pages described as
+ * Paged (cache.block_table != NULL): k_cache and v_cache are pools of pages described as
  *   (num_pages, page_size, Hkv, d) tensors: "batch" indexes the page and "seqlen"
  *   the slot in the page (the contiguous default is [num_pages][page_size][Hkv][d],
  *   i.e. flashcl_tensor_init_bnhd(t, buf, 0, dtype, num_pages, page_size, Hkv, d)).
@@ -712,7 +754,7 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  *   F8E5M2: bits S EEEEE MM, bias 15 (the top byte of an IEEE binary16):
  *           E = 0: M/4 * 2^-14; E = 31: inf (M = 0), NaN (M != 0); else
  *           (1 + M/4) * 2^(E-15) (largest finite 57344, code 0x7b).
- * The scales are fp32 buffers (desc.k_scale for k_cache, desc.v_scale for
+ * The scales are fp32 buffers (desc.cache.k_scale for k_cache, desc.cache.v_scale for
  * v_cache, read from byte 0) whose layout is chosen by k_scale_kind /
  * v_scale_kind:
  *   FLASHCL_KV_SCALE_TENSOR: 1 float for the whole cache.
@@ -737,32 +779,20 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * [-127, 127] (NaN gives 0), I4X2 likewise to [-7, 7]; fp8 rounds y to the
  * nearest representable value, ties to even, saturating at the largest finite value (inf too), NaN gives
  * the format's NaN (0x7f / 0x7e with the sign). A scale of 0 (a row of zeros
- * under TOKEN) stores code 0 (+0) for every element of the row. Which decode
+ * under TOKEN) stores code 0 (+0) for every element of the row. A scale
+ * buffer the append writes must share no byte with any other buffer of the
+ * call (the other side's scales included), one it reads none with the caches,
+ * and the decode's none with o, lse or the workspace
+ * (FLASHCL_ERROR_INVALID_ARGUMENT). Which decode
  * kernels take quantized caches, and how they dequantize: docs/inference.md,
  * "Quantized KV cache (int8, fp8)".
  */
-/* flashcl_kv_scale (the scale layouts of a quantized cache) is declared
- * before flashcl_attention_desc, which takes it too. */
+/* The cache's layout (page table, scales) is a flashcl_kv_layout, declared
+ * with flashcl_attention_desc, whose paged source takes it too. */
 
-typedef struct flashcl_decode_desc {
-  /* The size of this struct in the header the caller was compiled with, set
-   * by flashcl_decode_desc_init(): a library built with a newer header, whose struct has
-   * more fields at the end, reads only these bytes and gives the rest their
-   * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
-   * it otherwise. */
-  size_t struct_size;
-  /* Softmax scale. 0 means 1/sqrt(head_dim). */
-  float scale;
-  /* 0 takes them from q and k_cache; if set they must match. heads_q must be a
-   * multiple of heads_kv: query head h reads kv head h / (heads_q / heads_kv). */
-  int heads_q;
-  int heads_kv;
-  /* Paged cache (see above): page_size >= 1 and block_table with max_pages >= 1
-   * int32 entries per sequence. All three 0 / NULL for a contiguous cache. */
-  int page_size;
-  cl_mem block_table;
-  int max_pages;
-  /* Split-KV: number of chunks each sequence's keys are split into, each chunk
+/* How decode splits each sequence's keys (FlashDecoding). */
+typedef struct flashcl_decode_split {
+  /* Number of chunks each sequence's keys are split into, each chunk
    * processed by its own work-groups and merged by a second kernel. 0 chooses from
    * the device's compute units, batch x heads_kv and max_seqlen_k; 1 disables the
    * split (one kernel, no workspace). At most FLASHCL_DECODE_MAX_SPLITS. */
@@ -782,6 +812,31 @@ typedef struct flashcl_decode_desc {
    * wait). */
   cl_mem workspace;
   size_t workspace_offset;
+} flashcl_decode_split;
+
+/* Fields are added at the end only (see flashcl_attention_desc). */
+typedef struct flashcl_decode_desc {
+  /* The size of this struct in the header the caller was compiled with, set
+   * by flashcl_decode_desc_init(): a library built with a newer header, whose struct has
+   * more fields at the end, reads only these bytes and gives the rest their
+   * defaults. 0 (a struct zeroed by hand) means this header's size. Never set
+   * it otherwise. */
+  size_t struct_size;
+  /* 0 takes them from q and k_cache; if set they must match. heads_q must be a
+   * multiple of heads_kv: query head h reads kv head h / (heads_q / heads_kv). */
+  int heads_q;
+  int heads_kv;
+  /* The cache's page table and scales (see above). */
+  flashcl_kv_layout cache;
+  /* Score variants, with flashcl_attention_desc's meaning and checks: query t of
+   * sequence b sits at position i = L_b - q_len + t, key j is hidden iff
+   * j < i - window_left (window_left >= 0) or j > i + window_right
+   * (window_right >= 0), on top of the causal rule or the tree; s = softcap *
+   * tanh(s / softcap) when softcap > 0, then s -= alibi_slopes[h] * |j - i|;
+   * sinks as in the forward. A left window also narrows the keys the splits
+   * cover to the window. Which decode kernels run which variant:
+   * docs/inference.md (AUTO skips a kernel that does not). */
+  flashcl_score_desc score;
   /* Speculative-decoding tree over the q_len new tokens (optional): a buffer of
    * B * q_len uint32 words. Word b * q_len + t is query t's view of its sequence's
    * new tokens: bit u set means query t sees new token u (key L_b - q_len + u).
@@ -789,45 +844,15 @@ typedef struct flashcl_decode_desc {
    * (bit u set for u <= t). Set bit t for a token to see itself; a query that
    * sees no key gets O = 0 and LSE = -inf. Bits at or above q_len are ignored. */
   cl_mem tree_mask;
+  flashcl_decode_split split;
   /* Kernel family, as for the forward (docs/kernels.md, "Decode"): AUTO (the
-   * default) takes the device's tensor-core decode kernels where they cover
-   * the call, the portable kernel otherwise (or when $FLASHCL_KERNEL is
-   * "portable"). PORTABLE forces the portable kernel; NVIDIA_MMA fails with
-   * FLASHCL_ERROR_UNSUPPORTED where the device lacks the path, and runs the
-   * portable kernel on problems it does not cover (fp32, unaligned rows). */
+   * default) takes the device's fastest decode kernel that covers the call.
+   * PORTABLE forces the portable kernel; a vendor family fails with
+   * FLASHCL_ERROR_UNSUPPORTED where the device lacks it, and runs the portable
+   * kernel on problems it does not cover. */
   flashcl_kernel_family kernel;
-  /* Score variants, with flashcl_attention_desc's meaning and checks: query t of
-   * sequence b sits at position i = L_b - q_len + t, key j is hidden iff
-   * j < i - window_left (window_left >= 0) or j > i + window_right
-   * (window_right >= 0), on top of the causal rule or the tree; s = softcap *
-   * tanh(s / softcap) when softcap > 0, then s -= alibi_slopes[h] * |j - i|.
-   * window_left / window_right -1 (the default of flashcl_decode_desc_init) is
-   * unbounded; alibi_slopes NULL (off) or an fp32 buffer of >= heads_q floats;
-   * softcap 0 (off) or finite > 0. A left window also narrows the keys the
-   * splits cover to the window. They run on every decode kernel except the
-   * tensor-core one, which AUTO then skips. */
-  int window_left;
-  int window_right;
-  cl_mem alibi_slopes;
-  float softcap;
   /* Per-call tuning of family FLASHCL_TUNE_DECODE (see "Tuning"), or NULL. */
   const struct flashcl_tuning *tuning;
-  /* Attention sinks, as in flashcl_attention_desc: NULL (off) or an fp32 buffer
-   * of >= heads_q logits. Every decode kernel takes them. */
-  cl_mem sinks;
-  /* Scales of a quantized k_cache / v_cache (see "Quantized KV cache" above):
-   * fp32 buffers in the layout of k_scale_kind / v_scale_kind (default of
-   * flashcl_decode_desc_init: FLASHCL_KV_SCALE_TOKEN, which the append fills).
-   * flashcl_attention_decode reads them; flashcl_kv_cache_append reads them
-   * (TENSOR, HEAD) or writes the new rows' entries (TOKEN); a scale buffer
-   * the append writes must share no byte with any other buffer of the call
-   * (the other side's scales included), one it reads none with the caches,
-   * and the decode's none with o, lse or the workspace
-   * (FLASHCL_ERROR_INVALID_ARGUMENT). Ignored for a plain cache. */
-  cl_mem k_scale;
-  cl_mem v_scale;
-  flashcl_kv_scale k_scale_kind;
-  flashcl_kv_scale v_scale_kind;
 } flashcl_decode_desc;
 
 /* The library fills the first `size` bytes (sizeof the caller's struct) with
@@ -850,7 +875,7 @@ static inline void flashcl_decode_desc_init(flashcl_decode_desc *desc) {
  *     o must take dv (INVALID_SHAPE); the portable kernel runs such calls,
  *     and flashcl_kv_cache_append takes v_new with dv); q, o and the caches share a dtype,
  *     except that each cache may instead be quantized (I8, F8E4M3, F8E5M2 with
- *     desc.k_scale / v_scale: "Quantized KV cache" above)
+ *     desc.cache.k_scale / v_scale: "Quantized KV cache" above)
  *   seqlens_k: int32 buffer [B], sequence b's KV length L_b, including the q_len
  *     new tokens, which must already be the cache's last q_len entries (append
  *     them first). Query t (0-based) of sequence b sees keys j <= L_b - q_len + t
@@ -881,13 +906,27 @@ FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_conte
                                                                    const flashcl_tensor *v_cache, size_t *bytes,
                                                                    int *num_splits);
 
+/* What flashcl_kv_cache_append needs to know of the cache: its layout, the
+ * same flashcl_kv_layout the decode descriptor holds (copy desc.cache over).
+ * Fields are added at the end only (see flashcl_attention_desc). */
+typedef struct flashcl_kv_append_desc {
+  /* As flashcl_attention_desc.struct_size, set by flashcl_kv_append_desc_init(). */
+  size_t struct_size;
+  flashcl_kv_layout cache;
+} flashcl_kv_append_desc;
+
+FLASHCL_API flashcl_status flashcl_kv_append_desc_init_size(flashcl_kv_append_desc *desc, size_t size);
+static inline void flashcl_kv_append_desc_init(flashcl_kv_append_desc *desc) {
+  (void)flashcl_kv_append_desc_init_size(desc, sizeof *desc);
+}
+
 /*
  * Writes new tokens into the cache: k_new[b, t] and v_new[b, t], (B, T, Hkv, d) of
  * one plain dtype (f32, f16 or bf16) that is the dtype of each plain cache
  * (a quantized cache takes any of the three and quantizes on write, see
  * "Quantized KV cache" above), go to positions seqlens[b] + t of sequence b
- * (t < T), with the cache layout of desc (page_size, block_table, max_pages;
- * for quantized caches the scale fields; other fields ignored).
+ * (t < T), with the cache layout desc->cache (page table; for quantized
+ * caches the scales).
  * seqlens is an int32 buffer [B] of lengths BEFORE the append; it is not modified
  * (add T yourself, e.g. before calling flashcl_attention_decode). Positions outside
  * [0, capacity) and, for a paged cache, tokens whose page index is outside
@@ -895,7 +934,7 @@ FLASHCL_API flashcl_status flashcl_attention_decode_workspace_size(flashcl_conte
  * multiple of 8 in [8, 576], v's one in [8, min(k's, 512)]): v's above k's is
  * FLASHCL_ERROR_INVALID_SHAPE, the others FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM.
  */
-FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
+FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_kv_append_desc *desc,
                                                    const flashcl_tensor *k_new, const flashcl_tensor *v_new,
                                                    const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
                                                    cl_mem seqlens, cl_uint num_events_in_wait_list,

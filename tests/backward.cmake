@@ -42,7 +42,7 @@ flashcl_add_test_variant(test_backward_warp test_backward
 # them by default).
 flashcl_add_test_variant(test_backward_split test_backward
   "FLASHCL_TEST_TUNING=bwd split=1 unroll=1 ftz=1 warp=1;FLASHCL_TEST_FILTER=*plan*" TIMEOUT 900)
-# desc.head_dim_v (v and o with their own head dim): forward and backward,
+# desc.shape.head_dim_v (v and o with their own head dim): forward and backward,
 # flash and naive, against the double reference; error paths and queries.
 add_executable(test_head_dim_v ${CMAKE_CURRENT_LIST_DIR}/test_head_dim_v.c)
 target_link_libraries(test_head_dim_v PRIVATE flashcl_test_masks)

@@ -760,21 +760,21 @@ void fct_problem_release(fct_problem *p) {
 
 void fct_problem_desc(const fct_problem *p, const fct_run *run, flashcl_attention_desc *desc) {
   flashcl_attention_desc_init(desc);
-  desc->scale = p->c.scale;
-  desc->causal = p->c.causal;
+  desc->score.scale = p->c.scale;
+  desc->mask.causal = p->c.causal;
   if (p->c.num_seqs > 0) {
-    desc->cu_seqlens_q = p->cu_q;
-    desc->cu_seqlens_k = p->cu_k;
-    desc->num_seqs = p->c.num_seqs;
-    desc->max_seqlen_q = p->max_q;
-    desc->max_seqlen_k = p->max_k;
+    desc->varlen.cu_seqlens_q = p->cu_q;
+    desc->varlen.cu_seqlens_k = p->cu_k;
+    desc->varlen.num_seqs = p->c.num_seqs;
+    desc->varlen.max_seqlen_q = p->max_q;
+    desc->varlen.max_seqlen_k = p->max_k;
   }
   if (run) {
-    desc->algo = run->algo;
-    desc->kernel = run->kernel;
-    desc->block_r = run->block_r;
-    desc->block_c = run->block_c;
-    desc->tuning = run->tuning;
+    desc->algorithm.algo = run->algo;
+    desc->algorithm.kernel = run->kernel;
+    desc->algorithm.block_r = run->block_r;
+    desc->algorithm.block_c = run->block_c;
+    desc->algorithm.tuning = run->tuning;
   }
 }
 

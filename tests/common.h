@@ -240,6 +240,10 @@ double fct_tensor_get(const fct_tensor *t, int64_t b, int64_t n, int64_t h, int6
 /* A reference view of the host mirror. */
 ref_tensor fct_tensor_ref(const fct_tensor *t);
 
+/* The flashcl_kv_append_desc of a decode descriptor's cache (a compound
+ * literal: valid to the end of the enclosing block). */
+#define FCT_APPEND_DESC(dd) (&(flashcl_kv_append_desc){sizeof(flashcl_kv_append_desc), (dd)->cache})
+
 /* Wraps clCreateBuffer on the group context, failing the test on error. */
 cl_mem fct_create_buffer(size_t bytes, const void *init);
 void fct_finish(void);

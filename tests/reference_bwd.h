@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 typedef struct ref_dropout {
-  float p; /* desc.dropout_p exactly as the device sees it; 0 = no dropout */
+  float p; /* desc.dropout.p exactly as the device sees it; 0 = no dropout */
   uint64_t seed, offset;
 } ref_dropout;
 

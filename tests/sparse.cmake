@@ -1,4 +1,4 @@
-# Block-sparse and bitmask attention tests (desc.mask_kind: FLASHCL_MASK_BLOCK /
+# Block-sparse and bitmask attention tests (desc.mask.kind: FLASHCL_MASK_BLOCK /
 # FLASHCL_MASK_BITS), forward and backward, flash and naive, and the host layout
 # helpers. Included from tests/CMakeLists.txt (after backward.cmake, whose
 # flashcl_test_bwd library gives the dropout reference).

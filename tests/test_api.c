@@ -134,13 +134,13 @@ static void test_desc_and_options_init(void **state) {
   (void)state;
   memset(&d, 0x5a, sizeof d);
   flashcl_attention_desc_init(&d);
-  FCT_CHECK(d.scale == 0.0f && d.causal == 0 && d.heads_q == 0 && d.heads_kv == 0 && d.cu_seqlens_q == NULL &&
-                d.cu_seqlens_k == NULL && d.num_seqs == 0 && d.max_seqlen_q == 0 && d.max_seqlen_k == 0 &&
-                d.algo == FLASHCL_ALGO_AUTO && d.kernel == FLASHCL_KERNEL_AUTO && d.block_r == 0 && d.block_c == 0 &&
-                d.deterministic == 1 && d.dropout_p == 0.0f,
+  FCT_CHECK(d.score.scale == 0.0f && d.mask.causal == 0 && d.shape.heads_q == 0 && d.shape.heads_kv == 0 && d.varlen.cu_seqlens_q == NULL &&
+                d.varlen.cu_seqlens_k == NULL && d.varlen.num_seqs == 0 && d.varlen.max_seqlen_q == 0 && d.varlen.max_seqlen_k == 0 &&
+                d.algorithm.algo == FLASHCL_ALGO_AUTO && d.algorithm.kernel == FLASHCL_KERNEL_AUTO && d.algorithm.block_r == 0 && d.algorithm.block_c == 0 &&
+                d.backward.deterministic == 1 && d.dropout.p == 0.0f,
             "flashcl_attention_desc_init left non-default fields (scale %g causal %d algo %d block %d/%d "
             "deterministic %d dropout_p %g)",
-            (double)d.scale, d.causal, (int)d.algo, d.block_r, d.block_c, d.deterministic, (double)d.dropout_p);
+            (double)d.score.scale, d.mask.causal, (int)d.algorithm.algo, d.algorithm.block_r, d.algorithm.block_c, d.backward.deterministic, (double)d.dropout.p);
   memset(&o, 0x5a, sizeof o);
   flashcl_context_options_init(&o);
   FCT_CHECK(o.device == NULL && o.profiling == 0 && o.verbose == 0 && o.kernel_dir == NULL,
@@ -151,6 +151,48 @@ static void test_desc_and_options_init(void **state) {
  * struct from a newer header (struct_size larger than the library's) is
  * refused with UNSUPPORTED and writes nothing; one smaller than the first
  * sized layout is INVALID_ARGUMENT; 0 (zeroed by hand) is this header's size. */
+/* Every group of the descriptors starts at its documented default
+ * (flashcl.h), whatever the memory held before. */
+static void test_desc_defaults(void **state) {
+  (void)state;
+  flashcl_attention_desc d;
+  memset(&d, 0x5a, sizeof d);
+  flashcl_attention_desc_init(&d);
+  FCT_CHECK(d.shape.heads_q == 0 && d.shape.heads_kv == 0 && d.shape.head_dim_v == 0, "shape defaults");
+  FCT_CHECK(d.score.scale == 0.0f && d.score.softcap == 0.0f && !d.score.alibi_slopes && !d.score.sinks &&
+                d.score.window_left == -1 && d.score.window_right == -1,
+            "score defaults: window %d %d", d.score.window_left, d.score.window_right);
+  FCT_CHECK(!d.mask.causal && d.mask.kind == FLASHCL_MASK_NONE && !d.mask.bits && !d.mask.per_head, "mask defaults");
+  FCT_CHECK(!d.varlen.cu_seqlens_q && !d.varlen.cu_seqlens_k && d.varlen.num_seqs == 0, "varlen defaults");
+  FCT_CHECK(!d.paged.cache.block_table && !d.paged.seqlens && d.paged.cache.page_size == 0 &&
+                d.paged.cache.k_scale_kind == FLASHCL_KV_SCALE_TOKEN &&
+                d.paged.cache.v_scale_kind == FLASHCL_KV_SCALE_TOKEN,
+            "paged defaults");
+  FCT_CHECK(d.dropout.p == 0.0f && d.dropout.seed == 0 && d.dropout.offset == 0, "dropout defaults");
+  FCT_CHECK(d.backward.deterministic && !d.backward.dsinks, "backward defaults");
+  FCT_CHECK(d.algorithm.algo == FLASHCL_ALGO_AUTO && d.algorithm.kernel == FLASHCL_KERNEL_AUTO &&
+                d.algorithm.block_r == 0 && d.algorithm.block_c == 0 && !d.algorithm.tuning,
+            "algorithm defaults");
+  flashcl_decode_desc dd;
+  memset(&dd, 0x5a, sizeof dd);
+  flashcl_decode_desc_init(&dd);
+  FCT_CHECK(dd.heads_q == 0 && dd.heads_kv == 0 && !dd.tree_mask && dd.kernel == FLASHCL_KERNEL_AUTO && !dd.tuning,
+            "decode top-level defaults");
+  FCT_CHECK(!dd.cache.block_table && dd.cache.page_size == 0 && dd.cache.max_pages == 0 && !dd.cache.k_scale &&
+                dd.cache.k_scale_kind == FLASHCL_KV_SCALE_TOKEN && dd.cache.v_scale_kind == FLASHCL_KV_SCALE_TOKEN,
+            "decode cache defaults");
+  FCT_CHECK(dd.score.window_left == -1 && dd.score.window_right == -1 && dd.score.scale == 0.0f, "decode score");
+  FCT_CHECK(dd.split.num_splits == 0 && dd.split.max_seqlen_k == 0 && !dd.split.workspace &&
+                dd.split.workspace_offset == 0,
+            "decode split defaults");
+  flashcl_kv_append_desc ad;
+  memset(&ad, 0x5a, sizeof ad);
+  flashcl_kv_append_desc_init(&ad);
+  FCT_CHECK(ad.struct_size == sizeof ad && !ad.cache.block_table && ad.cache.page_size == 0 &&
+                ad.cache.k_scale_kind == FLASHCL_KV_SCALE_TOKEN,
+            "append defaults");
+}
+
 static void test_struct_size(void **state) {
   fct_env *env = fct_env_get();
   const size_t n = 64, bytes = n * 64 * 4;
@@ -173,10 +215,10 @@ static void test_struct_size(void **state) {
                    FLASHCL_SUCCESS, "desc_init_size(larger struct)");
   flashcl_attention_desc newer;
   memcpy(&newer, big, sizeof newer);
-  FCT_CHECK(newer.struct_size == sizeof big && newer.deterministic == 1 && newer.window_left == -1 &&
+  FCT_CHECK(newer.struct_size == sizeof big && newer.backward.deterministic == 1 && newer.score.window_left == -1 &&
                 big[sizeof big - 1] == 0,
             "desc_init_size(larger): struct_size %zu deterministic %d window_left %d last byte %d",
-            newer.struct_size, newer.deterministic, newer.window_left, big[sizeof big - 1]);
+            newer.struct_size, newer.backward.deterministic, newer.score.window_left, big[sizeof big - 1]);
   ws = 777;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &newer, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
                    FLASHCL_ERROR_UNSUPPORTED, "workspace_size with a newer header's desc");
@@ -199,8 +241,8 @@ static void test_struct_size(void **state) {
   /* Zeroed by hand, then the defaults that are not 0 set: taken as this header's. */
   flashcl_attention_desc hand;
   memset(&hand, 0, sizeof hand);
-  hand.window_left = hand.window_right = -1;
-  hand.deterministic = 1;
+  hand.score.window_left = hand.score.window_right = -1;
+  hand.backward.deterministic = 1;
   ws = 0;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &hand, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
                    FLASHCL_SUCCESS, "workspace_size with struct_size 0");
@@ -208,11 +250,19 @@ static void test_struct_size(void **state) {
   /* The same for the decode descriptor and the context options. */
   flashcl_decode_desc dd;
   flashcl_decode_desc_init(&dd);
-  FCT_CHECK(dd.struct_size == sizeof dd && dd.window_left == -1, "decode desc init: struct_size %zu window %d",
-            dd.struct_size, dd.window_left);
+  FCT_CHECK(dd.struct_size == sizeof dd && dd.score.window_left == -1, "decode desc init: struct_size %zu window %d",
+            dd.struct_size, dd.score.window_left);
+  flashcl_kv_append_desc ad;
+  flashcl_kv_append_desc_init(&ad);
+  FCT_CHECK(ad.struct_size == sizeof ad && ad.cache.k_scale_kind == FLASHCL_KV_SCALE_TOKEN,
+            "append desc init: struct_size %zu", ad.struct_size);
+  ad.struct_size = sizeof ad + 16;
+  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &ad, &q, &q, &q, &q, buf, 0, NULL, NULL),
+                   FLASHCL_ERROR_UNSUPPORTED, "kv_cache_append with a newer header's append desc");
+  ad.struct_size = 4;
+  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &ad, &q, &q, &q, &q, buf, 0, NULL, NULL),
+                   FLASHCL_ERROR_INVALID_ARGUMENT, "kv_cache_append with struct_size 4");
   dd.struct_size = sizeof dd + 16;
-  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &dd, &q, &q, &q, &q, buf, 0, NULL, NULL),
-                   FLASHCL_ERROR_UNSUPPORTED, "kv_cache_append with a newer header's decode desc");
   int splits = -7;
   ws = 777;
   FCT_CHECK_STATUS(flashcl_attention_decode_workspace_size(env->ctx, &dd, &q, &q, &q, &ws, &splits),
@@ -744,7 +794,7 @@ static size_t workspace(flashcl_algo algo, int64_t n, flashcl_dtype dtype) {
   flashcl_status st;
   flashcl_tensor_init_bnhd(&q, buf, 0, dtype, 1, n, H, D);
   flashcl_attention_desc_init(&desc);
-  desc.algo = algo;
+  desc.algorithm.algo = algo;
   st = flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws);
   clReleaseMemObject(buf);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace_size(algo=%s, N=%lld, d=64, %s)", fct_algo_str(algo),
@@ -839,17 +889,17 @@ static void test_kernel_family(void **state) {
                    FLASHCL_ERROR_BUFFER_TOO_SMALL, "kernel_family(N=65 in a buffer for 64)");
   FCT_CHECK(fam == (flashcl_kernel_family)99, "failed kernel_family calls wrote *family = %d", (int)fam);
 
-  desc.algo = FLASHCL_ALGO_NAIVE;
+  desc.algorithm.algo = FLASHCL_ALGO_NAIVE;
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(naive)");
   FCT_CHECK(fam == FLASHCL_KERNEL_AUTO, "naive: family %d, expected AUTO", (int)fam);
-  desc.algo = FLASHCL_ALGO_AUTO;
-  desc.kernel = FLASHCL_KERNEL_PORTABLE;
+  desc.algorithm.algo = FLASHCL_ALGO_AUTO;
+  desc.algorithm.kernel = FLASHCL_KERNEL_PORTABLE;
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_BACKWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(portable)");
   FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "portable: family %d", (int)fam);
 
-  desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  desc.algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   fam = (flashcl_kernel_family)99;
   const flashcl_status st = flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam);
   if (st == FLASHCL_ERROR_UNSUPPORTED) {
@@ -868,7 +918,7 @@ static void test_kernel_family(void **state) {
     FCT_CHECK(fam == FLASHCL_KERNEL_PORTABLE, "unaligned rows are not covered by the tensor-core kernels: family %d",
               (int)fam);
   }
-  desc.kernel = FLASHCL_KERNEL_AUTO;
+  desc.algorithm.kernel = FLASHCL_KERNEL_AUTO;
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family(auto)");
   if (!getenv("FLASHCL_KERNEL")) /* which overrides AUTO */
@@ -907,9 +957,9 @@ static void test_query_validation(void **state) {
                    FLASHCL_SUCCESS, "config(pass BACKWARD, o with overlapping rows: an input there)");
   flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F32, 1, 8, 1, 32);
   flashcl_tuning_init(&dec, FLASHCL_TUNE_DECODE);
-  desc.tuning = &dec;
+  desc.algorithm.tuning = &dec;
   for (int algo = FLASHCL_ALGO_AUTO; algo <= FLASHCL_ALGO_FLASH; algo++) {
-    desc.algo = (flashcl_algo)algo;
+    desc.algorithm.algo = (flashcl_algo)algo;
     for (int pass = FLASHCL_PASS_FORWARD; pass <= FLASHCL_PASS_BACKWARD; pass++) {
       FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, (flashcl_pass)pass, &ws),
                        FLASHCL_ERROR_UNSUPPORTED, "workspace_size(decode tuning, algo %d, pass %d)", algo, pass);
@@ -920,14 +970,14 @@ static void test_query_validation(void **state) {
     }
     FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &q, &q, &q, &o, NULL, 0, NULL, NULL),
                      FLASHCL_ERROR_UNSUPPORTED, "forward(decode tuning, algo %d)", algo);
-    FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "desc.tuning") != NULL, "reason: \"%s\"",
+    FCT_CHECK(strstr(flashcl_context_last_error(env->ctx), "desc.algorithm.tuning") != NULL, "reason: \"%s\"",
               flashcl_context_last_error(env->ctx));
   }
   /* desc.kernel = NVIDIA_MMA without tensor cores: the workspace query of pass
    * FORWARD runs the call's family choice too. */
-  desc.tuning = NULL;
-  desc.algo = FLASHCL_ALGO_AUTO;
-  desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  desc.algorithm.tuning = NULL;
+  desc.algorithm.algo = FLASHCL_ALGO_AUTO;
+  desc.algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   if (flashcl_attention_kernel_family(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &fam) ==
       FLASHCL_ERROR_UNSUPPORTED)
     FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &q, &q, FLASHCL_PASS_FORWARD, &ws),
@@ -964,6 +1014,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_init),
       cmocka_unit_test(test_desc_and_options_init),
       cmocka_unit_test(test_struct_size),
+      cmocka_unit_test(test_desc_defaults),
       cmocka_unit_test(test_destroy_null),
       cmocka_unit_test_setup_teardown(test_bad_device, save_device_env, restore_device_env),
       cmocka_unit_test_setup_teardown(test_device_by_vendor, save_device_env, restore_device_env),

@@ -355,14 +355,14 @@ static void bwd_desc(const bwd_problem *bp, flashcl_algo algo, int deterministic
   memset(&run, 0, sizeof run);
   run.algo = algo;
   fct_problem_desc(&bp->fp, &run, desc);
-  desc->deterministic = deterministic;
+  desc->backward.deterministic = deterministic;
 #ifdef FCT_BWD_MMA
-  desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  desc->algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
 #endif
-  desc->dropout_p = bp->drop.p;
-  desc->seed = bp->drop.seed;
-  desc->offset = bp->drop.offset;
-  if (g_tuning_on && algo == FLASHCL_ALGO_FLASH) desc->tuning = &g_tuning;
+  desc->dropout.p = bp->drop.p;
+  desc->dropout.seed = bp->drop.seed;
+  desc->dropout.offset = bp->drop.offset;
+  if (g_tuning_on && algo == FLASHCL_ALGO_FLASH) desc->algorithm.tuning = &g_tuning;
 }
 
 static double rel_l2_view(const fct_tensor *t, const double *ref, size_t *nan_count) {
@@ -391,7 +391,7 @@ static flashcl_status bwd_device_forward(bwd_problem *bp, flashcl_algo algo, fct
   cl_event ev = NULL;
   flashcl_status st;
   bwd_desc(bp, algo, 1, &desc);
-  desc.tuning = NULL; /* the case's tuning is the backward's */
+  desc.algorithm.tuning = NULL; /* the case's tuning is the backward's */
   st = flashcl_attention_forward(fct_env_get()->ctx, &desc, &bp->fp.q.t, &bp->fp.k.t, &bp->fp.v.t, &o->t, &lse->t, 0,
                                  NULL, &ev);
   if (st != FLASHCL_SUCCESS) return st;
@@ -914,8 +914,8 @@ static unsigned char *device_mask(const flashcl_attention_desc *desc, int B, int
   buf = fct_create_buffer(n, host);
   st = flashcl_dropout_mask(env->ctx, desc, B, H, nq, nk, buf, 0, NULL, &ev);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "flashcl_dropout_mask(B=%d H=%d Nq=%d Nk=%d p=%g seed=0x%llx offset=0x%llx)",
-                   B, H, nq, nk, (double)desc->dropout_p, (unsigned long long)desc->seed,
-                   (unsigned long long)desc->offset);
+                   B, H, nq, nk, (double)desc->dropout.p, (unsigned long long)desc->dropout.seed,
+                   (unsigned long long)desc->dropout.offset);
   wait_event(ev, "flashcl_dropout_mask", "");
   err = clEnqueueReadBuffer(env->queue, buf, CL_TRUE, 0, n, host, 0, NULL, NULL);
   FCT_CHECK(err == CL_SUCCESS, "clEnqueueReadBuffer(mask) failed: %d", (int)err);
@@ -925,9 +925,9 @@ static unsigned char *device_mask(const flashcl_attention_desc *desc, int B, int
 
 static void mask_desc(flashcl_attention_desc *desc, float p, uint64_t seed, uint64_t offset) {
   flashcl_attention_desc_init(desc);
-  desc->dropout_p = p;
-  desc->seed = seed;
-  desc->offset = offset;
+  desc->dropout.p = p;
+  desc->dropout.seed = seed;
+  desc->dropout.offset = offset;
 }
 
 /* The device mask equals the C Philox mask bit for bit: odd shapes (columns not
@@ -996,12 +996,12 @@ static void test_dropout_mask_statistics(void **state) {
     sigma = sqrt(p * (1 - p) / (double)n);
     FCT_CHECK(fabs(frac - (1 - p)) <= 4 * sigma,
               "p=%g seed=0x%llx offset=0x%llx: kept fraction %.5f, expected %.5f +- %.5f (4 sigma)", p,
-              (unsigned long long)desc.seed, (unsigned long long)desc.offset, frac, 1 - p, 4 * sigma);
+              (unsigned long long)desc.dropout.seed, (unsigned long long)desc.dropout.offset, frac, 1 - p, 4 * sigma);
     for (l = 0; l < 4; l++) { /* 5 sigma: eight more checks should not make the test flaky */
       const double lf = (double)lane[l] / (double)(n / 4), ls = sqrt(p * (1 - p) / (double)(n / 4));
       FCT_CHECK(fabs(lf - (1 - p)) <= 5 * ls,
                 "p=%g seed=0x%llx: columns j %% 4 == %d (Philox word %d) keep %.5f, expected %.5f +- %.5f (5 sigma)", p,
-                (unsigned long long)desc.seed, l, l, lf, 1 - p, 5 * ls);
+                (unsigned long long)desc.dropout.seed, l, l, lf, 1 - p, 5 * ls);
     }
     print_message("    ok  p=%g: kept %.5f (expected %.5f, 4 sigma %.5f) over %zu entries\n", p, frac, 1 - p, 4 * sigma, n);
     free(m);
@@ -1098,7 +1098,7 @@ static void test_dropout_mask_errors(void **state) {
   mask_desc(&desc, 0.1f, 1, 2);
   expect_mask_error(&desc, 1, 1, 10, 11, small, 100, FLASHCL_ERROR_BUFFER_TOO_SMALL, "a 110-entry mask in a 100-byte buffer");
   expect_mask_error(&desc, 1, 1, 0, 10, small, 100, FLASHCL_ERROR_INVALID_SHAPE, "seqlen_q = 0");
-  desc.dropout_p = 1.0f;
+  desc.dropout.p = 1.0f;
   expect_mask_error(&desc, 1, 1, 5, 5, small, 100, FLASHCL_ERROR_INVALID_ARGUMENT, "dropout_p = 1");
   expect_mask_error(NULL, 1, 1, 5, 5, small, 100, FLASHCL_ERROR_INVALID_ARGUMENT, "desc = NULL");
   print_message("    ok  every error path returned its status and left the 100-byte mask buffer untouched\n");
@@ -1328,7 +1328,7 @@ static void expect_backward_error(err_fixture *f, const flashcl_attention_desc *
                                   lse ? &lse->t : NULL, d_o ? &d_o->t : NULL, &dq->t, &dk->t, &dv->t, 0, NULL, &ev);
   if (st == FLASHCL_SUCCESS && ev) clWaitForEvents(1, &ev);
   if (ev && st == FLASHCL_SUCCESS) clReleaseEvent(ev);
-  FCT_CHECK_STATUS(st, expected, "backward with %s (algo=%s)", what, fct_algo_str(desc->algo));
+  FCT_CHECK_STATUS(st, expected, "backward with %s (algo=%s)", what, fct_algo_str(desc->algorithm.algo));
   FCT_CHECK(flashcl_context_last_error(env->ctx)[0] != '\0', "backward with %s failed without a last-error message",
             what);
   fct_finish();
@@ -1338,7 +1338,7 @@ static void expect_backward_error(err_fixture *f, const flashcl_attention_desc *
     fct_tensor_download(t);
     changed = fct_tensor_count_unpoisoned(t);
     FCT_CHECK(changed == 0, "backward with %s (algo=%s) failed with %s but changed %zu element(s) of %s's buffer", what,
-              fct_algo_str(desc->algo), flashcl_status_string(st), changed, GRAD_NAMES[i]);
+              fct_algo_str(desc->algorithm.algo), flashcl_status_string(st), changed, GRAD_NAMES[i]);
   }
 }
 
@@ -1367,13 +1367,13 @@ static void test_backward_errors(void **state) {
                           "an f16 dq for f32 inputs");
     expect_backward_error(&f, &desc, &f.bp.lse, &do_f16, &f.dq, &f.dk, &f.dv, FLASHCL_ERROR_DTYPE_MISMATCH,
                           "an f16 d_o for f32 inputs");
-    desc.dropout_p = 1.0f;
+    desc.dropout.p = 1.0f;
     expect_backward_error(&f, &desc, &f.bp.lse, &f.bp.d_o, &f.dq, &f.dk, &f.dv, FLASHCL_ERROR_INVALID_ARGUMENT,
                           "dropout_p = 1.0");
-    desc.dropout_p = -0.1f;
+    desc.dropout.p = -0.1f;
     expect_backward_error(&f, &desc, &f.bp.lse, &f.bp.d_o, &f.dq, &f.dk, &f.dv, FLASHCL_ERROR_INVALID_ARGUMENT,
                           "dropout_p = -0.1");
-    desc.dropout_p = NAN;
+    desc.dropout.p = NAN;
     expect_backward_error(&f, &desc, &f.bp.lse, &f.bp.d_o, &f.dq, &f.dk, &f.dv, FLASHCL_ERROR_INVALID_ARGUMENT,
                           "dropout_p = NaN");
     print_message("    ok  algo=%s: every error path returned its status and left dq/dk/dv untouched\n",
@@ -1396,8 +1396,8 @@ static size_t bwd_workspace(int N, int D, flashcl_algo algo, int deterministic, 
   flashcl_tensor_init_bnhd(&q, qb, 0, F32, 1, N, 1, D);
   flashcl_tensor_init_bnhd(&k, kb, 0, F32, 1, N, 1, D);
   flashcl_attention_desc_init(&desc);
-  desc.algo = algo;
-  desc.deterministic = deterministic;
+  desc.algorithm.algo = algo;
+  desc.backward.deterministic = deterministic;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(env->ctx, &desc, &q, &k, &k, FLASHCL_PASS_BACKWARD, &bytes),
                    FLASHCL_SUCCESS, "workspace_size(BACKWARD, N=%d, d=%d, algo=%s)", N, D, fct_algo_str(algo));
   return bytes;

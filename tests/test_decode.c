@@ -83,11 +83,11 @@ typedef struct dec_case {
   int user_workspace; /* 1: pass a workspace buffer of exactly the queried size */
   int tree;           /* 1: desc.tree_mask from tree_word() */
   flashcl_kernel_family kernel; /* desc.kernel */
-  float scale;                  /* desc.scale (0: 1/sqrt(d)) */
-  int window, wl, wr;           /* window 1: desc.window_left/right = wl, wr */
-  int alibi;                    /* 1: desc.alibi_slopes from alibi_slope() */
-  float softcap;                /* desc.softcap */
-  int sinks;                    /* 1: desc.sinks from sink_logit() */
+  float scale;                  /* desc.score.scale (0: 1/sqrt(d)) */
+  int window, wl, wr;           /* window 1: desc.score.window_left/right = wl, wr */
+  int alibi;                    /* 1: desc.score.alibi_slopes from alibi_slope() */
+  float softcap;                /* desc.score.softcap */
+  int sinks;                    /* 1: desc.score.sinks from sink_logit() */
   int head_dim_v;               /* v_cache's and o's head dim (0: head_dim) */
 } dec_case;
 
@@ -241,18 +241,18 @@ static size_t cache_index(const dec_cache *cc, const fct_tensor *t, const dec_ca
 
 static void decode_desc(const dec_case *c, const dec_cache *cc, flashcl_decode_desc *desc) {
   flashcl_decode_desc_init(desc);
-  desc->num_splits = c->num_splits;
+  desc->split.num_splits = c->num_splits;
   desc->kernel = c->kernel;
-  desc->scale = c->scale;
-  desc->softcap = c->softcap;
+  desc->score.scale = c->scale;
+  desc->score.softcap = c->softcap;
   if (c->window) {
-    desc->window_left = c->wl;
-    desc->window_right = c->wr;
+    desc->score.window_left = c->wl;
+    desc->score.window_right = c->wr;
   }
   if (c->page_size) {
-    desc->page_size = c->page_size;
-    desc->block_table = cc->block_table;
-    desc->max_pages = cc->max_pages;
+    desc->cache.page_size = c->page_size;
+    desc->cache.block_table = cc->block_table;
+    desc->cache.max_pages = cc->max_pages;
   }
 }
 
@@ -318,14 +318,14 @@ static void run_decode_case(const dec_case *c) {
     for (int h = 0; h < Hq; h++) sl[h] = alibi_slope(h, Hq);
     slopes = fct_create_buffer(sizeof(float) * (size_t)Hq, sl);
     free(sl);
-    desc.alibi_slopes = slopes;
+    desc.score.alibi_slopes = slopes;
   }
   cl_mem sinks = NULL;
   if (c->sinks) {
     float sv[64];
     for (int h = 0; h < Hq; h++) sv[h] = sink_logit(h);
     sinks = fct_create_buffer(sizeof(float) * (size_t)Hq, sv);
-    desc.sinks = sinks;
+    desc.score.sinks = sinks;
   }
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)B);
   flashcl_status st;
@@ -352,7 +352,7 @@ static void run_decode_case(const dec_case *c) {
     upload(&kn);
     upload(&vn);
     cl_mem before = int_buffer(lens, (size_t)B);
-    st = flashcl_kv_cache_append(env->ctx, &desc, &kn.t, &vn.t, &cc.k.t, &cc.v.t, before, 0, NULL, NULL);
+    st = flashcl_kv_cache_append(env->ctx, FCT_APPEND_DESC(&desc), &kn.t, &vn.t, &cc.k.t, &cc.v.t, before, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_kv_cache_append", c->name);
     fct_finish();
     /* The cache now holds exactly the full sequences (and NaN elsewhere). */
@@ -404,8 +404,8 @@ static void run_decode_case(const dec_case *c) {
   FCT_CHECK((splits == 1) == (ws == 0), "%s: %d splits but workspace %zu", c->name, splits, ws);
   if (c->user_workspace && ws) {
     wbuf = fct_create_buffer(ws + 64, NULL);
-    desc.workspace = wbuf;
-    desc.workspace_offset = 64;
+    desc.split.workspace = wbuf;
+    desc.split.workspace_offset = 64;
   }
 
   double *ref_o = malloc(sizeof(double) * (size_t)B * T * Hq * dv);
@@ -594,12 +594,12 @@ static void test_append_interleaved_pool(void **state) {
   fct_tensor_fill_random(&vn, &rng);
   flashcl_decode_desc desc;
   flashcl_decode_desc_init(&desc);
-  desc.page_size = P;
-  desc.max_pages = PAGES;
-  desc.block_table = int_buffer(table, PAGES);
+  desc.cache.page_size = P;
+  desc.cache.max_pages = PAGES;
+  desc.cache.block_table = int_buffer(table, PAGES);
   const int32_t len = LEN;
   cl_mem lens = int_buffer(&len, 1);
-  flashcl_status st = flashcl_kv_cache_append(env->ctx, &desc, &kn.t, &vn.t, &pool.t, &vview, lens, 0, NULL, NULL);
+  flashcl_status st = flashcl_kv_cache_append(env->ctx, FCT_APPEND_DESC(&desc), &kn.t, &vn.t, &pool.t, &vview, lens, 0, NULL, NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "append into an interleaved K|V pool");
   fct_finish();
   fct_tensor_download(&pool);
@@ -619,7 +619,7 @@ static void test_append_interleaved_pool(void **state) {
             "interleaved pool: %zu elements written, want exactly the %d new K and V rows",
             fct_tensor_count_unpoisoned(&pool), T);
   clReleaseMemObject(lens);
-  clReleaseMemObject(desc.block_table);
+  clReleaseMemObject(desc.cache.block_table);
   fct_tensor_release(&pool);
   fct_tensor_release(&kn);
   fct_tensor_release(&vn);
@@ -646,11 +646,11 @@ static void test_decode_corrupt_block_table(void **state) {
   cl_mem btm = int_buffer(bt, 8), lm = int_buffer(lens, 2);
   flashcl_decode_desc desc;
   flashcl_decode_desc_init(&desc);
-  desc.page_size = P;
-  desc.block_table = btm;
-  desc.max_pages = max_pages;
+  desc.cache.page_size = P;
+  desc.cache.block_table = btm;
+  desc.cache.max_pages = max_pages;
   for (int splits = 1; splits <= 2; splits++) {
-    desc.num_splits = splits;
+    desc.split.num_splits = splits;
     fct_tensor_poison(&o);
     flashcl_status st = flashcl_attention_decode(env->ctx, &desc, &q.t, &kc.t, &vc.t, lm, &o.t, NULL, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "corrupt block table, %d splits", splits);
@@ -680,9 +680,9 @@ static void test_decode_auto_splits(void **state) {
   cl_mem bt = fct_create_buffer(sizeof(int32_t) * max_pages, NULL);
   flashcl_decode_desc desc;
   flashcl_decode_desc_init(&desc);
-  desc.page_size = P;
-  desc.block_table = bt;
-  desc.max_pages = max_pages;
+  desc.cache.page_size = P;
+  desc.cache.block_table = bt;
+  desc.cache.max_pages = max_pages;
   size_t ws = 0;
   int splits = 0;
   flashcl_status st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &kc.t, &vc.t, &ws, &splits);
@@ -703,7 +703,7 @@ static void test_decode_auto_splits(void **state) {
   desc.kernel = FLASHCL_KERNEL_AUTO;
   /* A short max_seqlen_k hint caps the splits at one per 256 keys (portable)
    * or 64 (the NVIDIA tensor-core kernel). */
-  desc.max_seqlen_k = 300;
+  desc.split.max_seqlen_k = 300;
   st = flashcl_attention_decode_workspace_size(env->ctx, &desc, &q.t, &kc.t, &vc.t, &ws, &splits);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace query");
   FCT_CHECK(splits <= 5, "%d splits for 300 keys", splits);
@@ -823,7 +823,7 @@ static void scr_release(scr_prob *p) {
   fct_tensor_release(&p->lse);
 }
 
-/* Decodes without desc.workspace on a fresh context over `queue`: a small
+/* Decodes without desc.split.workspace on a fresh context over `queue`: a small
  * problem alone (first allocation), then, with no host wait in between, a larger
  * one (the scratch grows), a smaller one of another head_dim and the first again
  * (both on the grown scratch). Every result must match the reference, which on an
@@ -858,7 +858,7 @@ static void scr_run(cl_command_queue queue, const char *label) {
   cl_mem wbuf = fct_create_buffer(wc, NULL);
   flashcl_decode_desc desc;
   decode_desc(&c.c, &c.cc, &desc);
-  desc.workspace = wbuf;
+  desc.split.workspace = wbuf;
   st = flashcl_attention_decode(ctx, &desc, &c.q.t, &c.cc.k.t, &c.cc.v.t, c.seqlens, &c.o.t, &c.lse.t, 0, NULL, NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: decode with a workspace", label);
   fct_tensor_poison(&b.o);
@@ -1187,7 +1187,7 @@ static void test_errors(void **state) {
 
   /* Sanity: the fixture is valid. */
   d = d0;
-  d.num_splits = 2;
+  d.split.num_splits = 2;
   st = DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "valid fixture");
   fct_finish();
@@ -1217,7 +1217,7 @@ static void test_errors(void **state) {
     }
     d = d0;
     d.struct_size = 0; /* a struct zeroed by hand: this header's size */
-    d.window_left = d.window_right = -1;
+    d.score.window_left = d.score.window_right = -1;
     st = DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "struct_size 0");
     fct_finish();
@@ -1240,25 +1240,25 @@ static void test_errors(void **state) {
     EXPECT(DEC(&d0, &qh, &kh, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE,
            "v_cache's head dim above q's");
   }
-  FCT_CHECK(d0.window_left == -1 && d0.window_right == -1 && d0.softcap == 0.0f && d0.alibi_slopes == NULL,
+  FCT_CHECK(d0.score.window_left == -1 && d0.score.window_right == -1 && d0.score.softcap == 0.0f && d0.score.alibi_slopes == NULL,
             "flashcl_decode_desc_init: the score variants must default to off");
   d = d0;
-  d.window_left = -2;
+  d.score.window_left = -2;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "window_left -2");
   d = d0;
-  d.window_right = -5;
+  d.score.window_right = -5;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "window_right -5");
   d = d0;
-  d.softcap = -1.0f;
+  d.score.softcap = -1.0f;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "softcap -1");
-  d.softcap = NAN;
+  d.score.softcap = NAN;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "softcap NaN");
-  d.softcap = INFINITY;
+  d.score.softcap = INFINITY;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "softcap inf");
   d = d0;
-  d.alibi_slopes = f.small; /* fewer bytes than heads_q floats */
+  d.score.alibi_slopes = f.small; /* fewer bytes than heads_q floats */
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
          "alibi_slopes too small");
   EXPECT(DEC(&d0, &f.q.t, &f.kc.t, &f.vc.t, NULL, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "seqlens NULL");
@@ -1306,31 +1306,31 @@ static void test_errors(void **state) {
   d.heads_q = 8;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE, "heads_q mismatch");
   d = d0;
-  d.num_splits = FLASHCL_DECODE_MAX_SPLITS + 1;
+  d.split.num_splits = FLASHCL_DECODE_MAX_SPLITS + 1;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "num_splits");
   d = d0;
-  d.scale = NAN;
+  d.score.scale = NAN;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "scale NaN");
   d = d0;
-  d.page_size = 16; /* without a block table */
+  d.cache.page_size = 16; /* without a block table */
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "page_size without block_table");
   /* Paged. */
   d = d0;
-  d.block_table = f.bt;
-  d.max_pages = 2;
-  d.page_size = 0;
+  d.cache.block_table = f.bt;
+  d.cache.max_pages = 2;
+  d.cache.page_size = 0;
   EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "page_size 0");
-  d.page_size = 32;
+  d.cache.page_size = 32;
   EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_SHAPE,
          "page_size != pool shape");
-  d.page_size = 16;
-  d.max_pages = 0;
+  d.cache.page_size = 16;
+  d.cache.max_pages = 0;
   EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT, "max_pages 0");
-  d.max_pages = 3; /* 2 x 3 entries > 4 */
+  d.cache.max_pages = 3; /* 2 x 3 entries > 4 */
   EXPECT(DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
          "block table too small");
-  d.max_pages = 2;
+  d.cache.max_pages = 2;
   st = DEC(&d, &f.q.t, &f.kp.t, &f.vp.t, f.lens, &f.o.t, &f.lse.t);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "valid paged fixture");
   fct_finish();
@@ -1338,17 +1338,17 @@ static void test_errors(void **state) {
   fct_tensor_poison(&f.lse);
   /* Workspace. */
   d = d0;
-  d.num_splits = 3;
+  d.split.num_splits = 3;
   size_t ws = 0;
   st = flashcl_attention_decode_workspace_size(ctx, &d, &f.q.t, &f.kc.t, &f.vc.t, &ws, NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace size");
   FCT_CHECK(ws == (size_t)2 * 2 * 4 * 3 * 65 * 4, "workspace %zu", ws);
   cl_mem wb = fct_create_buffer(ws, NULL);
-  d.workspace = wb;
-  d.workspace_offset = 4;
+  d.split.workspace = wb;
+  d.split.workspace_offset = 4;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_BUFFER_TOO_SMALL,
          "workspace too small");
-  d.workspace_offset = 2;
+  d.split.workspace_offset = 2;
   EXPECT(DEC(&d, &f.q.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
          "workspace offset misaligned");
   clReleaseMemObject(wb);
@@ -1367,13 +1367,13 @@ static void test_errors(void **state) {
     unsigned char *a0 = malloc(qbytes);
     FCT_CHECK(a0 != NULL, "malloc failed");
     memcpy(a0, arena.host, qbytes);
-    d.workspace = arena.t.buffer;
-    d.workspace_offset = qbytes - 256;
+    d.split.workspace = arena.t.buffer;
+    d.split.workspace_offset = qbytes - 256;
     EXPECT(DEC(&d, &arena.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t), FLASHCL_ERROR_INVALID_ARGUMENT,
            "workspace overlapping q");
     fct_tensor_download(&arena);
     FCT_CHECK(memcmp(arena.host, a0, qbytes) == 0, "workspace overlapping q: q changed");
-    d.workspace_offset = qbytes;
+    d.split.workspace_offset = qbytes;
     st = DEC(&d, &arena.t, &f.kc.t, &f.vc.t, f.lens, &f.o.t, &f.lse.t);
     FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "workspace after q in one buffer");
     fct_finish();
@@ -1434,17 +1434,17 @@ static void test_errors(void **state) {
     flashcl_tensor kn = f.kn.t;
     kn.shape[3] = 32;
     d = d0;
-    st = flashcl_kv_cache_append(ctx, &d, &kn, &f.vn.t, &f.kc.t, &f.vc.t, f.lens, 0, NULL, NULL);
+    st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &kn, &f.vn.t, &f.kc.t, &f.vc.t, f.lens, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_SHAPE, "append: k_new/v_new shapes differ");
     EXPECT_CACHE_UNCHANGED("append: k_new/v_new shapes differ");
-    st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.small, 0, NULL, NULL);
+    st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.small, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_BUFFER_TOO_SMALL, "append: seqlens too small");
     EXPECT_CACHE_UNCHANGED("append: seqlens too small");
     {
       /* A cache view whose rows all land on one row: INVALID_STRIDE. */
       flashcl_tensor kz = f.kc.t;
       kz.stride[1] = 0;
-      st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &kz, &f.vc.t, f.lens, 0, NULL, NULL);
+      st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &f.kn.t, &f.vn.t, &kz, &f.vc.t, f.lens, 0, NULL, NULL);
       FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_STRIDE, "append: k_cache with a zero seqlen stride");
       EXPECT_CACHE_UNCHANGED("append: k_cache with a zero seqlen stride");
       /* A head dim decode could not read (12): refused before the cache is filled. */
@@ -1456,7 +1456,7 @@ static void test_errors(void **state) {
         contiguous_tensor(&vn12, FLASHCL_F32, 2, 2, 2, 12);
         fct_tensor_poison(&k12);
         fct_tensor_poison(&v12);
-        st = flashcl_kv_cache_append(ctx, &d, &kn12.t, &vn12.t, &k12.t, &v12.t, f.lens, 0, NULL, NULL);
+        st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &kn12.t, &vn12.t, &k12.t, &v12.t, f.lens, 0, NULL, NULL);
         FCT_CHECK_STATUS(st, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "append: head_dim 12");
         fct_finish();
         expect_untouched(&k12, "append: head_dim 12 (k_cache)");
@@ -1467,20 +1467,20 @@ static void test_errors(void **state) {
         fct_tensor_release(&vn12);
       }
       /* The lengths read from inside the cache the append writes. */
-      st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.kc.t.buffer, 0, NULL, NULL);
+      st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &f.kn.t, &f.vn.t, &f.kc.t, &f.vc.t, f.kc.t.buffer, 0, NULL, NULL);
       FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: seqlens inside k_cache");
       EXPECT_CACHE_UNCHANGED("append: seqlens inside k_cache");
     }
 #undef EXPECT_CACHE_UNCHANGED
     free(kc0);
     free(vc0);
-    d.block_table = f.bt;
-    d.max_pages = 2;
-    d.page_size = 0;
-    st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kp.t, &f.vp.t, f.lens, 0, NULL, NULL);
+    d.cache.block_table = f.bt;
+    d.cache.max_pages = 2;
+    d.cache.page_size = 0;
+    st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &f.kn.t, &f.vn.t, &f.kp.t, &f.vp.t, f.lens, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: page_size 0");
-    d.page_size = 16;
-    st = flashcl_kv_cache_append(ctx, &d, &f.kn.t, &f.vn.t, &f.kp.t, &f.kp.t, f.lens, 0, NULL, NULL);
+    d.cache.page_size = 16;
+    st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&d), &f.kn.t, &f.vn.t, &f.kp.t, &f.kp.t, f.lens, 0, NULL, NULL);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_INVALID_ARGUMENT, "append: k_cache == v_cache");
     fct_finish();
     fct_tensor_download(&f.kp);

@@ -86,7 +86,7 @@ typedef struct qcase {
   int batch, q_len, heads_q, heads_kv, head_dim;
   int seqlens[4];             /* KV lengths after the append (>= q_len) */
   int page_size;              /* 0: contiguous */
-  int num_splits;             /* desc.num_splits (0: the library's choice) */
+  int num_splits;             /* desc.split.num_splits (0: the library's choice) */
   const char *tuning;         /* a decode tuning for the call ("decode prefetch=2"), or NULL */
   int elem_offset;            /* both caches start this many elements into their buffers */
 } qcase;
@@ -299,16 +299,16 @@ static void case_desc(const qcase *c, const qcache *cc, flashcl_decode_desc *des
                      c->name);
     desc->tuning = &g_tuning;
   }
-  desc->num_splits = c->num_splits;
+  desc->split.num_splits = c->num_splits;
   if (c->page_size) {
-    desc->page_size = c->page_size;
-    desc->block_table = cc->block_table;
-    desc->max_pages = cc->max_pages;
+    desc->cache.page_size = c->page_size;
+    desc->cache.block_table = cc->block_table;
+    desc->cache.max_pages = cc->max_pages;
   }
-  desc->k_scale = cc->k.scale.mem;
-  desc->v_scale = cc->v.scale.mem;
-  desc->k_scale_kind = c->kkind;
-  desc->v_scale_kind = c->vkind;
+  desc->cache.k_scale = cc->k.scale.mem;
+  desc->cache.v_scale = cc->v.scale.mem;
+  desc->cache.k_scale_kind = c->kkind;
+  desc->cache.v_scale_kind = c->vkind;
 }
 
 /* Logical values: vals[((b * maxL + j) * Hkv + h) * d + x]. */
@@ -504,7 +504,7 @@ static void fill_cache(const qcase *c, qcache *cc, const qvals *qv) {
   cl_mem before = fct_create_buffer(sizeof(int32_t) * (size_t)B, lens);
   flashcl_decode_desc desc;
   case_desc(c, cc, &desc);
-  flashcl_status st = flashcl_kv_cache_append(env->ctx, &desc, &kn.t, &vn.t, &cc->k.t, &cc->v.t, before, 0, NULL, NULL);
+  flashcl_status st = flashcl_kv_cache_append(env->ctx, FCT_APPEND_DESC(&desc), &kn.t, &vn.t, &cc->k.t, &cc->v.t, before, 0, NULL, NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: flashcl_kv_cache_append", c->name);
   fct_finish();
   side_check_append(&cc->k, cc, c, qv->k, qv, "k");
@@ -696,11 +696,11 @@ static void one_key_call(flashcl_decode_desc *desc, cl_mem *lens, cl_mem ks, fla
   const int32_t one = 1;
   *lens = fct_create_buffer(4, &one);
   flashcl_decode_desc_init(desc);
-  desc->num_splits = 1;
-  desc->k_scale = ks;
-  desc->k_scale_kind = kk;
-  desc->v_scale = vs;
-  desc->v_scale_kind = vk;
+  desc->split.num_splits = 1;
+  desc->cache.k_scale = ks;
+  desc->cache.k_scale_kind = kk;
+  desc->cache.v_scale = vs;
+  desc->cache.v_scale_kind = vk;
 }
 
 /* A one-key decode returns that key's V row: with V holding every code of
@@ -814,7 +814,7 @@ static void mma_decodes_codes(flashcl_dtype fmt, flashcl_kv_scale kkind, flashcl
     cl_mem lens;
     flashcl_decode_desc desc;
     one_key_call(&desc, &lens, ksc.mem, kkind, vsc.mem, vkind);
-    desc.scale = scale;
+    desc.score.scale = scale;
     flashcl_config cfg;
     FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q.t, &kt, &vt, &cfg), FLASHCL_SUCCESS, "config");
     FCT_CHECK(!fct_device_requires_mma(env->device, what, sizeof what) || strcmp(cfg.kernel, "decode_mma") == 0,
@@ -931,9 +931,9 @@ static void device_encodes(flashcl_dtype fmt) {
   cl_mem lens = fct_create_buffer(4, &zero);
   flashcl_decode_desc desc;
   flashcl_decode_desc_init(&desc);
-  desc.k_scale = sc.mem;
-  desc.k_scale_kind = TENS;
-  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &desc, &kn.t, &vn.t, &kt, &vc.t, lens, 0, NULL, NULL),
+  desc.cache.k_scale = sc.mem;
+  desc.cache.k_scale_kind = TENS;
+  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, FCT_APPEND_DESC(&desc), &kn.t, &vn.t, &kt, &vc.t, lens, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "append of the %s probes", fct_dtype_str(fmt));
   fct_finish();
   unsigned char *got = malloc(kc.bytes);
@@ -1001,8 +1001,8 @@ static void qerr_make(qerr *f) {
   const int32_t len = L;
   f->lens = fct_create_buffer(4, &len);
   flashcl_decode_desc_init(&f->desc);
-  f->desc.k_scale = f->ks.mem;
-  f->desc.v_scale = f->vs.mem;
+  f->desc.cache.k_scale = f->ks.mem;
+  f->desc.cache.v_scale = f->vs.mem;
 }
 
 static void qerr_free(qerr *f) {
@@ -1045,7 +1045,7 @@ static void test_quant_errors(void **state) {
   flashcl_decode_desc d;
   flashcl_status st;
 #define DEC(desc, q, kc, vc, o) flashcl_attention_decode(ctx, desc, q, kc, vc, f.lens, o, &f.lse.t, 0, NULL, NULL)
-#define APP(desc, kn, vn, kc, vc) flashcl_kv_cache_append(ctx, desc, kn, vn, kc, vc, f.lens, 0, NULL, NULL)
+#define APP(desc, kn, vn, kc, vc) flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(desc), kn, vn, kc, vc, f.lens, 0, NULL, NULL)
 #define EXPECT(call, status, what)            \
   do {                                        \
     st = (call);                              \
@@ -1062,49 +1062,49 @@ static void test_quant_errors(void **state) {
   fct_tensor_poison(&f.lse);
 
   d = f.desc;
-  d.k_scale = NULL;
+  d.cache.k_scale = NULL;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_ARGUMENT, "decode: k_cache without k_scale");
   FCT_CHECK(strstr(flashcl_context_last_error(ctx), "k_scale") != NULL, "message: %s", flashcl_context_last_error(ctx));
   EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_ARGUMENT, "append: k_cache without k_scale");
   d = f.desc;
-  d.v_scale = NULL;
+  d.cache.v_scale = NULL;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_ARGUMENT, "decode: v_cache without v_scale");
   {
     /* One float short of the TOKEN layout (8 rows): BUFFER_TOO_SMALL. */
     const float z[7] = {0};
     cl_mem shortbuf = fct_create_buffer(sizeof z, z);
     d = f.desc;
-    d.v_scale = shortbuf;
+    d.cache.v_scale = shortbuf;
     EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "decode: v_scale too small");
     EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_BUFFER_TOO_SMALL, "append: v_scale too small");
     d = f.desc;
-    d.k_scale = shortbuf;
+    d.cache.k_scale = shortbuf;
     EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "decode: k_scale too small");
     clReleaseMemObject(shortbuf);
   }
   d = f.desc;
-  d.k_scale_kind = (flashcl_kv_scale)7;
+  d.cache.k_scale_kind = (flashcl_kv_scale)7;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_ARGUMENT, "decode: k_scale_kind 7");
   d = f.desc;
-  d.v_scale_kind = (flashcl_kv_scale)-1;
+  d.cache.v_scale_kind = (flashcl_kv_scale)-1;
   EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_ARGUMENT, "append: v_scale_kind -1");
   /* BLOCK32 scales need a head dim that is a multiple of 32 (the fixture's is 8). */
   d = f.desc;
-  d.k_scale_kind = BLK;
+  d.cache.k_scale_kind = BLK;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_SHAPE, "decode: BLOCK32 k_scale at d = 8");
   FCT_CHECK(strstr(flashcl_context_last_error(ctx), "multiple of 32") != NULL, "message: %s",
             flashcl_context_last_error(ctx));
   d = f.desc;
-  d.v_scale_kind = BLK;
+  d.cache.v_scale_kind = BLK;
   EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_SHAPE, "append: BLOCK32 v_scale at d = 8");
   /* A scale buffer the call reads must not be its output. */
   d = f.desc;
-  d.k_scale = f.o.t.buffer;
-  d.k_scale_kind = TENS;
+  d.cache.k_scale = f.o.t.buffer;
+  d.cache.k_scale_kind = TENS;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_ARGUMENT, "decode: k_scale is o's buffer");
   /* A TOKEN scale the append writes must not be an input. */
   d = f.desc;
-  d.v_scale = f.kn.t.buffer;
+  d.cache.v_scale = f.kn.t.buffer;
   EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_ARGUMENT, "append: v_scale is k_new's buffer");
 
   /* Quantized dtypes anywhere but a cache. */
@@ -1163,7 +1163,7 @@ static void test_quant_errors(void **state) {
   {
     flashcl_decode_desc dd;
     flashcl_decode_desc_init(&dd);
-    FCT_CHECK(dd.k_scale == NULL && dd.v_scale == NULL && dd.k_scale_kind == TOK && dd.v_scale_kind == TOK,
+    FCT_CHECK(dd.cache.k_scale == NULL && dd.cache.v_scale == NULL && dd.cache.k_scale_kind == TOK && dd.cache.v_scale_kind == TOK,
               "decode desc defaults of the scale fields");
   }
 #undef EXPECT

@@ -137,7 +137,7 @@ static void calls_on_full_device(fct_problem *p) {
   flash_backward_on_full_device(p, &t, &desc, "flash backward");
   /* Atomic dQ needs an fp32 accumulator of dQ's size, where the deterministic
    * tensor-core backward needs none. */
-  desc.deterministic = 0;
+  desc.backward.deterministic = 0;
   flash_backward_on_full_device(p, &t, &desc, "flash backward, atomic dQ,");
   release_filler(&f);
   outs_release(&t);
@@ -164,7 +164,7 @@ static void dec_create(dec_bufs *d, const fct_case *c) {
   fct_tensor_fill_random(&d->vc, &rng);
   d->lens = fct_create_buffer(sizeof lens, lens);
   flashcl_decode_desc_init(&d->desc);
-  d->desc.num_splits = 16; /* split-KV: the context's scratch, allocated on first need */
+  d->desc.split.num_splits = 16; /* split-KV: the context's scratch, allocated on first need */
 }
 
 static flashcl_status dec_run(dec_bufs *d) {
@@ -190,7 +190,7 @@ static void dec_check_after(dec_bufs *d) {
   double *split = malloc(n * sizeof *split), num = 0, den = 0;
   FCT_CHECK(split != NULL, "out of host memory");
   for (size_t i = 0; i < n; i++) split[i] = fct_load(d->o.t.dtype, d->o.host, i);
-  d->desc.num_splits = 1;
+  d->desc.split.num_splits = 1;
   FCT_CHECK_STATUS(dec_run(d), FLASHCL_SUCCESS, "unsplit decode after the device was freed");
   for (size_t i = 0; i < n; i++) {
     const double u = fct_load(d->o.t.dtype, d->o.host, i);
@@ -379,10 +379,10 @@ static void paged_create(paged_bufs *c, fct_problem *p) {
   c->q.offset += (size_t)((p->Nq - 1) * p->q.t.stride[1]) * flashcl_dtype_size(c->q.dtype);
   c->q.shape[1] = 1;
   flashcl_decode_desc_init(&c->desc);
-  c->desc.page_size = PAGE;
-  c->desc.block_table = c->table;
-  c->desc.max_pages = max_pages;
-  c->desc.num_splits = 4; /* the split and merge kernels, on the scratch the split decode above left */
+  c->desc.cache.page_size = PAGE;
+  c->desc.cache.block_table = c->table;
+  c->desc.cache.max_pages = max_pages;
+  c->desc.split.num_splits = 4; /* the split and merge kernels, on the scratch the split decode above left */
 }
 
 static void paged_release(paged_bufs *c) {
@@ -394,7 +394,7 @@ static flashcl_status append_run(void *arg) {
   paged_bufs *c = arg;
   fct_env *env = fct_env_get();
   fct_tensor_poison(&c->kp), fct_tensor_poison(&c->vp);
-  const flashcl_status st = flashcl_kv_cache_append(env->ctx, &c->desc, &c->p->k.t, &c->p->v.t, &c->kp.t, &c->vp.t,
+  const flashcl_status st = flashcl_kv_cache_append(env->ctx, FCT_APPEND_DESC(&c->desc), &c->p->k.t, &c->p->v.t, &c->kp.t, &c->vp.t,
                                                     c->zero, 0, NULL, NULL);
   clFinish(env->queue);
   return st;
@@ -508,7 +508,7 @@ static flashcl_status mask_run(void *arg) {
   fct_env *env = fct_env_get();
   flashcl_attention_desc desc;
   flashcl_attention_desc_init(&desc);
-  desc.dropout_p = 0.3f, desc.seed = 0x5eedu, desc.offset = 7;
+  desc.dropout.p = 0.3f, desc.dropout.seed = 0x5eedu, desc.dropout.offset = 7;
   fct_tensor_poison(&m->out);
   const fct_case *c = &m->p->c;
   const flashcl_status st = flashcl_dropout_mask(env->ctx, &desc, m->p->B, c->heads_q, m->p->Nq, m->p->Nk,

@@ -154,8 +154,8 @@ static void test_null_arguments(void **state) {
   t.buffer = NULL;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, FD, FQ, FK, FV, FO, &t, "lse.buffer = NULL");
   d = *FD;
-  d.cu_seqlens_q = g_fx.q.t.buffer; /* any cl_mem; cu_seqlens_k missing */
-  d.num_seqs = 1, d.max_seqlen_q = d.max_seqlen_k = FX_N;
+  d.varlen.cu_seqlens_q = g_fx.q.t.buffer; /* any cl_mem; cu_seqlens_k missing */
+  d.varlen.num_seqs = 1, d.varlen.max_seqlen_q = d.varlen.max_seqlen_k = FX_N;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, "varlen with cu_seqlens_k = NULL");
   {
     /* A wait list count without a list: flashcl_attention_forward refuses it with
@@ -214,10 +214,10 @@ static void test_invalid_shapes(void **state) {
   l.shape[2] = 1;
   EXPECT(FLASHCL_ERROR_INVALID_SHAPE, FD, FQ, FK, FV, FO, &l, "lse heads != q heads");
   d = *FD;
-  d.heads_q = 4;
+  d.shape.heads_q = 4;
   EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "desc.heads_q = 4 but q has 2 heads");
   d = *FD;
-  d.heads_kv = 1;
+  d.shape.heads_kv = 1;
   EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "desc.heads_kv = 1 but k has 2 heads");
 
   /* heads_q not a multiple of heads_kv: q/o with 3 heads (of 64, inside the
@@ -241,13 +241,13 @@ static void test_invalid_shapes(void **state) {
     q.stride[0] = o.stride[0] = k.stride[0] = v.stride[0] = (FX_N / 2) * FX_H * FX_D;
     l.stride[0] = FX_N / 2, l.stride[2] = FX_N;
     d = *FD;
-    d.cu_seqlens_q = d.cu_seqlens_k = cu;
-    d.num_seqs = 1, d.max_seqlen_q = d.max_seqlen_k = FX_N / 2;
+    d.varlen.cu_seqlens_q = d.varlen.cu_seqlens_k = cu;
+    d.varlen.num_seqs = 1, d.varlen.max_seqlen_q = d.varlen.max_seqlen_k = FX_N / 2;
     EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, &q, &k, &v, &o, &l, "varlen with batch-2 tensors");
     {
       /* num_seqs = 0 with cu_seqlens set: INVALID_SHAPE (fcl_check_problem: varlen
        * needs num_seqs, max_seqlen_q and max_seqlen_k >= 1). */
-      d.num_seqs = 0;
+      d.varlen.num_seqs = 0;
       EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "varlen with num_seqs = 0");
     }
     clReleaseMemObject(cu);
@@ -304,9 +304,9 @@ static void test_buffer_too_small(void **state) {
     const int32_t cu_host[2] = {0, FX_N};
     cl_mem cu = fct_create_buffer(sizeof cu_host, cu_host);
     flashcl_attention_desc d = *FD;
-    d.cu_seqlens_q = d.cu_seqlens_k = cu;
-    d.num_seqs = 4;
-    d.max_seqlen_q = d.max_seqlen_k = FX_N;
+    d.varlen.cu_seqlens_q = d.varlen.cu_seqlens_k = cu;
+    d.varlen.num_seqs = 4;
+    d.varlen.max_seqlen_q = d.varlen.max_seqlen_k = FX_N;
     EXPECT(FLASHCL_ERROR_BUFFER_TOO_SMALL, &d, FQ, FK, FV, FO, FL,
            "cu_seqlens buffers of 2 entries with num_seqs = 4");
     clReleaseMemObject(cu);
@@ -500,7 +500,7 @@ static void test_foreign_and_aux_buffers(void **state) {
   }
   /* ALiBi slopes read from the start of o's buffer, which the call writes. */
   desc = *FD;
-  desc.alibi_slopes = FO->buffer;
+  desc.score.alibi_slopes = FO->buffer;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &desc, FQ, FK, FV, FO, FL, "alibi_slopes inside o");
   /* The kernel-family query runs the forward's output rules too. */
   {
@@ -581,20 +581,20 @@ static void test_bad_desc_values(void **state) {
   (void)state;
   for (i = 0; i < sizeof bad_blocks / sizeof bad_blocks[0]; i++) {
     d = *FD;
-    d.block_r = bad_blocks[i][0], d.block_c = bad_blocks[i][1];
-    snprintf(what, sizeof what, "block_r = %d, block_c = %d", d.block_r, d.block_c);
+    d.algorithm.block_r = bad_blocks[i][0], d.algorithm.block_c = bad_blocks[i][1];
+    snprintf(what, sizeof what, "block_r = %d, block_c = %d", d.algorithm.block_r, d.algorithm.block_c);
     EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, what);
   }
   d = *FD;
-  d.algo = (flashcl_algo)7;
+  d.algorithm.algo = (flashcl_algo)7;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, "algo = 7");
   d = *FD;
-  d.kernel = (flashcl_kernel_family)9;
+  d.algorithm.kernel = (flashcl_kernel_family)9;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, "kernel = 9");
   d = *FD;
-  d.scale = NAN;
+  d.score.scale = NAN;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, "scale = NaN");
-  d.scale = INFINITY;
+  d.score.scale = INFINITY;
   EXPECT(FLASHCL_ERROR_INVALID_ARGUMENT, &d, FQ, FK, FV, FO, FL, "scale = inf");
 }
 

@@ -109,7 +109,8 @@ static flashcl_attention_desc d_flash, d_naive, d_drop;
 /* decode: B 2, q_len 1, Hq 4, Hkv 2, cache 64, 4 splits */
 static flashcl_tensor t_dec_q, t_dec_kc, t_dec_vc, t_dec_o, t_dec_lse;
 static cl_mem m_dec_seqlens;
-static flashcl_decode_desc dd_dec, dd_app;
+static flashcl_decode_desc dd_dec;
+static flashcl_kv_append_desc dd_app;
 /* kv append: B 2, T 3 into caches of 64 */
 static flashcl_tensor t_app_k, t_app_v, t_app_kc, t_app_vc;
 static cl_mem m_app_seqlens;
@@ -174,13 +175,13 @@ static void setup_problems(void) {
   flashcl_tensor_init_bnhd(&t_dk, buf_new(qkv * 4), 0, FLASHCL_F32, B, N, H, D);
   flashcl_tensor_init_bnhd(&t_dv, buf_new(qkv * 4), 0, FLASHCL_F32, B, N, H, D);
   flashcl_attention_desc_init(&d_flash);
-  d_flash.causal = 1;
-  d_flash.algo = FLASHCL_ALGO_FLASH;
+  d_flash.mask.causal = 1;
+  d_flash.algorithm.algo = FLASHCL_ALGO_FLASH;
   d_naive = d_flash;
-  d_naive.algo = FLASHCL_ALGO_NAIVE;
+  d_naive.algorithm.algo = FLASHCL_ALGO_NAIVE;
   d_drop = d_flash;
-  d_drop.dropout_p = 0.25f;
-  d_drop.seed = 7;
+  d_drop.dropout.p = 0.25f;
+  d_drop.dropout.seed = 7;
   /* The backward's o and lse: a fault-free forward on the base context. */
   assert_int_equal(flashcl_attention_forward(g_base, &d_flash, &t_q, &t_k, &t_v, &t_fo, &t_flse, 0, NULL, NULL), 0);
   /* decode */
@@ -192,8 +193,8 @@ static void setup_problems(void) {
   const int dec_len[2] = {40, 64};
   m_dec_seqlens = buf_ints(dec_len, 2);
   flashcl_decode_desc_init(&dd_dec);
-  dd_dec.num_splits = 4;
-  flashcl_decode_desc_init(&dd_app);
+  dd_dec.split.num_splits = 4;
+  flashcl_kv_append_desc_init(&dd_app);
   /* kv append */
   flashcl_tensor_init_bnhd(&t_app_k, buf_random(2 * 3 * 2 * D), 0, FLASHCL_F32, 2, 3, 2, D);
   flashcl_tensor_init_bnhd(&t_app_v, buf_random(2 * 3 * 2 * D), 0, FLASHCL_F32, 2, 3, 2, D);

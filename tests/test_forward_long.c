@@ -77,7 +77,7 @@ static void test_features(void **state) {
 
 /* Explicit tile sizes that the device can hold. They are the portable
  * kernels' tiles, so the call names that family: elsewhere (the tensor-core
- * kernels) desc.block_r/block_c are refused. */
+ * kernels) desc.algorithm.block_r/block_c are refused. */
 static void test_blocks(void **state) {
   const sweep *s = (const sweep *)*state;
   static const int blocks[][2] = {{8, 8}, {16, 32}, {32, 16}, {8, 64}, {64, 8}, {32, 32}};

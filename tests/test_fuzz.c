@@ -112,10 +112,10 @@ typedef struct fz_case {
   struct fz_tensor *pend[4];
   const struct flashcl_tensor **pend_ptr[4];
   const char *pend_name[4];
-  /* Invalid only where a flash kernel runs (desc.algo not NAIVE at call time):
-   * desc.kernel = NVIDIA_MMA on this device, block sizes the plan cannot fit. */
+  /* Invalid only where a flash kernel runs (desc.algorithm.algo not NAIVE at call time):
+   * desc.algorithm.kernel = NVIDIA_MMA on this device, block sizes the plan cannot fit. */
   int bad_kernel, bad_blocks;
-  /* desc.max_seqlen_k was mutated: judged on the final descriptor, since a
+  /* desc.varlen.max_seqlen_k was mutated: judged on the final descriptor, since a
    * paged source takes any value >= 0 (clamped to the pools) and varlen
    * without one needs 1..Nk. */
   int seqk_mut;
@@ -147,7 +147,7 @@ static int claim(fz_case *c, const char *fmt, ...) {
 }
 
 static flashcl_context *g_ctx;
-/* The device runs the tensor-core kernels: desc.kernel = NVIDIA_MMA is then a
+/* The device runs the tensor-core kernels: desc.algorithm.kernel = NVIDIA_MMA is then a
  * valid request (it falls back to the portable kernels where they don't cover
  * a problem), and refused elsewhere. */
 static int g_has_mma;
@@ -640,7 +640,7 @@ static void attn_make(fz_case *c, attn *a, int bwd) {
   a->Hkv = rrange(&c->r, 1, 2);
   a->Hq = a->Hkv * rrange(&c->r, 1, 2);
   flashcl_attention_desc_init(d);
-  d->causal = rchance(&c->r, 0.5);
+  d->mask.causal = rchance(&c->r, 0.5);
   if (rchance(&c->r, 0.2)) {
     int tq = 0, tk = 0, mq = 1, mk = 1;
     a->varlen = 1;
@@ -655,25 +655,25 @@ static void attn_make(fz_case *c, attn *a, int bwd) {
       a->cuq[s + 1] = tq, a->cuk[s + 1] = tk;
     }
     a->B = 1, a->Nq = tq, a->Nk = tk;
-    d->num_seqs = a->num_seqs, d->max_seqlen_q = mq, d->max_seqlen_k = mk;
+    d->varlen.num_seqs = a->num_seqs, d->varlen.max_seqlen_q = mq, d->varlen.max_seqlen_k = mk;
     a->cu_q = buf_new(c, (size_t)(a->num_seqs + 1) * 4, "cu_seqlens_q");
     a->cu_k = buf_new(c, (size_t)(a->num_seqs + 1) * 4, "cu_seqlens_k");
     memcpy(a->cu_q->init, a->cuq, (size_t)(a->num_seqs + 1) * 4);
     memcpy(a->cu_k->init, a->cuk, (size_t)(a->num_seqs + 1) * 4);
-    d->cu_seqlens_q = a->cu_q->mem, d->cu_seqlens_k = a->cu_k->mem;
+    d->varlen.cu_seqlens_q = a->cu_q->mem, d->varlen.cu_seqlens_k = a->cu_k->mem;
   } else {
     a->B = rrange(&c->r, 1, 2), a->Nq = rrange(&c->r, 1, 17), a->Nk = rrange(&c->r, 1, 17);
   }
-  if (rchance(&c->r, 0.5)) d->scale = (float)(0.05 + 0.3 * runif(&c->r));
-  if (!bwd && rchance(&c->r, 0.2)) d->window_left = rrange(&c->r, -1, 6), d->window_right = rrange(&c->r, -1, 6);
-  if (!bwd && rchance(&c->r, 0.15)) d->softcap = (float)(5.0 + 30.0 * runif(&c->r));
+  if (rchance(&c->r, 0.5)) d->score.scale = (float)(0.05 + 0.3 * runif(&c->r));
+  if (!bwd && rchance(&c->r, 0.2)) d->score.window_left = rrange(&c->r, -1, 6), d->score.window_right = rrange(&c->r, -1, 6);
+  if (!bwd && rchance(&c->r, 0.15)) d->score.softcap = (float)(5.0 + 30.0 * runif(&c->r));
   if (!bwd && rchance(&c->r, 0.15)) {
     a->alibi_b = buf_new(c, (size_t)a->Hq * 4 + (size_t)rbelow(&c->r, 3) * 4, "alibi_slopes");
     for (s = 0; s < a->Hq; s++) {
       a->alibi[s] = (float)(0.5 * runif(&c->r));
       memcpy(a->alibi_b->init + 4 * s, &a->alibi[s], 4);
     }
-    d->alibi_slopes = a->alibi_b->mem;
+    d->score.alibi_slopes = a->alibi_b->mem;
   }
   if (!bwd && rchance(&c->r, 0.12)) { /* attention sinks, within the scores' range */
     a->sinks_b = buf_new(c, (size_t)a->Hq * 4 + (size_t)rbelow(&c->r, 3) * 4, "sinks");
@@ -681,12 +681,12 @@ static void attn_make(fz_case *c, attn *a, int bwd) {
       a->sinks[s] = (float)(3.0 * runif(&c->r) - 1.0);
       memcpy(a->sinks_b->init + 4 * s, &a->sinks[s], 4);
     }
-    d->sinks = a->sinks_b->mem;
+    d->score.sinks = a->sinks_b->mem;
   }
   if (rchance(&c->r, 0.15)) {
-    d->dropout_p = 0.2f;
-    d->seed = r64(&c->r);
-    d->offset = (uint64_t)rbelow(&c->r, 1000);
+    d->dropout.p = 0.2f;
+    d->dropout.seed = r64(&c->r);
+    d->dropout.offset = (uint64_t)rbelow(&c->r, 1000);
   }
   tensor_make(c, &a->q, a->dt, a->B, a->Nq, a->Hq, a->D, 0, "q");
   tensor_make(c, &a->k, a->dt, a->B, a->Nk, a->Hkv, a->D, 0, "k");
@@ -705,14 +705,14 @@ static void attn_params(const attn *a, ref_attention_params *p, ref_masks *m, re
   memset(p, 0, sizeof *p);
   memset(m, 0, sizeof *m);
   memset(dr, 0, sizeof *dr);
-  p->scale = a->desc.scale;
-  p->causal = a->desc.causal;
+  p->scale = a->desc.score.scale;
+  p->causal = a->desc.mask.causal;
   if (a->varlen) p->cu_seqlens_q = a->cuq, p->cu_seqlens_k = a->cuk, p->num_seqs = a->num_seqs;
-  m->window_left = a->desc.window_left, m->window_right = a->desc.window_right;
-  m->alibi = a->desc.alibi_slopes ? a->alibi : NULL;
-  m->sinks = a->desc.sinks ? a->sinks : NULL;
-  m->softcap = a->desc.softcap;
-  dr->p = a->desc.dropout_p, dr->seed = a->desc.seed, dr->offset = a->desc.offset;
+  m->window_left = a->desc.score.window_left, m->window_right = a->desc.score.window_right;
+  m->alibi = a->desc.score.alibi_slopes ? a->alibi : NULL;
+  m->sinks = a->desc.score.sinks ? a->sinks : NULL;
+  m->softcap = a->desc.score.softcap;
+  dr->p = a->desc.dropout.p, dr->seed = a->desc.dropout.seed, dr->offset = a->desc.dropout.offset;
 }
 
 static void check_o_lse(fz_case *c, const fz_tensor *o, const fz_tensor *lse, const double *ro, const double *rl,
@@ -821,19 +821,19 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
     }
     case 1:
       f = hostile_float(&c->r);
-      clog_(c, "desc.scale = %g", (double)f);
-      d->scale = f;
+      clog_(c, "desc.score.scale = %g", (double)f);
+      d->score.scale = f;
       break;
     case 2:
       v = pick_int(&c->r);
-      clog_(c, "desc.heads_q = %d", v);
-      d->heads_q = v;
+      clog_(c, "desc.shape.heads_q = %d", v);
+      d->shape.heads_q = v;
       if (v != 0 && v != a->Hq) c->must_fail = 1;
       break;
     case 3:
       v = pick_int(&c->r);
-      clog_(c, "desc.heads_kv = %d", v);
-      d->heads_kv = v;
+      clog_(c, "desc.shape.heads_kv = %d", v);
+      d->shape.heads_kv = v;
       if (v != 0 && v != a->Hkv) c->must_fail = 1;
       break;
     case 4:
@@ -841,21 +841,21 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
       const int left = rbelow(&c->r, 2);
       v = pick_int(&c->r);
       clog_(c, "desc.window_%s = %d", left ? "left" : "right", v);
-      if (left) d->window_left = v;
-      else d->window_right = v;
+      if (left) d->score.window_left = v;
+      else d->score.window_right = v;
       if (v < -1) c->must_fail = 1;
       break;
     }
     case 6:
       f = hostile_float(&c->r);
-      clog_(c, "desc.softcap = %g", (double)f);
-      d->softcap = f;
+      clog_(c, "desc.score.softcap = %g", (double)f);
+      d->score.softcap = f;
       if (!(f == 0.0f || (isfinite(f) && f > 0.0f))) c->must_fail = 1;
       break;
     case 7:
       f = hostile_float(&c->r);
-      clog_(c, "desc.dropout_p = %g", (double)f);
-      d->dropout_p = f;
+      clog_(c, "desc.dropout.p = %g", (double)f);
+      d->dropout.p = f;
       if (!(f >= 0.0f && f < 1.0f)) c->must_fail = 1;
       break;
     case 8: /* ALiBi slopes: short buffer, or NaN / inf / negative slopes */
@@ -863,7 +863,7 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
       fz_buf *b;
       if (rchance(&c->r, 0.5)) {
         b = buf_new(c, (size_t)a->Hq * 4 - 1, "alibi_short");
-        clog_(c, "desc.alibi_slopes %d bytes", a->Hq * 4 - 1);
+        clog_(c, "desc.score.alibi_slopes %d bytes", a->Hq * 4 - 1);
         c->must_fail = 1;
       } else {
         int h;
@@ -872,25 +872,25 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
           f = hostile_float(&c->r);
           memcpy(b->init + 4 * h, &f, 4);
         }
-        clog_(c, "desc.alibi_slopes hostile values");
+        clog_(c, "desc.score.alibi_slopes hostile values");
         c->garbage_dev = 1;
       }
-      d->alibi_slopes = b->mem;
+      d->score.alibi_slopes = b->mem;
       break;
     }
     case 9: {
       static const int al[] = {-1, 3, 99, INT_MIN, FLASHCL_ALGO_NAIVE, FLASHCL_ALGO_FLASH};
       v = al[rbelow(&c->r, 6)];
-      clog_(c, "desc.algo = %d", v);
-      d->algo = (flashcl_algo)v;
+      clog_(c, "desc.algorithm.algo = %d", v);
+      d->algorithm.algo = (flashcl_algo)v;
       if (v < 0 || v > 2) c->must_fail = 1;
       break;
     }
     case 10: {
       static const int kf[] = {-1, 3, 42, FLASHCL_KERNEL_NVIDIA_MMA, FLASHCL_KERNEL_PORTABLE};
       v = kf[rbelow(&c->r, 5)];
-      clog_(c, "desc.kernel = %d", v);
-      d->kernel = (flashcl_kernel_family)v;
+      clog_(c, "desc.algorithm.kernel = %d", v);
+      d->algorithm.kernel = (flashcl_kernel_family)v;
       if (v < 0 || v > 2) c->must_fail = 1;
       c->bad_kernel = v == 2 && !g_has_mma; /* refused where the device has no tensor-core path */
       break;
@@ -898,9 +898,9 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
     case 11: {
       static const int bl[] = {7, -8, 12, INT_MAX, 1 << 20, INT_MIN, 1, 8, 16};
       v = bl[rbelow(&c->r, 9)];
-      if (rbelow(&c->r, 2)) d->block_r = v;
-      else d->block_c = v;
-      clog_(c, "desc.block_%s = %d", d->block_r == v ? "r" : "c", v);
+      if (rbelow(&c->r, 2)) d->algorithm.block_r = v;
+      else d->algorithm.block_c = v;
+      clog_(c, "desc.algorithm.block_%s = %d", d->algorithm.block_r == v ? "r" : "c", v);
       if (v < 0 || v % 8) c->must_fail = 1;
       if (v >= (1 << 20)) c->bad_blocks = 1; /* no tile plan fits */
       break;
@@ -920,19 +920,19 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
         v = pick_int(&c->r);
         switch (rbelow(&c->r, 3)) {
           case 0:
-            clog_(c, "desc.num_seqs = %d", v);
-            if (a->varlen && (v < 1 || v > d->num_seqs)) c->must_fail = 1;
-            d->num_seqs = v;
+            clog_(c, "desc.varlen.num_seqs = %d", v);
+            if (a->varlen && (v < 1 || v > d->varlen.num_seqs)) c->must_fail = 1;
+            d->varlen.num_seqs = v;
             break;
           case 1:
-            clog_(c, "desc.max_seqlen_q = %d", v);
+            clog_(c, "desc.varlen.max_seqlen_q = %d", v);
             if (a->varlen && (v < 1 || v > a->Nq)) c->must_fail = 1;
-            d->max_seqlen_q = v;
+            d->varlen.max_seqlen_q = v;
             break;
           default:
-            clog_(c, "desc.max_seqlen_k = %d", v);
+            clog_(c, "desc.varlen.max_seqlen_k = %d", v);
             c->seqk_mut = 1; /* judged at the call (run_attention) */
-            d->max_seqlen_k = v;
+            d->varlen.max_seqlen_k = v;
             break;
         }
       }
@@ -941,37 +941,37 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
     {
       static const int mk[] = {-1, 3, FLASHCL_MASK_BLOCK, FLASHCL_MASK_BITS};
       v = mk[rbelow(&c->r, 4)];
-      d->mask_kind = (flashcl_mask_kind)v;
-      d->mask_block_q = rbelow(&c->r, 4) ? rrange(&c->r, 1, 16) : pick_int(&c->r);
-      d->mask_block_k = rbelow(&c->r, 4) ? rrange(&c->r, 1, 16) : pick_int(&c->r);
-      d->mask_per_head = rbelow(&c->r, 2);
-      clog_(c, "desc.mask_kind = %d (blocks %d x %d, per_head %d)", v, d->mask_block_q, d->mask_block_k,
-            d->mask_per_head);
+      d->mask.kind = (flashcl_mask_kind)v;
+      d->mask.block_q = rbelow(&c->r, 4) ? rrange(&c->r, 1, 16) : pick_int(&c->r);
+      d->mask.block_k = rbelow(&c->r, 4) ? rrange(&c->r, 1, 16) : pick_int(&c->r);
+      d->mask.per_head = rbelow(&c->r, 2);
+      clog_(c, "desc.mask.kind = %d (blocks %d x %d, per_head %d)", v, d->mask.block_q, d->mask.block_k,
+            d->mask.per_head);
       if (v < 0 || v > 2) {
         c->must_fail = 1;
       } else if (rchance(&c->r, 0.2)) {
-        clog_(c, "desc.mask = NULL");
+        clog_(c, "desc.mask.bits = NULL");
         c->must_fail = 1;
       } else {
         /* garbage bits, exactly the documented size, or one byte short */
-        int Lq = a->varlen ? d->max_seqlen_q : a->Nq, Lk = a->varlen ? d->max_seqlen_k : a->Nk;
+        int Lq = a->varlen ? d->varlen.max_seqlen_q : a->Nq, Lk = a->varlen ? d->varlen.max_seqlen_k : a->Nk;
         int64_t R, C, W, words;
         int short_ = rchance(&c->r, 0.3);
-        if (v == FLASHCL_MASK_BLOCK && (d->mask_block_q < 1 || d->mask_block_k < 1)) {
+        if (v == FLASHCL_MASK_BLOCK && (d->mask.block_q < 1 || d->mask.block_k < 1)) {
           c->must_fail = 1;
-          d->mask = a->q.b->mem;
+          d->mask.bits = a->q.b->mem;
           break;
         }
-        R = v == FLASHCL_MASK_BLOCK ? ((int64_t)Lq + d->mask_block_q - 1) / d->mask_block_q : Lq;
-        C = v == FLASHCL_MASK_BLOCK ? ((int64_t)Lk + d->mask_block_k - 1) / d->mask_block_k : Lk;
+        R = v == FLASHCL_MASK_BLOCK ? ((int64_t)Lq + d->mask.block_q - 1) / d->mask.block_q : Lq;
+        C = v == FLASHCL_MASK_BLOCK ? ((int64_t)Lk + d->mask.block_k - 1) / d->mask.block_k : Lk;
         W = (C + 31) / 32;
-        words = (int64_t)(a->varlen ? a->num_seqs : a->B) * (d->mask_per_head ? a->Hq : 1) * R * W;
+        words = (int64_t)(a->varlen ? a->num_seqs : a->B) * (d->mask.per_head ? a->Hq : 1) * R * W;
         if (words < 1 || words > (1 << 24)) { /* lengths already made invalid (max_seqlen_q <= 0) */
-          d->mask = a->q.b->mem;
+          d->mask.bits = a->q.b->mem;
           c->garbage_dev = 1;
           break;
         }
-        d->mask = buf_new(c, (size_t)words * 4 - (short_ ? 1 : 0), "mask")->mem;
+        d->mask.bits = buf_new(c, (size_t)words * 4 - (short_ ? 1 : 0), "mask")->mem;
         if (short_) c->must_fail = 1;
         clog_(c, "mask %lld words%s", (long long)words, short_ ? " less one byte" : "");
         c->garbage_dev = 1; /* random bits: valid, but no reference here */
@@ -983,10 +983,10 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
       int mp = rbelow(&c->r, 5) ? rrange(&c->r, 1, 3) : pick_int(&c->r);
       int B = a->varlen ? a->num_seqs : a->B, k;
       fz_buf *tb, *ls;
-      d->kv_page_size = rbelow(&c->r, 5) ? a->Nk : pick_int(&c->r);
-      d->kv_max_pages = mp;
-      clog_(c, "paged source page_size %d max_pages %d", d->kv_page_size, mp);
-      if (mp < 1 || mp > 64 || d->kv_page_size != a->Nk || bwd) c->must_fail = 1;
+      d->paged.cache.page_size = rbelow(&c->r, 5) ? a->Nk : pick_int(&c->r);
+      d->paged.cache.max_pages = mp;
+      clog_(c, "paged source page_size %d max_pages %d", d->paged.cache.page_size, mp);
+      if (mp < 1 || mp > 64 || d->paged.cache.page_size != a->Nk || bwd) c->must_fail = 1;
       if (mp < 1 || mp > 64) mp = 1;
       tb = buf_new(c, (size_t)B * mp * 4, "kv_block_table");
       ls = buf_new(c, (size_t)B * 4, "kv_seqlens");
@@ -1000,20 +1000,20 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
           int32_t g = rrange(&c->r, -5, 60);
           memcpy(ls->init + 4 * k, &g, 4);
         }
-      d->kv_block_table = tb->mem;
-      d->kv_seqlens = ls->mem;
-      if (a->varlen) d->cu_seqlens_k = NULL;
+      d->paged.cache.block_table = tb->mem;
+      d->paged.seqlens = ls->mem;
+      if (a->varlen) d->varlen.cu_seqlens_k = NULL;
       if (rchance(&c->r, 0.15)) {
         clog_(c, "kv_seqlens NULL");
-        d->kv_seqlens = NULL;
+        d->paged.seqlens = NULL;
         c->must_fail = 1;
       }
       c->garbage_dev = 1;
       break;
     }
     case 15:
-      clog_(c, "desc.tuning of the decode family");
-      d->tuning = &g_decode_tuning;
+      clog_(c, "desc.algorithm.tuning of the decode family");
+      d->algorithm.tuning = &g_decode_tuning;
       c->must_fail = 1;
       break;
     case 16: /* sinks: a short buffer, hostile values, or (backward) dsinks without sinks or over q */
@@ -1022,8 +1022,8 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
       const int w = rbelow(&c->r, bwd ? 4 : 2);
       if (w == 0) {
         b = buf_new(c, (size_t)a->Hq * 4 - 1, "sinks_short");
-        clog_(c, "desc.sinks %d bytes", a->Hq * 4 - 1);
-        d->sinks = b->mem;
+        clog_(c, "desc.score.sinks %d bytes", a->Hq * 4 - 1);
+        d->score.sinks = b->mem;
         c->must_fail = 1;
       } else if (w == 1) {
         int h;
@@ -1032,18 +1032,18 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
           f = hostile_float(&c->r);
           memcpy(b->init + 4 * h, &f, 4);
         }
-        clog_(c, "desc.sinks hostile values");
-        d->sinks = b->mem;
+        clog_(c, "desc.score.sinks hostile values");
+        d->score.sinks = b->mem;
         c->garbage_dev = 1;
       } else { /* only the backward call reads dsinks (the queries and the forward ignore it) */
         b = buf_new(c, (size_t)a->Hq * 4, "dsinks");
-        d->dsinks = b->mem;
+        d->backward.dsinks = b->mem;
         if (w == 2) {
-          clog_(c, "desc.dsinks without desc.sinks");
-          d->sinks = NULL;
+          clog_(c, "desc.backward.dsinks without desc.score.sinks");
+          d->score.sinks = NULL;
         } else {
-          clog_(c, "desc.dsinks = desc.sinks");
-          d->sinks = b->mem;
+          clog_(c, "desc.backward.dsinks = desc.score.sinks");
+          d->score.sinks = b->mem;
         }
         if (c->entry && strcmp(c->entry, "flashcl_attention_backward") == 0) c->must_fail = 1;
         else c->garbage_dev = 1;
@@ -1053,16 +1053,16 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
     case 17: { /* head_dim_v: 0 and v's head dim are the valid values */
       static const int hv[] = {-1, INT_MIN, 7, 16, 64, 1000, 0, 32};
       v = hv[rbelow(&c->r, 8)];
-      clog_(c, "desc.head_dim_v = %d", v);
-      d->head_dim_v = v;
+      clog_(c, "desc.shape.head_dim_v = %d", v);
+      d->shape.head_dim_v = v;
       if (v != 0 && v != a->D) c->must_fail = 1;
       break;
     }
     default:
       v = pick_int(&c->r);
-      clog_(c, "desc.deterministic = %d, causal = %d", v, v & 1);
-      d->deterministic = v;
-      d->causal = v & 1;
+      clog_(c, "desc.backward.deterministic = %d, causal = %d", v, v & 1);
+      d->backward.deterministic = v;
+      d->mask.causal = v & 1;
       c->garbage_dev = 1; /* causal changed: no reference */
       break;
   }
@@ -1188,13 +1188,13 @@ static void run_attention(fz_case *c, int entry) {
       c->must_fail = 1;
     }
   }
-  /* desc.kernel = NVIDIA_MMA fails where a flash kernel would run, and block
+  /* desc.algorithm.kernel = NVIDIA_MMA fails where a flash kernel would run, and block
    * sizes no plan fits where one is planned (not by kernel_family or
    * workspace_size, which plan no tiles) */
-  if (a.desc.algo != FLASHCL_ALGO_NAIVE && (c->bad_kernel || (c->bad_blocks && entry != E_KF && entry != E_WS)))
+  if (a.desc.algorithm.algo != FLASHCL_ALGO_NAIVE && (c->bad_kernel || (c->bad_blocks && entry != E_KF && entry != E_WS)))
     c->must_fail = 1;
-  if (c->seqk_mut && (a.desc.kv_block_table ? a.desc.max_seqlen_k < 0
-                                            : a.varlen && (a.desc.max_seqlen_k < 1 || a.desc.max_seqlen_k > a.Nk)))
+  if (c->seqk_mut && (a.desc.paged.cache.block_table ? a.desc.varlen.max_seqlen_k < 0
+                                            : a.varlen && (a.desc.varlen.max_seqlen_k < 1 || a.desc.varlen.max_seqlen_k > a.Nk)))
     c->must_fail = 1;
   upload_all(c);
   switch (entry) {
@@ -1318,15 +1318,15 @@ static void dec_quantize(fz_case *c, dec *d, int k, double p) {
     memcpy(d->scale[k]->init + 4 * i, &f, 4);
   }
   d->fmt[k] = fmt;
-  if (k) ds->v_scale = d->scale[k]->mem, ds->v_scale_kind = kind;
-  else ds->k_scale = d->scale[k]->mem, ds->k_scale_kind = kind;
+  if (k) ds->cache.v_scale = d->scale[k]->mem, ds->cache.v_scale_kind = kind;
+  else ds->cache.k_scale = d->scale[k]->mem, ds->cache.k_scale_kind = kind;
 }
 
 /* The value the decode reads at (bb, nn, h, x) of side k. */
 static double dec_value(const dec *d, int k, int64_t bb, int64_t nn, int64_t h, int64_t x) {
   const fz_tensor *t = k ? &d->vc : &d->kc;
   if (!is_kv_quant(d->fmt[k])) return fct_load(d->dt, t->b->init, tidx(&t->t, bb, nn, h, x));
-  const flashcl_kv_scale kind = k ? d->desc.v_scale_kind : d->desc.k_scale_kind;
+  const flashcl_kv_scale kind = k ? d->desc.cache.v_scale_kind : d->desc.cache.k_scale_kind;
   const size_t row = (size_t)(bb * t->t.shape[1] + nn) * (size_t)d->Hkv + (size_t)h;
   const size_t si = kind == FLASHCL_KV_SCALE_TOKEN     ? row
                     : kind == FLASHCL_KV_SCALE_BLOCK32 ? row * (size_t)((k ? d->DV : d->D) / 32) + (size_t)x / 32
@@ -1363,7 +1363,7 @@ static void dec_make(fz_case *c, dec *d, int append) {
     }
     d->tb = buf_new(c, (size_t)d->B * d->mp * 4, "block_table");
     memcpy(d->tb->init, d->table, (size_t)d->B * d->mp * 4);
-    ds->page_size = d->ps, ds->max_pages = d->mp, ds->block_table = d->tb->mem;
+    ds->cache.page_size = d->ps, ds->cache.max_pages = d->mp, ds->cache.block_table = d->tb->mem;
     tensor_make(c, &d->kc, d->dt, d->num_pages, d->ps, d->Hkv, d->D, append, "k_cache");
     tensor_make(c, &d->vc, d->dt, d->num_pages, d->ps, d->Hkv, d->DV, append, "v_cache");
   } else {
@@ -1394,18 +1394,18 @@ static void dec_make(fz_case *c, dec *d, int append) {
   tensor_make(c, &d->q, d->dt, d->B, d->T, d->Hq, d->D, 0, "q");
   tensor_make(c, &d->o, d->dt, d->B, d->T, d->Hq, d->DV, 1, "o");
   lse_make(c, &d->lse, d->B, d->T, d->Hq, 1, "lse");
-  ds->num_splits = rbelow(&c->r, 4);
-  if (rchance(&c->r, 0.3)) ds->max_seqlen_k = rrange(&c->r, 1, d->cap);
-  if (rchance(&c->r, 0.5)) ds->scale = (float)(0.05 + 0.3 * runif(&c->r));
-  if (rchance(&c->r, 0.2)) ds->window_left = rrange(&c->r, -1, 6), ds->window_right = rrange(&c->r, -1, 3);
-  if (rchance(&c->r, 0.15)) ds->softcap = (float)(5.0 + 30.0 * runif(&c->r));
+  ds->split.num_splits = rbelow(&c->r, 4);
+  if (rchance(&c->r, 0.3)) ds->split.max_seqlen_k = rrange(&c->r, 1, d->cap);
+  if (rchance(&c->r, 0.5)) ds->score.scale = (float)(0.05 + 0.3 * runif(&c->r));
+  if (rchance(&c->r, 0.2)) ds->score.window_left = rrange(&c->r, -1, 6), ds->score.window_right = rrange(&c->r, -1, 3);
+  if (rchance(&c->r, 0.15)) ds->score.softcap = (float)(5.0 + 30.0 * runif(&c->r));
   if (rchance(&c->r, 0.15)) {
     fz_buf *ab = buf_new(c, (size_t)d->Hq * 4, "alibi_slopes");
     for (i = 0; i < d->Hq; i++) {
       d->alibi[i] = (float)(0.5 * runif(&c->r));
       memcpy(ab->init + 4 * i, &d->alibi[i], 4);
     }
-    ds->alibi_slopes = ab->mem;
+    ds->score.alibi_slopes = ab->mem;
   }
   if (rchance(&c->r, 0.12)) {
     fz_buf *sb = buf_new(c, (size_t)d->Hq * 4, "sinks");
@@ -1413,7 +1413,7 @@ static void dec_make(fz_case *c, dec *d, int append) {
       d->sinks[i] = (float)(3.0 * runif(&c->r) - 1.0);
       memcpy(sb->init + 4 * i, &d->sinks[i], 4);
     }
-    ds->sinks = sb->mem;
+    ds->score.sinks = sb->mem;
   }
   /* One side at most: a plain side pins q's dtype, which decode_config and
    * decode_workspace_size (no o) would otherwise not check. Both sides
@@ -1441,7 +1441,7 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
     double *kd, *vd;
     if (L == 0) { /* no key: O = 0, and LSE = the sink, else -inf */
       for (j = 0; j < d->T * d->Hq; j++)
-        rl[(size_t)b * d->T * d->Hq + j] = d->desc.sinks ? (double)d->sinks[j % d->Hq] : -INFINITY;
+        rl[(size_t)b * d->T * d->Hq + j] = d->desc.score.sinks ? (double)d->sinks[j % d->Hq] : -INFINITY;
       continue;
     }
     kd = malloc((size_t)L * d->Hkv * d->D * sizeof(double));
@@ -1462,12 +1462,12 @@ static void dec_check(fz_case *c, dec *d, int has_lse) {
     ol = ref_out_bnhd(rl + (size_t)b * d->T * d->Hq, 1, d->T, d->Hq, 1);
     memset(&p, 0, sizeof p);
     memset(&m, 0, sizeof m);
-    p.scale = d->desc.scale;
+    p.scale = d->desc.score.scale;
     p.causal = 1;
-    m.window_left = d->desc.window_left, m.window_right = d->desc.window_right;
-    m.alibi = d->desc.alibi_slopes ? d->alibi : NULL;
-    m.sinks = d->desc.sinks ? d->sinks : NULL;
-    m.softcap = d->desc.softcap;
+    m.window_left = d->desc.score.window_left, m.window_right = d->desc.score.window_right;
+    m.alibi = d->desc.score.alibi_slopes ? d->alibi : NULL;
+    m.sinks = d->desc.score.sinks ? d->sinks : NULL;
+    m.softcap = d->desc.score.softcap;
     if (ref_masks_forward(&p, &m, NULL, &q, &k, &v, &oo, &ol) != 0) finding(c, "decode reference refused (harness bug)");
     free(kd);
     free(vd);
@@ -1506,8 +1506,8 @@ static void append_check(fz_case *c, dec *d) {
 static void mutate_kv_scale(fz_case *c, dec *d, int kind) {
   flashcl_decode_desc *ds = &d->desc;
   const int k = rbelow(&c->r, 2);
-  cl_mem *buf = k ? &ds->v_scale : &ds->k_scale;
-  flashcl_kv_scale *sk = k ? &ds->v_scale_kind : &ds->k_scale_kind;
+  cl_mem *buf = k ? &ds->cache.v_scale : &ds->cache.k_scale;
+  flashcl_kv_scale *sk = k ? &ds->cache.v_scale_kind : &ds->cache.k_scale_kind;
   const int quant = is_kv_quant(d->fmt[k]);
   if (kind == 14) {
     clog_(c, "desc.%s_scale = NULL", k ? "v" : "k");
@@ -1525,6 +1525,18 @@ static void mutate_kv_scale(fz_case *c, dec *d, int kind) {
     *sk = (flashcl_kv_scale)v;
   }
   if (quant) c->must_fail = 1;
+}
+
+/* The append's descriptor: the decode descriptor's cache, and its
+ * struct_size mutation carried over (the decode struct's own size stands for
+ * "as *_init set it", one more for "a newer header's"). */
+static flashcl_kv_append_desc append_desc_of(const flashcl_decode_desc *ds) {
+  flashcl_kv_append_desc ad;
+  flashcl_kv_append_desc_init(&ad);
+  ad.cache = ds->cache;
+  if (ds->struct_size == sizeof *ds + 1) ad.struct_size = sizeof ad + 1;
+  else if (ds->struct_size != sizeof *ds) ad.struct_size = ds->struct_size;
+  return ad;
 }
 
 static void mutate_ddesc(fz_case *c, dec *d, int append) {
@@ -1549,25 +1561,25 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
     }
     case 1:
       v = pick_int(&c->r);
-      clog_(c, "desc.page_size = %d", v);
-      if (v != ds->page_size) c->must_fail = 1;
+      clog_(c, "desc.cache.page_size = %d", v);
+      if (v != ds->cache.page_size) c->must_fail = 1;
       if (!d->paged && v == 0 && !strstr(c->log, "page_size = ")) {} /* 0: contiguous, valid */
-      ds->page_size = v;
+      ds->cache.page_size = v;
       break;
     case 2:
       v = pick_int(&c->r);
-      clog_(c, "desc.max_pages = %d", v);
+      clog_(c, "desc.cache.max_pages = %d", v);
       if (d->paged && (v < 1 || v > d->mp)) c->must_fail = 1;     /* invalid, or the table is short */
       if (!d->paged && v != 0) c->garbage_dev = 1;                /* may be refused or ignored */
-      ds->max_pages = v;
+      ds->cache.max_pages = v;
       break;
     case 3:
-      clog_(c, "desc.block_table = %s", d->paged ? "NULL" : "a buffer");
+      clog_(c, "desc.cache.block_table = %s", d->paged ? "NULL" : "a buffer");
       if (d->paged) {
-        ds->block_table = NULL;
+        ds->cache.block_table = NULL;
         c->must_fail = 1;
       } else {
-        ds->block_table = d->seq->mem;
+        ds->cache.block_table = d->seq->mem;
         c->must_fail = 1; /* page_size 0 with a table */
       }
       break;
@@ -1596,23 +1608,23 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
     case 6: {
       static const int ns[] = {-1, 257, INT_MAX, INT_MIN, 256, 1};
       v = ns[rbelow(&c->r, 6)];
-      clog_(c, "desc.num_splits = %d", v);
-      ds->num_splits = v;
+      clog_(c, "desc.split.num_splits = %d", v);
+      ds->split.num_splits = v;
       if (v < 0 || v > FLASHCL_DECODE_MAX_SPLITS) c->must_fail = 1;
       break;
     }
     case 7:
       v = pick_int(&c->r);
-      clog_(c, "desc.max_seqlen_k = %d", v);
-      ds->max_seqlen_k = v;
+      clog_(c, "desc.split.max_seqlen_k = %d", v);
+      ds->split.max_seqlen_k = v;
       if (v < 0) c->must_fail = 1;
       break;
     case 8: {
       const int left = rbelow(&c->r, 2);
       v = pick_int(&c->r);
       clog_(c, "desc.window_%s = %d", left ? "left" : "right", v);
-      if (left) ds->window_left = v;
-      else ds->window_right = v;
+      if (left) ds->score.window_left = v;
+      else ds->score.window_right = v;
       if (v < -1) c->must_fail = 1;
       break;
     }
@@ -1620,16 +1632,16 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
       f = hostile_float(&c->r);
       clog_(c, "desc.%s = %g", rbelow(&c->r, 2) ? "softcap" : "scale", (double)f);
       if (strstr(c->log, "softcap = ")) {
-        ds->softcap = f;
+        ds->score.softcap = f;
         if (!(f == 0.0f || (isfinite(f) && f > 0.0f))) c->must_fail = 1;
       } else {
-        ds->scale = f;
+        ds->score.scale = f;
       }
       break;
     case 10: {
       fz_buf *b = buf_new(c, (size_t)d->Hq * 4 - 1, "alibi_short");
-      clog_(c, "desc.alibi_slopes one byte short");
-      ds->alibi_slopes = b->mem;
+      clog_(c, "desc.score.alibi_slopes one byte short");
+      ds->score.alibi_slopes = b->mem;
       c->must_fail = 1;
       break;
     }
@@ -1659,13 +1671,13 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
       }
       if (rbelow(&c->r, 2)) {
         fz_buf *b = buf_new(c, need + 63, "workspace");
-        ds->workspace = b->mem;
-        ds->workspace_offset = 64;
+        ds->split.workspace = b->mem;
+        ds->split.workspace_offset = 64;
         clog_(c, "workspace one byte short (%zu of %zu)", need - 1, need);
         d->ws_mut = 1;
       } else {
-        ds->workspace = d->q.t.buffer;
-        ds->workspace_offset = d->q.t.offset;
+        ds->split.workspace = d->q.t.buffer;
+        ds->split.workspace_offset = d->q.t.offset;
         clog_(c, "workspace over q");
         d->ws_mut = 2;
       }
@@ -1712,8 +1724,8 @@ static void run_decode(fz_case *c, int entry) {
     else if (ws) {
       fz_buf *b = buf_new(c, ws + 32, "workspace");
       memset(b->mayw, 1, b->bytes); /* scratch: anything may be written */
-      d.desc.workspace = b->mem;
-      d.desc.workspace_offset = 32;
+      d.desc.split.workspace = b->mem;
+      d.desc.split.workspace_offset = 32;
     }
   }
   nmut = rchance(&c->r, 0.12) ? 0 : rrange(&c->r, 1, 3);
@@ -1833,7 +1845,8 @@ static void run_append(fz_case *c) {
     }
   }
   upload_all(c);
-  st = flashcl_kv_cache_append(m.ctx, m.null_desc ? NULL : &d.desc, kn, vn, kc, vc, seq, m.nwait, m.wait, m.out_ev);
+  const flashcl_kv_append_desc ad = append_desc_of(&d.desc);
+  st = flashcl_kv_cache_append(m.ctx, m.null_desc ? NULL : &ad, kn, vn, kc, vc, seq, m.nwait, m.wait, m.out_ev);
   if (st == 0 && m.out_ev) wait_event(m.out_ev);
   if (st != 0 && m.out_ev && *m.out_ev) {
     finding(c, "failed call returned an event");
@@ -1954,9 +1967,9 @@ static void run_dropout_mask(fz_case *c) {
   fz_buf *mb;
   cl_mem mem;
   flashcl_attention_desc_init(&desc);
-  desc.dropout_p = rbelow(&c->r, 4) ? (float)(0.05 + 0.9 * runif(&c->r)) : 0.0f;
-  desc.seed = r64(&c->r);
-  desc.offset = r64(&c->r) >> rbelow(&c->r, 64);
+  desc.dropout.p = rbelow(&c->r, 4) ? (float)(0.05 + 0.9 * runif(&c->r)) : 0.0f;
+  desc.dropout.seed = r64(&c->r);
+  desc.dropout.offset = r64(&c->r) >> rbelow(&c->r, 64);
   need = (size_t)B * H * Nq * Nk;
   mb = buf_new(c, need + (size_t)rbelow(&c->r, 64), "mask");
   mem = mb->mem;
@@ -1984,7 +1997,7 @@ static void run_dropout_mask(fz_case *c) {
       case 6: {
         float f = hostile_float(&c->r);
         clog_(c, "dropout_p = %g", (double)f);
-        desc.dropout_p = f;
+        desc.dropout.p = f;
         if (!(f >= 0.0f && f < 1.0f)) c->must_fail = 1;
         break;
       }
@@ -2023,7 +2036,7 @@ static void run_dropout_mask(fz_case *c) {
     ref_dropout dr;
     long bad = 0;
     int b, h, q, k;
-    dr.p = desc.dropout_p, dr.seed = desc.seed, dr.offset = desc.offset;
+    dr.p = desc.dropout.p, dr.seed = desc.dropout.seed, dr.offset = desc.dropout.offset;
     for (b = 0; b < B; b++)
       for (h = 0; h < H; h++)
         for (q = 0; q < Nq; q++)
@@ -2267,7 +2280,7 @@ static int device_has_mma(void) {
   flashcl_tensor_init_bnhd(&t, buf, 0, FLASHCL_F16, 1, 16, 1, 32);
   flashcl_tensor_init_bnhd(&o, obuf, 0, FLASHCL_F16, 1, 16, 1, 32);
   flashcl_attention_desc_init(&d);
-  d.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  d.algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   const flashcl_status st = flashcl_attention_kernel_family(g_ctx, &d, &t, &t, &t, &o, FLASHCL_PASS_FORWARD, &fam);
   clReleaseMemObject(buf);
   clReleaseMemObject(obuf);

@@ -1,5 +1,5 @@
 /*
- * desc.head_dim_v: v and o (d_o and dv in the backward) with a head dim of
+ * desc.shape.head_dim_v: v and o (d_o and dv in the backward) with a head dim of
  * their own, as MLA-style models use (DeepSeek's prefill: d_qk = 192,
  * d_v = 128).
  *
@@ -45,9 +45,9 @@ typedef struct hdv_case {
   flashcl_algo algo;
   int gpu_map;          /* forward through the GPU mapping (fwd map=0) */
   const char *bwd_tune; /* per-call bwd tuning text, NULL: the context's */
-  int atomic_dq;        /* desc.deterministic = 0 */
+  int atomic_dq;        /* desc.backward.deterministic = 0 */
   int varlen;           /* three packed sequences instead of the batch */
-  float dropout;        /* desc.dropout_p (seed and offset fixed) */
+  float dropout;        /* desc.dropout.p (seed and offset fixed) */
   int variants;         /* 1: window (8, 2), softcap 20, ALiBi, sinks and their gradient */
 } hdv_case;
 
@@ -195,19 +195,19 @@ static void hdv_release(hdv_run *r) {
 
 static void hdv_desc(const hdv_run *r, flashcl_attention_desc *desc) {
   flashcl_attention_desc_init(desc);
-  desc->head_dim_v = r->c->dv;
-  desc->causal = r->c->causal;
-  desc->algo = r->c->algo;
-  desc->deterministic = !r->c->atomic_dq;
-  desc->dropout_p = r->dr.p, desc->seed = r->dr.seed, desc->offset = r->dr.offset;
+  desc->shape.head_dim_v = r->c->dv;
+  desc->mask.causal = r->c->causal;
+  desc->algorithm.algo = r->c->algo;
+  desc->backward.deterministic = !r->c->atomic_dq;
+  desc->dropout.p = r->dr.p, desc->dropout.seed = r->dr.seed, desc->dropout.offset = r->dr.offset;
   if (r->c->varlen) {
-    desc->cu_seqlens_q = r->cu_q_mem, desc->cu_seqlens_k = r->cu_k_mem;
-    desc->num_seqs = 3, desc->max_seqlen_q = r->max_q, desc->max_seqlen_k = r->max_k;
+    desc->varlen.cu_seqlens_q = r->cu_q_mem, desc->varlen.cu_seqlens_k = r->cu_k_mem;
+    desc->varlen.num_seqs = 3, desc->varlen.max_seqlen_q = r->max_q, desc->varlen.max_seqlen_k = r->max_k;
   }
   if (r->c->variants) {
-    desc->window_left = r->rm.window_left, desc->window_right = r->rm.window_right;
-    desc->softcap = (float)r->rm.softcap;
-    desc->alibi_slopes = r->slopes_mem, desc->sinks = r->sinks_mem;
+    desc->score.window_left = r->rm.window_left, desc->score.window_right = r->rm.window_right;
+    desc->score.softcap = (float)r->rm.softcap;
+    desc->score.alibi_slopes = r->slopes_mem, desc->score.sinks = r->sinks_mem;
   }
 }
 
@@ -215,7 +215,7 @@ static void hdv_forward(hdv_run *r) {
   const hdv_case *c = r->c;
   flashcl_attention_desc desc;
   hdv_desc(r, &desc);
-  if (c->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  if (c->gpu_map) desc.algorithm.tuning = fct_gpu_map_tuning();
   FCT_CHECK_STATUS(flashcl_attention_forward(fct_env_get()->ctx, &desc, &r->q.t, &r->k.t, &r->v.t, &r->o.t,
                                              &r->lse.t, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "%s: forward", r->name);
@@ -259,9 +259,9 @@ static void hdv_backward(hdv_run *r) {
   hdv_desc(r, &desc);
   if (c->bwd_tune) {
     FCT_CHECK_STATUS(flashcl_tuning_parse(NULL, c->bwd_tune, &tune), FLASHCL_SUCCESS, "parse '%s'", c->bwd_tune);
-    desc.tuning = &tune;
+    desc.algorithm.tuning = &tune;
   }
-  if (c->variants) desc.dsinks = r->dsinks_mem;
+  if (c->variants) desc.backward.dsinks = r->dsinks_mem;
   FCT_CHECK_STATUS(flashcl_attention_backward(fct_env_get()->ctx, &desc, &r->q.t, &r->k.t, &r->v.t, &r->o.t,
                                               &r->lse.t, &r->d_o.t, &r->dq.t, &r->dk.t, &r->dv.t, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "%s: backward", r->name);
@@ -320,7 +320,7 @@ static void hdv_queries(hdv_run *r) {
   FCT_CHECK(cfg.family == FLASHCL_TUNE_BWD, "%s: backward config family %d", r->name, (int)cfg.family);
   /* D (one float per query row and head) and, for the atomic dQ, dQ's fp32
    * accumulator: d_qk floats per row, not d_v. */
-  desc.deterministic = 0;
+  desc.backward.deterministic = 0;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &desc, &r->q.t, &r->k.t, &r->v.t, FLASHCL_PASS_BACKWARD,
                                                     &ws),
                    FLASHCL_SUCCESS, "%s: workspace", r->name);
@@ -428,23 +428,23 @@ static void test_bad_input(void **state) {
   bad_expect(&b, &desc, FLASHCL_ERROR_INVALID_SHAPE, "head_dim_v = 0 with v's head dim 32 != q's 64");
   FCT_CHECK(strstr(flashcl_context_last_error(fct_env_get()->ctx), "head_dim differs") != NULL, "message: %s",
             flashcl_context_last_error(fct_env_get()->ctx));
-  desc.head_dim_v = 40;
+  desc.shape.head_dim_v = 40;
   bad_expect(&b, &desc, FLASHCL_ERROR_INVALID_SHAPE, "head_dim_v 40 but v.shape[3] 32");
-  desc.head_dim_v = -32;
+  desc.shape.head_dim_v = -32;
   bad_expect(&b, &desc, FLASHCL_ERROR_INVALID_SHAPE, "negative head_dim_v");
-  desc.head_dim_v = 64; /* q's: then v must have 64 columns too */
+  desc.shape.head_dim_v = 64; /* q's: then v must have 64 columns too */
   bad_expect(&b, &desc, FLASHCL_ERROR_INVALID_SHAPE, "head_dim_v = q's head dim, v 32");
   bad_release(&b);
 
   /* v right, o (and d_o) with q's head dim. */
   bad_create(&b, 64, 32, 64);
-  desc.head_dim_v = 32;
+  desc.shape.head_dim_v = 32;
   bad_expect(&b, &desc, FLASHCL_ERROR_INVALID_SHAPE, "o.shape[3] 64 != head_dim_v 32");
   bad_release(&b);
 
   /* A v head dim the kernels do not take. */
   bad_create(&b, 64, 12, 12);
-  desc.head_dim_v = 12;
+  desc.shape.head_dim_v = 12;
   bad_expect(&b, &desc, FLASHCL_ERROR_UNSUPPORTED_HEAD_DIM, "head_dim_v 12");
   bad_release(&b);
 
@@ -462,7 +462,7 @@ static void test_bad_input(void **state) {
   bad_release(&b);
 }
 
-/* desc.kernel = NVIDIA_MMA with head_dim_v != head_dim is UNSUPPORTED on
+/* desc.algorithm.kernel = NVIDIA_MMA with head_dim_v != head_dim is UNSUPPORTED on
  * every device: without the tensor cores (PoCL) because they are missing, with
  * them because they do not take the call. Either way nothing is written. */
 static void test_nvidia_mma_refused(void **state) {
@@ -472,13 +472,13 @@ static void test_nvidia_mma_refused(void **state) {
   (void)state;
   bad_create(&b, 64, 32, 32);
   flashcl_attention_desc_init(&desc);
-  desc.head_dim_v = 32;
-  desc.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  desc.shape.head_dim_v = 32;
+  desc.algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   bad_expect(&b, &desc, FLASHCL_ERROR_UNSUPPORTED, "kernel NVIDIA_MMA with head_dim_v");
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(fct_env_get()->ctx, &desc, &b.q.t, &b.k.t, &b.v.t, &b.o.t,
                                                    FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_ERROR_UNSUPPORTED, "kernel_family with NVIDIA_MMA and head_dim_v");
-  desc.kernel = FLASHCL_KERNEL_PORTABLE;
+  desc.algorithm.kernel = FLASHCL_KERNEL_PORTABLE;
   FCT_CHECK_STATUS(flashcl_attention_kernel_family(fct_env_get()->ctx, &desc, &b.q.t, &b.k.t, &b.v.t, &b.o.t,
                                                    FLASHCL_PASS_FORWARD, &fam),
                    FLASHCL_SUCCESS, "kernel_family with PORTABLE and head_dim_v");
@@ -497,19 +497,19 @@ static void test_naive_workspace(void **state) {
   bad_create(&b, 64, 32, 32);
   bad_create(&c, 64, 64, 64);
   flashcl_attention_desc_init(&desc);
-  desc.algo = FLASHCL_ALGO_NAIVE;
-  desc.head_dim_v = 32;
+  desc.algorithm.algo = FLASHCL_ALGO_NAIVE;
+  desc.shape.head_dim_v = 32;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &desc, &b.q.t, &b.k.t, &b.v.t, FLASHCL_PASS_FORWARD, &ws_b),
                    FLASHCL_SUCCESS, "naive workspace, dv 32");
-  desc.head_dim_v = 0;
+  desc.shape.head_dim_v = 0;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &desc, &c.q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD, &ws_c),
                    FLASHCL_SUCCESS, "naive workspace, dv 64");
   /* Q (then O) keeps 64 columns; V loses 32 columns of 16 rows x 2 heads. */
   FCT_CHECK(ws_c - ws_b == 16 * 2 * 32 * sizeof(float), "forward: %zu vs %zu", ws_b, ws_c);
-  desc.head_dim_v = 32;
+  desc.shape.head_dim_v = 32;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &desc, &b.q.t, &b.k.t, &b.v.t, FLASHCL_PASS_BACKWARD, &ws_b),
                    FLASHCL_SUCCESS, "naive backward workspace, dv 32");
-  desc.head_dim_v = 0;
+  desc.shape.head_dim_v = 0;
   FCT_CHECK_STATUS(flashcl_attention_workspace_size(ctx, &desc, &c.q.t, &c.k.t, &c.v.t, FLASHCL_PASS_BACKWARD, &ws_c),
                    FLASHCL_SUCCESS, "naive backward workspace, dv 64");
   /* dO and dV lose 32 columns each; the buffers of V and O keep the 64 that dK

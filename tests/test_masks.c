@@ -37,9 +37,9 @@ typedef struct mt_case {
   int backward;
   int gpu_map;    /* forward with the fwd tuning map=0 (the GPU mapping) */
   int block;      /* flash block_r = block_c (0: automatic); small tiles make the window skip tiles */
-  int mma;        /* 1: flash only, desc.kernel = NVIDIA_MMA, backward in both dQ modes (skipped where
+  int mma;        /* 1: flash only, desc.algorithm.kernel = NVIDIA_MMA, backward in both dQ modes (skipped where
                    * there is no tensor-core path) */
-  int sinks;      /* 1: attention sinks (desc.sinks), and their gradient in the backward */
+  int sinks;      /* 1: attention sinks (desc.score.sinks), and their gradient in the backward */
 } mt_case;
 
 typedef struct mt_inputs {
@@ -106,30 +106,30 @@ static void mt_inputs_release(mt_inputs *in) {
   if (in->sinks) clReleaseMemObject(in->sinks);
 }
 
-static int mt_deterministic = 1; /* desc.deterministic of the next mt_run */
+static int mt_deterministic = 1; /* desc.backward.deterministic of the next mt_run */
 
 static void mt_desc(const mt_case *c, const mt_inputs *in, flashcl_algo algo, flashcl_attention_desc *desc) {
   flashcl_attention_desc_init(desc);
-  desc->deterministic = mt_deterministic;
-  desc->algo = algo;
-  desc->causal = c->causal;
-  desc->scale = c->scale;
-  desc->window_left = c->wl;
-  desc->window_right = c->wr;
-  desc->alibi_slopes = in->alibi;
-  desc->softcap = c->softcap;
-  desc->sinks = in->sinks;
-  desc->dropout_p = c->dropout;
-  desc->seed = 0x1234567890abcdefull;
-  desc->offset = 77;
-  desc->block_r = desc->block_c = c->block;
-  if (c->mma) desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA;
+  desc->backward.deterministic = mt_deterministic;
+  desc->algorithm.algo = algo;
+  desc->mask.causal = c->causal;
+  desc->score.scale = c->scale;
+  desc->score.window_left = c->wl;
+  desc->score.window_right = c->wr;
+  desc->score.alibi_slopes = in->alibi;
+  desc->score.softcap = c->softcap;
+  desc->score.sinks = in->sinks;
+  desc->dropout.p = c->dropout;
+  desc->dropout.seed = 0x1234567890abcdefull;
+  desc->dropout.offset = 77;
+  desc->algorithm.block_r = desc->algorithm.block_c = c->block;
+  if (c->mma) desc->algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA;
   if (c->num_seqs > 0) {
-    desc->cu_seqlens_q = in->cu_q;
-    desc->cu_seqlens_k = in->cu_k;
-    desc->num_seqs = c->num_seqs;
-    desc->max_seqlen_q = in->max_q;
-    desc->max_seqlen_k = in->max_k;
+    desc->varlen.cu_seqlens_q = in->cu_q;
+    desc->varlen.cu_seqlens_k = in->cu_k;
+    desc->varlen.num_seqs = c->num_seqs;
+    desc->varlen.max_seqlen_q = in->max_q;
+    desc->varlen.max_seqlen_k = in->max_k;
   }
 }
 
@@ -199,7 +199,7 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
   fct_tensor_poison(&lse);
   flashcl_attention_desc desc;
   mt_desc(c, &in, algo, &desc);
-  if (c->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  if (c->gpu_map) desc.algorithm.tuning = fct_gpu_map_tuning();
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, 0, NULL, NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s): forward", c->name, an);
   fct_finish();
@@ -249,14 +249,14 @@ static void mt_run(const mt_case *c, flashcl_algo algo) {
     fct_tensor_poison(&dq);
     fct_tensor_poison(&dk);
     fct_tensor_poison(&dv);
-    desc.tuning = NULL; /* gpu_map tunes the forward; a fwd tuning is refused by the backward */
+    desc.algorithm.tuning = NULL; /* gpu_map tunes the forward; a fwd tuning is refused by the backward */
     float dsinks_dev[64];
     double dsinks_ref[64], dsinks_rss2[64];
     cl_mem dsinks = NULL;
     if (c->sinks) {
       for (int h = 0; h < Hq; h++) dsinks_dev[h] = NAN;
       dsinks = fct_create_buffer((size_t)Hq * sizeof(float), dsinks_dev);
-      desc.dsinks = dsinks;
+      desc.backward.dsinks = dsinks;
       rm.dsinks = dsinks_ref;
       rm.dsinks_rss2 = dsinks_rss2;
     }
@@ -419,14 +419,14 @@ static void mt_error_paths(void **state) {
       flashcl_status want = FLASHCL_ERROR_INVALID_ARGUMENT;
       const char *what = "";
       switch (t) {
-      case 0: desc.window_left = -2; what = "window_left = -2"; break;
-      case 1: desc.window_right = -7; what = "window_right = -7"; break;
-      case 2: desc.softcap = -1.0f; what = "softcap = -1"; break;
-      case 3: desc.softcap = NAN; what = "softcap = NaN"; break;
-      case 4: desc.softcap = INFINITY; what = "softcap = inf"; break;
-      case 5: desc.alibi_slopes = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "alibi 12 bytes"; break;
-      case 6: desc.window_left = INT32_MIN; what = "window_left = INT_MIN"; break;
-      case 7: desc.sinks = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "sinks 12 bytes"; break;
+      case 0: desc.score.window_left = -2; what = "window_left = -2"; break;
+      case 1: desc.score.window_right = -7; what = "window_right = -7"; break;
+      case 2: desc.score.softcap = -1.0f; what = "softcap = -1"; break;
+      case 3: desc.score.softcap = NAN; what = "softcap = NaN"; break;
+      case 4: desc.score.softcap = INFINITY; what = "softcap = inf"; break;
+      case 5: desc.score.alibi_slopes = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "alibi 12 bytes"; break;
+      case 6: desc.score.window_left = INT32_MIN; what = "window_left = INT_MIN"; break;
+      case 7: desc.score.sinks = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "sinks 12 bytes"; break;
       }
       fct_tensor_poison(&o);
       fct_tensor_poison(&lse);
@@ -452,7 +452,7 @@ static void mt_error_paths(void **state) {
       FCT_CHECK(fct_tensors_written(outs, 5) == 0, "%s: a failed call wrote to an output", what);
     }
   }
-  /* desc.dsinks (backward only): it needs desc.sinks, heads_q floats, and memory of its own. */
+  /* desc.backward.dsinks (backward only): it needs desc.score.sinks, heads_q floats, and memory of its own. */
   {
     const float four[4] = {0.5f, -1.0f, 2.0f, 0.0f};
     cl_mem sinks = fct_create_buffer(sizeof four, four), dsinks = fct_create_buffer(sizeof four, four);
@@ -461,13 +461,13 @@ static void mt_error_paths(void **state) {
       mt_desc(&c, &in, FLASHCL_ALGO_AUTO, &desc);
       flashcl_status want = FLASHCL_ERROR_INVALID_ARGUMENT;
       const char *what = "";
-      desc.sinks = sinks;
-      desc.dsinks = dsinks;
+      desc.score.sinks = sinks;
+      desc.backward.dsinks = dsinks;
       switch (t) {
-      case 0: desc.sinks = NULL; what = "dsinks without sinks"; break;
-      case 1: desc.dsinks = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "dsinks 12 bytes"; break;
-      case 2: desc.dsinks = sinks; what = "dsinks = sinks"; break;
-      case 3: desc.dsinks = in.q.t.buffer; what = "dsinks over q"; break;
+      case 0: desc.score.sinks = NULL; what = "dsinks without sinks"; break;
+      case 1: desc.backward.dsinks = short_alibi; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "dsinks 12 bytes"; break;
+      case 2: desc.backward.dsinks = sinks; what = "dsinks = sinks"; break;
+      case 3: desc.backward.dsinks = in.q.t.buffer; what = "dsinks over q"; break;
       }
       fct_tensor_poison(&dq);
       fct_tensor_poison(&dk);
@@ -490,11 +490,11 @@ static void mt_error_paths(void **state) {
   /* The defaults: -1 / NULL / 0. */
   flashcl_attention_desc d0;
   flashcl_attention_desc_init(&d0);
-  FCT_CHECK(d0.sinks == NULL && d0.dsinks == NULL, "desc_init: sinks %p, dsinks %p", (void *)d0.sinks,
-            (void *)d0.dsinks);
-  FCT_CHECK(d0.window_left == -1 && d0.window_right == -1 && d0.alibi_slopes == NULL && d0.softcap == 0.0f,
-            "desc_init defaults (%d, %d, %p, %g)", d0.window_left, d0.window_right, (void *)d0.alibi_slopes,
-            (double)d0.softcap);
+  FCT_CHECK(d0.score.sinks == NULL && d0.backward.dsinks == NULL, "desc_init: sinks %p, dsinks %p", (void *)d0.score.sinks,
+            (void *)d0.backward.dsinks);
+  FCT_CHECK(d0.score.window_left == -1 && d0.score.window_right == -1 && d0.score.alibi_slopes == NULL && d0.score.softcap == 0.0f,
+            "desc_init defaults (%d, %d, %p, %g)", d0.score.window_left, d0.score.window_right, (void *)d0.score.alibi_slopes,
+            (double)d0.score.softcap);
   clReleaseMemObject(short_alibi);
   fct_tensor_release(&o);
   fct_tensor_release(&lse);
@@ -520,10 +520,10 @@ static void mt_equivalences(void **state) {
       flashcl_attention_desc desc;
       mt_desc(&c, &in, FLASHCL_ALGO_FLASH, &desc);
       if (pair == 0) {
-        if (t == 0) desc.causal = 1;
-        else desc.window_right = 0;
+        if (t == 0) desc.mask.causal = 1;
+        else desc.score.window_right = 0;
       } else {
-        if (t == 1) desc.window_left = desc.window_right = 1000000;
+        if (t == 1) desc.score.window_left = desc.score.window_right = 1000000;
       }
       fct_tensor_poison(&o[t]);
       FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &desc, &in.q.t, &in.k.t, &in.v.t, &o[t].t, NULL, 0, NULL,

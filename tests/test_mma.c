@@ -190,19 +190,19 @@ static int run_case(const tcase *tc, flashcl_kernel_family kernel, double *rel, 
   flashcl_tensor_init_lse(&tl, ml, 0, TB, TNq, Hq);
   flashcl_attention_desc desc;
   flashcl_attention_desc_init(&desc);
-  desc.causal = tc->causal;
-  desc.scale = tc->scale;
-  desc.kernel = kernel;
+  desc.mask.causal = tc->causal;
+  desc.score.scale = tc->scale;
+  desc.algorithm.kernel = kernel;
   cl_mem mcq = NULL, mck = NULL;
   if (tc->varlen) {
     mcq = clCreateBuffer(cc, CL_MEM_COPY_HOST_PTR, sizeof(int) * (nseq + 1), cq_, &e);
     mck = clCreateBuffer(cc, CL_MEM_COPY_HOST_PTR, sizeof(int) * (nseq + 1), ck_, &e);
-    desc.cu_seqlens_q = mcq;
-    desc.cu_seqlens_k = mck;
-    desc.num_seqs = nseq;
+    desc.varlen.cu_seqlens_q = mcq;
+    desc.varlen.cu_seqlens_k = mck;
+    desc.varlen.num_seqs = nseq;
     for (int s = 0; s < nseq; s++) {
-      if (lq[s] > desc.max_seqlen_q) desc.max_seqlen_q = lq[s];
-      if (lk[s] > desc.max_seqlen_k) desc.max_seqlen_k = lk[s];
+      if (lq[s] > desc.varlen.max_seqlen_q) desc.varlen.max_seqlen_q = lq[s];
+      if (lk[s] > desc.varlen.max_seqlen_k) desc.varlen.max_seqlen_k = lk[s];
     }
   }
   double scale = tc->scale ? tc->scale : 1 / sqrt(d);

@@ -1,6 +1,6 @@
 /*
  * The naive algorithm (CLBlast GEMMs + softmax): each case runs with
- * desc.algo = FLASHCL_ALGO_FLASH and FLASHCL_ALGO_NAIVE, checks both against the
+ * desc.algorithm.algo = FLASHCL_ALGO_FLASH and FLASHCL_ALGO_NAIVE, checks both against the
  * double reference and the two against each other.
  *
  * A separate executable because CLBlast's first GEMM compiles its kernels, which is

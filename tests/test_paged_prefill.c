@@ -1,5 +1,5 @@
 /*
- * Paged K/V source for the forward pass (desc.kv_block_table): chunked prefill
+ * Paged K/V source for the forward pass (desc.paged.cache.block_table): chunked prefill
  * over an existing paged KV cache.
  *
  * Each case builds a paged cache on the host (pages in random order, page sizes 16
@@ -143,11 +143,11 @@ static double *gather(const pp_cache *c, const fct_tensor *pool, int b, int len,
 
 static void paged_desc(flashcl_attention_desc *desc, const pp_cache *c, int ps) {
   flashcl_attention_desc_init(desc);
-  desc->causal = 1;
-  desc->kv_block_table = c->bt;
-  desc->kv_page_size = ps;
-  desc->kv_max_pages = c->max_pages;
-  desc->kv_seqlens = c->lens;
+  desc->mask.causal = 1;
+  desc->paged.cache.block_table = c->bt;
+  desc->paged.cache.page_size = ps;
+  desc->paged.cache.max_pages = c->max_pages;
+  desc->paged.seqlens = c->lens;
 }
 
 static void run_case(const pp_case *pc) {
@@ -179,14 +179,14 @@ static void run_case(const pp_case *pc) {
 
   flashcl_attention_desc desc;
   paged_desc(&desc, &c, ps);
-  desc.algo = pc->algo;
-  desc.kernel = pc->kernel;
+  desc.algorithm.algo = pc->algo;
+  desc.algorithm.kernel = pc->kernel;
   cl_mem cub = NULL;
   if (pc->varlen) {
     cub = int_buffer(cu, (size_t)B + 1);
-    desc.cu_seqlens_q = cub;
-    desc.num_seqs = B;
-    desc.max_seqlen_q = nq_max;
+    desc.varlen.cu_seqlens_q = cub;
+    desc.varlen.num_seqs = B;
+    desc.varlen.max_seqlen_q = nq_max;
   }
   if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
       !fct_mma_ready(pc->name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
@@ -200,7 +200,7 @@ static void run_case(const pp_case *pc) {
     FCT_SKIP();
     return;
   }
-  if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  if (pc->gpu_map) desc.algorithm.tuning = fct_gpu_map_tuning();
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &q.t, &c.k.t, &c.v.t, &o.t, &lse.t, 0, NULL, NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s: paged forward", pc->name);
   fct_finish();
@@ -361,11 +361,11 @@ static void test_append_then_prefill(void **state) {
 
   flashcl_decode_desc dd;
   flashcl_decode_desc_init(&dd);
-  dd.page_size = PS;
-  dd.block_table = c.bt;
-  dd.max_pages = c.max_pages;
+  dd.cache.page_size = PS;
+  dd.cache.block_table = c.bt;
+  dd.cache.max_pages = c.max_pages;
   cl_mem before = int_buffer(prior, B);
-  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, &dd, &kn.t, &vn.t, &c.k.t, &c.v.t, before, 0, NULL, NULL),
+  FCT_CHECK_STATUS(flashcl_kv_cache_append(env->ctx, FCT_APPEND_DESC(&dd), &kn.t, &vn.t, &c.k.t, &c.v.t, before, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "append");
   flashcl_attention_desc desc;
   paged_desc(&desc, &c, PS); /* c.lens holds total[] */
@@ -374,7 +374,7 @@ static void test_append_then_prefill(void **state) {
   for (int b = 0; b < B; b++) {
     flashcl_attention_desc cd;
     flashcl_attention_desc_init(&cd);
-    cd.causal = 1;
+    cd.mask.causal = 1;
     FCT_CHECK_STATUS(
         flashcl_attention_forward(env->ctx, &cd, &qf[b].t, &kf[b].t, &vf[b].t, &of[b].t, NULL, 0, NULL, NULL),
         FLASHCL_SUCCESS, "contiguous forward");
@@ -452,25 +452,25 @@ static void variants_compose(const char *name, flashcl_dtype dt, flashcl_kernel_
     for (int i = 0; i < 4; i++) fct_tensor_poison(outs[i]);
     flashcl_attention_desc dp, dc;
     paged_desc(&dp, &c, PS);
-    dp.max_seqlen_k = L;
-    dp.algo = (flashcl_algo)algo;
-    dp.window_left = 50;
-    dp.window_right = 0;
-    dp.alibi_slopes = alibi;
-    dp.softcap = 20.0f;
-    dp.dropout_p = 0.2f;
-    dp.seed = 0x1234567890abcdefull;
-    dp.offset = 77;
-    dp.kernel = kernel;
+    dp.varlen.max_seqlen_k = L;
+    dp.algorithm.algo = (flashcl_algo)algo;
+    dp.score.window_left = 50;
+    dp.score.window_right = 0;
+    dp.score.alibi_slopes = alibi;
+    dp.score.softcap = 20.0f;
+    dp.dropout.p = 0.2f;
+    dp.dropout.seed = 0x1234567890abcdefull;
+    dp.dropout.offset = 77;
+    dp.algorithm.kernel = kernel;
     if (kernel == FLASHCL_KERNEL_NVIDIA_MMA && !fct_mma_ready(name, &dp, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD)) {
       no_mma = 1; /* skipped below, after the release */
       break;
     }
     dc = dp;
-    dc.kv_block_table = NULL;
-    dc.kv_seqlens = NULL;
-    dc.kv_page_size = dc.kv_max_pages = 0;
-    dc.max_seqlen_k = 0;
+    dc.paged.cache.block_table = NULL;
+    dc.paged.seqlens = NULL;
+    dc.paged.cache.page_size = dc.paged.cache.max_pages = 0;
+    dc.varlen.max_seqlen_k = 0;
     FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &dp, &q.t, &c.k.t, &c.v.t, &op.t, &lp.t, 0, NULL, NULL),
                      FLASHCL_SUCCESS, "paged forward with variants (algo %d)", algo);
     FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &dc, &q.t, &kf.t, &vf.t, &oc.t, &lc.t, 0, NULL, NULL),
@@ -551,13 +551,13 @@ static void varlen_tree(const char *name, flashcl_dtype dt, flashcl_kernel_famil
 
   flashcl_attention_desc desc;
   paged_desc(&desc, &c, PS);
-  desc.kernel = kernel;
-  desc.cu_seqlens_q = cub;
-  desc.num_seqs = B;
-  desc.max_seqlen_q = rows;
-  desc.max_seqlen_k = LK;
-  desc.mask_kind = FLASHCL_MASK_BITS;
-  desc.mask = mask;
+  desc.algorithm.kernel = kernel;
+  desc.varlen.cu_seqlens_q = cub;
+  desc.varlen.num_seqs = B;
+  desc.varlen.max_seqlen_q = rows;
+  desc.varlen.max_seqlen_k = LK;
+  desc.mask.kind = FLASHCL_MASK_BITS;
+  desc.mask.bits = mask;
   const int run = kernel != FLASHCL_KERNEL_NVIDIA_MMA ||
                   fct_mma_ready(name, &desc, &q.t, &c.k.t, &c.v.t, FLASHCL_PASS_FORWARD);
   if (run) {
@@ -643,7 +643,7 @@ static void test_family_case(void **state) {
   fc->run(fc->name, fc->dtype, fc->kernel);
 }
 
-/* ---- a quantized paged source (desc.k_scale / v_scale) ---- */
+/* ---- a quantized paged source (desc.paged.cache.k_scale / v_scale) ---- */
 
 /* One pool side: fmt FLASHCL_I8 / F8E4M3 / F8E5M2 / I4X2 with scales of `kind`, or
  * plain (fmt = q's dtype). */
@@ -654,12 +654,12 @@ typedef struct pq_case {
   flashcl_kv_scale kkind, vkind;
   int gpu_map;
   flashcl_algo algo;
-  int dv; /* v's and o's head dim (desc.head_dim_v); 0: q's */
+  int dv; /* v's and o's head dim (desc.shape.head_dim_v); 0: q's */
   flashcl_kernel_family kernel; /* NVIDIA_MMA: the tensor-core forward (skipped where it is not available) */
   int d;                        /* q's and k's head dim; 0: 64 */
-  const char *tuning;           /* desc.tuning as flashcl_tuning_parse reads it, or NULL */
-  float softcap;                /* desc.softcap (0: off) */
-  int window;                   /* > 0: desc.window_left = window */
+  const char *tuning;           /* desc.algorithm.tuning as flashcl_tuning_parse reads it, or NULL */
+  float softcap;                /* desc.score.softcap (0: off) */
+  int window;                   /* > 0: desc.score.window_left = window */
 } pq_case;
 
 /* A pool in fmt coded from src's values at the rows sequences own (the
@@ -767,21 +767,21 @@ static void test_quant_case(void **state) {
   fct_tensor_poison(&lse);
   flashcl_attention_desc desc;
   paged_desc(&desc, &c, PS);
-  if (DV != D) desc.head_dim_v = DV;
-  desc.k_scale = kq ? kp.scale : NULL;
-  desc.v_scale = vq ? vp.scale : NULL;
-  desc.k_scale_kind = pc->kkind;
-  desc.v_scale_kind = pc->vkind;
-  if (pc->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  if (DV != D) desc.shape.head_dim_v = DV;
+  desc.paged.cache.k_scale = kq ? kp.scale : NULL;
+  desc.paged.cache.v_scale = vq ? vp.scale : NULL;
+  desc.paged.cache.k_scale_kind = pc->kkind;
+  desc.paged.cache.v_scale_kind = pc->vkind;
+  if (pc->gpu_map) desc.algorithm.tuning = fct_gpu_map_tuning();
   flashcl_tuning tune;
   if (pc->tuning) {
     FCT_CHECK_STATUS(flashcl_tuning_parse(env->ctx, pc->tuning, &tune), FLASHCL_SUCCESS, "%s: tuning", pc->name);
-    desc.tuning = &tune;
+    desc.algorithm.tuning = &tune;
   }
-  desc.algo = pc->algo;
-  desc.kernel = pc->kernel;
-  desc.softcap = pc->softcap;
-  if (pc->window > 0) desc.window_left = pc->window;
+  desc.algorithm.algo = pc->algo;
+  desc.algorithm.kernel = pc->kernel;
+  desc.score.softcap = pc->softcap;
+  if (pc->window > 0) desc.score.window_left = pc->window;
   if (pc->kernel == FLASHCL_KERNEL_NVIDIA_MMA &&
       !fct_mma_ready(pc->name, &desc, &q.t, kq ? &kp.codes.t : &c.k.t, vq ? &vp.codes.t : &c.v.t,
                      FLASHCL_PASS_FORWARD)) {
@@ -963,25 +963,25 @@ static void test_errors(void **state) {
   } while (0)
 #define FWD(dd, kk, vv) flashcl_attention_forward(ctx, &(dd), &q.t, &(kk), &(vv), &o.t, &lse.t, 0, NULL, NULL)
   for (int algo = FLASHCL_ALGO_FLASH; algo <= FLASHCL_ALGO_NAIVE; algo++) {
-    d = base; d.algo = (flashcl_algo)algo; d.kv_page_size = 0;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.cache.page_size = 0;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "page_size 0");
-    d = base; d.algo = (flashcl_algo)algo; d.kv_page_size = 8;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.cache.page_size = 8;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "page_size != k.shape[1]");
-    d = base; d.algo = (flashcl_algo)algo;
+    d = base; d.algorithm.algo = (flashcl_algo)algo;
     EXPECT(FWD(d, k8.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "k and v pools of different shapes");
-    d = base; d.algo = (flashcl_algo)algo; d.kv_max_pages = 0;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.cache.max_pages = 0;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "max_pages 0");
-    d = base; d.algo = (flashcl_algo)algo; d.kv_block_table = small;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.cache.block_table = small;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "block table too small");
-    d = base; d.algo = (flashcl_algo)algo; d.kv_max_pages = c.max_pages + 1;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.cache.max_pages = c.max_pages + 1;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "block table smaller than batch x max_pages");
-    d = base; d.algo = (flashcl_algo)algo; d.kv_seqlens = NULL;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.seqlens = NULL;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "kv_seqlens NULL");
-    d = base; d.algo = (flashcl_algo)algo; d.kv_seqlens = small;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.paged.seqlens = small;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "kv_seqlens too small");
-    d = base; d.algo = (flashcl_algo)algo; d.max_seqlen_k = -1;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.varlen.max_seqlen_k = -1;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "max_seqlen_k < 0");
-    d = base; d.algo = (flashcl_algo)algo; d.heads_kv = 4;
+    d = base; d.algorithm.algo = (flashcl_algo)algo; d.shape.heads_kv = 4;
     EXPECT(FWD(d, c.k.t, c.v.t), FLASHCL_ERROR_INVALID_SHAPE, "heads_kv does not match the pools");
   }
   /* Varlen with a paged source takes the key counts from kv_seqlens: cu_seqlens_k is refused. */
@@ -992,16 +992,16 @@ static void test_errors(void **state) {
     contiguous_tensor(&ov, FLASHCL_F32, 1, 4, 4, 64);
     fct_tensor_poison(&ov);
     d = base;
-    d.cu_seqlens_q = cub;
-    d.cu_seqlens_k = cub;
-    d.num_seqs = 2;
-    d.max_seqlen_q = 2;
-    d.max_seqlen_k = 2;
+    d.varlen.cu_seqlens_q = cub;
+    d.varlen.cu_seqlens_k = cub;
+    d.varlen.num_seqs = 2;
+    d.varlen.max_seqlen_q = 2;
+    d.varlen.max_seqlen_k = 2;
     FCT_CHECK_STATUS(flashcl_attention_forward(ctx, &d, &qv.t, &c.k.t, &c.v.t, &ov.t, NULL, 0, NULL, NULL),
                      FLASHCL_ERROR_INVALID_ARGUMENT, "varlen + paged with cu_seqlens_k");
     expect_untouched(&ov, "varlen + paged with cu_seqlens_k");
-    d.cu_seqlens_k = NULL;
-    d.num_seqs = 3; /* the block table holds 2 rows */
+    d.varlen.cu_seqlens_k = NULL;
+    d.varlen.num_seqs = 3; /* the block table holds 2 rows */
     FCT_CHECK_STATUS(flashcl_attention_forward(ctx, &d, &qv.t, &c.k.t, &c.v.t, &ov.t, NULL, 0, NULL, NULL),
                      FLASHCL_ERROR_BUFFER_TOO_SMALL, "varlen + paged, num_seqs past the block table");
     expect_untouched(&ov, "varlen + paged, num_seqs past the block table");
@@ -1021,7 +1021,7 @@ static void test_errors(void **state) {
     fct_tensor_fill_random(&lse_in, &rng);
     for (int algo = FLASHCL_ALGO_FLASH; algo <= FLASHCL_ALGO_NAIVE; algo++) {
       d = base;
-      d.algo = (flashcl_algo)algo;
+      d.algorithm.algo = (flashcl_algo)algo;
       FCT_CHECK_STATUS(flashcl_attention_backward(ctx, &d, &q.t, &c.k.t, &c.v.t, &q.t, &lse_in.t, &q.t, &dq.t, &dk.t,
                                                   &dv.t, 0, NULL, NULL),
                        FLASHCL_ERROR_UNSUPPORTED, "backward + paged");
@@ -1047,20 +1047,20 @@ static void test_errors(void **state) {
     cl_mem sc = fct_create_buffer(sizeof *sv * ns, sv), sc_small = fct_create_buffer(sizeof *sv * (ns - 1), sv);
     free(sv);
     flashcl_attention_desc qd = base;
-    qd.k_scale = sc;
+    qd.paged.cache.k_scale = sc;
     d = qd;
-    d.kv_block_table = NULL;
-    d.kv_page_size = d.kv_max_pages = 0;
-    d.kv_seqlens = NULL;
+    d.paged.cache.block_table = NULL;
+    d.paged.cache.page_size = d.paged.cache.max_pages = 0;
+    d.paged.seqlens = NULL;
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_DTYPE_MISMATCH, "quantized k without a paged source");
-    d = qd; d.k_scale = NULL;
-    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "quantized k without desc.k_scale");
-    d = qd; d.k_scale = sc_small;
-    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.k_scale one float short of TOKEN");
-    d = qd; d.k_scale_kind = (flashcl_kv_scale)7;
-    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale_kind not a flashcl_kv_scale");
-    d = qd; d.k_scale = o.t.buffer;
-    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.k_scale is o's buffer");
+    d = qd; d.paged.cache.k_scale = NULL;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "quantized k without desc.paged.cache.k_scale");
+    d = qd; d.paged.cache.k_scale = sc_small;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.paged.cache.k_scale one float short of TOKEN");
+    d = qd; d.paged.cache.k_scale_kind = (flashcl_kv_scale)7;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.paged.cache.k_scale_kind not a flashcl_kv_scale");
+    d = qd; d.paged.cache.k_scale = o.t.buffer;
+    EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "desc.paged.cache.k_scale is o's buffer");
     d = qd;
     FCT_CHECK_STATUS(FWD(d, kq.t, c.v.t), FLASHCL_SUCCESS, "valid quantized paged call");
     fct_finish();

@@ -129,9 +129,9 @@ static void test_soak(void **state) {
   }
   flashcl_decode_desc desc;
   flashcl_decode_desc_init(&desc);
-  desc.page_size = PAGE;
-  desc.block_table = mtable;
-  desc.max_pages = MAXP;
+  desc.cache.page_size = PAGE;
+  desc.cache.block_table = mtable;
+  desc.cache.max_pages = MAXP;
 
   /* Sequence 1 starts part-full (of zeros), so the two wrap at other steps. */
   int32_t lens[B] = {0, 40}, pos[B];
@@ -157,8 +157,8 @@ static void test_soak(void **state) {
     err |= clEnqueueWriteBuffer(queue, mlens, CL_TRUE, 0, sizeof lens, lens, 0, NULL, NULL);
     assert_int_equal(err, CL_SUCCESS);
     const int v = (int)(s % NV);
-    desc.num_splits = s % 2 ? 2 : 4;
-    flashcl_status st = flashcl_kv_cache_append(ctx, &desc, &tk[v], &tv[v], &tkc, &tvc, mpos, 0, NULL, NULL);
+    desc.split.num_splits = s % 2 ? 2 : 4;
+    flashcl_status st = flashcl_kv_cache_append(ctx, FCT_APPEND_DESC(&desc), &tk[v], &tv[v], &tkc, &tvc, mpos, 0, NULL, NULL);
     if (st == FLASHCL_SUCCESS)
       st = flashcl_attention_decode(ctx, &desc, &tq, &tkc, &tvc, mlens, &to, NULL, 0, NULL, NULL);
     if (st != FLASHCL_SUCCESS) fail_msg("step %ld: %s: %s", s, flashcl_status_string(st), flashcl_context_last_error(ctx));

@@ -17,7 +17,7 @@
  *     outputs NaN-poisoned before every call; relative L2 of O: fp32 1e-5, fp16
  *     2e-3, bf16 1e-2; a row's LSE is -inf iff the reference's is (O row then 0).
  *   - Backward (cases marked so): dQ / dK / dV of flash with both dQ modes
- *     (desc.deterministic 1 and 0) and of naive against a double reference
+ *     (desc.backward.deterministic 1 and 0) and of naive against a double reference
  *     computed here with the same mask (one case with dropout 0.1, applied to the
  *     backward only: the reference uses the device's O for D); rows that see no
  *     key must get dQ = 0 and keys that no query sees dK = dV = 0, exactly;
@@ -56,8 +56,8 @@ typedef struct sp_case {
   int block;         /* flash block_r = block_c (0: automatic) */
   int gpu_map;
   int backward;      /* 1: also check dQ / dK / dV */
-  float dropout;     /* backward only: desc.dropout_p */
-  int mma;           /* 1: flash runs with desc.kernel = NVIDIA_MMA (skipped where there is none) */
+  float dropout;     /* backward only: desc.dropout.p */
+  int mma;           /* 1: flash runs with desc.algorithm.kernel = NVIDIA_MMA (skipped where there is none) */
 } sp_case;
 
 typedef struct sp_inputs {
@@ -203,24 +203,24 @@ static void sp_mask_release(sp_mask *m) {
 static void sp_desc(const sp_case *c, const sp_inputs *in, const sp_mask *m, flashcl_algo algo,
                     flashcl_attention_desc *desc) {
   flashcl_attention_desc_init(desc);
-  desc->algo = algo;
-  desc->causal = c->causal;
-  desc->window_left = c->window_left;
-  desc->block_r = desc->block_c = c->block;
-  desc->kernel = c->mma ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE;
+  desc->algorithm.algo = algo;
+  desc->mask.causal = c->causal;
+  desc->score.window_left = c->window_left;
+  desc->algorithm.block_r = desc->algorithm.block_c = c->block;
+  desc->algorithm.kernel = c->mma ? FLASHCL_KERNEL_NVIDIA_MMA : FLASHCL_KERNEL_PORTABLE;
   if (m) {
-    desc->mask_kind = m->kind;
-    desc->mask = m->mem;
-    desc->mask_block_q = m->kind == FLASHCL_MASK_BLOCK ? m->bq : 0;
-    desc->mask_block_k = m->kind == FLASHCL_MASK_BLOCK ? m->bk : 0;
-    desc->mask_per_head = m->per_head;
+    desc->mask.kind = m->kind;
+    desc->mask.bits = m->mem;
+    desc->mask.block_q = m->kind == FLASHCL_MASK_BLOCK ? m->bq : 0;
+    desc->mask.block_k = m->kind == FLASHCL_MASK_BLOCK ? m->bk : 0;
+    desc->mask.per_head = m->per_head;
   }
   if (c->num_seqs > 0) {
-    desc->cu_seqlens_q = in->cu_q;
-    desc->cu_seqlens_k = in->cu_k;
-    desc->num_seqs = c->num_seqs;
-    desc->max_seqlen_q = in->Lq;
-    desc->max_seqlen_k = in->Lk;
+    desc->varlen.cu_seqlens_q = in->cu_q;
+    desc->varlen.cu_seqlens_k = in->cu_k;
+    desc->varlen.num_seqs = c->num_seqs;
+    desc->varlen.max_seqlen_q = in->Lq;
+    desc->varlen.max_seqlen_k = in->Lk;
   }
 }
 
@@ -301,7 +301,7 @@ static void sp_run_one(const sp_case *c, const sp_inputs *in, const sp_mask *m, 
   fct_tensor_poison(&lse);
   flashcl_attention_desc desc;
   sp_desc(c, in, m, algo, &desc);
-  if (c->gpu_map) desc.tuning = fct_gpu_map_tuning();
+  if (c->gpu_map) desc.algorithm.tuning = fct_gpu_map_tuning();
   flashcl_status st = flashcl_attention_forward(env->ctx, &desc, &in->q.t, &in->k.t, &in->v.t, &o->t, &lse.t, 0, NULL,
                                                 NULL);
   FCT_CHECK_STATUS(st, FLASHCL_SUCCESS, "%s (%s, %s): forward", c->name, an, tag);
@@ -468,10 +468,10 @@ static void sp_backward(const sp_case *c, const sp_inputs *in, const sp_mask *m,
     const char *tag = run == 0 ? "flash det" : run == 1 ? "flash atomic" : "naive";
     flashcl_attention_desc desc;
     sp_desc(c, in, m, run == 2 ? FLASHCL_ALGO_NAIVE : FLASHCL_ALGO_FLASH, &desc);
-    desc.deterministic = run == 0;
-    desc.dropout_p = c->dropout;
-    desc.seed = SP_SEED;
-    desc.offset = SP_OFFSET;
+    desc.backward.deterministic = run == 0;
+    desc.dropout.p = c->dropout;
+    desc.dropout.seed = SP_SEED;
+    desc.dropout.offset = SP_OFFSET;
     fct_tensor dq, dk, dv;
     fct_tensor_create(&dq, c->dtype, FCT_BNHD, B, Nq, Hq, D, 6);
     fct_tensor_create(&dk, c->dtype, FCT_BNHD, B, Nk, Hkv, D, 7);
@@ -629,23 +629,23 @@ static void sp_error_paths(void **state) {
       for (int naive = 0; naive < 2; naive++) {
         flashcl_attention_desc desc;
         sp_desc(&c, &in, NULL, naive ? FLASHCL_ALGO_NAIVE : FLASHCL_ALGO_FLASH, &desc);
-        desc.mask_kind = FLASHCL_MASK_BITS;
-        desc.mask = good;
+        desc.mask.kind = FLASHCL_MASK_BITS;
+        desc.mask.bits = good;
         flashcl_status want = FLASHCL_ERROR_INVALID_ARGUMENT;
         const char *what = "";
         switch (t) {
-        case 0: desc.mask = small; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "bits mask 316 bytes"; break;
-        case 1: desc.mask_per_head = 1; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "per-head bits mask"; break;
-        case 2: desc.mask_kind = FLASHCL_MASK_BLOCK; desc.mask_block_q = 0; desc.mask_block_k = 8; what = "block_q 0"; break;
-        case 3: desc.mask_kind = FLASHCL_MASK_BLOCK; desc.mask_block_q = 8; desc.mask_block_k = -1; what = "block_k -1"; break;
-        case 4: desc.mask_kind = 7; what = "mask_kind 7"; break;
-        case 5: desc.mask_kind = -1; what = "mask_kind -1"; break;
-        case 6: desc.mask = NULL; what = "mask NULL"; break;
+        case 0: desc.mask.bits = small; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "bits mask 316 bytes"; break;
+        case 1: desc.mask.per_head = 1; want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "per-head bits mask"; break;
+        case 2: desc.mask.kind = FLASHCL_MASK_BLOCK; desc.mask.block_q = 0; desc.mask.block_k = 8; what = "block_q 0"; break;
+        case 3: desc.mask.kind = FLASHCL_MASK_BLOCK; desc.mask.block_q = 8; desc.mask.block_k = -1; what = "block_k -1"; break;
+        case 4: desc.mask.kind = 7; what = "mask_kind 7"; break;
+        case 5: desc.mask.kind = -1; what = "mask_kind -1"; break;
+        case 6: desc.mask.bits = NULL; what = "mask NULL"; break;
         case 7: /* BLOCK 1 x 1 blocks need the same 320 bytes as BITS: 2 x 20 x 2 words; 2 x 4 needs 2 x 10 x 1 x 4 = 80. */
-          desc.mask_kind = FLASHCL_MASK_BLOCK; desc.mask_block_q = 1; desc.mask_block_k = 1; desc.mask = small;
+          desc.mask.kind = FLASHCL_MASK_BLOCK; desc.mask.block_q = 1; desc.mask.block_k = 1; desc.mask.bits = small;
           want = FLASHCL_ERROR_BUFFER_TOO_SMALL; what = "block mask 1x1 short"; break;
         case 8: /* valid: the backward accepts a mask (checked in the cases above) */
-          desc.mask_kind = FLASHCL_MASK_BLOCK; desc.mask_block_q = 2; desc.mask_block_k = 4;
+          desc.mask.kind = FLASHCL_MASK_BLOCK; desc.mask.block_q = 2; desc.mask.block_k = 4;
           want = FLASHCL_SUCCESS; what = "backward with a mask"; break;
         }
         if (t == 8 && !bwd) continue;
@@ -683,8 +683,8 @@ static void sp_error_paths(void **state) {
   /* The default is no mask; the mask fields are ignored then (here: a NULL mask). */
   flashcl_attention_desc d0;
   flashcl_attention_desc_init(&d0);
-  FCT_CHECK(d0.mask_kind == FLASHCL_MASK_NONE && d0.mask == NULL && d0.mask_per_head == 0, "desc_init mask defaults");
-  d0.mask_block_q = -5;
+  FCT_CHECK(d0.mask.kind == FLASHCL_MASK_NONE && d0.mask.bits == NULL && d0.mask.per_head == 0, "desc_init mask defaults");
+  d0.mask.block_q = -5;
   FCT_CHECK_STATUS(flashcl_attention_forward(env->ctx, &d0, &in.q.t, &in.k.t, &in.v.t, &o.t, NULL, 0, NULL, NULL),
                    FLASHCL_SUCCESS, "mask fields ignored with FLASHCL_MASK_NONE");
   fct_finish();

@@ -129,13 +129,13 @@ static int session_open(session *s, flashcl_context *ctx) {
   ok &= flashcl_tensor_init_bnhd(&s->k_new, k_new, 0, FLASHCL_F32, DB, 1, DHKV, D) == FLASHCL_SUCCESS;
   ok &= flashcl_tensor_init_bnhd(&s->v_new, v_new, 0, FLASHCL_F32, DB, 1, DHKV, D) == FLASHCL_SUCCESS;
   flashcl_attention_desc_init(&s->fdesc);
-  s->fdesc.causal = 1;
-  s->fdesc.deterministic = 1;
+  s->fdesc.mask.causal = 1;
+  s->fdesc.backward.deterministic = 1;
   flashcl_decode_desc_init(&s->ddesc);
-  s->ddesc.page_size = PAGE;
-  s->ddesc.block_table = s->table;
-  s->ddesc.max_pages = MAXP;
-  s->ddesc.num_splits = SPLITS;
+  s->ddesc.cache.page_size = PAGE;
+  s->ddesc.cache.block_table = s->table;
+  s->ddesc.cache.max_pages = MAXP;
+  s->ddesc.split.num_splits = SPLITS;
   return ok;
 }
 
@@ -174,7 +174,7 @@ static flashcl_status op_backward(session *s, results *r) {
 /* The append rewrites each sequence's last token with the same k_new/v_new,
  * so that repeated appends leave the cache (and the decode) unchanged. */
 static flashcl_status op_append_decode(session *s, results *r) {
-  flashcl_status st = flashcl_kv_cache_append(s->ctx, &s->ddesc, &s->k_new, &s->v_new, &s->kc, &s->vc, s->append_at,
+  flashcl_status st = flashcl_kv_cache_append(s->ctx, FCT_APPEND_DESC(&s->ddesc), &s->k_new, &s->v_new, &s->kc, &s->vc, s->append_at,
                                               0, NULL, NULL);
   if (st) return st;
   st = flashcl_attention_decode(s->ctx, &s->ddesc, &s->dec_q, &s->kc, &s->vc, s->lens, &s->dec_o, &s->dec_lse, 0,

@@ -144,7 +144,7 @@ static void test_tune_and_load(void **state) {
     fct_tensor_create(&q, FLASHCL_F32, FCT_BNHD, 1, 96, 2, 32, 1);
     fct_tensor_create(&o, FLASHCL_F32, FCT_BNHD, 1, 96, 2, 32, 2);
     flashcl_attention_desc_init(&desc);
-    desc.causal = causal;
+    desc.mask.causal = causal;
     const flashcl_status st = flashcl_attention_config(ctx, &desc, &q.t, &q.t, &q.t, &o.t, FLASHCL_PASS_FORWARD, &cfg);
     fct_tensor_release(&q);
     fct_tensor_release(&o);

@@ -59,10 +59,10 @@ static flashcl_status fwd_config(flashcl_context *ctx, int d, flashcl_dtype dtyp
   flashcl_attention_desc desc;
   flashcl_tensor q;
   flashcl_attention_desc_init(&desc);
-  desc.tuning = tuning;
+  desc.algorithm.tuning = tuning;
   /* The portable forward (fwd) even where tensor cores would run: the files of
    * these tests hold fwd entries. */
-  desc.kernel = FLASHCL_KERNEL_PORTABLE;
+  desc.algorithm.kernel = FLASHCL_KERNEL_PORTABLE;
   cl_mem buf = fct_create_buffer((size_t)n * 2 * d * flashcl_dtype_size(dtype), NULL);
   flashcl_tensor_init_bnhd(&q, buf, 0, dtype, 1, n, 2, d);
   /* o = q is refused (outputs must not overlap inputs): use a second view. */
@@ -357,7 +357,7 @@ static void test_call_tuning(void **state) {
     const fct_run run = {FLASHCL_ALGO_FLASH, 0, 0, FLASHCL_KERNEL_AUTO, &t};
     fct_check_case(&c, &run);
   }
-  /* desc.block_r/block_c are the br/bc of the portable families. */
+  /* desc.algorithm.block_r/block_c are the br/bc of the portable families. */
   {
     flashcl_attention_desc desc;
     cl_mem b1 = fct_create_buffer(64 * 2 * 64 * 4, NULL), b2 = fct_create_buffer(64 * 2 * 64 * 4, NULL);
@@ -365,8 +365,8 @@ static void test_call_tuning(void **state) {
     flashcl_tensor_init_bnhd(&q, b1, 0, FLASHCL_F32, 1, 64, 2, 64);
     flashcl_tensor_init_bnhd(&o, b2, 0, FLASHCL_F32, 1, 64, 2, 64);
     flashcl_attention_desc_init(&desc);
-    desc.block_r = 24;
-    desc.block_c = 8;
+    desc.algorithm.block_r = 24;
+    desc.algorithm.block_c = 8;
     FCT_CHECK_STATUS(flashcl_attention_config(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &cfg),
                      FLASHCL_SUCCESS, "config with block sizes");
     FCT_CHECK(cfg.block_r == 24 && cfg.block_c == 8 && cfg.source == FLASHCL_TUNING_SOURCE_CALL &&
@@ -378,7 +378,7 @@ static void test_call_tuning(void **state) {
     FCT_CHECK(cfg.family == FLASHCL_TUNE_BWD && cfg.block_r == 24 && cfg.block_c == 8,
               "backward block sizes: family %s %dx%d", flashcl_tuning_family_name(cfg.family), cfg.block_r,
               cfg.block_c);
-    desc.algo = FLASHCL_ALGO_NAIVE;
+    desc.algorithm.algo = FLASHCL_ALGO_NAIVE;
     FCT_CHECK_STATUS(flashcl_attention_config(env->ctx, &desc, &q, &q, &q, &o, FLASHCL_PASS_FORWARD, &cfg),
                      FLASHCL_SUCCESS, "config of the naive path");
     FCT_CHECK(cfg.family == FLASHCL_TUNE_NONE, "naive path: family %s", flashcl_tuning_family_name(cfg.family));
@@ -446,9 +446,9 @@ static void test_mma_bwd_refused(void **state) {
   FCT_CHECK_STATUS(flashcl_tuning_set(NULL, &tu, "nwarps", 8), FLASHCL_SUCCESS, "nwarps");
   FCT_CHECK_STATUS(flashcl_tuning_set(NULL, &tu, "block_r", 32), FLASHCL_SUCCESS, "block_r");
   flashcl_attention_desc_init(&desc);
-  desc.tuning = &tu;
+  desc.algorithm.tuning = &tu;
   for (int det = 0; det <= 1; det++) {
-    desc.deterministic = det;
+    desc.backward.deterministic = det;
     const flashcl_status st =
         flashcl_attention_config(fct_env_get()->ctx, &desc, &t[0], &t[1], &t[2], &t[3], FLASHCL_PASS_BACKWARD, &cfg);
     FCT_CHECK_STATUS(st, FLASHCL_ERROR_UNSUPPORTED, "mma_bwd nwarps=8 block_r=32, deterministic=%d", det);

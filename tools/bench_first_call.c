@@ -58,7 +58,7 @@ static int fc_inputs(flashcl_context *ctx, const fc_opts *o, cl_mem b[4], flashc
 static int fc_forward(flashcl_context *ctx, const fc_opts *o, const flashcl_tensor t[4]) {
   flashcl_attention_desc desc;
   flashcl_attention_desc_init(&desc);
-  desc.causal = o->causal;
+  desc.mask.causal = o->causal;
   const int st = flashcl_attention_forward(ctx, &desc, &t[0], &t[1], &t[2], &t[3], NULL, 0, NULL, NULL);
   return st ? st : clFinish(flashcl_context_cl_queue(ctx));
 }

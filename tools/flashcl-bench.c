@@ -121,7 +121,7 @@ static const char usage_text[] =
     "                       the dtype column then reads e.g. f16/i8, and GB/s counts codes\n"
     "                       and scales. With --page-size and no --decode, one format for\n"
     "                       the paged forward's K and V pools (random codes, scales 1/64)\n"
-    "  --head-dim-v DV      v and o's head dim (desc.head_dim_v), q and k keeping --d's;\n"
+    "  --head-dim-v DV      v and o's head dim (desc.shape.head_dim_v), q and k keeping --d's;\n"
     "                       the d column then reads e.g. 192/128, and TFLOP/s counts\n"
     "                       2 d + 2 DV per visible pair forward, 6 d + 4 DV backward;\n"
     "                       with --decode (one --d) v_cache and o, e.g. --d 576\n"
@@ -135,7 +135,7 @@ static const char usage_text[] =
     "  --page-size P        --decode with a paged cache of P-token pages (default 0:\n"
     "                       contiguous); without --decode, the forward reads K and V\n"
     "                       as page pools of P-token pages through an identity block\n"
-    "                       table (desc.kv_block_table: chunked prefill over a paged\n"
+    "                       table (desc.paged.cache.block_table: chunked prefill over a paged\n"
     "                       cache; BNHD, forward only, N a multiple of P)\n"
     "  --block-sparse LIST  time the flash forward with a FLASHCL_MASK_BLOCK mask at\n"
     "                       each density in LIST (e.g. 1,0.5,0.25,0.125): N from --n\n"
@@ -149,13 +149,13 @@ static const char usage_text[] =
     "  --dropout P          dropout probability for both passes (default 0)\n"
     "  --window L           sliding window: each query sees the L keys before its\n"
     "                       diagonal and, unless causal, every key after it\n"
-    "                       (desc.window_left = L); TFLOP/s then counts the\n"
+    "                       (desc.score.window_left = L); TFLOP/s then counts the\n"
     "                       visible (query, key) pairs exactly; --decode: GB/s\n"
     "                       counts the K/V rows of the window only\n"
-    "  --softcap C          logit soft-capping C * tanh(s / C) (desc.softcap)\n"
+    "  --softcap C          logit soft-capping C * tanh(s / C) (desc.score.softcap)\n"
     "  --alibi              ALiBi with the geometric slopes 2^(-8 (h + 1) / heads)\n"
-    "  --sinks              attention sinks (desc.sinks, logit 1 per head); with --bwd also\n"
-    "                       their gradient (desc.dsinks)\n"
+    "  --sinks              attention sinks (desc.score.sinks, logit 1 per head); with --bwd also\n"
+    "                       their gradient (desc.backward.dsinks)\n"
     "  --reps R             timed runs, median reported (default 10 on GPU, 3 otherwise)\n"
     "  --warmup W           untimed runs first (default 2 on GPU, 1 otherwise)\n"
     "  --budget S           cap on timed seconds per row: fewer reps (at least 1)\n"
@@ -521,23 +521,23 @@ static int read_output(cl_command_queue queue, const flashcl_tensor *t, size_t c
 static void row_call(const bench_opts *o, const config_bufs *b, int causal, const row *r, flashcl_attention_desc *desc,
                      tools_attention_args *args) {
   flashcl_attention_desc_init(desc);
-  desc->causal = causal;
-  desc->algo = (flashcl_algo)r->algo;
-  desc->kernel = o->kernel;
-  desc->deterministic = o->deterministic;
-  desc->dropout_p = (float)o->dropout;
-  desc->seed = 0x5eedu;
-  desc->offset = 0;
-  if (o->window >= 0) desc->window_left = (int)o->window;
-  desc->softcap = (float)o->softcap;
-  desc->alibi_slopes = b->mem[9];
-  desc->sinks = b->mem[12];
-  if (r->pass == FLASHCL_PASS_BACKWARD) desc->dsinks = b->mem[13];
+  desc->mask.causal = causal;
+  desc->algorithm.algo = (flashcl_algo)r->algo;
+  desc->algorithm.kernel = o->kernel;
+  desc->backward.deterministic = o->deterministic;
+  desc->dropout.p = (float)o->dropout;
+  desc->dropout.seed = 0x5eedu;
+  desc->dropout.offset = 0;
+  if (o->window >= 0) desc->score.window_left = (int)o->window;
+  desc->score.softcap = (float)o->softcap;
+  desc->score.alibi_slopes = b->mem[9];
+  desc->score.sinks = b->mem[12];
+  if (r->pass == FLASHCL_PASS_BACKWARD) desc->backward.dsinks = b->mem[13];
   if (o->gqa > 1) {
-    desc->heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
-    desc->heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
+    desc->shape.heads_q = (int)b->q.shape[FLASHCL_DIM_HEAD];
+    desc->shape.heads_kv = (int)b->k.shape[FLASHCL_DIM_HEAD];
   }
-  if (o->head_dim_v) desc->head_dim_v = (int)o->head_dim_v;
+  if (o->head_dim_v) desc->shape.head_dim_v = (int)o->head_dim_v;
   memset(args, 0, sizeof *args);
   args->desc = desc;
   args->q = &b->q;
@@ -545,12 +545,12 @@ static void row_call(const bench_opts *o, const config_bufs *b, int causal, cons
   args->v = &b->v;
   args->o = &b->o;
   if (o->page_size) {
-    desc->kv_block_table = b->mem[10];
-    desc->kv_page_size = (int)o->page_size;
-    desc->kv_max_pages = (int)b->pages_per_seq;
-    desc->kv_seqlens = b->mem[11];
-    desc->k_scale = desc->v_scale = b->mem[16]; /* NULL, and not read, for plain pools */
-    desc->k_scale_kind = desc->v_scale_kind = (flashcl_kv_scale)o->kv_scale;
+    desc->paged.cache.block_table = b->mem[10];
+    desc->paged.cache.page_size = (int)o->page_size;
+    desc->paged.cache.max_pages = (int)b->pages_per_seq;
+    desc->paged.seqlens = b->mem[11];
+    desc->paged.cache.k_scale = desc->paged.cache.v_scale = b->mem[16]; /* NULL, and not read, for plain pools */
+    desc->paged.cache.k_scale_kind = desc->paged.cache.v_scale_kind = (flashcl_kv_scale)o->kv_scale;
     args->k = &b->kp;
     args->v = &b->vp;
   }
@@ -802,31 +802,31 @@ static int decode_alloc(flashcl_context *ctx, const bench_opts *o, const decode_
   flashcl_decode_desc_init(&u->desc);
   u->desc.kernel = o->kernel;
   if (s->quant) {
-    u->desc.k_scale = u->desc.v_scale = u->scale;
-    u->desc.k_scale_kind = u->desc.v_scale_kind = (flashcl_kv_scale)o->kv_scale;
+    u->desc.cache.k_scale = u->desc.cache.v_scale = u->scale;
+    u->desc.cache.k_scale_kind = u->desc.cache.v_scale_kind = (flashcl_kv_scale)o->kv_scale;
   }
-  if (o->window >= 0) u->desc.window_left = (int)o->window;
-  u->desc.softcap = (float)o->softcap;
+  if (o->window >= 0) u->desc.score.window_left = (int)o->window;
+  u->desc.score.softcap = (float)o->softcap;
   if (o->sinks && u->scratch) {
     float *sk = (float *)u->scratch; /* holds b * T * hq * d >= hq floats */
     for (long h = 0; h < s->hq; ++h) sk[h] = 1.0f;
-    u->desc.sinks = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq, sk, &err);
+    u->desc.score.sinks = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq, sk, &err);
   }
   if (o->alibi && u->scratch) {
     float *slopes = (float *)u->scratch; /* holds b * T * hq * d >= hq floats */
     for (long h = 0; h < s->hq; ++h) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)s->hq);
-    u->desc.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq,
+    u->desc.score.alibi_slopes = clCreateBuffer(clctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(float) * s->hq,
                                           slopes, &err);
   }
   if (o->tree && u->mem[4]) u->desc.tree_mask = tree_mask_buffer(clctx, s->b, s->T, &err);
   if (u->mem[4]) u->mem[5] = int_buffer(clctx, CL_MEM_READ_WRITE, s->b, s->n, 0, &err);
   if (s->P && u->mem[5] && err == CL_SUCCESS) {
-    u->desc.block_table = int_buffer(clctx, CL_MEM_READ_ONLY, s->b * s->pages_per, 0, 1, &err);
-    u->desc.page_size = (int)s->P;
-    u->desc.max_pages = (int)s->pages_per;
+    u->desc.cache.block_table = int_buffer(clctx, CL_MEM_READ_ONLY, s->b * s->pages_per, 0, 1, &err);
+    u->desc.cache.page_size = (int)s->P;
+    u->desc.cache.max_pages = (int)s->pages_per;
   }
-  if (!u->mem[5] || err != CL_SUCCESS || (s->quant && !u->scale) || (s->P && !u->desc.block_table) || (o->tree && !u->desc.tree_mask) ||
-      (o->alibi && !u->desc.alibi_slopes) || (o->sinks && !u->desc.sinks))
+  if (!u->mem[5] || err != CL_SUCCESS || (s->quant && !u->scale) || (s->P && !u->desc.cache.block_table) || (o->tree && !u->desc.tree_mask) ||
+      (o->alibi && !u->desc.score.alibi_slopes) || (o->sinks && !u->desc.score.sinks))
     return err ? err : FLASHCL_ERROR_HOST_OUT_OF_MEMORY;
   return 0;
 }
@@ -861,10 +861,10 @@ static int decode_tensors(const decode_shape *s, decode_bufs *u) {
 static void decode_release(decode_bufs *u) {
   for (int r = 0; r < 6; ++r)
     if (u->mem[r]) clReleaseMemObject(u->mem[r]);
-  if (u->desc.block_table) clReleaseMemObject(u->desc.block_table);
+  if (u->desc.cache.block_table) clReleaseMemObject(u->desc.cache.block_table);
   if (u->desc.tree_mask) clReleaseMemObject(u->desc.tree_mask);
-  if (u->desc.alibi_slopes) clReleaseMemObject(u->desc.alibi_slopes);
-  if (u->desc.sinks) clReleaseMemObject(u->desc.sinks);
+  if (u->desc.score.alibi_slopes) clReleaseMemObject(u->desc.score.alibi_slopes);
+  if (u->desc.score.sinks) clReleaseMemObject(u->desc.score.sinks);
   if (u->scale) clReleaseMemObject(u->scale);
   free(u->scratch);
 }
@@ -946,7 +946,7 @@ static int decode_config(flashcl_context *ctx, const bench_opts *o, const flashc
   if (!st) st = decode_tensors(s, &u);
   if (!st) {
     size_t ws = 0;
-    u.desc.max_seqlen_k = (int)s->n;
+    u.desc.split.max_seqlen_k = (int)s->n;
     st = flashcl_attention_decode_workspace_size(ctx, &u.desc, &u.q, &u.kc, &u.vc, &ws, &splits);
   }
   for (r = 0; !st && r < warmup; ++r) {
@@ -1196,11 +1196,11 @@ static int time_density(flashcl_context *ctx, const bench_opts *o, const sparse_
   int failures = 0, st = mm ? FLASHCL_SUCCESS : err;
   if (!mm) fprintf(stderr, "flashcl-bench: N = %ld: the block mask buffer: OpenCL error %d\n", sn->n, (int)err);
   flashcl_attention_desc_init(&desc);
-  desc.kernel = o->kernel;
-  desc.mask_kind = FLASHCL_MASK_BLOCK;
-  desc.mask = mm;
-  desc.mask_block_q = desc.mask_block_k = s->mb;
-  desc.deterministic = o->deterministic;
+  desc.algorithm.kernel = o->kernel;
+  desc.mask.kind = FLASHCL_MASK_BLOCK;
+  desc.mask.bits = mm;
+  desc.mask.block_q = desc.mask.block_k = s->mb;
+  desc.backward.deterministic = o->deterministic;
   args->desc = &desc;
   for (int pi = 0; pi < s->npass; pi++) {
     double med = NAN;

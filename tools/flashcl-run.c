@@ -157,10 +157,10 @@ static int run_attention(flashcl_context *ctx, const run_opts *o, const run_bufs
   flashcl_attention_desc desc;
   int st;
   flashcl_attention_desc_init(&desc);
-  desc.causal = (int)o->causal;
-  desc.kernel = o->kernel;
-  desc.algo = o->algo;
-  desc.deterministic = (int)o->det;
+  desc.mask.causal = (int)o->causal;
+  desc.algorithm.kernel = o->kernel;
+  desc.algorithm.algo = o->algo;
+  desc.backward.deterministic = (int)o->det;
   st = flashcl_attention_forward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, 0, NULL, NULL);
   if (!st && o->bwd)
     st = flashcl_attention_backward(ctx, &desc, &b->q, &b->k, &b->v, &b->o, &b->lse, &b->d_o, &b->dq, &b->dk,

@@ -1,6 +1,6 @@
 /*
  * flashcl-tune --decode-splits: times flashcl_attention_decode with a range of split
- * counts (desc.num_splits) per shape and compares the best with the library's
+ * counts (desc.split.num_splits) per shape and compares the best with the library's
  * own choice (num_splits = 0, from the compute units, batch x kv heads and the
  * KV length). The split count is the decode's one public tuning knob: the
  * right value depends on the device's occupancy and launch costs, which the
@@ -30,7 +30,7 @@ static void dec_usage(FILE *f) {
   fprintf(f,
           "usage: flashcl-tune --decode-splits [options]\n"
           "\n"
-          "Times flashcl_attention_decode for each split count (desc.num_splits) and\n"
+          "Times flashcl_attention_decode for each split count (desc.split.num_splits) and\n"
           "prints the best next to the library's automatic choice (num_splits = 0).\n"
           "Contiguous cache, every sequence at the full KV length.\n"
           "\n"
@@ -105,7 +105,7 @@ static int time_splits(flashcl_context *ctx, const dec_opts *o, const dec_prob *
   int st, host_timer = 0;
   long i;
   flashcl_decode_desc_init(&desc);
-  desc.num_splits = splits;
+  desc.split.num_splits = splits;
   desc.kernel = o->kernel;
   if (planned) {
     size_t ws = 0;

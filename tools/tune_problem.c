@@ -46,11 +46,11 @@ static const flashcl_tuning *tp_tuning(const tune_problem *p, const flashcl_tuni
 static void tp_desc(const tune_problem *p, const flashcl_tuning *t, flashcl_attention_desc *d) {
   t = tp_tuning(p, t);
   flashcl_attention_desc_init(d);
-  d->causal = p->s.causal;
-  d->algo = FLASHCL_ALGO_FLASH;
-  d->kernel = p->s.kernel;
-  d->deterministic = !p->s.atomic;
-  d->tuning = t;
+  d->mask.causal = p->s.causal;
+  d->algorithm.algo = FLASHCL_ALGO_FLASH;
+  d->algorithm.kernel = p->s.kernel;
+  d->backward.deterministic = !p->s.atomic;
+  d->algorithm.tuning = t;
 }
 
 static void tp_decode_desc(const tune_problem *p, const flashcl_tuning *t, flashcl_decode_desc *d) {
@@ -92,7 +92,7 @@ static int tp_create_attention(flashcl_context *ctx, tune_problem *p) {
   /* The forward the gradients belong to, with the context's own choice. */
   flashcl_attention_desc fd;
   tp_desc(p, NULL, &fd);
-  fd.tuning = NULL; /* the forward AUTO runs, whatever family the backward is tuned in */
+  fd.algorithm.tuning = NULL; /* the forward AUTO runs, whatever family the backward is tuned in */
   int st = flashcl_attention_forward(ctx, &fd, &p->q, &p->k, &p->v, &p->o, &p->lse, 0, NULL, NULL);
   return st ? st : clFinish(flashcl_context_cl_queue(ctx));
 }

@@ -16,7 +16,7 @@ typedef struct tune_shape {
   int d;
   flashcl_dtype dtype;
   int causal;    /* forward, backward */
-  int atomic;    /* backward: 1 = atomic dQ (desc.deterministic = 0) */
+  int atomic;    /* backward: 1 = atomic dQ (desc.backward.deterministic = false) */
   long n;        /* keys (and queries) per sequence; decode: KV length */
   long batch, heads, heads_kv;
   long q_len;    /* decode: new tokens per sequence */

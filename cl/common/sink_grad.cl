@@ -12,7 +12,7 @@
  * sink_grad_sum, one work-group per head, adding the PARTS partial sums.
  *
  * Parameters (-D): DTYPE (dtype.cl), HEAD_DIM (the head dim of o and dO, which
- * is v's: the host passes desc.head_dim_v where it is set), VARLEN
+ * is v's: the host passes desc.shape.head_dim_v where it is set), VARLEN
  * (seq_bounds.cl), WG (work-items per work-group, a power of two).
  *
  * requires: dtype.cl seq_bounds.cl

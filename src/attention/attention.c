@@ -15,11 +15,11 @@
 static void fcl_attention_desc_defaults(flashcl_attention_desc *desc) {
   memset(desc, 0, sizeof *desc);
   desc->struct_size = sizeof *desc;
-  desc->algo = FLASHCL_ALGO_AUTO;
-  desc->kernel = FLASHCL_KERNEL_AUTO;
-  desc->deterministic = 1;
-  desc->window_left = -1;
-  desc->window_right = -1;
+  desc->algorithm.algo = FLASHCL_ALGO_AUTO;
+  desc->algorithm.kernel = FLASHCL_KERNEL_AUTO;
+  desc->backward.deterministic = true;
+  fcl_score_desc_defaults(&desc->score);
+  fcl_kv_layout_defaults(&desc->paged.cache);
 }
 
 flashcl_status flashcl_attention_desc_init_size(flashcl_attention_desc *desc, size_t size) {
@@ -40,7 +40,7 @@ flashcl_status fcl_attention_desc_import(flashcl_context *ctx, const flashcl_att
 
 flashcl_algo fcl_resolve_algo(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
   (void)ctx;
-  return desc->algo == FLASHCL_ALGO_AUTO ? FLASHCL_ALGO_FLASH : desc->algo;
+  return desc->algorithm.algo == FLASHCL_ALGO_AUTO ? FLASHCL_ALGO_FLASH : desc->algorithm.algo;
 }
 
 flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -60,11 +60,11 @@ flashcl_status fcl_check_forward_outputs(flashcl_context *ctx, const flashcl_att
   return fcl_check_aux_buffers(ctx, aux, fcl_problem_aux(p, desc, aux), outs, names, 2);
 }
 
-/* desc.tuning names a family this pass can run, whichever algorithm runs (the
+/* desc.algorithm.tuning names a family this pass can run, whichever algorithm runs (the
  * naive path and the queries that plan no kernel included). */
 flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attention_desc *desc, flashcl_pass pass) {
   flashcl_tuning_family want;
-  return fcl_tuning_call_family(ctx, desc->tuning, pass, 0, &want);
+  return fcl_tuning_call_family(ctx, desc->algorithm.tuning, pass, 0, &want);
 }
 
 static flashcl_status fcl_attention_forward_locked(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -135,7 +135,7 @@ static flashcl_status fcl_attention_workspace_size_locked(flashcl_context *ctx, 
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE)
     return pass == FLASHCL_PASS_BACKWARD ? fcl_naive_backward_workspace(ctx, &p, bytes)
                                          : fcl_naive_workspace(ctx, &p, bytes);
-  /* The family choice refuses what the call refuses (desc.kernel = NVIDIA_MMA
+  /* The family choice refuses what the call refuses (desc.algorithm.kernel = NVIDIA_MMA
    * without tensor cores, block sizes the family cannot take). */
   fcl_tuned tu;
   if ((st = fcl_choose(ctx, desc, &p, q, k, v, q, NULL, pass, &tu)) != FLASHCL_SUCCESS) return st;
@@ -148,9 +148,9 @@ static flashcl_status fcl_attention_workspace_size_locked(flashcl_context *ctx, 
    * run, the figure is the larger of the two families', the most the call
    * allocates. */
   size_t portable_bytes = 0, mma_bytes = 0;
-  if ((st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
+  if ((st = fcl_flash_backward_workspace(ctx, &p, !desc->backward.deterministic, NULL, &portable_bytes)) != FLASHCL_SUCCESS ||
       (tu.family == FLASHCL_TUNE_MMA_BWD &&
-       (st = fcl_flash_backward_workspace(ctx, &p, !desc->deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
+       (st = fcl_flash_backward_workspace(ctx, &p, !desc->backward.deterministic, &tu, &mma_bytes)) != FLASHCL_SUCCESS))
     return st;
   *bytes = portable_bytes > mma_bytes ? portable_bytes : mma_bytes;
   return FLASHCL_SUCCESS;

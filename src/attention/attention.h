@@ -27,11 +27,11 @@ flashcl_status fcl_forward_dispatch(flashcl_context *ctx, const fcl_problem *p, 
 flashcl_status fcl_query_problem(flashcl_context *ctx, const flashcl_attention_desc *desc, const flashcl_tensor *q,
                                  const flashcl_tensor *k, const flashcl_tensor *v, const flashcl_tensor *o,
                                  flashcl_pass pass, fcl_problem *p);
-/* desc.tuning (if any) is of a family `pass` runs, on every path (naive too):
+/* desc.algorithm.tuning (if any) is of a family `pass` runs, on every path (naive too):
  * FLASHCL_ERROR_UNSUPPORTED otherwise (src/attention/attention.c). */
 flashcl_status fcl_check_call_tuning(flashcl_context *ctx, const flashcl_attention_desc *desc, flashcl_pass pass);
 
-/* The attention sinks' gradient (src/attention/sinks.c): desc.dsinks checked
+/* The attention sinks' gradient (src/attention/sinks.c): desc.backward.dsinks checked
  * against the call's views and aux buffers; its kernel built with its
  * arguments set; then enqueued after `after` (may be NULL). */
 #define FCL_SINK_GRAD_WG 64

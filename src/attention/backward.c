@@ -24,15 +24,15 @@ typedef struct fcl_bwd_call {
 } fcl_bwd_call;
 
 /* The naive or the flash backward of a validated call, then the sinks'
- * gradient (desc.dsinks) after it. */
+ * gradient (desc.backward.dsinks) after it. */
 static flashcl_status fcl_backward_run(flashcl_context *ctx, const flashcl_attention_desc *desc, fcl_problem *p,
                                        const fcl_bwd_call *c, cl_uint nwait, const cl_event *wait,
                                        cl_event *out_event) {
   fcl_sinks_grad sg = {NULL, NULL, NULL, 0};
   flashcl_status st;
-  if (desc->dsinks && (st = fcl_sinks_grad_prepare(ctx, desc, p, c->o, c->lse, c->d_o, &sg))) return st;
+  if (desc->backward.dsinks && (st = fcl_sinks_grad_prepare(ctx, desc, p, c->o, c->lse, c->d_o, &sg))) return st;
   cl_event done = NULL;
-  cl_event *ev = desc->dsinks ? &done : out_event;
+  cl_event *ev = desc->backward.dsinks ? &done : out_event;
   if (fcl_resolve_algo(ctx, desc) == FLASHCL_ALGO_NAIVE) {
     st = fcl_naive_backward(ctx, p, desc, c->q, c->k, c->v, c->o, c->lse, c->d_o, c->dq, c->dk, c->dv, nwait, wait,
                             ev);
@@ -53,7 +53,7 @@ static flashcl_status fcl_backward_run(flashcl_context *ctx, const flashcl_atten
       fcl_clear_error(ctx);
     }
   }
-  if (desc->dsinks) {
+  if (desc->backward.dsinks) {
     if (st == FLASHCL_SUCCESS) st = fcl_sinks_grad_enqueue(ctx, &sg, p, done, out_event);
     fcl_sinks_grad_release(&sg);
   }
@@ -83,8 +83,8 @@ static flashcl_status fcl_attention_backward_locked(flashcl_context *ctx, const 
   if (st != FLASHCL_SUCCESS) return st;
   if (p.paged_kv)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                    "the backward pass does not support a paged K/V source (desc.kv_block_table is forward-only)");
-  /* d_o and dv have o's and v's head dim, which desc.head_dim_v may set apart
+                    "the backward pass does not support a paged K/V source (desc.paged.cache.block_table is forward-only)");
+  /* d_o and dv have o's and v's head dim, which desc.shape.head_dim_v may set apart
    * from q's and k's. */
   if ((st = fcl_check_like(ctx, d_o, "d_o", o)) || (st = fcl_check_like(ctx, dq, "dq", q)) ||
       (st = fcl_check_like(ctx, dk, "dk", k)) || (st = fcl_check_like(ctx, dv, "dv", v)))

@@ -23,8 +23,8 @@ static flashcl_status fcl_dropout_mask_locked(flashcl_context *ctx, const flashc
   if (!desc || !mask) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc and mask must be non-NULL");
   if (batch <= 0 || heads_q <= 0 || seqlen_q <= 0 || seqlen_k <= 0)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "batch, heads_q, seqlen_q and seqlen_k must be >= 1");
-  if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout_p must be in [0, 1)");
+  if (!(desc->dropout.p >= 0.0f && desc->dropout.p < 1.0f))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dropout.p must be in [0, 1)");
   if (num_events_in_wait_list && !event_wait_list)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "event_wait_list is NULL");
   size_t n, have = 0;
@@ -37,8 +37,8 @@ static flashcl_status fcl_dropout_mask_locked(flashcl_context *ctx, const flashc
   cl_kernel kern;
   st = fcl_get_kernel(ctx, "philox.cl", "-cl-std=CL1.2", "dropout_mask", &kern);
   if (st != FLASHCL_SUCCESS) return st;
-  cl_ulong seed = desc->seed, offset = desc->offset;
-  cl_uint threshold = fcl_dropout_threshold(desc->dropout_p);
+  cl_ulong seed = desc->dropout.seed, offset = desc->dropout.offset;
+  cl_uint threshold = fcl_dropout_threshold(desc->dropout.p);
   cl_int err = clSetKernelArg(kern, 0, sizeof mask, &mask);
   err |= clSetKernelArg(kern, 1, sizeof seed, &seed);
   err |= clSetKernelArg(kern, 2, sizeof offset, &offset);

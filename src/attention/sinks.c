@@ -1,4 +1,4 @@
-/* The attention sinks' gradient (desc.dsinks) beside any family's backward:
+/* The attention sinks' gradient (desc.backward.dsinks) beside any family's backward:
  * checked with the call, its kernel (cl/common/sink_grad.cl) set up before the
  * backward is enqueued and enqueued after it, so that out_event covers both. */
 #include "core/internal.h"
@@ -7,24 +7,24 @@
 
 #include <stdio.h>
 
-/* desc.dsinks: with desc.sinks, >= heads_q floats, and no byte shared with the
+/* desc.backward.dsinks: with desc.score.sinks, >= heads_q floats, and no byte shared with the
  * call's tensors or auxiliary buffers (its one write must not race a read). */
 flashcl_status fcl_sinks_grad_check(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                                     const flashcl_tensor *const *views, const char *const *names, int nviews) {
-  if (!desc->dsinks) return FLASHCL_SUCCESS;
-  if (!desc->sinks)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dsinks is set but desc.sinks is NULL");
-  flashcl_status st = fcl_check_head_floats(ctx, desc->dsinks, p->heads_q, "desc.dsinks");
+  if (!desc->backward.dsinks) return FLASHCL_SUCCESS;
+  if (!desc->score.sinks)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.backward.dsinks is set but desc.score.sinks is NULL");
+  flashcl_status st = fcl_check_head_floats(ctx, desc->backward.dsinks, p->heads_q, "desc.backward.dsinks");
   if (st != FLASHCL_SUCCESS) return st;
   const size_t bytes = (size_t)p->heads_q * sizeof(float);
   for (int i = 0; i < nviews; i++)
-    if (fcl_range_conflict(views[i], desc->dsinks, 0, bytes))
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dsinks overlaps %s", names[i]);
+    if (fcl_range_conflict(views[i], desc->backward.dsinks, 0, bytes))
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.backward.dsinks overlaps %s", names[i]);
   fcl_aux aux[FCL_MAX_AUX];
   const int n = fcl_problem_aux(p, desc, aux);
   for (int i = 0; i < n; i++)
-    if (aux[i].mem == desc->dsinks && aux[i].offset < bytes)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.dsinks overlaps %s", aux[i].name);
+    if (aux[i].mem == desc->backward.dsinks && aux[i].offset < bytes)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.backward.dsinks overlaps %s", aux[i].name);
   return FLASHCL_SUCCESS;
 }
 
@@ -45,7 +45,7 @@ flashcl_status fcl_sinks_grad_prepare(flashcl_context *ctx, const flashcl_attent
                                       fcl_sinks_grad *g) {
   char opts[256];
   const char *extra = ctx->build_options;
-  /* rowsum(dO * O) runs over o's head dim, v's (desc.head_dim_v). */
+  /* rowsum(dO * O) runs over o's head dim, v's (desc.shape.head_dim_v). */
   snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DVARLEN=%d -DWG=%d%s%s", (int)p->dtype,
            p->head_dim_v, p->varlen, FCL_SINK_GRAD_WG, extra ? " " : "", extra ? extra : "");
   const char *src = "dtype.cl+seq_bounds.cl+sink_grad.cl";
@@ -66,16 +66,16 @@ flashcl_status fcl_sinks_grad_prepare(flashcl_context *ctx, const flashcl_attent
   fcl_arg_tensor(&a, o);
   fcl_arg_tensor(&a, d_o);
   fcl_arg_lse(&a, lse);
-  fcl_arg_mem(&a, desc->sinks);
+  fcl_arg_mem(&a, desc->score.sinks);
   fcl_arg_mem(&a, g->scratch);
   fcl_arg_int(&a, p->batch);
   fcl_arg_int(&a, p->seqlen_q);
-  fcl_arg_mem(&a, p->varlen ? desc->cu_seqlens_q : NULL);
+  fcl_arg_mem(&a, p->varlen ? desc->varlen.cu_seqlens_q : NULL);
   fcl_arg_int(&a, (int)o->shape[1]);
   fcl_args b = {g->sum, 0, CL_SUCCESS};
   fcl_arg_mem(&b, g->scratch);
   fcl_arg_int(&b, g->parts);
-  fcl_arg_mem(&b, desc->dsinks);
+  fcl_arg_mem(&b, desc->backward.dsinks);
   if (a.err != CL_SUCCESS || b.err != CL_SUCCESS) {
     clReleaseMemObject(g->scratch);
     g->scratch = NULL;

@@ -36,3 +36,17 @@ flashcl_status fcl_struct_import(flashcl_context *ctx, const void *user, size_t 
   memcpy(full, &full_size, sizeof full_size);
   return FLASHCL_SUCCESS;
 }
+
+void fcl_score_desc_defaults(flashcl_score_desc *score) {
+  memset(score, 0, sizeof *score);
+  score->window_left = -1;
+  score->window_right = -1;
+}
+
+void fcl_kv_layout_defaults(flashcl_kv_layout *cache) {
+  memset(cache, 0, sizeof *cache);
+  /* The kind the append fills by itself, so a quantized cache needs no
+   * calibration to start with. */
+  cache->k_scale_kind = FLASHCL_KV_SCALE_TOKEN;
+  cache->v_scale_kind = FLASHCL_KV_SCALE_TOKEN;
+}

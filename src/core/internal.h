@@ -132,6 +132,9 @@ char *fcl_strdup(const char *s);
 flashcl_status fcl_struct_init(void *user, size_t size, const void *defaults, size_t full_size);
 flashcl_status fcl_struct_import(flashcl_context *ctx, const void *user, size_t first_size, void *full,
                                  size_t full_size, const char *type);
+/* Defaults of the descriptor groups more than one descriptor holds. */
+void fcl_score_desc_defaults(flashcl_score_desc *score);
+void fcl_kv_layout_defaults(flashcl_kv_layout *cache);
 
 /* src/core/tuning_db.c: loads the context's tuning sources (after the device is known)
  * and frees them. Loading never fails the context: what it skipped and why
@@ -255,7 +258,7 @@ typedef struct fcl_problem {
   int heads_q;
   int heads_kv;
   int head_dim;     /* of q and k */
-  int head_dim_v;   /* of v and o: head_dim unless desc.head_dim_v says otherwise */
+  int head_dim_v;   /* of v and o: head_dim unless desc.shape.head_dim_v says otherwise */
   int varlen;
   int causal;
   float scale;
@@ -328,7 +331,7 @@ int fcl_dtype_is_kv_quant(flashcl_dtype dtype);
  * FLASHCL_I4X2, whose elements are bytes of two codes. */
 int64_t fcl_kv_head_dim(const flashcl_tensor *t);
 /* The scale buffer of one quantized cache side (name "k" or "v" as in
- * desc.k_scale, tensor its tensor's name, head dim d, `rows` cache rows of
+ * desc.paged.cache.k_scale, tensor its tensor's name, head dim d, `rows` cache rows of
  * heads_kv heads): kind a flashcl_kv_scale (BLOCK32 needs d % 32 == 0), the
  * buffer present and as large as its layout; *bytes gets that size. Shared by
  * decode, the append and the paged forward. */

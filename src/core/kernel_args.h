@@ -56,8 +56,8 @@ static inline void fcl_arg_forward(fcl_args *a, const fcl_problem *p, const flas
   fcl_arg_int(a, p->seqlen_k);
   fcl_arg_int(a, p->heads_q / p->heads_kv);
   fcl_arg_float(a, p->scale * log2e);
-  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_q : NULL);
-  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_k : NULL);
+  fcl_arg_mem(a, p->varlen ? desc->varlen.cu_seqlens_q : NULL);
+  fcl_arg_mem(a, p->varlen ? desc->varlen.cu_seqlens_k : NULL);
   fcl_arg_int(a, (int)q->shape[1]);
   fcl_arg_int(a, (int)k->shape[1]);
 }

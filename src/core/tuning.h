@@ -75,11 +75,11 @@ typedef struct fcl_tuned {
   flashcl_tuning_source source;
   char origin[256];
   int set[FCL_TUNE_MAX], val[FCL_TUNE_MAX];
-  int call[FCL_TUNE_MAX]; /* set by the call (desc.tuning, desc.block_r/c): must run as given */
+  int call[FCL_TUNE_MAX]; /* set by the call (desc.algorithm.tuning, desc.algorithm.block_r/c): must run as given */
   int ran[FCL_TUNE_MAX];
 } fcl_tuned;
 
-/* Resolves family's configuration for key: call (desc.tuning, nullable), then
+/* Resolves family's configuration for key: call (desc.algorithm.tuning, nullable), then
  * the context's tables, first match wins; none leaves every value unset
  * (source DEFAULT). call must be of `family` (the caller checks). */
 void fcl_tuning_resolve(const flashcl_context *ctx, flashcl_tuning_family family, const flashcl_tuning *call,
@@ -91,15 +91,15 @@ static inline int fcl_tuned_get(const fcl_tuned *t, int index, int rule) {
 static inline int fcl_tuned_has(const fcl_tuned *t, int index) { return t->set[index]; }
 static inline void fcl_tuned_ran(fcl_tuned *t, int index, int value) { t->ran[index] = value; }
 
-/* Applies desc.block_r / block_c (0: not given) as br / bc of a fwd or bwd
+/* Applies desc.algorithm.block_r / block_c (0: not given) as br / bc of a fwd or bwd
  * tuning: INVALID_ARGUMENT unless both are 0 or positive multiples of 8 (the
  * plan refuses tiles that do not fit with UNSUPPORTED). */
 flashcl_status fcl_tuned_blocks(flashcl_context *ctx, fcl_tuned *t, int block_r, int block_c);
 
 /* What the call set must run as given: FLASHCL_ERROR_UNSUPPORTED, naming the
  * first parameter whose value did not run (it did not fit, or the kernel it
- * belongs to does not run), when a value the call set (desc.tuning,
- * desc.block_r/c) differs from the `ran` value. Values from files and the
+ * belongs to does not run), when a value the call set (desc.algorithm.tuning,
+ * desc.algorithm.block_r/c) differs from the `ran` value. Values from files and the
  * database are a preference. */
 flashcl_status fcl_tuned_honoured(flashcl_context *ctx, const fcl_tuned *t);
 

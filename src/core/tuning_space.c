@@ -345,16 +345,16 @@ flashcl_status fcl_tuning_call_family(flashcl_context *ctx, const flashcl_tuning
   else if (pass == FLASHCL_PASS_FORWARD) ok = f == FLASHCL_TUNE_FWD || f == FLASHCL_TUNE_MMA_FWD || f == FLASHCL_TUNE_WGMMA_FWD;
   else ok = f == FLASHCL_TUNE_BWD || f == FLASHCL_TUNE_MMA_BWD;
   if (!ok || call->count < 0 || call->count > FLASHCL_TUNING_MAX_PARAMS)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning is for the %s family, which does not run %s",
-                    flashcl_tuning_family_name(f),
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s is for the %s family, which does not run %s",
+                    decode ? "desc.tuning" : "desc.algorithm.tuning", flashcl_tuning_family_name(f),
                     decode ? "decode" : pass == FLASHCL_PASS_FORWARD ? "the forward pass" : "the backward pass");
   for (int k = 0; k < call->count; k++) {
     const int i = fcl_tuning_index(f, call->params[k].name);
     int n = 0;
     const fcl_param_decl *d = fcl_tuning_decls(f, &n);
     if (i < 0 || !fcl_tuning_legal(&d[i], call->params[k].value))
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning: %s.%.*s = %d is not a declared legal value",
-                      flashcl_tuning_family_name(f), FLASHCL_TUNING_NAME_CAP, call->params[k].name,
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s: %s.%.*s = %d is not a declared legal value",
+                      decode ? "desc.tuning" : "desc.algorithm.tuning", flashcl_tuning_family_name(f), FLASHCL_TUNING_NAME_CAP, call->params[k].name,
                       call->params[k].value);
   }
   *family = f;
@@ -371,7 +371,7 @@ flashcl_status fcl_tuned_blocks(flashcl_context *ctx, fcl_tuned *t, int block_r,
   if (block_r) t->set[br] = t->call[br] = 1, t->val[br] = block_r;
   if (block_c) t->set[bc] = t->call[bc] = 1, t->val[bc] = block_c;
   t->source = FLASHCL_TUNING_SOURCE_CALL;
-  snprintf(t->origin + strlen(t->origin), sizeof t->origin - strlen(t->origin), " + desc.block_r/block_c");
+  snprintf(t->origin + strlen(t->origin), sizeof t->origin - strlen(t->origin), " + desc.algorithm.block_r/block_c");
   return FLASHCL_SUCCESS;
 }
 
@@ -380,7 +380,7 @@ flashcl_status fcl_tuned_honoured(flashcl_context *ctx, const fcl_tuned *t) {
   const fcl_param_decl *d = fcl_tuning_decls(t->family, &n);
   for (int i = 0; d && i < n; i++)
     if (t->call[i] && t->ran[i] != t->val[i])
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning: %s.%s = %d cannot run here (it would run as %d: "
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the call's tuning: %s.%s = %d cannot run here (it would run as %d: "
                       "it does not fit this device or problem, or its kernel does not run)",
                       flashcl_tuning_family_name(t->family), d[i].name, t->val[i], t->ran[i]);
   return FLASHCL_SUCCESS;

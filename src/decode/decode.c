@@ -81,7 +81,7 @@ static int fcl_decode_queue_in_order(flashcl_context *ctx) {
   return sc->queue_ooo == 1;
 }
 
-/* The context's cached scratch (desc.workspace NULL), grown to at least `need`
+/* The context's cached scratch (desc.split.workspace NULL), grown to at least `need`
  * bytes (rounded up to 64 KiB). A replaced buffer is released at once: OpenCL
  * frees it once the commands already enqueued on it finish. */
 static flashcl_status fcl_decode_scratch(flashcl_context *ctx, size_t need, cl_mem *out) {
@@ -127,19 +127,19 @@ typedef struct fcl_decode_launch {
   int64_t wo_off, wl_off; /* floats: the partial outputs, then their LSEs, in work */
 } fcl_decode_launch;
 
-/* desc.workspace where the call splits and the caller gave one. */
+/* desc.split.workspace where the call splits and the caller gave one. */
 static flashcl_status fcl_decode_caller_workspace(fcl_decode_launch *L) {
   const flashcl_decode_desc *desc = L->desc;
   L->work = NULL;
-  if (!L->split || !desc->workspace) return FLASHCL_SUCCESS;
+  if (!L->split || !desc->split.workspace) return FLASHCL_SUCCESS;
   size_t have = 0;
-  flashcl_status st = fcl_buffer_size(L->ctx, desc->workspace, "desc.workspace", &have);
+  flashcl_status st = fcl_buffer_size(L->ctx, desc->split.workspace, "desc.split.workspace", &have);
   if (st != FLASHCL_SUCCESS) return st;
-  if (desc->workspace_offset > have || have - desc->workspace_offset < L->need)
+  if (desc->split.workspace_offset > have || have - desc->split.workspace_offset < L->need)
     return fcl_fail(L->ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                    "desc.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
-                    desc->workspace_offset, L->need);
-  L->work = desc->workspace;
+                    "desc.split.workspace holds %zu bytes; offset %zu + %zu bytes of split partials are needed", have,
+                    desc->split.workspace_offset, L->need);
+  L->work = desc->split.workspace;
   return FLASHCL_SUCCESS;
 }
 
@@ -155,25 +155,25 @@ static flashcl_status fcl_decode_check_aux(const fcl_decode_launch *L) {
   int n = 0;
   flashcl_status st;
   aux[n++] = (fcl_aux){L->seqlens_k, 0, b4, "seqlens_k"};
-  if (p->kv.paged) aux[n++] = (fcl_aux){desc->block_table, 0, b4 * (size_t)p->kv.max_pages, "desc.block_table"};
+  if (p->kv.paged) aux[n++] = (fcl_aux){desc->cache.block_table, 0, b4 * (size_t)p->kv.max_pages, "desc.cache.block_table"};
   if (desc->tree_mask) aux[n++] = (fcl_aux){desc->tree_mask, 0, b4 * (size_t)p->q_len, "desc.tree_mask"};
-  if (desc->alibi_slopes)
-    aux[n++] = (fcl_aux){desc->alibi_slopes, 0, (size_t)p->heads_q * sizeof(float), "desc.alibi_slopes"};
-  if (desc->sinks) aux[n++] = (fcl_aux){desc->sinks, 0, (size_t)p->heads_q * sizeof(float), "desc.sinks"};
-  if (p->kv.k_quant) aux[n++] = (fcl_aux){desc->k_scale, 0, p->kv.k_scale_bytes, "desc.k_scale"};
-  if (p->kv.v_quant) aux[n++] = (fcl_aux){desc->v_scale, 0, p->kv.v_scale_bytes, "desc.v_scale"};
+  if (desc->score.alibi_slopes)
+    aux[n++] = (fcl_aux){desc->score.alibi_slopes, 0, (size_t)p->heads_q * sizeof(float), "desc.score.alibi_slopes"};
+  if (desc->score.sinks) aux[n++] = (fcl_aux){desc->score.sinks, 0, (size_t)p->heads_q * sizeof(float), "desc.score.sinks"};
+  if (p->kv.k_quant) aux[n++] = (fcl_aux){desc->cache.k_scale, 0, p->kv.k_scale_bytes, "desc.cache.k_scale"};
+  if (p->kv.v_quant) aux[n++] = (fcl_aux){desc->cache.v_scale, 0, p->kv.v_scale_bytes, "desc.cache.v_scale"};
   const flashcl_tensor *outs[2] = {L->o, L->lse};
   static const char *const out_names[2] = {"o", "lse"};
   if ((st = fcl_check_aux_buffers(ctx, aux, n, outs, out_names, 2))) return st;
   if (!L->work) return FLASHCL_SUCCESS;
-  const fcl_aux w = {L->work, desc->workspace_offset, L->need, "desc.workspace"};
+  const fcl_aux w = {L->work, desc->split.workspace_offset, L->need, "desc.split.workspace"};
   const flashcl_tensor *all[5] = {L->q, L->kc, L->vc, L->o, L->lse};
   static const char *const all_names[5] = {"q", "k_cache", "v_cache", "o", "lse"};
   if ((st = fcl_check_aux_buffers(ctx, &w, 1, all, all_names, 5))) return st;
   for (int i = 0; i < n; i++)
-    if (aux[i].mem == L->work && aux[i].offset < desc->workspace_offset + L->need &&
-        desc->workspace_offset < aux[i].offset + aux[i].bytes)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace overlaps %s", aux[i].name);
+    if (aux[i].mem == L->work && aux[i].offset < desc->split.workspace_offset + L->need &&
+        desc->split.workspace_offset < aux[i].offset + aux[i].bytes)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.split.workspace overlaps %s", aux[i].name);
   return FLASHCL_SUCCESS;
 }
 
@@ -190,7 +190,7 @@ static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char 
            "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s%s",
            (int)L->q->dtype, p->head_dim, p->head_dim_v, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
            p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->stages,
-           p->stages > 0, p->window, desc->softcap > 0.0f, desc->alibi_slopes != NULL, desc->sinks != NULL, quant,
+           p->stages > 0, p->window, desc->score.softcap > 0.0f, desc->score.alibi_slopes != NULL, desc->score.sinks != NULL, quant,
            extra ? " " : "", extra ? extra : "");
 }
 
@@ -208,7 +208,7 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
            "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
-           L->desc->tree_mask != NULL, L->desc->sinks != NULL, quant,
+           L->desc->tree_mask != NULL, L->desc->score.sinks != NULL, quant,
            kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
   if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma",
                            &L->kern)))
@@ -268,7 +268,7 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
   fcl_arg_lse_or_null(&a, L->lse);
   fcl_arg_mem(&a, L->seqlens_k);
   fcl_arg_mem(&a, desc->tree_mask);
-  fcl_arg_mem(&a, p->kv.paged ? desc->block_table : NULL);
+  fcl_arg_mem(&a, p->kv.paged ? desc->cache.block_table : NULL);
   fcl_arg_int(&a, p->kv.max_pages);
   fcl_arg_int(&a, p->kv.page_size);
   fcl_arg_int(&a, p->kv.num_pages);
@@ -283,16 +283,16 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
   fcl_arg_long(&a, L->wo_off);
   fcl_arg_long(&a, L->wl_off);
   if (!p->mma) { /* decode_attn's score variants (decode_mma never runs with them) */
-    fcl_arg_int(&a, desc->window_left);
-    fcl_arg_int(&a, desc->window_right);
-    fcl_arg_mem(&a, desc->alibi_slopes);
-    fcl_arg_float(&a, desc->softcap > 0.0f ? 0.6931471805599453f / desc->softcap : 0.0f);
-    fcl_arg_float(&a, desc->softcap * log2e);
+    fcl_arg_int(&a, desc->score.window_left);
+    fcl_arg_int(&a, desc->score.window_right);
+    fcl_arg_mem(&a, desc->score.alibi_slopes);
+    fcl_arg_float(&a, desc->score.softcap > 0.0f ? 0.6931471805599453f / desc->score.softcap : 0.0f);
+    fcl_arg_float(&a, desc->score.softcap * log2e);
   }
   /* Both kernels take the sinks and the quantized caches' scales after the rest. */
-  fcl_arg_mem(&a, desc->sinks);
-  fcl_arg_mem(&a, p->kv.k_quant ? desc->k_scale : NULL);
-  fcl_arg_mem(&a, p->kv.v_quant ? desc->v_scale : NULL);
+  fcl_arg_mem(&a, desc->score.sinks);
+  fcl_arg_mem(&a, p->kv.k_quant ? desc->cache.k_scale : NULL);
+  fcl_arg_mem(&a, p->kv.v_quant ? desc->cache.v_scale : NULL);
   return a.err;
 }
 
@@ -399,7 +399,7 @@ static flashcl_status fcl_attention_decode_locked(flashcl_context *ctx, const fl
   if ((st = fcl_decode_kernels(&L))) return st;
 
   if (L.cached && (st = fcl_decode_scratch(ctx, L.need, &L.work))) return st;
-  L.wo_off = L.split ? (int64_t)((L.cached ? 0 : desc->workspace_offset) / sizeof(float)) : 0;
+  L.wo_off = L.split ? (int64_t)((L.cached ? 0 : desc->split.workspace_offset) / sizeof(float)) : 0;
   L.wl_off = L.wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim_v + 1) * (size_t)p.head_dim_v);
   cl_int err = fcl_decode_attn_args(&L);
   if (err != CL_SUCCESS) return fcl_cl_fail(ctx, err, "clSetKernelArg(decode)");

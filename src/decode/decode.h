@@ -19,7 +19,7 @@
  * a multiple of 8 up to FCL_DECODE_MAX_HEAD_DIM_V (UNSUPPORTED_HEAD_DIM). */
 flashcl_status fcl_check_kv_head_dims(flashcl_context *ctx, int d, int dv);
 
-typedef struct fcl_kv_layout {
+typedef struct fcl_kv_info {
   int paged;
   int heads_kv, head_dim;
   int head_dim_v; /* v_cache's head dim (head_dim unless MLA-like) */
@@ -33,17 +33,17 @@ typedef struct fcl_kv_layout {
   flashcl_dtype k_dtype, v_dtype;
   int k_scale_kind, v_scale_kind;
   size_t k_scale_bytes, v_scale_bytes;
-} fcl_kv_layout;
+} fcl_kv_info;
 
-flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
-                                  const flashcl_tensor *vc, int batch, fcl_kv_layout *out);
+flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_kv_layout *cache, const flashcl_tensor *kc,
+                                  const flashcl_tensor *vc, int batch, fcl_kv_info *out);
 /* The plain dtype both caches share where neither is quantized, else the
  * plain one's, else -1 (both quantized): what q (decode) or k_new (append)
  * must be. */
 int fcl_kv_plain_dtype(const flashcl_tensor *kc, const flashcl_tensor *vc);
 /* The build options naming the caches' formats and scale layouts
  * (-DK_DTYPE -DV_DTYPE -DK_SCALE -DV_SCALE) for tokens of plain dtype `dtype`. */
-void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, const flashcl_tensor *vc,
+void fcl_kv_quant_options(const fcl_kv_info *kv, const flashcl_tensor *kc, const flashcl_tensor *vc,
                           flashcl_dtype dtype, char *buf, size_t cap);
 /* An int32 buffer of at least batch entries. */
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch);
@@ -53,12 +53,14 @@ flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const cha
  * flashcl_decode_desc calls it first. */
 flashcl_status fcl_decode_desc_import(flashcl_context *ctx, const flashcl_decode_desc **desc,
                                       flashcl_decode_desc *full);
+flashcl_status fcl_kv_append_desc_import(flashcl_context *ctx, const flashcl_kv_append_desc **desc,
+                                         flashcl_kv_append_desc *full);
 
 typedef struct fcl_decode_plan {
   int batch, q_len, heads_q, heads_kv, head_dim, group;
   int head_dim_v; /* v_cache's and o's (<= head_dim) */
   float scale;
-  fcl_kv_layout kv;
+  fcl_kv_info kv;
   int rows, row_blocks, kpt, threads, tile, prefetch, vec_aligned, merge_threads, splits;
   int stages; /* cp.async stages (NVIDIA), 0: the register path */
   /* 1: cl/nvidia/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
@@ -71,7 +73,7 @@ typedef struct fcl_decode_plan {
 } fcl_decode_plan;
 
 /* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer (decode_plan.c). */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_layout *kv);
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv);
 /* Checks a decode call's arguments and fills p's shapes (decode_check.c). */
 flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                                    const flashcl_tensor *kc, const flashcl_tensor *vc, const flashcl_tensor *o,

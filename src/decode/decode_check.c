@@ -19,7 +19,7 @@ int fcl_kv_plain_dtype(const flashcl_tensor *kc, const flashcl_tensor *vc) {
   return fcl_dtype_is_kv_quant(vc->dtype) ? -1 : (int)vc->dtype;
 }
 
-void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, const flashcl_tensor *vc,
+void fcl_kv_quant_options(const fcl_kv_info *kv, const flashcl_tensor *kc, const flashcl_tensor *vc,
                           flashcl_dtype dtype, char *buf, size_t cap) {
   /* A plain side is named by the tokens' dtype with scale kind 0, so that the
    * ignored scale fields of a plain cache do not build programs of their own. */
@@ -29,8 +29,8 @@ void fcl_kv_quant_options(const fcl_kv_layout *kv, const flashcl_tensor *kc, con
 }
 
 /* The quantized sides of a validated layout: their scales, recorded in out. */
-static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                         const flashcl_tensor *kc, const flashcl_tensor *vc, fcl_kv_layout *out) {
+static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_kv_layout *cache,
+                                         const flashcl_tensor *kc, const flashcl_tensor *vc, fcl_kv_info *out) {
   flashcl_status st;
   const uint64_t rows = (uint64_t)out->num_pages * (uint64_t)(out->paged ? out->page_size : out->capacity);
   out->k_quant = fcl_dtype_is_kv_quant(kc->dtype);
@@ -38,26 +38,26 @@ static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_dec
   out->k_dtype = kc->dtype;
   out->v_dtype = vc->dtype;
   if (out->k_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->k_scale, desc->k_scale_kind, out->head_dim, "k", "k_cache", rows,
+    if ((st = fcl_check_kv_scale(ctx, cache->k_scale, cache->k_scale_kind, out->head_dim, "k", "k_cache", rows,
                                  out->heads_kv,
                                  &out->k_scale_bytes)))
       return st;
-    out->k_scale_kind = (int)desc->k_scale_kind;
+    out->k_scale_kind = (int)cache->k_scale_kind;
   }
   if (out->v_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->v_scale, desc->v_scale_kind, out->head_dim_v, "v", "v_cache", rows,
+    if ((st = fcl_check_kv_scale(ctx, cache->v_scale, cache->v_scale_kind, out->head_dim_v, "v", "v_cache", rows,
                                  out->heads_kv,
                                  &out->v_scale_bytes)))
       return st;
-    out->v_scale_kind = (int)desc->v_scale_kind;
+    out->v_scale_kind = (int)cache->v_scale_kind;
   }
   return FLASHCL_SUCCESS;
 }
 
-flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *kc,
-                                  const flashcl_tensor *vc, int batch, fcl_kv_layout *out) {
+flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_kv_layout *cache, const flashcl_tensor *kc,
+                                  const flashcl_tensor *vc, int batch, fcl_kv_info *out) {
   flashcl_status st;
-  if (!desc) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+  if (!cache) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
   if ((st = fcl_check_kv_tensor(ctx, kc, "k_cache")) || (st = fcl_check_kv_tensor(ctx, vc, "v_cache"))) return st;
   /* Each side is plain or quantized on its own; two plain sides share a dtype. */
   if (kc->dtype != vc->dtype && !fcl_dtype_is_kv_quant(kc->dtype) && !fcl_dtype_is_kv_quant(vc->dtype))
@@ -72,37 +72,37 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
   out->heads_kv = (int)kc->shape[2];
   out->head_dim = (int)fcl_kv_head_dim(kc);
   out->head_dim_v = (int)fcl_kv_head_dim(vc);
-  if (desc->block_table) {
-    if (desc->page_size <= 0)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.page_size must be >= 1, got %d",
-                      desc->page_size);
-    if (desc->max_pages <= 0)
-      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.max_pages must be >= 1, got %d",
-                      desc->max_pages);
-    if (kc->shape[1] != desc->page_size)
+  if (cache->block_table) {
+    if (cache->page_size <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.cache.page_size must be >= 1, got %d",
+                      cache->page_size);
+    if (cache->max_pages <= 0)
+      return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "paged cache: desc.cache.max_pages must be >= 1, got %d",
+                      cache->max_pages);
+    if (kc->shape[1] != cache->page_size)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                      "paged cache: k_cache.shape[1] (%lld) must equal desc.page_size (%d); the cache tensors are "
+                      "paged cache: k_cache.shape[1] (%lld) must equal desc.cache.page_size (%d); the cache tensors are "
                       "(num_pages, page_size, heads_kv, head_dim)",
-                      (long long)kc->shape[1], desc->page_size);
-    if ((int64_t)desc->max_pages * desc->page_size > INT_MAX)
+                      (long long)kc->shape[1], cache->page_size);
+    if ((int64_t)cache->max_pages * cache->page_size > INT_MAX)
       return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "max_pages * page_size exceeds the int32 range");
     size_t have = 0;
-    if ((st = fcl_buffer_size(ctx, desc->block_table, "desc.block_table", &have)) != FLASHCL_SUCCESS) return st;
-    size_t need = (size_t)batch * (size_t)desc->max_pages * sizeof(cl_int);
+    if ((st = fcl_buffer_size(ctx, cache->block_table, "desc.cache.block_table", &have)) != FLASHCL_SUCCESS) return st;
+    size_t need = (size_t)batch * (size_t)cache->max_pages * sizeof(cl_int);
     if (have < need)
       return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL,
-                      "desc.block_table holds %zu bytes but batch %d x max_pages %d int32 need %zu", have, batch,
-                      desc->max_pages, need);
+                      "desc.cache.block_table holds %zu bytes but batch %d x max_pages %d int32 need %zu", have, batch,
+                      cache->max_pages, need);
     out->paged = 1;
-    out->page_size = desc->page_size;
-    out->max_pages = desc->max_pages;
+    out->page_size = cache->page_size;
+    out->max_pages = cache->max_pages;
     out->num_pages = (int)kc->shape[0];
-    out->capacity = desc->max_pages * desc->page_size;
+    out->capacity = cache->max_pages * cache->page_size;
   } else {
-    if (desc->page_size != 0 || desc->max_pages != 0)
+    if (cache->page_size != 0 || cache->max_pages != 0)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                      "desc.page_size/max_pages (%d, %d) are set but desc.block_table is NULL", desc->page_size,
-                      desc->max_pages);
+                      "desc.cache.page_size/max_pages (%d, %d) are set but desc.cache.block_table is NULL", cache->page_size,
+                      cache->max_pages);
     if (kc->shape[0] != batch)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                       "contiguous cache: k_cache batch (%lld) must equal the batch (%d)", (long long)kc->shape[0],
@@ -110,7 +110,7 @@ flashcl_status fcl_check_kv_cache(flashcl_context *ctx, const flashcl_decode_des
     out->capacity = (int)kc->shape[1];
     out->num_pages = batch;
   }
-  return fcl_check_kv_quant(ctx, desc, kc, vc, out);
+  return fcl_check_kv_quant(ctx, cache, kc, vc, out);
 }
 
 flashcl_status fcl_check_seqlens(flashcl_context *ctx, cl_mem seqlens, const char *name, int batch) {
@@ -134,7 +134,7 @@ static flashcl_status fcl_decode_check_inputs(flashcl_context *ctx, const flashc
   if ((st = fcl_check_tensor(ctx, q, "q", 1))) return st;
   if (o && (st = fcl_check_tensor(ctx, o, "o", 1))) return st;
   if (lse && (st = fcl_check_tensor(ctx, lse, "lse", 0))) return st;
-  if ((st = fcl_check_kv_cache(ctx, desc, kc, vc, (int)q->shape[0], &p->kv))) return st;
+  if ((st = fcl_check_kv_cache(ctx, &desc->cache, kc, vc, (int)q->shape[0], &p->kv))) return st;
   const int plain = fcl_kv_plain_dtype(kc, vc);
   if ((plain >= 0 && plain != (int)q->dtype) || (o && o->dtype != q->dtype))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
@@ -149,13 +149,13 @@ static flashcl_status fcl_decode_check_inputs(flashcl_context *ctx, const flashc
 
 /* desc's scalar fields that do not depend on the tensors. */
 static flashcl_status fcl_decode_check_desc(flashcl_context *ctx, const flashcl_decode_desc *desc) {
-  if (!isfinite(desc->scale)) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.scale must be finite");
-  if (desc->num_splits < 0 || desc->num_splits > FLASHCL_DECODE_MAX_SPLITS)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.num_splits must be in [0, %d], got %d",
-                    FLASHCL_DECODE_MAX_SPLITS, desc->num_splits);
-  if (desc->max_seqlen_k < 0)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.max_seqlen_k must be >= 0, got %d",
-                    desc->max_seqlen_k);
+  if (!isfinite(desc->score.scale)) return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.score.scale must be finite");
+  if (desc->split.num_splits < 0 || desc->split.num_splits > FLASHCL_DECODE_MAX_SPLITS)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.split.num_splits must be in [0, %d], got %d",
+                    FLASHCL_DECODE_MAX_SPLITS, desc->split.num_splits);
+  if (desc->split.max_seqlen_k < 0)
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.split.max_seqlen_k must be >= 0, got %d",
+                    desc->split.max_seqlen_k);
   return FLASHCL_SUCCESS;
 }
 
@@ -221,11 +221,11 @@ static flashcl_status fcl_decode_check_buffers(flashcl_context *ctx, const flash
       fcl_views_conflict(lse, q, 0) || fcl_views_conflict(lse, kc, 0) || fcl_views_conflict(lse, vc, 0) ||
       fcl_views_conflict(lse, o, 0))
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "o or lse overlaps q, the caches or each other");
-  if (desc->workspace && desc->workspace_offset % sizeof(float))
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.workspace_offset must be a multiple of 4");
-  if ((st = fcl_check_variants(ctx, desc->window_left, desc->window_right, desc->softcap, desc->alibi_slopes,
+  if (desc->split.workspace && desc->split.workspace_offset % sizeof(float))
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.split.workspace_offset must be a multiple of 4");
+  if ((st = fcl_check_variants(ctx, desc->score.window_left, desc->score.window_right, desc->score.softcap, desc->score.alibi_slopes,
                                q->shape[2])) ||
-      (st = fcl_check_head_floats(ctx, desc->sinks, q->shape[2], "desc.sinks")))
+      (st = fcl_check_head_floats(ctx, desc->score.sinks, q->shape[2], "desc.score.sinks")))
     return st;
   if (desc->tree_mask) {
     size_t have = 0;
@@ -260,8 +260,8 @@ flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_de
   p->head_dim = (int)d;
   p->head_dim_v = (int)fcl_kv_head_dim(vc);
   p->group = (int)(hq / hkv);
-  p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)d));
-  p->window = desc->window_left >= 0 || desc->window_right >= 0;
+  p->scale = desc->score.scale != 0.0f ? desc->score.scale : (float)(1.0 / sqrt((double)d));
+  p->window = desc->score.window_left >= 0 || desc->score.window_right >= 0;
   if (desc->kernel < FLASHCL_KERNEL_AUTO || desc->kernel > FLASHCL_KERNEL_NVIDIA_MMA)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc.kernel (%d) is not a flashcl_kernel_family",
                     (int)desc->kernel);

@@ -44,12 +44,12 @@
  *   dequantizes each tile in local memory; else the register path of
  *   decode.cl, which dequantizes on load. decode.cl's cp.async stages copy
  *   16-bit rows only, so a quantized call never takes them.
- * Score variants (desc.window_left/right, alibi_slopes, softcap): decode.cl
+ * Score variants (desc.score.window_left/right, alibi_slopes, softcap): decode.cl
  *   only (-DWINDOW/-DSOFTCAP/-DALIBI), so they keep the tensor-core kernel out;
  *   a left window caps the keys the split count is planned for at
  *   window_left + q_len + one tile.
  * Workspace (splits > 1): B * q_len * Hq * splits * (head_dim_v + 1) floats:
- *   desc.workspace, else the context's cached scratch (ctx->decode_scratch,
+ *   desc.split.workspace, else the context's cached scratch (ctx->decode_scratch,
  *   allocated on first need, replaced by a larger one when a call needs more,
  *   released with the context), so that a call allocates nothing once warm. On
  *   an out-of-order queue each call on the scratch waits for the previous one's
@@ -130,7 +130,7 @@ static size_t fcl_dec_side_halves(int quant, flashcl_dtype dtype) {
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
  * per element, half a byte for int4, and its row scales) and dequantized
  * tiles, or the merge buffer reusing them, and Ml. */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_layout *kv) {
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv) {
   const int kq = kv->k_quant, vq = kv->v_quant;
   const size_t keys = 16 * (size_t)wk, row = keys * (size_t)d; /* one side's tile: keys, elements */
   const size_t nsc = fcl_dec_row_scales(kq, kv->k_scale_kind, d) + fcl_dec_row_scales(vq, kv->v_scale_kind, d);
@@ -150,13 +150,13 @@ static int fcl_dec_vec_aligned(const flashcl_tensor *t) {
   return 1;
 }
 
-/* The keys the splits are planned for: desc.max_seqlen_k, else the capacity;
+/* The keys the splits are planned for: desc.split.max_seqlen_k, else the capacity;
  * with a left window at most window_left + q_len plus the tile the kernel
  * rounds the start down to. */
 static long fcl_decode_lmax(const flashcl_decode_desc *desc, const fcl_decode_plan *p, int tile) {
-  long lmax = desc->max_seqlen_k > 0 && desc->max_seqlen_k < p->kv.capacity ? desc->max_seqlen_k : p->kv.capacity;
-  if (desc->window_left >= 0 && (long)desc->window_left + p->q_len + tile < lmax)
-    lmax = (long)desc->window_left + p->q_len + tile;
+  long lmax = desc->split.max_seqlen_k > 0 && desc->split.max_seqlen_k < p->kv.capacity ? desc->split.max_seqlen_k : p->kv.capacity;
+  if (desc->score.window_left >= 0 && (long)desc->score.window_left + p->q_len + tile < lmax)
+    lmax = (long)desc->score.window_left + p->q_len + tile;
   return lmax;
 }
 
@@ -284,18 +284,18 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   const int quant_mma = quant && nvidia && q->dtype != FLASHCL_F32 && fcl_dec_vec_aligned(kc) &&
                         fcl_dec_vec_aligned(vc) && fcl_tuned_get(tu, FCL_DEC_P_STAGES, FCL_DEC_STAGES) >= 2;
   if (stages || quant_mma)
-    fcl_decode_plan_mma(ctx, q, p->window || desc->alibi_slopes || desc->softcap > 0.0f, cap, p);
+    fcl_decode_plan_mma(ctx, q, p->window || desc->score.alibi_slopes || desc->score.softcap > 0.0f, cap, p);
   return FLASHCL_SUCCESS;
 }
 
-/* The split count (desc.num_splits, else one wave: the largest count whose
+/* The split count (desc.split.num_splits, else one wave: the largest count whose
  * grid fits wg_per_cu work-groups per compute unit, since a second, partial
  * wave of whole chunks would cost as much as the first; at least min_keys
  * keys per split), and the values that ran, recorded in p->tu. */
 static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_decode_desc *desc, fcl_decode_plan *p) {
   const int min_keys = p->mma ? fcl_tuned_get(&p->tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT)
                               : fcl_tuned_get(&p->tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT);
-  int splits = desc->num_splits;
+  int splits = desc->split.num_splits;
   if (splits == 0) {
     const int64_t base = (int64_t)p->batch * p->heads_kv * p->row_blocks;
     const int64_t cus = ctx->info.compute_units > 0 ? ctx->info.compute_units : 1;

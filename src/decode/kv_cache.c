@@ -11,12 +11,12 @@
  * scale is written, so its range must not touch any tensor, the lengths, the block
  * table or the other side's scales; a TENSOR or HEAD scale is read while the
  * caches are written. */
-static flashcl_status fcl_append_check_scales(flashcl_context *ctx, const flashcl_decode_desc *desc,
-                                              const fcl_kv_layout *kv, const flashcl_tensor *const tensors[4],
+static flashcl_status fcl_append_check_scales(flashcl_context *ctx, const flashcl_kv_append_desc *desc,
+                                              const fcl_kv_info *kv, const flashcl_tensor *const tensors[4],
                                               const fcl_aux *aux, int naux) {
   static const char *const names[4] = {"k_new", "v_new", "k_cache", "v_cache"};
-  const fcl_aux sc[2] = {{kv->k_quant ? desc->k_scale : NULL, 0, kv->k_scale_bytes, "desc.k_scale"},
-                         {kv->v_quant ? desc->v_scale : NULL, 0, kv->v_scale_bytes, "desc.v_scale"}};
+  const fcl_aux sc[2] = {{kv->k_quant ? desc->cache.k_scale : NULL, 0, kv->k_scale_bytes, "desc.cache.k_scale"},
+                         {kv->v_quant ? desc->cache.v_scale : NULL, 0, kv->v_scale_bytes, "desc.cache.v_scale"}};
   const int written[2] = {kv->k_scale_kind == FLASHCL_KV_SCALE_TOKEN || kv->k_scale_kind == FLASHCL_KV_SCALE_BLOCK32,
                           kv->v_scale_kind == FLASHCL_KV_SCALE_TOKEN || kv->v_scale_kind == FLASHCL_KV_SCALE_BLOCK32};
   flashcl_status st;
@@ -38,17 +38,17 @@ static flashcl_status fcl_append_check_scales(flashcl_context *ctx, const flashc
 }
 
 /* Everything of an append that is checked before anything is enqueued; fills kv. */
-static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_decode_desc *desc,
+static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_kv_append_desc *desc,
                                           const flashcl_tensor *k_new, const flashcl_tensor *v_new,
                                           const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens,
-                                          fcl_kv_layout *kv) {
+                                          fcl_kv_info *kv) {
   flashcl_status st;
   if ((st = fcl_check_tensor(ctx, k_new, "k_new", 1)) || (st = fcl_check_tensor(ctx, v_new, "v_new", 1))) return st;
   for (int i = 0; i < 3; i++)
     if (k_new->shape[i] != v_new->shape[i])
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "k_new and v_new must have the same batch, tokens and heads");
   const int batch = (int)k_new->shape[0];
-  if ((st = fcl_check_kv_cache(ctx, desc, k_cache, v_cache, batch, kv))) return st;
+  if ((st = fcl_check_kv_cache(ctx, desc ? &desc->cache : NULL, k_cache, v_cache, batch, kv))) return st;
   const int plain = fcl_kv_plain_dtype(k_cache, v_cache);
   if (k_new->dtype != v_new->dtype || (plain >= 0 && (int)k_new->dtype != plain))
     return fcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
@@ -82,7 +82,7 @@ static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_de
     /* The append writes the caches while it reads seqlens and the block table. */
     const size_t b4 = (size_t)batch * sizeof(cl_int);
     const fcl_aux aux[2] = {{seqlens, 0, b4, "seqlens"},
-                            {kv->paged ? desc->block_table : NULL, 0, b4 * (size_t)kv->max_pages, "desc.block_table"}};
+                            {kv->paged ? desc->cache.block_table : NULL, 0, b4 * (size_t)kv->max_pages, "desc.cache.block_table"}};
     const flashcl_tensor *outs[2] = {k_cache, v_cache};
     static const char *const names[2] = {"k_cache", "v_cache"};
     if ((st = fcl_check_aux_buffers(ctx, aux, 2, outs, names, 2))) return st;
@@ -93,10 +93,10 @@ static flashcl_status fcl_append_validate(flashcl_context *ctx, const flashcl_de
 }
 
 /* kv_append (plain caches) or kv_append_quant (a quantized side), set up and enqueued. */
-static flashcl_status fcl_append_enqueue(flashcl_context *ctx, const flashcl_decode_desc *desc,
+static flashcl_status fcl_append_enqueue(flashcl_context *ctx, const flashcl_kv_append_desc *desc,
                                          const flashcl_tensor *k_new, const flashcl_tensor *v_new,
                                          const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens,
-                                         const fcl_kv_layout *kv, cl_uint num_events_in_wait_list,
+                                         const fcl_kv_info *kv, cl_uint num_events_in_wait_list,
                                          const cl_event *event_wait_list, cl_event *out_event) {
   flashcl_status st;
   const int quant = kv->k_quant || kv->v_quant;
@@ -114,15 +114,15 @@ static flashcl_status fcl_append_enqueue(flashcl_context *ctx, const flashcl_dec
   fcl_arg_tensor(&a, k_cache);
   fcl_arg_tensor(&a, v_cache);
   fcl_arg_mem(&a, seqlens);
-  fcl_arg_mem(&a, kv->paged ? desc->block_table : NULL);
+  fcl_arg_mem(&a, kv->paged ? desc->cache.block_table : NULL);
   fcl_arg_int(&a, kv->max_pages);
   fcl_arg_int(&a, kv->page_size);
   fcl_arg_int(&a, kv->num_pages);
   fcl_arg_int(&a, kv->capacity);
   fcl_arg_int(&a, kv->heads_kv);
   if (quant) {
-    fcl_arg_mem(&a, kv->k_quant ? desc->k_scale : NULL);
-    fcl_arg_mem(&a, kv->v_quant ? desc->v_scale : NULL);
+    fcl_arg_mem(&a, kv->k_quant ? desc->cache.k_scale : NULL);
+    fcl_arg_mem(&a, kv->v_quant ? desc->cache.v_scale : NULL);
   }
   if (a.err != CL_SUCCESS) return fcl_cl_fail(ctx, a.err, "clSetKernelArg(kv_append)");
   /* kv_append: a work-item per 4 elements; kv_append_quant: per K or V row. */
@@ -134,27 +134,27 @@ static flashcl_status fcl_append_enqueue(flashcl_context *ctx, const flashcl_dec
   return FLASHCL_SUCCESS;
 }
 
-static flashcl_status fcl_kv_cache_append_locked(flashcl_context *ctx, const flashcl_decode_desc *desc,
+static flashcl_status fcl_kv_cache_append_locked(flashcl_context *ctx, const flashcl_kv_append_desc *desc,
                                                  const flashcl_tensor *k_new, const flashcl_tensor *v_new,
                                                  const flashcl_tensor *k_cache, const flashcl_tensor *v_cache,
                                                  cl_mem seqlens, cl_uint num_events_in_wait_list,
                                                  const cl_event *event_wait_list, cl_event *out_event) {
   if (!ctx) return FLASHCL_ERROR_INVALID_ARGUMENT;
   fcl_clear_error(ctx);
-  flashcl_decode_desc desc_full;
-  flashcl_status imp = fcl_decode_desc_import(ctx, &desc, &desc_full);
+  flashcl_kv_append_desc desc_full;
+  flashcl_status imp = fcl_kv_append_desc_import(ctx, &desc, &desc_full);
   if (imp != FLASHCL_SUCCESS) return imp;
   if (num_events_in_wait_list && !event_wait_list)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_events_in_wait_list is %u but event_wait_list is NULL",
                     num_events_in_wait_list);
-  fcl_kv_layout kv;
+  fcl_kv_info kv;
   flashcl_status st = fcl_append_validate(ctx, desc, k_new, v_new, k_cache, v_cache, seqlens, &kv);
   if (st != FLASHCL_SUCCESS) return st;
   return fcl_append_enqueue(ctx, desc, k_new, v_new, k_cache, v_cache, seqlens, &kv, num_events_in_wait_list,
                             event_wait_list, out_event);
 }
 
-flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_decode_desc *desc,
+flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const flashcl_kv_append_desc *desc,
                                        const flashcl_tensor *k_new, const flashcl_tensor *v_new,
                                        const flashcl_tensor *k_cache, const flashcl_tensor *v_cache, cl_mem seqlens,
                                        cl_uint num_events_in_wait_list, const cl_event *event_wait_list,

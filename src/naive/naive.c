@@ -273,8 +273,8 @@ static void fcl_naive_layout(fcl_naive_call *c, const flashcl_attention_desc *de
   cl_command_queue_properties qprops = 0;
   clGetCommandQueueInfo(c->ctx->queue, CL_QUEUE_PROPERTIES, sizeof qprops, &qprops, NULL);
   c->ooo = (qprops & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
-  c->cu_q = p->varlen ? desc->cu_seqlens_q : NULL;
-  c->cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
+  c->cu_q = p->varlen ? desc->varlen.cu_seqlens_q : NULL;
+  c->cu_k = p->varlen ? desc->varlen.cu_seqlens_k : NULL;
   c->tq = (int)q->shape[1];
   c->tk = (int)k->shape[1];
   c->d = p->head_dim;

@@ -105,8 +105,8 @@ static void fcl_mma_bwd_tail(fcl_args *a, const fcl_problem *p, const flashcl_at
   fcl_arg_int(a, p->heads_q / p->heads_kv);
   fcl_arg_float(a, p->scale);
   fcl_arg_float(a, p->scale * log2e);
-  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_q : NULL);
-  fcl_arg_mem(a, p->varlen ? desc->cu_seqlens_k : NULL);
+  fcl_arg_mem(a, p->varlen ? desc->varlen.cu_seqlens_q : NULL);
+  fcl_arg_mem(a, p->varlen ? desc->varlen.cu_seqlens_k : NULL);
   fcl_arg_int(a, tq);
   fcl_arg_int(a, tk);
   fcl_arg_variants(a, p);

@@ -1,7 +1,7 @@
 /* The NVIDIA tensor-core forward path (cl/nvidia/flash_fwd_mma.cl): selection
  * and launch (the probe is nvidia/mma_probe.c, the plan mma_fwd_plan.c).
  *
- * Selection. desc->kernel = NVIDIA_MMA asks for it; AUTO takes it when the
+ * Selection. desc->algorithm.kernel = NVIDIA_MMA asks for it; AUTO takes it when the
  * device can run it, unless FLASHCL_KERNEL=portable. "Can run it" is decided
  * once per context, on the first forward call that could use it (not at
  * context creation, so contexts that never run a forward pay nothing):
@@ -22,10 +22,10 @@
  * pools fp16/bf16 or quantized (int8 / fp8 codes with their scales, turned
  * into 16-bit values on their way to local memory). Other
  * problems run the portable kernels; a v head dim apart from q's
- * (desc.head_dim_v) is refused when the tensor cores are asked for by name.
+ * (desc.shape.head_dim_v) is refused when the tensor cores are asked for by name.
  *
- * FLASHCL_KERNEL ("portable" or "nvidia_mma") overrides desc.kernel = AUTO; a
- * desc.tuning of a family decides the family itself. The tiles are the mma_fwd
+ * FLASHCL_KERNEL ("portable" or "nvidia_mma") overrides desc.algorithm.kernel = AUTO; a
+ * desc.algorithm.tuning of a family decides the family itself. The tiles are the mma_fwd
  * tuning's (src/core/tuning_space.c), checked against the kernel's rules and the
  * local memory.
  */
@@ -44,11 +44,11 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use) {
   *use = 0;
-  flashcl_kernel_family fam = desc->kernel;
+  flashcl_kernel_family fam = desc->algorithm.kernel;
   if (forced != FLASHCL_KERNEL_AUTO) {
-    /* desc.tuning names a family: it decides, and must agree with desc.kernel. */
+    /* desc.algorithm.tuning names a family: it decides, and must agree with desc.kernel. */
     if (fam != FLASHCL_KERNEL_AUTO && fam != forced)
-      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning is for the %s kernels but desc.kernel asks for the %s ones",
+      return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.algorithm.tuning is for the %s kernels but desc.algorithm.kernel asks for the %s ones",
                       forced == FLASHCL_KERNEL_PORTABLE ? "portable" : "tensor-core",
                       fam == FLASHCL_KERNEL_PORTABLE ? "portable" : "tensor-core");
     fam = forced;
@@ -60,10 +60,10 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
    * for them by name is refused rather than run elsewhere (flashcl.h,
    * head_dim_v), and AUTO runs the portable kernels without the probe. */
   if (p->head_dim_v != p->head_dim) {
-    if (desc->kernel == FLASHCL_KERNEL_NVIDIA_MMA || forced == FLASHCL_KERNEL_NVIDIA_MMA)
+    if (desc->algorithm.kernel == FLASHCL_KERNEL_NVIDIA_MMA || forced == FLASHCL_KERNEL_NVIDIA_MMA)
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
                       "the tensor-core kernels do not take head_dim_v %d != head_dim %d: use the portable kernels "
-                      "(desc.kernel = FLASHCL_KERNEL_AUTO or PORTABLE)",
+                      "(desc.algorithm.kernel = FLASHCL_KERNEL_AUTO or PORTABLE)",
                       p->head_dim_v, p->head_dim);
     fcl_log(ctx, "tensor-core kernels do not cover head_dim_v %d != head_dim %d: running the portable kernels",
             p->head_dim_v, p->head_dim);
@@ -91,7 +91,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   else if (pass == FLASHCL_PASS_FORWARD && !fcl_mma_fwd_fits(ctx, p))
     why = "its tiles need more local memory than the device allows";
   if (why && forced != FLASHCL_KERNEL_AUTO)
-    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.tuning asks for the tensor-core %s, which does not cover "
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.algorithm.tuning asks for the tensor-core %s, which does not cover "
                     "this problem (%s)", pass == FLASHCL_PASS_BACKWARD ? "backward" : "forward", why);
   if (why) {
     fcl_log(ctx, "tensor-core %s does not cover this problem (%s): running the portable kernels",

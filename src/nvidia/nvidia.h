@@ -11,7 +11,7 @@ flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, 
                                     flashcl_config *c);
 
 /* NVIDIA tensor-core forward (src/nvidia/mma_forward.c). fcl_mma_select sets *use when
- * desc->kernel (or FLASHCL_KERNEL under AUTO) resolves to NVIDIA_MMA, the device
+ * desc->algorithm.kernel (or FLASHCL_KERNEL under AUTO) resolves to NVIDIA_MMA, the device
  * passed the probe and the problem is covered for `pass` (the backward kernels
  * cover less than the forward); it fails only when NVIDIA_MMA was
  * requested explicitly and the device cannot run it. */

@@ -43,7 +43,7 @@ typedef struct fcl_bwd_sizes {
   size_t dq_acc; /* floats of the fp32 dQ accumulators (0 with the separate dQ kernel) */
 } fcl_bwd_sizes;
 
-/* How dQ is made. atomic: desc->deterministic == 0, and on return whether the
+/* How dQ is made. atomic: desc->backward.deterministic == 0, and on return whether the
  * atomic dQ runs; *splits: the accumulator copies the dK/dV kernel fills (1 in
  * atomic mode; in deterministic mode on the tensor-core path, the split count
  * of src/nvidia/mma_backward.c; 0 when the separate dQ kernel runs). */
@@ -176,7 +176,7 @@ static int fcl_bwd_tile_dim(const fcl_problem *p) {
 static flashcl_status fcl_bwd_prepare(flashcl_context *ctx, const fcl_problem *p, const flashcl_attention_desc *desc,
                                       fcl_tuned *tu, fcl_bwd_run *r) {
   r->use_mma = tu->family == FLASHCL_TUNE_MMA_BWD;
-  r->atomic = !desc->deterministic;
+  r->atomic = !desc->backward.deterministic;
   fcl_bwd_mode(ctx, p, tu, r->use_mma, &r->atomic, &r->splits);
   r->acc_dq = r->splits > 0;
   r->knobs = fcl_bwd_knobs(tu, &r->rules);
@@ -486,8 +486,8 @@ flashcl_status fcl_flash_backward(flashcl_context *ctx, const fcl_problem *p, co
 
   fcl_bwd_launch L = {.ctx = ctx, .p = p, .desc = desc, .r = &r, .t = {q, k, v, o, lse, d_o, dq, dk, dv}};
   if ((st = fcl_bwd_get_kernels(&L, tu)) || (st = fcl_bwd_alloc(&L, &z))) return st;
-  L.cu_q = p->varlen ? desc->cu_seqlens_q : NULL;
-  L.cu_k = p->varlen ? desc->cu_seqlens_k : NULL;
+  L.cu_q = p->varlen ? desc->varlen.cu_seqlens_q : NULL;
+  L.cu_k = p->varlen ? desc->varlen.cu_seqlens_k : NULL;
   L.tq = (int)q->shape[1];
   L.tk = (int)k->shape[1];
   L.group = p->heads_q / p->heads_kv;

@@ -65,7 +65,7 @@
  * at d = 64, 64x32 at d = 128 and 64x16 at d = 256. Explicit block sizes are used
  * as given.
  *
- * A v head dim apart from q's (desc.head_dim_v): the GPU rule's d is the larger
+ * A v head dim apart from q's (desc.shape.head_dim_v): the GPU rule's d is the larger
  * of the two, the row length of every Q/K/V tile (flash_fwd.cl's DM), the S
  * grid's work counts q/k's head dim and the O += P V grid spans v's; the CPU
  * rule's 2 * d (its K^T and V tiles, its Q and O rows) is d_qk + d_v.

@@ -28,7 +28,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use) {
   *use = 0;
-  flashcl_kernel_family fam = forced != FLASHCL_KERNEL_AUTO ? forced : desc->kernel;
+  flashcl_kernel_family fam = forced != FLASHCL_KERNEL_AUTO ? forced : desc->algorithm.kernel;
   if (fam == FLASHCL_KERNEL_AUTO) fam = ctx->env_kernel;
   return fam == FLASHCL_KERNEL_NVIDIA_MMA ? fcl_unavailable(ctx) : FLASHCL_SUCCESS;
 }
