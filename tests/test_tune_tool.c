@@ -10,6 +10,7 @@
  * directory, so nothing here touches the user's.
  */
 #include "common.h"
+#include "../tools/tune_rule.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -234,6 +235,26 @@ static void test_resume(void **state) {
   remove(out);
 }
 
+/* The tuner's "faster" rule: the margin follows the noise between 0.3% and
+ * 1%, and most rounds must agree. */
+static void test_faster_rule(void **state) {
+  (void)state;
+  /* Quiet sides (0.1%): a 0.5% step in 11 of 11 rounds is kept, a 0.2% one is not. */
+  FCT_CHECK(tune_faster(100.0, 0.001, 99.5, 0.001, 11, 11), "0.5%% at 0.1%% noise");
+  FCT_CHECK(!tune_faster(100.0, 0.001, 99.8, 0.001, 11, 11), "0.2%% is under the 0.3%% floor");
+  /* Noise 0.4% on one side: the margin is 0.8%. */
+  FCT_CHECK(!tune_faster(100.0, 0.004, 99.3, 0.001, 11, 11), "0.7%% at 0.4%% noise");
+  FCT_CHECK(tune_faster(100.0, 0.001, 99.1, 0.004, 11, 11), "0.9%% at 0.4%% noise");
+  /* Noisy sides: never more than 1% is asked. */
+  FCT_CHECK(tune_faster(100.0, 0.05, 98.9, 0.05, 4, 4), "1.1%% at 5%% noise");
+  FCT_CHECK(!tune_faster(100.0, 0.05, 99.2, 0.05, 4, 4), "0.8%% at 5%% noise");
+  /* Rounds: 3 of 4 at least. */
+  FCT_CHECK(tune_faster(100.0, 0.001, 98.0, 0.001, 9, 12), "9 of 12 rounds");
+  FCT_CHECK(!tune_faster(100.0, 0.001, 98.0, 0.001, 8, 12), "8 of 12 rounds");
+  /* Slower is never faster. */
+  FCT_CHECK(!tune_faster(100.0, 0.0, 101.0, 0.0, 11, 11), "slower median");
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   char *log = NULL;
@@ -315,6 +336,7 @@ int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/flashcl-tune-test-XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_faster_rule),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_tune_and_load),
       cmocka_unit_test(test_resume),

@@ -7,6 +7,7 @@
  * before anything is timed.
  */
 #include "tune_against.h"
+#include "tune_rule.h"
 
 #include "json.h"
 
@@ -142,7 +143,7 @@ static void ta_print(const tune_against_opts *o, const ta_row *r, int index, int
            r->c.rounds, r->rel);
 }
 
-/* The search's rule both ways: 1% in the median and 3 of 4 rounds. */
+/* The search's rule (tune_faster) both ways. */
 static void ta_count(ta_summary *m, const ta_row *r) {
   m->rows++;
   if (r->wrong) {
@@ -155,8 +156,9 @@ static void ta_count(ta_summary *m, const ta_row *r) {
   }
   const double ratio = r->c.b_ms / r->c.a_ms;
   if (ratio > m->worst) m->worst = ratio;
-  if (ratio < 0.99 && r->c.b_wins * 4 >= r->c.rounds * 3) m->faster++;
-  else if (ratio > 1.01 && (r->c.rounds - r->c.b_wins) * 4 >= r->c.rounds * 3) m->slower++;
+  const tune_comparison *c = &r->c;
+  if (tune_faster(c->a_ms, c->a_noise, c->b_ms, c->b_noise, c->b_wins, c->rounds)) m->faster++;
+  else if (tune_faster(c->b_ms, c->b_noise, c->a_ms, c->a_noise, c->rounds - c->b_wins, c->rounds)) m->slower++;
   else m->within++;
 }
 

@@ -13,6 +13,7 @@
  * that single changes never leave.
  */
 #include "tune_search.h"
+#include "tune_rule.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -180,8 +181,8 @@ static int ts_try(ts_state *s, flashcl_tuning *inc, const flashcl_tuning *cand) 
   int wins = 0;
   st = ts_compare(s->ctx, s->p, inc, cand, s->o, s->o->reps, &a, &b, &wins);
   if (st) return tools_is_validation_error(st) ? 0 : -1;
-  /* Faster in the median by 1% and in most rounds: one lucky round is not enough. */
-  const int better = b.median < a.median * 0.99 && wins * 4 >= a.n * 3;
+  /* Faster beyond the noise and in most rounds: one lucky round is not enough. */
+  const int better = tune_faster(a.median, a.noise, b.median, b.noise, wins, a.n);
   snprintf(what, sizeof what, "%.4f ms against %.4f (%d/%d rounds faster)%s", b.median, a.median, wins, a.n,
            better ? "  <- kept" : "");
   ts_log(s, cand, what);
@@ -312,7 +313,8 @@ static int ts_final(ts_state *s, flashcl_tuning *inc) {
   r->base_ms = a.median, r->base_noise = a.noise;
   r->best_ms = b.median, r->best_noise = b.noise;
   r->best_wins = wins, r->rounds = a.n;
-  r->changed = r->improved > 0 && b.median < a.median * 0.99; /* the 1% the search asks of every step */
+  /* The rule every step passed, again over the longer comparison. */
+  r->changed = r->improved > 0 && tune_faster(a.median, a.noise, b.median, b.noise, wins, a.n);
   if (!r->changed) {
     *inc = r->base;
     r->best_ms = a.median, r->best_noise = a.noise, r->best_wins = a.n - wins;
