@@ -130,7 +130,7 @@ FLASHCL_API const char *flashcl_dtype_name(flashcl_dtype dtype);
 
 /* Scale layouts of a quantized KV cache (see "Quantized KV cache" at
  * flashcl_decode_desc). TOKEN is 0 so that a descriptor zeroed by hand gets
- * the kind that flashcl_decode_desc_init() sets. */
+ * the kind that the descriptors' *_init() functions set. */
 typedef enum flashcl_kv_scale {
   FLASHCL_KV_SCALE_TOKEN = 0,
   FLASHCL_KV_SCALE_HEAD = 1,
@@ -315,11 +315,11 @@ FLASHCL_API flashcl_status flashcl_context_local_memory(flashcl_context *ctx, si
  * Mask layouts. With Lq, Lk the per-sequence lengths (seqlen_q / seqlen_k of the
  * tensors, or max_seqlen_q / max_seqlen_k for varlen, where sequence s of the
  * packed batch takes the place of batch entry s and its query i / key j count
- * from the start of the sequence), H = heads_q if mask_per_head else 1:
- *   FLASHCL_MASK_BLOCK: rows R = ceil(Lq / mask_block_q), columns
- *     C = ceil(Lk / mask_block_k); block (r, c) covers queries
- *     [r * mask_block_q, (r + 1) * mask_block_q) and keys
- *     [c * mask_block_k, (c + 1) * mask_block_k).
+ * from the start of the sequence), H = heads_q if mask.per_head else 1:
+ *   FLASHCL_MASK_BLOCK: rows R = ceil(Lq / mask.block_q), columns
+ *     C = ceil(Lk / mask.block_k); block (r, c) covers queries
+ *     [r * mask.block_q, (r + 1) * mask.block_q) and keys
+ *     [c * mask.block_k, (c + 1) * mask.block_k).
  *   FLASHCL_MASK_BITS: R = Lq, C = Lk, one bit per (query, key) (tree masks of
  *     speculative decoding, arbitrary sparsity).
  * Both are row-major bit matrices of W = ceil(C / 32) uint32 words per row:
@@ -383,7 +383,9 @@ typedef struct flashcl_varlen_desc {
  * The default (all 0 / NULL) is a contiguous, plain cache. */
 typedef struct flashcl_kv_layout {
   /* Paged cache: page_size >= 1 and block_table with max_pages >= 1 int32
-   * entries per sequence. All three 0 / NULL for a contiguous cache. */
+   * entries per sequence. All three 0 / NULL for a contiguous cache (decode
+   * and the append refuse page_size or max_pages without a table; a
+   * forward reads none of the layout without one). */
   int page_size;
   cl_mem block_table;
   int max_pages;
@@ -464,7 +466,8 @@ typedef struct flashcl_mask_desc {
  *   window_right >= 0:  key j hidden iff j > i + diag + window_right
  *   (the mask's causal rule is window_right = 0; they compose by intersection)
  * in this order, then softmax; LSE is log sum_j exp(s) of the final scores.
- * They run on every kernel family and the naive path, forward and backward. */
+ * They run on every kernel family and the naive path, forward and backward
+ * (decode: see flashcl_decode_desc). */
 typedef struct flashcl_score_desc {
   /* Softmax scale applied to QK^T. 0 means 1/sqrt(head_dim) (q's head dim). */
   float scale;
@@ -517,9 +520,9 @@ typedef struct flashcl_algorithm_desc {
 
 /* What only the backward reads. */
 typedef struct flashcl_backward_desc {
-  /* true (the default) computes dQ in its own kernel or, on the tensor-core
-   * backward, in per-split fp32 accumulators added in a fixed order (README
-   * "Backward: dQ modes"), so results are bit-reproducible. false accumulates
+  /* true (the default) makes dQ bit-reproducible: it is computed in its own
+   * kernel or in split accumulators added in a fixed order (docs/api.md,
+   * "Backward: dQ modes"). false accumulates
    * dQ with fp32 atomics inside the dK/dV kernel (fewer FLOPs, order-dependent
    * rounding); it permits atomics rather than demanding them (docs/kernels.md
    * lists the head dims that stay deterministic). */
@@ -638,7 +641,7 @@ FLASHCL_API flashcl_status flashcl_attention_backward(flashcl_context *ctx, cons
                                                       const cl_event *event_wait_list, cl_event *out_event);
 
 /*
- * Debug/test entry point: writes the dropout keep-mask that desc's dropout_p,
+ * Debug/test entry point: writes the dropout keep-mask that desc->dropout's p,
  * seed and offset select, one byte per entry (1 = kept, 0 = dropped), at
  * mask[((b * heads_q + h) * seqlen_q + i) * seqlen_k + j]. Forward and backward
  * apply exactly this mask (before any causal or length masking). mask needs
@@ -785,7 +788,7 @@ FLASHCL_API flashcl_status flashcl_merge_states(flashcl_context *ctx, const flas
  * and the decode's none with o, lse or the workspace
  * (FLASHCL_ERROR_INVALID_ARGUMENT). Which decode
  * kernels take quantized caches, and how they dequantize: docs/inference.md,
- * "Quantized KV cache (int8, fp8)".
+ * "Quantized KV cache (int8, fp8, int4)".
  */
 /* The cache's layout (page table, scales) is a flashcl_kv_layout, declared
  * with flashcl_attention_desc, whose paged source takes it too. */
@@ -845,7 +848,7 @@ typedef struct flashcl_decode_desc {
    * sees no key gets O = 0 and LSE = -inf. Bits at or above q_len are ignored. */
   cl_mem tree_mask;
   flashcl_decode_split split;
-  /* Kernel family, as for the forward (docs/kernels.md, "Decode"): AUTO (the
+  /* Kernel family, as for the forward (docs/inference.md, "Decode kernels"): AUTO (the
    * default) takes the device's fastest decode kernel that covers the call.
    * PORTABLE forces the portable kernel; a vendor family fails with
    * FLASHCL_ERROR_UNSUPPORTED where the device lacks it, and runs the portable
@@ -947,7 +950,7 @@ FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_context *ctx, const f
  * name, a legal range and the candidates flashcl-tune searches. A configuration
  * is a list of name=value pairs of one family; a parameter it leaves out keeps
  * the family's default rule. Sources, first match wins (README "Tuning"):
- *   1. desc.tuning of the call;
+ *   1. the call's desc.algorithm.tuning (decode: desc.tuning);
  *   2. options.tuning_file, else $FLASHCL_TUNING;
  *   3. <cache_dir>/tuning/\*.tune (written by flashcl-tune);
  *   4. the installed share/flashcl/tuning/\*.tune;
@@ -977,7 +980,7 @@ typedef enum flashcl_tuning_source {
   FLASHCL_TUNING_SOURCE_INSTALLED = 2, /* share/flashcl/tuning */
   FLASHCL_TUNING_SOURCE_CACHE = 3,     /* <cache_dir>/tuning */
   FLASHCL_TUNING_SOURCE_FILE = 4,      /* options.tuning_file / $FLASHCL_TUNING */
-  FLASHCL_TUNING_SOURCE_CALL = 5       /* desc.tuning */
+  FLASHCL_TUNING_SOURCE_CALL = 5       /* the call's tuning */
 } flashcl_tuning_source;
 
 #define FLASHCL_TUNING_MAX_PARAMS 24
@@ -1044,9 +1047,9 @@ typedef struct flashcl_config {
    * where no source set them), so two configurations that resolve to the same
    * kernel compare equal. */
   flashcl_tuning tuning;
-  /* Only the parameters the source set (desc.tuning, or the matching entry of a
+  /* Only the parameters the source set (the call's tuning, or the matching entry of a
    * tuning file or the built-in database); count 0 under the default rules.
-   * Passed as desc.tuning it reproduces this configuration, and flashcl-tune
+   * Passed as the call's tuning it reproduces this configuration, and flashcl-tune
    * starts its search from it. */
   flashcl_tuning set;
   int block_r, block_c; /* query rows per work-group, keys per tile (decode: rows, tile) */
@@ -1056,7 +1059,7 @@ typedef struct flashcl_config {
 
 /* The configuration flashcl_attention_forward (pass FORWARD) or _backward
  * (pass BACKWARD) would run with these arguments: the same validation and
- * family choice as the call (desc.tuning included: a tuning the call would
+ * family choice as the call (desc.algorithm.tuning included: a tuning the call would
  * refuse is refused here). For the backward, dO and the gradients are taken to
  * be laid out like q/k (their alignment can move the choice to the portable
  * kernels). The first call may build and run the device probes. */

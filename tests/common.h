@@ -178,7 +178,7 @@ static inline int fct_address_sanitized(void) {
 #endif
 }
 
-/* For a case run with desc->kernel = FLASHCL_KERNEL_NVIDIA_MMA: 0 when the
+/* For a case run with desc->algorithm.kernel = FLASHCL_KERNEL_NVIDIA_MMA: 0 when the
  * device has no tensor-core path (the caller skips the case with skip(); a
  * message says so; on an NVIDIA device of compute capability >= 8.0 the test
  * fails instead, see fct_mma_unavailable), 1 when it has, after checking that
@@ -240,9 +240,16 @@ double fct_tensor_get(const fct_tensor *t, int64_t b, int64_t n, int64_t h, int6
 /* A reference view of the host mirror. */
 ref_tensor fct_tensor_ref(const fct_tensor *t);
 
-/* The flashcl_kv_append_desc of a decode descriptor's cache (a compound
- * literal: valid to the end of the enclosing block). */
-#define FCT_APPEND_DESC(dd) (&(flashcl_kv_append_desc){sizeof(flashcl_kv_append_desc), (dd)->cache})
+/* The flashcl_kv_append_desc of a decode descriptor's cache: the init's
+ * defaults, then the cache. FCT_APPEND_DESC points at a compound literal,
+ * valid to the end of the enclosing block. */
+static inline flashcl_kv_append_desc fct_append_desc(const flashcl_decode_desc *dd) {
+  flashcl_kv_append_desc ad;
+  flashcl_kv_append_desc_init(&ad);
+  ad.cache = dd->cache;
+  return ad;
+}
+#define FCT_APPEND_DESC(dd) (&(flashcl_kv_append_desc[1]){fct_append_desc(dd)}[0])
 
 /* Wraps clCreateBuffer on the group context, failing the test on error. */
 cl_mem fct_create_buffer(size_t bytes, const void *init);
@@ -284,7 +291,7 @@ typedef struct fct_run {
   flashcl_algo algo;
   int block_r, block_c;
   flashcl_kernel_family kernel;
-  const flashcl_tuning *tuning; /* desc.tuning (NULL: the context's sources) */
+  const flashcl_tuning *tuning; /* desc.algorithm.tuning (NULL: the context's sources) */
 } fct_run;
 
 typedef struct fct_result {

@@ -139,7 +139,7 @@ static void test_desc_and_options_init(void **state) {
                 d.algorithm.algo == FLASHCL_ALGO_AUTO && d.algorithm.kernel == FLASHCL_KERNEL_AUTO && d.algorithm.block_r == 0 && d.algorithm.block_c == 0 &&
                 d.backward.deterministic == 1 && d.dropout.p == 0.0f,
             "flashcl_attention_desc_init left non-default fields (scale %g causal %d algo %d block %d/%d "
-            "deterministic %d dropout_p %g)",
+            "deterministic %d dropout.p %g)",
             (double)d.score.scale, d.mask.causal, (int)d.algorithm.algo, d.algorithm.block_r, d.algorithm.block_c, d.backward.deterministic, (double)d.dropout.p);
   memset(&o, 0x5a, sizeof o);
   flashcl_context_options_init(&o);
@@ -147,10 +147,6 @@ static void test_desc_and_options_init(void **state) {
             "flashcl_context_options_init left non-default fields");
 }
 
-/* Descriptor sizes (src/core/abi.c): *_init() records the caller's sizeof; a
- * struct from a newer header (struct_size larger than the library's) is
- * refused with UNSUPPORTED and writes nothing; one smaller than the first
- * sized layout is INVALID_ARGUMENT; 0 (zeroed by hand) is this header's size. */
 /* Every group of the descriptors starts at its documented default
  * (flashcl.h), whatever the memory held before. */
 static void test_desc_defaults(void **state) {
@@ -193,6 +189,10 @@ static void test_desc_defaults(void **state) {
             "append defaults");
 }
 
+/* Descriptor sizes (src/core/abi.c): *_init() records the caller's sizeof; a
+ * struct from a newer header (struct_size larger than the library's) is
+ * refused with UNSUPPORTED and writes nothing; one smaller than the first
+ * sized layout is INVALID_ARGUMENT; 0 (zeroed by hand) is this header's size. */
 static void test_struct_size(void **state) {
   fct_env *env = fct_env_get();
   const size_t n = 64, bytes = n * 64 * 4;

@@ -756,7 +756,7 @@ static void device_decodes_codes(flashcl_dtype fmt) {
  * 128 codes: one key whose K and V rows hold the codes, and 128 query heads of
  * one kv head, head h's q one-hot at dim h. Then o (every head) is V's row
  * times the scale, and head h's LSE (its only score) is K's code h times K's
- * scale times desc.scale. Both exact: every code and every scaled value here
+ * scale times desc.score.scale. Both exact: every code and every scaled value here
  * is an fp16 value. K's non-finite codes become 0 (with a one-hot q a NaN
  * anywhere in K's row would make every score NaN), and K's scale keeps every
  * score below 1 in magnitude: the kernels subtract the row max in the log2

@@ -215,10 +215,10 @@ static void test_invalid_shapes(void **state) {
   EXPECT(FLASHCL_ERROR_INVALID_SHAPE, FD, FQ, FK, FV, FO, &l, "lse heads != q heads");
   d = *FD;
   d.shape.heads_q = 4;
-  EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "desc.heads_q = 4 but q has 2 heads");
+  EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "desc.shape.heads_q = 4 but q has 2 heads");
   d = *FD;
   d.shape.heads_kv = 1;
-  EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "desc.heads_kv = 1 but k has 2 heads");
+  EXPECT(FLASHCL_ERROR_INVALID_SHAPE, &d, FQ, FK, FV, FO, FL, "desc.shape.heads_kv = 1 but k has 2 heads");
 
   /* heads_q not a multiple of heads_kv: q/o with 3 heads (of 64, inside the
    * buffers), k/v with 2. */

@@ -840,7 +840,7 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
     case 5: {
       const int left = rbelow(&c->r, 2);
       v = pick_int(&c->r);
-      clog_(c, "desc.window_%s = %d", left ? "left" : "right", v);
+      clog_(c, "desc.score.window_%s = %d", left ? "left" : "right", v);
       if (left) d->score.window_left = v;
       else d->score.window_right = v;
       if (v < -1) c->must_fail = 1;
@@ -1060,8 +1060,8 @@ static void mutate_adesc(fz_case *c, attn *a, int bwd) {
     }
     default:
       v = pick_int(&c->r);
-      clog_(c, "desc.backward.deterministic = %d, causal = %d", v, v & 1);
-      d->backward.deterministic = v;
+      clog_(c, "desc.backward.deterministic = %d, causal = %d", v != 0, v & 1);
+      d->backward.deterministic = v != 0;
       d->mask.causal = v & 1;
       c->garbage_dev = 1; /* causal changed: no reference */
       break;
@@ -1510,18 +1510,18 @@ static void mutate_kv_scale(fz_case *c, dec *d, int kind) {
   flashcl_kv_scale *sk = k ? &ds->cache.v_scale_kind : &ds->cache.k_scale_kind;
   const int quant = is_kv_quant(d->fmt[k]);
   if (kind == 14) {
-    clog_(c, "desc.%s_scale = NULL", k ? "v" : "k");
+    clog_(c, "desc.cache.%s_scale = NULL", k ? "v" : "k");
     *buf = NULL;
   } else if (kind == 15) {
     const size_t bytes = d->scale[k] ? d->scale[k]->bytes : 8;
     fz_buf *b = buf_new(c, bytes - (bytes > 4 && rbelow(&c->r, 2) ? 4 : 1), "scale_short");
-    clog_(c, "desc.%s_scale %zu bytes short", k ? "v" : "k", bytes - b->bytes);
+    clog_(c, "desc.cache.%s_scale %zu bytes short", k ? "v" : "k", bytes - b->bytes);
     *buf = b->mem;
     *sk = d->scale[k] ? *sk : FLASHCL_KV_SCALE_TENSOR;
   } else {
     static const int bad[] = {4, -1, 99, INT_MAX};
     const int v = bad[rbelow(&c->r, 4)];
-    clog_(c, "desc.%s_scale_kind = %d", k ? "v" : "k", v);
+    clog_(c, "desc.cache.%s_scale_kind = %d", k ? "v" : "k", v);
     *sk = (flashcl_kv_scale)v;
   }
   if (quant) c->must_fail = 1;
@@ -1530,12 +1530,17 @@ static void mutate_kv_scale(fz_case *c, dec *d, int kind) {
 /* The append's descriptor: the decode descriptor's cache, and its
  * struct_size mutation carried over (the decode struct's own size stands for
  * "as *_init set it", one more for "a newer header's"). */
+static size_t append_struct_size(size_t decode_size) {
+  if (decode_size == sizeof(flashcl_decode_desc)) return sizeof(flashcl_kv_append_desc);
+  if (decode_size == sizeof(flashcl_decode_desc) + 1) return sizeof(flashcl_kv_append_desc) + 1;
+  return decode_size;
+}
+
 static flashcl_kv_append_desc append_desc_of(const flashcl_decode_desc *ds) {
   flashcl_kv_append_desc ad;
   flashcl_kv_append_desc_init(&ad);
   ad.cache = ds->cache;
-  if (ds->struct_size == sizeof *ds + 1) ad.struct_size = sizeof ad + 1;
-  else if (ds->struct_size != sizeof *ds) ad.struct_size = ds->struct_size;
+  ad.struct_size = append_struct_size(ds->struct_size);
   return ad;
 }
 
@@ -1543,7 +1548,10 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
   flashcl_decode_desc *ds = &d->desc;
   int v;
   float f;
-  const int kind = rbelow(&c->r, append ? 6 : 17);
+  /* The append's descriptor holds the cache layout only: its struct size,
+   * page table and scales (kinds 0-4, 14-16). */
+  const int draw = rbelow(&c->r, append ? 8 : 17);
+  const int kind = append && draw >= 5 ? draw + 9 : draw;
   c->mutated = 1;
   if (!claim(c, "ddesc%d", kind)) return;
   if (kind >= 14) {
@@ -1554,7 +1562,7 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
     case 0: {
       static const size_t sz[] = {1, 7, sizeof(flashcl_decode_desc) + 1, SIZE_MAX, 0};
       size_t z = sz[rbelow(&c->r, 5)];
-      clog_(c, "desc.struct_size = %zu", z);
+      clog_(c, "desc.struct_size = %zu", append ? append_struct_size(z) : z);
       ds->struct_size = z;
       if (z) c->must_fail = 1;
       break;
@@ -1598,12 +1606,9 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
     }
     case 5:
       v = pick_int(&c->r);
-      clog_(c, "desc.heads_%s = %d", append ? "kv" : "q", v);
-      if (append) ds->heads_kv = v; /* ignored by the append */
-      else {
-        ds->heads_q = v;
-        if (v != 0 && v != d->Hq) c->must_fail = 1;
-      }
+      clog_(c, "desc.heads_q = %d", v);
+      ds->heads_q = v;
+      if (v != 0 && v != d->Hq) c->must_fail = 1;
       break;
     case 6: {
       static const int ns[] = {-1, 257, INT_MAX, INT_MIN, 256, 1};
@@ -1622,7 +1627,7 @@ static void mutate_ddesc(fz_case *c, dec *d, int append) {
     case 8: {
       const int left = rbelow(&c->r, 2);
       v = pick_int(&c->r);
-      clog_(c, "desc.window_%s = %d", left ? "left" : "right", v);
+      clog_(c, "desc.score.window_%s = %d", left ? "left" : "right", v);
       if (left) ds->score.window_left = v;
       else ds->score.window_right = v;
       if (v < -1) c->must_fail = 1;

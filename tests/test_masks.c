@@ -1,7 +1,7 @@
 /*
  * Sliding window, ALiBi, logit soft-capping and attention sinks
- * (flashcl_attention_desc.window_left / window_right / alibi_slopes / softcap /
- * sinks, dsinks), forward and backward, flash and naive,
+ * (flashcl_attention_desc.score: window_left / window_right / alibi_slopes /
+ * softcap / sinks; backward.dsinks), forward and backward, flash and naive,
  * against the double reference of reference_masks.c.
  *
  *   - Fresh random inputs every run (seed printed; FLASHCL_TEST_SEED reproduces).

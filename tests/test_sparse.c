@@ -1,6 +1,6 @@
 /*
- * Block-sparse and bitmask attention (flashcl_attention_desc.mask_kind / mask /
- * mask_block_q / mask_block_k / mask_per_head), forward, flash and naive, against
+ * Block-sparse and bitmask attention (flashcl_attention_desc.mask: kind / bits /
+ * block_q / block_k / per_head), forward, flash and naive, against
  * a double reference computed here from the same host mask words.
  *
  *   - The seed-003 speculative-decoding tree as a FLASHCL_MASK_BITS mask: a few

@@ -61,7 +61,7 @@ static void usage(FILE *f) {
           "  --n LIST              sequence lengths; each but the largest becomes an nmax bucket\n"
           "                        (default 4096 on GPUs, 512 otherwise)\n"
           "  --decode-n LIST       decode KV lengths (default 32768 on GPUs, 2048 otherwise)\n"
-          "  --kernel auto|portable|nvidia_mma   the desc.kernel the problems run with (default auto)\n"
+          "  --kernel auto|portable|nvidia_mma   the desc.algorithm.kernel the problems run with (default auto)\n"
           "  --budget SECONDS      search time for the whole run (default 480 on GPUs, 1500 otherwise);\n"
           "                        each problem gets an equal share of what is left\n"
           "  --reps R              paired rounds per comparison (default 5 on GPUs, 3 otherwise;\n"

@@ -58,7 +58,7 @@
  * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
  * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
  * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
- * sinks of flashcl_decode_desc.sinks; no other score variant runs here),
+ * sinks of desc.score.sinks; no other score variant runs here),
  * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches);
  * kvq_ptx.cl's CVT_E4M3 for the fp8 conversions.
  *

@@ -127,14 +127,14 @@ static flashcl_status fcl_check_quant_source(flashcl_context *ctx, const flashcl
   p->k_quant = fcl_dtype_is_kv_quant(k->dtype);
   p->v_quant = fcl_dtype_is_kv_quant(v->dtype);
   if (p->k_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->paged.cache.k_scale, desc->paged.cache.k_scale_kind, p->head_dim, "k", "k", rows, p->heads_kv,
+    if ((st = fcl_check_kv_scale(ctx, desc->paged.cache.k_scale, desc->paged.cache.k_scale_kind, p->head_dim, "desc.paged.cache.k", "k", rows, p->heads_kv,
                                  &p->k_scale_bytes)))
       return st;
     p->k_scale = desc->paged.cache.k_scale;
     p->k_scale_kind = (int)desc->paged.cache.k_scale_kind;
   }
   if (p->v_quant) {
-    if ((st = fcl_check_kv_scale(ctx, desc->paged.cache.v_scale, desc->paged.cache.v_scale_kind, p->head_dim_v, "v", "v", rows, p->heads_kv,
+    if ((st = fcl_check_kv_scale(ctx, desc->paged.cache.v_scale, desc->paged.cache.v_scale_kind, p->head_dim_v, "desc.paged.cache.v", "v", rows, p->heads_kv,
                                  &p->v_scale_bytes)))
       return st;
     p->v_scale = desc->paged.cache.v_scale;
@@ -242,7 +242,7 @@ static flashcl_status fcl_check_varlen(flashcl_context *ctx, const flashcl_atten
     p->seqlen_k = (int)k->shape[1];
     return FLASHCL_SUCCESS;
   }
-  /* With a paged K/V source the key counts come from kv_seqlens and the keys from
+  /* With a paged K/V source the key counts come from desc.paged.seqlens and the keys from
    * the page pools, so only the queries are packed. */
   const int paged = desc->paged.cache.block_table != NULL;
   if (paged && desc->varlen.cu_seqlens_k)

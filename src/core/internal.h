@@ -61,7 +61,7 @@ struct flashcl_context {
   /* 1 once the Hopper backward failed to build: off for this context, and
    * the failing call is chosen again (src/nvidia/wgmma_backward.c). */
   int wgmma_bwd_failed;
-  /* flashcl_attention_decode's split partials when desc.workspace is NULL
+  /* flashcl_attention_decode's split partials when desc.split.workspace is NULL
    * (src/decode/decode.c): grow-only, released by flashcl_context_destroy. last: the
    * last command of the latest call that used it, kept only on an out-of-order
    * queue (the next call waits for it); queue_ooo: 0 unknown, 1 in-order, 2
@@ -273,7 +273,7 @@ typedef struct fcl_problem {
   int window, window_left, window_right;
   cl_mem alibi;  /* NULL = off */
   float softcap; /* 0 = off */
-  cl_mem sinks;  /* NULL = off (flashcl_attention_desc.sinks) */
+  cl_mem sinks;  /* NULL = off (desc.score.sinks) */
   /* Attention mask (see flashcl_mask_kind): kind 0 = none; words per row, and
    * word strides between sequences and between query heads (0: shared). For
    * FLASHCL_MASK_BITS mask_bq = mask_bk = 1. */
@@ -281,12 +281,12 @@ typedef struct fcl_problem {
   cl_mem mask;
   int mask_bq, mask_bk, mask_words;
   int64_t mask_bstride, mask_hstride;
-  /* Paged K/V source (see flashcl_attention_desc.kv_block_table): paged_kv = 1
+  /* Paged K/V source (see flashcl_paged_desc): paged_kv = 1
    * when k/v are page pools; seqlen_k is then the bound on the per-sequence key
    * counts read from kv_seqlens. */
   int paged_kv, kv_page_size, kv_max_pages, kv_num_pages;
   cl_mem kv_block_table, kv_seqlens;
-  /* A quantized paged source (flashcl_attention_desc.k_scale): k_quant /
+  /* A quantized paged source (desc.paged.cache.k_scale): k_quant /
    * v_quant 1 where that side is I8 / F8E4M3 / F8E5M2, its dtype, scale
    * buffer and flashcl_kv_scale (plain sides: 0, q's dtype, NULL, 0). */
   int k_quant, v_quant, k_scale_kind, v_scale_kind;
@@ -330,8 +330,8 @@ int fcl_dtype_is_kv_quant(flashcl_dtype dtype);
 /* The elements of one row of a KV cache tensor: shape[3], twice that for
  * FLASHCL_I4X2, whose elements are bytes of two codes. */
 int64_t fcl_kv_head_dim(const flashcl_tensor *t);
-/* The scale buffer of one quantized cache side (name "k" or "v" as in
- * desc.paged.cache.k_scale, tensor its tensor's name, head dim d, `rows` cache rows of
+/* The scale buffer of one quantized cache side (name the descriptor path
+ * before "_scale", e.g. "desc.cache.k", for the messages; tensor its tensor's name, head dim d, `rows` cache rows of
  * heads_kv heads): kind a flashcl_kv_scale (BLOCK32 needs d % 32 == 0), the
  * buffer present and as large as its layout; *bytes gets that size. Shared by
  * decode, the append and the paged forward. */

@@ -56,25 +56,25 @@ flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv
   else if (kind == FLASHCL_KV_SCALE_BLOCK32) {
     if (d % 32)
       return fcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                      "cache.%s_scale_kind is BLOCK32 (one scale per 32 elements) but %s's head dim %d is not "
+                      "%s_scale_kind is BLOCK32 (one scale per 32 elements) but %s's head dim %d is not "
                       "a multiple of 32", name, tensor, d);
     floats = rows * (uint64_t)heads_kv * (uint64_t)(d / 32);
   } else if (kind != FLASHCL_KV_SCALE_TENSOR)
-    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "cache.%s_scale_kind (%d) is not a flashcl_kv_scale", name,
+    return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s_scale_kind (%d) is not a flashcl_kv_scale", name,
                     (int)kind);
   if (!scale)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
                     "%s is quantized but cache.%s_scale is NULL: a quantized cache needs its fp32 scales",
                     tensor, name);
   const uint64_t need = floats * sizeof(float);
-  if (need > SIZE_MAX) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "cache.%s_scale's size overflows size_t", name);
+  if (need > SIZE_MAX) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "%s_scale's size overflows size_t", name);
   size_t have = 0;
-  char what[32];
-  snprintf(what, sizeof what, "cache.%s_scale", name);
+  char what[48];
+  snprintf(what, sizeof what, "%s_scale", name);
   flashcl_status st = fcl_buffer_size(ctx, scale, what, &have);
   if (st != FLASHCL_SUCCESS) return st;
   if (have < need)
-    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "cache.%s_scale holds %zu bytes but its %s layout needs %zu",
+    return fcl_fail(ctx, FLASHCL_ERROR_BUFFER_TOO_SMALL, "%s_scale holds %zu bytes but its %s layout needs %zu",
                     name, have, kinds[kind], (size_t)need);
   *bytes = (size_t)need;
   return FLASHCL_SUCCESS;

@@ -38,14 +38,14 @@ static flashcl_status fcl_check_kv_quant(flashcl_context *ctx, const flashcl_kv_
   out->k_dtype = kc->dtype;
   out->v_dtype = vc->dtype;
   if (out->k_quant) {
-    if ((st = fcl_check_kv_scale(ctx, cache->k_scale, cache->k_scale_kind, out->head_dim, "k", "k_cache", rows,
+    if ((st = fcl_check_kv_scale(ctx, cache->k_scale, cache->k_scale_kind, out->head_dim, "desc.cache.k", "k_cache", rows,
                                  out->heads_kv,
                                  &out->k_scale_bytes)))
       return st;
     out->k_scale_kind = (int)cache->k_scale_kind;
   }
   if (out->v_quant) {
-    if ((st = fcl_check_kv_scale(ctx, cache->v_scale, cache->v_scale_kind, out->head_dim_v, "v", "v_cache", rows,
+    if ((st = fcl_check_kv_scale(ctx, cache->v_scale, cache->v_scale_kind, out->head_dim_v, "desc.cache.v", "v_cache", rows,
                                  out->heads_kv,
                                  &out->v_scale_bytes)))
       return st;

@@ -46,7 +46,7 @@ flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc
   *use = 0;
   flashcl_kernel_family fam = desc->algorithm.kernel;
   if (forced != FLASHCL_KERNEL_AUTO) {
-    /* desc.algorithm.tuning names a family: it decides, and must agree with desc.kernel. */
+    /* desc.algorithm.tuning names a family: it decides, and must agree with desc.algorithm.kernel. */
     if (fam != FLASHCL_KERNEL_AUTO && fam != forced)
       return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "desc.algorithm.tuning is for the %s kernels but desc.algorithm.kernel asks for the %s ones",
                       forced == FLASHCL_KERNEL_PORTABLE ? "portable" : "tensor-core",
