@@ -1064,8 +1064,11 @@ static void test_quant_errors(void **state) {
   d = f.desc;
   d.cache.k_scale = NULL;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_ARGUMENT, "decode: k_cache without k_scale");
-  FCT_CHECK(strstr(flashcl_context_last_error(ctx), "k_scale") != NULL, "message: %s", flashcl_context_last_error(ctx));
+  FCT_CHECK(strstr(flashcl_context_last_error(ctx), "desc.cache.k_scale is NULL") != NULL, "message: %s",
+            flashcl_context_last_error(ctx));
   EXPECT(APP(&d, &f.kn.t, &f.vn.t, &f.kt, &f.vt), FLASHCL_ERROR_INVALID_ARGUMENT, "append: k_cache without k_scale");
+  FCT_CHECK(strstr(flashcl_context_last_error(ctx), "desc.cache.k_scale is NULL") != NULL, "message: %s",
+            flashcl_context_last_error(ctx));
   d = f.desc;
   d.cache.v_scale = NULL;
   EXPECT(DEC(&d, &f.q.t, &f.kt, &f.vt, &f.o.t), FLASHCL_ERROR_INVALID_ARGUMENT, "decode: v_cache without v_scale");

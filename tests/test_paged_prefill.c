@@ -1055,6 +1055,8 @@ static void test_errors(void **state) {
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_DTYPE_MISMATCH, "quantized k without a paged source");
     d = qd; d.paged.cache.k_scale = NULL;
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_INVALID_ARGUMENT, "quantized k without desc.paged.cache.k_scale");
+    FCT_CHECK(strstr(flashcl_context_last_error(ctx), "desc.paged.cache.k_scale is NULL") != NULL,
+              "message: %s", flashcl_context_last_error(ctx));
     d = qd; d.paged.cache.k_scale = sc_small;
     EXPECT(FWD(d, kq.t, c.v.t), FLASHCL_ERROR_BUFFER_TOO_SMALL, "desc.paged.cache.k_scale one float short of TOKEN");
     d = qd; d.paged.cache.k_scale_kind = (flashcl_kv_scale)7;

@@ -64,7 +64,7 @@ flashcl_status fcl_check_kv_scale(flashcl_context *ctx, cl_mem scale, flashcl_kv
                     (int)kind);
   if (!scale)
     return fcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                    "%s is quantized but cache.%s_scale is NULL: a quantized cache needs its fp32 scales",
+                    "%s is quantized but %s_scale is NULL: a quantized cache needs its fp32 scales",
                     tensor, name);
   const uint64_t need = floats * sizeof(float);
   if (need > SIZE_MAX) return fcl_fail(ctx, FLASHCL_ERROR_OVERFLOW, "%s_scale's size overflows size_t", name);
