@@ -89,6 +89,7 @@ typedef struct qcase {
   int num_splits;             /* desc.split.num_splits (0: the library's choice) */
   const char *tuning;         /* a decode tuning for the call ("decode prefetch=2"), or NULL */
   int elem_offset;            /* both caches start this many elements into their buffers */
+  int zero_v_rows;            /* 1: every fifth V row is all zeros (a TOKEN scale of 0) */
 } qcase;
 
 #define I8 FLASHCL_I8
@@ -154,6 +155,13 @@ static const qcase QCASES[] = {
      * tiny (absmax / 57344), so a kernel that put them on P instead of V
      * would push p * scale below fp16's normal range. */
     {"quant_k_i8_v_e5m2tok_contig_f16_d128_long", FLASHCL_F16, I8, E5, TOK, TOK, 2, 1, 16, 4, 128, {900, 610}, 0, 2},
+    /* V rows of zeros among the others: their TOKEN scale is 0, and their
+     * keys still count in the softmax's sum (the tensor-core decode puts V's
+     * row scales on P; a zero scale must not drop its key from the sum). */
+    {"quant_i8_token_zero_rows_contig_f16_d128", FLASHCL_F16, I8, I8, TOK, TOK, 2, 1, 16, 4, 128, {260, 133}, 0, 2,
+     NULL, 0, 1},
+    {"quant_e4m3_token_zero_rows_paged16_bf16_d64", FLASHCL_BF16, E4, E4, TOK, TOK, 2, 2, 8, 2, 64, {97, 150}, 16, 0,
+     NULL, 0, 1},
     {"quant_k_e4m3blk_v_e5m2blk_paged16_f16_d128", FLASHCL_F16, E4, E5, BLK, BLK, 2, 2, 16, 4, 128, {700, 333}, 16,
      0},
     {"quant_i4_token_contig_f32_d64_q2", FLASHCL_F32, I4, I4, TOK, TOK, 2, 2, 8, 2, 64, {45, 90}, 0, 2},
@@ -535,6 +543,10 @@ static void run_quant_case(const qcase *c) {
     qv.k[i] = fct_quantize(c->dtype, mag * (float)fct_rng_normal(&rng));
     qv.v[i] = fct_quantize(c->dtype, mag * (float)fct_rng_normal(&rng));
   }
+  if (c->zero_v_rows)
+    for (int b = 0; b < B; b++)
+      for (int j = 2; j < c->seqlens[b]; j += 5)
+        for (int h = 0; h < c->heads_kv; h++) memset((void *)row_of(qv.v, c, &qv, b, j, h), 0, sizeof(float) * (size_t)d);
   qcache cc;
   cache_make(&cc, c, &rng);
   fill_cache(c, &cc, &qv);
