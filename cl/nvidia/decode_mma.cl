@@ -196,20 +196,6 @@ typedef ushort vel_t;
 /* Scales a stage carries per key row: TOKEN 1, BLOCK32 HEAD_DIM / 32. */
 #define K_NSC (K_ROWSCALE ? 1 : K_BLK ? HEAD_DIM / 32 : 0)
 #define V_NSC (V_ROWSCALE ? 1 : V_BLK ? HEAD_DIM / 32 : 0)
-/* V's TOKEN scales ride on P, so V's tile holds its codes as K's does: key j's
- * weight p_j * s_j is exp2(t_j + log2|s_j| - m) with its sign, m the running
- * maximum of t + log2|s| (t the score in log2 units), so the largest weight is
- * 1 and none falls below fp16's range unless it is negligible beside it (fp8's
- * small scales made p * s subnormal when P kept its own maximum); the row sum
- * adds weight / |s_j| = exp2(t_j - m) in fp32. |s| is floored at 2^-64, so a
- * zero scale (a row of zeros) still counts in the sum. BLOCK32's scales vary
- * along the row and stay on the tile. m_r is then in log2 units (M_UNIT 1). */
-#define V_PSCALE V_ROWSCALE
-#if V_PSCALE
-#define M_UNIT 1.0f
-#else
-#define M_UNIT scale_log2
-#endif
 
 #if (K_NSC || V_NSC) && USE_PTX
 inline void cp_async4(uint saddr, __global const float *src, uint bytes) {
@@ -399,8 +385,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
  * side's swizzled layout), 8 codes per work-item and step: the codes
  * themselves (SCO < 0; K, whose scales multiply the scores, and a V under one
  * scale), or code * scale with the row's NSC scales at local byte offset SCO
- * (V's BLOCK32: chunk c is in block c / 4), in fp32 rounded once. (V's TOKEN
- * scales ride on P instead: V_PSCALE.) Every step's codes and scale are loaded
+ * (V's TOKEN: one; BLOCK32: chunk c is in block c / 4), in fp32 rounded once.
+ * (V's scales cannot move to P in fp16: p * scale, for fp8's small scales,
+ * falls below fp16's normal range.) Every step's codes and scale are loaded
  * before the first store: the compiler cannot tell the stores from the
  * loads' addresses, and interleaved, each step's loads would wait for the
  * previous step's store (a serial chain of local-memory latencies per tile). */
@@ -460,8 +447,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       kb = sbase + CONV_OFF;
 #endif
 #if V_Q
-      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE, V_NSC && !V_PSCALE ? so + V_SC_OFF : -1,
-                   V_NSC)
+      DEQUANT_TILE(so + K_TILE_BYTES, CONV_OFF + K_Q * TILE_BYTES, V_DTYPE, V_NSC ? so + V_SC_OFF : -1, V_NSC)
       vb = sbase + CONV_OFF + K_Q * TILE_BYTES;
 #endif
       barrier(CLK_LOCAL_MEM_FENCE);
@@ -532,40 +518,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
         }
     }
     uint pf[4];
-#if V_PSCALE
-    /* This work-item's four keys (n-tile nt, accumulator e: nt * 2 + (e & 1)):
-     * log2 of the V scale's magnitude, its reciprocal and its sign. */
-    float lvs[4], ivs[4], sgn[4];
-    #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const float sv = *(__local const float *)(smb + so + V_SC_OFF + (wk * 16 + (i >> 1) * 8 + 2 * t4 + (i & 1)) * 4);
-      const float av = fmax(fabs(sv), 5.421010862427522e-20f); /* 2^-64 */
-      lvs[i] = native_log2(av);
-      ivs[i] = native_recip(av);
-      sgn[i] = copysign(1.0f, sv);
-    }
-    #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float u0 = fma(s[0][2 * hh], scale_log2, lvs[0]), u1 = fma(s[0][2 * hh + 1], scale_log2, lvs[1]);
-      const float u2 = fma(s[1][2 * hh], scale_log2, lvs[2]), u3 = fma(s[1][2 * hh + 1], scale_log2, lvs[3]);
-      float x = fmax(fmax(u0, u1), fmax(u2, u3));
-      x = fmax(x, shfl_xor(x, 1));
-      x = fmax(x, shfl_xor(x, 2));
-      const float mnew = fmax(m_r[hh], x);
-      const float alpha = mnew == m_r[hh] ? 1.0f : fast_exp2(m_r[hh] - mnew);
-      const float ms = mnew == -INFINITY ? 0.0f : mnew;
-      m_r[hh] = mnew;
-      const float p0 = fast_exp2(u0 - ms), p1 = fast_exp2(u1 - ms), p2 = fast_exp2(u2 - ms), p3 = fast_exp2(u3 - ms);
-      l_r[hh] = l_r[hh] * alpha + (p0 * ivs[0] + p1 * ivs[1] + p2 * ivs[2] + p3 * ivs[3]);
-      #pragma unroll
-      for (int dt = 0; dt < DT; dt++) {
-        oacc[dt][2 * hh] *= alpha;
-        oacc[dt][2 * hh + 1] *= alpha;
-      }
-      pf[hh] = pack2(p0 * sgn[0], p1 * sgn[1]);
-      pf[hh + 2] = pack2(p2 * sgn[2], p3 * sgn[3]);
-    }
-#else
     #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       float x = fmax(fmax(s[0][2 * hh], s[0][2 * hh + 1]), fmax(s[1][2 * hh], s[1][2 * hh + 1]));
@@ -590,7 +542,6 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       pf[hh] = pack2(p0, p1);
       pf[hh + 2] = pack2(p2, p3);
     }
-#endif
     #pragma unroll
     for (int dp = 0; dp < DT / 2; dp++) {
       uint b0, b1, b2, b3;
@@ -620,7 +571,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
   for (int hh = 0; hh < 2; hh++) {
     float mx = -INFINITY;
     for (int i = 0; i < WK; i++) mx = fmax(mx, Ml[0][i][wr * 16 + g + 8 * hh]);
-    w[hh] = m_r[hh] == -INFINITY ? 0.0f : fast_exp2((m_r[hh] - mx) * M_UNIT);
+    w[hh] = m_r[hh] == -INFINITY ? 0.0f : fast_exp2((m_r[hh] - mx) * scale_log2);
     m_r[hh] = mx;
     l_r[hh] *= w[hh];
   }
@@ -649,7 +600,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
     /* A V of codes under one scale: O times that scale (1 otherwise). */
     float inv = ls > 0.0f ? v_uni / ls : 0.0f;
-    float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * M_UNIT;
+    float mx = m_r[hh] == -INFINITY ? 0.0f : m_r[hh] * scale_log2;
 #if SINKS
     /* The sink joins split 0's (or the only) partial state, at the end (fp16 P). */
     if (split == 0) {
