@@ -370,6 +370,17 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     const long si = ok ? kvq_scale_index(KIND, SCALE_ROW(j), heads_kv, hk, HEAD_DIM, x * 32) : 0;      \
     cp_async4((DST) + (uint)(i * 4), (SCL) + si, ok ? 4u : 0u);                                        \
   }
+#if K_ROWSCALE && V_ROWSCALE
+/* Both sides under TOKEN scales: one row index for the two copies. */
+#define COPY_K_SCALES(DST, KB)                                                                         \
+  for (int i = tid; i < BLOCK_C; i += NTHREADS) {                                                      \
+    const int j = (KB) + i, ok = j < kend;                                                             \
+    const long si = ok ? kvq_scale_index(KVQ_SCALE_TOKEN, SCALE_ROW(j), heads_kv, hk, HEAD_DIM, 0) : 0; \
+    cp_async4((DST) + (uint)(i * 4), k_scale + si, ok ? 4u : 0u);                                      \
+    cp_async4((DST) + (uint)(V_SC_OFF - K_SC_OFF + i * 4), v_scale + si, ok ? 4u : 0u);                \
+  }
+#define COPY_V_SCALES(DST, KB)
+#else
 #if K_NSC
 #define COPY_K_SCALES(DST, KB) COPY_SCALES(k_scale, DST, KB, K_NSC, K_SCALE)
 #else
@@ -379,6 +390,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #define COPY_V_SCALES(DST, KB) COPY_SCALES(v_scale, DST, KB, V_NSC, V_SCALE)
 #else
 #define COPY_V_SCALES(DST, KB)
+#endif
 #endif
 /* A quantized side's tile at local byte offset RAW (dense rows of HEAD_DIM
  * codes, 8 or 4 bytes per 8 codes) into the 16-bit tile at CONV (the plain
