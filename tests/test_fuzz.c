@@ -1537,9 +1537,7 @@ static size_t append_struct_size(size_t decode_size) {
 }
 
 static flashcl_kv_append_desc append_desc_of(const flashcl_decode_desc *ds) {
-  flashcl_kv_append_desc ad;
-  flashcl_kv_append_desc_init(&ad);
-  ad.cache = ds->cache;
+  flashcl_kv_append_desc ad = fct_append_desc(ds);
   ad.struct_size = append_struct_size(ds->struct_size);
   return ad;
 }
