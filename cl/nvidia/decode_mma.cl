@@ -22,7 +22,10 @@
  * its keys; at the end the WK warps of an m-tile are merged through local
  * memory, and warp wk = 0 writes the rows: SPLIT = 0 o and lse (natural log),
  * SPLIT = 1 the partial (o normalised, fp32) and its log2-domain LSE at
- * decode.cl's workspace layout, which decode.cl's decode_merge reads.
+ * decode.cl's workspace layout, which decode.cl's decode_merge reads, or with
+ * MERGE_LAST = 1 the last work-group of the row block merges in this launch
+ * (split_merge.cl, decode.cl's counters; the host joins split_merge.cl
+ * before this file).
  *
  * Masks (decode.cl's rules): query t of a sequence of L keys sees key j iff
  * j <= L - q_len + t, or with TREE_MASK every j < L - q_len and new token
@@ -57,7 +60,7 @@
  *
  * Parameters (-D): USE_PTX, DTYPE (1 = fp16, 2 = bf16), HEAD_DIM, WR (m-tiles,
  * i.e. 16-row groups, per work-group), WK (key slices per tile), KV_STAGES (>= 2),
- * SPLIT, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
+ * SPLIT, MERGE_LAST, PAGED, PAGE_SHIFT (as decode.cl), TREE_MASK, SINKS (1: the attention
  * sinks of desc.score.sinks; no other score variant runs here),
  * K_DTYPE, V_DTYPE, K_SCALE, V_SCALE (as decode.cl; defaults: plain caches);
  * kvq_ptx.cl's CVT_E4M3 for the fp8 conversions.
@@ -100,6 +103,12 @@
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl. */
 #ifndef KV_QUANT_CL
 #error "decode_mma.cl needs kv_quant.cl compiled first in the same program"
+#endif
+#if SPLIT && MERGE_LAST && !defined(SPLIT_MERGE_CL)
+#error "decode_mma.cl with MERGE_LAST needs split_merge.cl compiled first in the same program"
+#endif
+#ifndef MERGE_LAST
+#define MERGE_LAST 0
 #endif
 #if K_DTYPE != DTYPE
 #define K_Q 1
@@ -159,7 +168,14 @@
 #define CONV_OFF (KV_STAGES * STAGE_BYTES)
 #define CONV_BYTES ((K_Q + V_Q) * TILE_BYTES)
 #define OBUF_FLOATS (WR * 16 * HEAD_DIM)
-#define SMEM_CHUNKS ((CONV_OFF + CONV_BYTES) / 16 > OBUF_FLOATS / 4 ? (CONV_OFF + CONV_BYTES) / 16 : OBUF_FLOATS / 4)
+#define SMEM_BODY ((CONV_OFF + CONV_BYTES) / 16 > OBUF_FLOATS / 4 ? (CONV_OFF + CONV_BYTES) / 16 : OBUF_FLOATS / 4)
+#if SPLIT && MERGE_LAST
+/* The last work-group's merge reuses smem (split_merge.cl). */
+#define SM_CHUNKS ((SM_LOCAL_FLOATS(NTHREADS, HEAD_DIM / 4) + 3) / 4)
+#define SMEM_CHUNKS (SMEM_BODY > SM_CHUNKS ? SMEM_BODY : SM_CHUNKS)
+#else
+#define SMEM_CHUNKS SMEM_BODY
+#endif
 
 #if HEAD_DIM % 64 || KV_STAGES < 2 || WR < 1 || WK < 1
 #error "inconsistent decode_mma parameters"
@@ -247,7 +263,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     __global const int *seqlens, __global const uint *tree_mask, __global const int *block_table, int max_pages,
     int page_size, int num_pages, int capacity, int q_len, int group, int heads_q, int row_blocks, int num_splits,
     float scale_log2, __global float *work, long wo_off, long wl_off, __global const float *sinks,
-    __global const float *k_scale, __global const float *v_scale) {
+    __global const float *k_scale, __global const float *v_scale, __global uint *counters) {
 #if USE_PTX
 #if SINKS && !defined(SCORE_VARIANT_CL)
 #error "decode_mma.cl with SINKS needs score_variant.cl compiled first in the same program"
@@ -598,11 +614,10 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
         }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (wk != 0) return;
   #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     const int r = g + 8 * hh, rg = row0 + r;
-    if (rg >= nrows) continue;
+    if (wk != 0 || rg >= nrows) continue; /* slice 0 writes; every warp stays for MERGE_LAST */
     float ls = 0.0f;
     for (int i = 0; i < WK; i++) ls += Ml[1][i][wr * 16 + r];
     const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
@@ -634,6 +649,23 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
       lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = ls > 0.0f ? (mx + log2(ls)) * M_LN2_F : -INFINITY;
 #endif
   }
+#if SPLIT && MERGE_LAST
+  /* Every warp takes part: the block is all WR m-tiles of the work-group. */
+  __local float *ml_loc = (__local float *)smem;
+  if (sm_arrive(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, ml_loc, NTHREADS, HEAD_DIM / 4))
+    for (int rg = rb * (WR * 16); rg < min(nrows, (rb + 1) * (WR * 16)); rg++) {
+      const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
+      const long id = ((long)b * q_len + tt) * heads_q + hq;
+      const float ml = sm_merge_row(work + wo_off + id * num_splits * HEAD_DIM, work + wl_off + id * num_splits,
+                                    num_splits, HEAD_DIM / 4, tid, NTHREADS, ml_loc);
+      __global ushort *orow = o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh;
+      for (int c = tid; c < HEAD_DIM / 4; c += NTHREADS) {
+        const float4 x = ((__local float4 *)ml_loc)[c];
+        vstore4((ushort4)(as_ushort2(pack2(x.x, x.y)), as_ushort2(pack2(x.z, x.w))), 0, orow + 4 * c);
+      }
+      if (has_lse && tid == 0) lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = ml;
+    }
+#endif
 #undef LOAD_TILE
 #undef COPY_ROWS
 #undef COPY_KV

@@ -330,6 +330,7 @@ void flashcl_context_destroy(flashcl_context *ctx) {
   fcl_release_programs(ctx);
   if (ctx->decode_scratch.last) clReleaseEvent(ctx->decode_scratch.last);
   if (ctx->decode_scratch.mem) clReleaseMemObject(ctx->decode_scratch.mem);
+  if (ctx->decode_scratch.counters) clReleaseMemObject(ctx->decode_scratch.counters);
   if (ctx->side_queue) clReleaseCommandQueue(ctx->side_queue);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);

@@ -110,6 +110,31 @@ static flashcl_status fcl_decode_scratch(flashcl_context *ctx, size_t need, cl_m
   return FLASHCL_SUCCESS;
 }
 
+/* The context's arrival counters for the one-launch merge, at least `count`
+ * of them. A new buffer is zero-filled before use (a blocking write: the
+ * kernels then only ever find zeros, and leave them so). */
+static flashcl_status fcl_decode_counters(flashcl_context *ctx, size_t count, cl_mem *out) {
+  struct fcl_decode_scratch *sc = &ctx->decode_scratch;
+  if (!sc->counters || sc->counter_count < count) {
+    const size_t n = count < 1024 ? 1024 : count, bytes = n * sizeof(cl_uint);
+    cl_uint *zeros = calloc(n, sizeof(cl_uint));
+    if (!zeros) return fcl_fail(ctx, FLASHCL_ERROR_HOST_OUT_OF_MEMORY, "out of host memory");
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err == CL_SUCCESS && m) err = clEnqueueWriteBuffer(ctx->queue, m, CL_TRUE, 0, bytes, zeros, 0, NULL, NULL);
+    free(zeros);
+    if (err != CL_SUCCESS || !m) {
+      if (m) clReleaseMemObject(m);
+      return fcl_cl_fail(ctx, err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES, "clCreateBuffer(decode counters)");
+    }
+    if (sc->counters) clReleaseMemObject(sc->counters);
+    sc->counters = m;
+    sc->counter_count = n;
+  }
+  *out = sc->counters;
+  return FLASHCL_SUCCESS;
+}
+
 /* What the stages of one decode launch share. */
 typedef struct fcl_decode_launch {
   flashcl_context *ctx;
@@ -118,12 +143,13 @@ typedef struct fcl_decode_launch {
   const flashcl_tensor *q, *kc, *vc, *o, *lse;
   cl_mem seqlens_k;
   int split;    /* the partials of several splits are merged */
+  int merge2;   /* ... by decode_merge (else by the attention kernel's last work-groups) */
   int cached;   /* 1: the partials go to the context's cached scratch */
   int in_order; /* the context's queue orders the calls on the scratch itself */
   size_t need;  /* bytes of split partials */
   cl_kernel kern, merge;
   int threads; /* work-items per work-group of kern */
-  cl_mem work;
+  cl_mem work, counters;
   int64_t wo_off, wl_off; /* floats: the partial outputs, then their LSEs, in work */
 } fcl_decode_launch;
 
@@ -187,9 +213,11 @@ static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char 
   snprintf(opts, size,
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DHEAD_DIM_V=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
-           "-DMERGE_MAX_SPLITS=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s%s",
+           "-DMERGE_MAX_SPLITS=%d -DMERGE_LAST=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d "
+           "-DSINKS=%d%s%s%s",
            (int)L->q->dtype, p->head_dim, p->head_dim_v, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
-           p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->stages,
+           p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->merge_last,
+           p->stages,
            p->stages > 0, p->window, desc->score.softcap > 0.0f, desc->score.alibi_slopes != NULL, desc->score.sinks != NULL, quant,
            extra ? " " : "", extra ? extra : "");
 }
@@ -206,12 +234,14 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
   if (kvq) fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
   snprintf(mopts, sizeof mopts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
-           "-DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
-           (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->kv.paged, page_shift,
+           "-DMERGE_LAST=%d -DMERGE_MAX_SPLITS=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
+           (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->merge_last,
+           FLASHCL_DECODE_MAX_SPLITS, p->kv.paged, page_shift,
            L->desc->tree_mask != NULL, L->desc->score.sinks != NULL, quant,
            kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
-  if ((st = fcl_get_kernel(ctx, "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+decode_mma.cl", mopts, "decode_mma",
-                           &L->kern)))
+  if ((st = fcl_get_kernel(ctx,
+                           "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+split_merge.cl+decode_mma.cl",
+                           mopts, "decode_mma", &L->kern)))
     return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
   size_t mwg = 0;
@@ -238,13 +268,13 @@ static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
   flashcl_status st;
   fcl_decode_options(L, page_shift, opts, sizeof opts);
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
-  const char *file = p->stages ? "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl"
-                               : "dtype.cl+kv_quant.cl+score_variant.cl+decode.cl";
+  const char *file = p->stages ? "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl"
+                               : "dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl";
   L->merge = NULL;
   L->threads = p->threads;
   if (p->mma && (st = fcl_decode_mma_kernel(L, page_shift))) return st;
   if (!p->mma && (st = fcl_get_kernel(ctx, file, opts, "decode_attn", &L->kern))) return st;
-  if (L->split && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &L->merge))) return st;
+  if (L->merge2 && (st = fcl_get_kernel(ctx, file, opts, "decode_merge", &L->merge))) return st;
   size_t kwg = 0;
   /* (decode_mma was checked above.) */
   if (!p->mma &&
@@ -293,6 +323,7 @@ static cl_int fcl_decode_attn_args(const fcl_decode_launch *L) {
   fcl_arg_mem(&a, desc->score.sinks);
   fcl_arg_mem(&a, p->kv.k_quant ? desc->cache.k_scale : NULL);
   fcl_arg_mem(&a, p->kv.v_quant ? desc->cache.v_scale : NULL);
+  fcl_arg_mem(&a, L->counters);
   return a.err;
 }
 
@@ -320,7 +351,7 @@ static cl_int fcl_decode_merge(const fcl_decode_launch *L, cl_event ev, cl_event
   return clEnqueueNDRangeKernel(L->ctx->queue, L->merge, 3, NULL, mg, ml, ev ? 1 : 0, ev ? &ev : NULL, done);
 }
 
-/* The attention kernel, then the merge when split. On an out-of-order queue a
+/* The attention kernel, then decode_merge where it merges. On an out-of-order queue a
  * call on the cached scratch waits for the previous one (its merge still
  * reads the partials); an in-order queue orders them. */
 static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num_events_in_wait_list,
@@ -328,7 +359,7 @@ static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num
   flashcl_context *ctx = L->ctx;
   const fcl_decode_plan *p = L->p;
   struct fcl_decode_scratch *sc = &ctx->decode_scratch;
-  const int chain = L->cached && !L->in_order, split = L->split;
+  const int chain = L->cached && !L->in_order, merge2 = L->merge2;
   const cl_event *wait = num_events_in_wait_list ? event_wait_list : NULL;
   cl_uint nwait = num_events_in_wait_list;
   cl_event wait_buf[16], *wait_heap = NULL;
@@ -351,11 +382,11 @@ static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num
    * (BENCHMARKS.md). */
   cl_event ev = NULL, done = NULL;
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->kern, 3, NULL, global, local, nwait, wait,
-                                      split ? (L->in_order ? NULL : &ev) : out_event ? &done : NULL);
+                                      merge2 ? (L->in_order ? NULL : &ev) : out_event ? &done : NULL);
   free(wait_heap);
   const char *failed = "clEnqueueNDRangeKernel(decode)";
   /* If the merge cannot be enqueued the partials are lost, but o and lse are untouched. */
-  if (err == CL_SUCCESS && split) err = fcl_decode_merge(L, ev, (out_event || chain) ? &done : NULL, &failed);
+  if (err == CL_SUCCESS && merge2) err = fcl_decode_merge(L, ev, (out_event || chain) ? &done : NULL, &failed);
   if (chain && (done || ev)) {
     /* The scratch's last user: the merge, or the attention kernel if the merge
      * could not be enqueued. */
@@ -392,6 +423,7 @@ static flashcl_status fcl_attention_decode_locked(flashcl_context *ctx, const fl
   fcl_decode_launch L = {.ctx = ctx, .desc = desc, .p = &p, .q = q, .kc = k_cache, .vc = v_cache, .o = o,
                          .lse = lse, .seqlens_k = seqlens_k};
   L.split = p.splits > 1;
+  L.merge2 = L.split && !p.merge_last;
   L.need = p.work_floats * sizeof(float);
   if ((st = fcl_decode_caller_workspace(&L)) || (st = fcl_decode_check_aux(&L))) return st;
   L.cached = L.split && !L.work;
@@ -399,6 +431,9 @@ static flashcl_status fcl_attention_decode_locked(flashcl_context *ctx, const fl
   if ((st = fcl_decode_kernels(&L))) return st;
 
   if (L.cached && (st = fcl_decode_scratch(ctx, L.need, &L.work))) return st;
+  if (p.merge_last &&
+      (st = fcl_decode_counters(ctx, (size_t)p.batch * (size_t)p.heads_kv * (size_t)p.row_blocks, &L.counters)))
+    return st;
   L.wo_off = L.split ? (int64_t)((L.cached ? 0 : desc->split.workspace_offset) / sizeof(float)) : 0;
   L.wl_off = L.wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim_v + 1) * (size_t)p.head_dim_v);
   cl_int err = fcl_decode_attn_args(&L);
@@ -435,7 +470,10 @@ static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flash
   c.block_r = p.mma ? 16 * p.mma_wr : p.rows;
   c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
   c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;
-  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, &p.kv) : p.local_bytes;
+  c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, &p.kv,
+                                                  p.merge_last ? fcl_dec_merge_floats(32 * p.mma_wr * p.mma_wk, p.head_dim)
+                                                               : 0)
+                         : p.local_bytes;
   *config = c;
   return FLASHCL_SUCCESS;
 }

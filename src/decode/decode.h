@@ -65,6 +65,7 @@ typedef struct fcl_decode_plan {
   int stages; /* cp.async stages (NVIDIA), 0: the register path */
   /* 1: cl/nvidia/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
   int mma, mma_wr, mma_wk, mma_stages;
+  int merge_last; /* 1: the last work-group of each row block merges the splits (no decode_merge) */
   int window; /* 1: window_left or window_right >= 0 */
   int wg_per_cu; /* work-groups per compute unit the split count aims at */
   fcl_tuned tu;  /* the decode tuning, with the values that run */
@@ -72,8 +73,11 @@ typedef struct fcl_decode_plan {
   size_t work_floats; /* 0 when unsplit */
 } fcl_decode_plan;
 
-/* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer (decode_plan.c). */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv);
+/* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer, at
+ * least merge_floats (fcl_dec_merge_floats under MERGE_LAST, else 0) (decode_plan.c). */
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv, size_t merge_floats);
+/* cl/decode/split_merge.cl's SM_LOCAL_FLOATS for n work-items and V head dim dv. */
+size_t fcl_dec_merge_floats(int n, int dv);
 /* Checks a decode call's arguments and fills p's shapes (decode_check.c). */
 flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                                    const flashcl_tensor *kc, const flashcl_tensor *vc, const flashcl_tensor *o,

@@ -17,8 +17,11 @@
  *     (at least 1), but at least 256 keys of max_seqlen_k (or the capacity) per
  *     split, and at most FLASHCL_DECODE_MAX_SPLITS. 132 CUs, 8 kv heads, W = 4:
  *     batch 1 -> 66 splits, batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
- *   merge: 128 work-items per (sequence, token, query head) row, the splits spread
- *     over them;
+ *   merge: by the last work-group of each (sequence, KV head, row block) to
+ *     finish, in the same launch (cl/decode/split_merge.cl), where the call
+ *     runs on the context's scratch; else (desc.split.workspace, or the
+ *     tuning's merge = 0) decode_merge, 128 work-items per (sequence, token,
+ *     query head) row, the splits spread over them;
  *   stages (NVIDIA, fp16/bf16 caches with 16-byte aligned rows): K and V reach
  *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
  *     2, then fewer keys per work-item, if the local memory does not fit; else
@@ -36,7 +39,7 @@
  *     fit to the head dim), max_rows, stages (0: the register path, which also
  *     keeps the tensor-core kernel out), min_keys, and mma_min_rows (0: never),
  *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
- *     kernel. A per-call tuning whose values do not run as given (they do not
+ *     kernel, and merge (0: decode_merge). A per-call tuning whose values do not run as given (they do not
  *     fit, or the kernel they belong to does not run) is refused.
  * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
  *   tensor-core kernel where it applies (as above, with fp16/bf16 tokens and
@@ -102,16 +105,30 @@
  * 32 splits, slower than 48-66 (BENCHMARKS.md). Below 8K keys a call costs
  * about a launch, and the runs disagree. */
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
+/* Split partials: merged by the last work-group of each row block in the
+ * attention kernel's own launch (1) rather than by decode_merge (0). */
+#define FCL_DEC_MERGE_LAST 1
 
 
-/* cl/decode/decode.cl's Sh and Sc. */
-static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int stages) {
+/* cl/decode/split_merge.cl's SM_LOCAL_FLOATS: the local floats of the last
+ * work-group's merge (n work-items, V head dim dv), which reuses the
+ * kernel's local memory. */
+size_t fcl_dec_merge_floats(int n, int dv) {
+  const size_t dv4 = (size_t)dv / 4, wide = (size_t)n > dv4 ? (size_t)n : dv4;
+  return 4 * wide + FLASHCL_DECODE_MAX_SPLITS + (size_t)n + 1;
+}
+
+/* cl/decode/decode.cl's Sh and Sc; merge_floats: at least that many in Sh
+ * (MERGE_LAST), else 0. */
+static size_t fcl_dec_local_bytes(int d, int rows, int threads, int kpt, int stages, size_t merge_floats) {
   const size_t tpk = (size_t)d / 8, kg = (size_t)threads / tpk, sr = kg * (size_t)kpt * (size_t)rows;
   const size_t part = 2 * tpk * (sr + 1), obuf = kg * (size_t)rows * (size_t)d;
   /* Stage slots: K and V of a tile (kg * kpt rows of d 16-bit elements), after
    * the partial dots rounded up to 16 bytes. */
-  const size_t sh = stages ? (part + 3) / 4 * 4 + (size_t)stages * kg * (size_t)kpt * (size_t)d : part;
-  return 4 * (sh > obuf ? sh : obuf) + 4 * 2 * sr;
+  size_t sh = stages ? (part + 3) / 4 * 4 + (size_t)stages * kg * (size_t)kpt * (size_t)d : part;
+  if (sh < obuf) sh = obuf;
+  if (sh < merge_floats) sh = merge_floats;
+  return 4 * sh + 4 * 2 * sr;
 }
 
 /* Scales per key row a quantized side's stage carries (decode_mma.cl's NSC):
@@ -130,15 +147,17 @@ static size_t fcl_dec_side_halves(int quant, flashcl_dtype dtype) {
 /* cl/nvidia/decode_mma.cl's K | V stages (a quantized side's rows one byte
  * per element, half a byte for int4, and its row scales) and dequantized
  * tiles, or the merge buffer reusing them, and Ml. */
-size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv) {
+size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv, size_t merge_floats) {
   const int kq = kv->k_quant, vq = kv->v_quant;
   const size_t keys = 16 * (size_t)wk, row = keys * (size_t)d; /* one side's tile: keys, elements */
   const size_t nsc = fcl_dec_row_scales(kq, kv->k_scale_kind, d) + fcl_dec_row_scales(vq, kv->v_scale_kind, d);
   const size_t halves = fcl_dec_side_halves(kq, kv->k_dtype) + fcl_dec_side_halves(vq, kv->v_dtype);
   const size_t stage = row * halves / 2 + keys * 4 * nsc;
   const size_t kvb = (size_t)stages * stage + (size_t)(kq + vq) * row * 2;
-  const size_t ob = (size_t)wr * 16 * (size_t)d * 4;
-  return (kvb > ob ? kvb : ob) + 2 * (size_t)wk * (size_t)wr * 16 * 4;
+  const size_t ob = (size_t)wr * 16 * (size_t)d * 4, mb = (merge_floats + 3) / 4 * 16;
+  size_t smem = kvb > ob ? kvb : ob;
+  if (smem < mb) smem = mb;
+  return smem + 2 * (size_t)wk * (size_t)wr * 16 * 4;
 }
 
 /* 16-byte vector loads of 8 elements are aligned for every key row. */
@@ -188,13 +207,14 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
   const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
   int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
-  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv) > cap) st2--;
+  const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(32 * wr * wk, d) : 0;
+  while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv, mf) > cap) st2--;
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
    * kernel keeps raw scores and their row max, which needs a positive scale. */
   if (min_rows > 0 && need_rows >= min_rows && p->scale > 0.0f && !variants && p->head_dim_v == d &&
       (d == 64 || d == 128) &&
-      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv) <= cap &&
+      fcl_rows_aligned16(q) && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv, mf) <= cap &&
       (size_t)(32 * wr * wk) <= ctx->info.max_work_group_size) {
     p->mma = 1;
     p->mma_wr = wr;
@@ -235,6 +255,9 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   int rows = 1;
   while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
+  /* The split count comes later: the fit leaves room for the last work-group's
+   * merge whenever the tuning asks for it. */
+  const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(threads, p->head_dim_v) : 0;
   int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
   /* A quantized side loads 8 bytes with vload8, which needs no alignment. */
   const int quant = p->kv.k_quant || p->kv.v_quant;
@@ -253,18 +276,18 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
     /* The cp.async kernel gives up stages (down to 2), then keys per work-item;
      * if even that does not fit, the register path starts over from kpt. */
     int k2 = kpt;
-    while (fcl_dec_local_bytes(d, rows, threads, k2, stages) > cap && (stages > 2 || k2 > 1)) {
+    while (fcl_dec_local_bytes(d, rows, threads, k2, stages, mf) > cap && (stages > 2 || k2 > 1)) {
       if (stages > 2) stages--;
       else k2 /= 2;
     }
-    if (fcl_dec_local_bytes(d, rows, threads, k2, stages) <= cap) kpt = k2;
+    if (fcl_dec_local_bytes(d, rows, threads, k2, stages, mf) <= cap) kpt = k2;
     else stages = 0;
   }
-  while (fcl_dec_local_bytes(d, rows, threads, kpt, stages) > cap && (kpt > 1 || rows > 1)) {
+  while (fcl_dec_local_bytes(d, rows, threads, kpt, stages, mf) > cap && (kpt > 1 || rows > 1)) {
     if (kpt > 1) kpt /= 2;
     else rows /= 2;
   }
-  if (fcl_dec_local_bytes(d, rows, threads, kpt, stages) > cap)
+  if (fcl_dec_local_bytes(d, rows, threads, kpt, stages, mf) > cap)
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "decode at head_dim %d does not fit %zu bytes of local memory", d,
                     ctx->info.local_mem_size);
   p->rows = rows;
@@ -274,7 +297,7 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   p->tile = kg * kpt;
   p->prefetch = fcl_tuned_get(tu, FCL_DEC_P_PREFETCH, 1);
   p->stages = stages;
-  p->local_bytes = fcl_dec_local_bytes(d, rows, threads, kpt, stages);
+  p->local_bytes = fcl_dec_local_bytes(d, rows, threads, kpt, stages, mf);
   p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, stages ? FCL_DEC_WG_PER_CU_ASYNC : FCL_DEC_WG_PER_CU);
   p->mma = 0;
   /* A quantized cache keeps decode.cl's register path, but the tensor-core
@@ -309,13 +332,19 @@ static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_dec
   }
   p->splits = splits;
   fcl_tuned *tu = &p->tu;
+  /* The one-launch merge counts arrivals in the context's counters, which
+   * only calls on the context's scratch are ordered against. */
+  p->merge_last = splits > 1 && !desc->split.workspace && fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST);
+  if (!p->mma)
+    p->local_bytes = fcl_dec_local_bytes(p->head_dim, p->rows, p->threads, p->kpt, p->stages,
+                                         p->merge_last ? fcl_dec_merge_floats(p->threads, p->head_dim_v) : 0);
   const int ran[FCL_DEC_P_COUNT] = {
       p->kpt, p->prefetch, p->mma ? fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU_ASYNC) : p->wg_per_cu,
       fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS), fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS),
       p->stages, p->mma ? 0 : fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
       fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS), p->mma ? p->wg_per_cu : 0,
       p->mma ? p->mma_wk : 0, p->mma ? p->mma_stages : 0,
-      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0};
+      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0, p->merge_last};
   /* 0: the kernel that runs does not read it (a call that sets it is refused,
    * and flashcl-tune does not time it twice). */
   for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
