@@ -1,7 +1,8 @@
 /*
- * Decode's two ways of merging split partials: the one-launch form (the last
- * work-group of each row block merges, tuning merge = 1, the default rule on
- * the context's scratch) against the two-kernel form (decode_merge, merge = 0).
+ * Decode's two ways of merging split partials: the one-launch form (the
+ * attention kernel's own work-groups merge them, split_merge.cl's two-level
+ * tree; tuning merge = 1, on the context's scratch) against the two-kernel
+ * form (decode_merge, merge = 0).
  *
  * Each case draws fresh random q and caches (contiguous, unused slots NaN),
  * poisons o and lse before every call and checks both forms against a
@@ -10,8 +11,8 @@
  * form runs three times in a row, and the cases run one after another on one
  * context: its arrival counters must come back to zero after every launch, or
  * a later launch merges too early or never. Cases include empty splits,
- * sequences of no keys, several row blocks, a V head dim of its own and more
- * row blocks than the counters' first allocation holds.
+ * sequences of no keys, several row blocks, a V head dim of its own, 200
+ * splits (groups of 15) and more counters than their first allocation holds.
  */
 #include "common.h"
 

@@ -19,13 +19,14 @@
  *   SPLIT = 1: writes the partial (o normalised, fp32) and its log2-domain LSE to
  *     the workspace: row id = (b * q_len + t) * heads_q + hq,
  *     work[wo_off + (id * num_splits + s) * HEAD_DIM_V + x], work[wl_off + id * num_splits + s].
- *   MERGE_LAST = 1 (with SPLIT): the one-launch form; the last work-group of
- *     each (sequence, KV head, row block) to store its partials merges the
- *     block's rows into o and lse (split_merge.cl; counters: one zeroed uint
- *     per block, (b * heads_kv + hk) * row_blocks + rb, left zero).
+ *   MERGE_LAST = 1 (with SPLIT; the host joins split_merge.cl in front): the
+ *     one-launch form, in which the kernel's own work-groups merge the
+ *     partials into o and lse (split_merge.cl's two-level tree; counters: row
+ *     block (b * heads_kv + hk) * row_blocks + rb's at that index times
+ *     ceil(S / G) + 1, zero before, left zero).
  * decode_merge: work-group (MERGE_THREADS work-items) per row id: merges the
- *   num_splits (<= MERGE_MAX_SPLITS) partials (the associative merge of merge.cl,
- *   split_merge.cl's sm_merge_row) into o and lse.
+ *   num_splits (<= MERGE_MAX_SPLITS) partials (the associative merge of merge.cl)
+ *   into o and lse (the two-kernel form).
  *
  * Mapping (NTHREADS = TPK * KG work-items, TPK = HEAD_DIM / 8): work-item
  *   (kg = tid / TPK, x = tid % TPK) owns elements [8x, 8x + 8) of every row: Q of
@@ -104,7 +105,7 @@
  *   storage: DTYPE, or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2 / KVQ_I4), K_SCALE, V_SCALE (their
  *   KVQ_SCALE_* layouts; ignored for a plain cache), MERGE_LAST (split_merge.cl).
  *
- * requires: dtype.cl kv_quant.cl score_variant.cl split_merge.cl
+ * requires: dtype.cl kv_quant.cl score_variant.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -144,6 +145,9 @@
 #endif
 #ifndef MERGE_MAX_SPLITS
 #define MERGE_MAX_SPLITS 256
+#endif
+#ifndef MERGE_LAST
+#define MERGE_LAST 0
 #endif
 #ifndef ASYNC_STAGES
 #define ASYNC_STAGES 0
@@ -199,8 +203,11 @@
 #endif
 #define SH_BODY (STG_END > OBUF_FLOATS ? STG_END : OBUF_FLOATS)
 #if SPLIT && MERGE_LAST
-/* The last work-group's merge reuses Sh (split_merge.cl). */
-#define SH_FLOATS (SH_BODY > SM_LOCAL_FLOATS(NTHREADS, DV4) ? SH_BODY : SM_LOCAL_FLOATS(NTHREADS, DV4))
+#ifndef SPLIT_MERGE_CL
+#error "decode.cl with MERGE_LAST needs split_merge.cl compiled first in the same program"
+#endif
+/* The one-launch merge reuses Sh (split_merge.cl). */
+#define SH_FLOATS (SH_BODY > SM_LOCAL_FLOATS(ROWS) ? SH_BODY : SM_LOCAL_FLOATS(ROWS))
 #else
 #define SH_FLOATS SH_BODY
 #endif
@@ -620,32 +627,85 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
 #endif
   }
 #if SPLIT && MERGE_LAST
-  if (sm_arrive(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, Sh, NTHREADS, DV4))
-    for (int r = 0; r < ROWS && row0 + r < nrows; r++) {
-      const int rg = row0 + r, gi = rg / q_len, t = rg - (rg / q_len) * q_len, hq = hk * group + gi;
-      const long id = ((long)b * q_len + t) * heads_q + hq;
-      const float ml = sm_merge_row(work + wo_off + id * num_splits * HEAD_DIM_V, work + wl_off + id * num_splits,
-                                    num_splits, DV4, tid, NTHREADS, Sh);
-      for (int g = tid; g < DV4; g += NTHREADS)
-        STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * g, ((__local float4 *)Sh)[g]);
-      if (has_lse && tid == 0) lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = ml;
-    }
+  {
+    const int nr = min(ROWS, nrows - row0);
+    int G, ng;
+    if (sm_tail(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, split, work, wo_off, wl_off, DV4,
+                b, q_len, heads_q, hk, group, row0, nr, Sh, &G, &ng))
+      for (int e = tid; e < nr * DV4; e += NTHREADS) {
+        const int r = e / DV4, xx = e - r * DV4;
+        int t, hq;
+        const long id = sm_row(b, q_len, heads_q, hk, group, row0 + r, &t, &hq);
+        float l2;
+        const float4 a = sm_merge4(work + wo_off + id * num_splits * HEAD_DIM_V, Sh + r * SM_GROUP_MAX, 0, G, ng,
+                                   DV4, xx, &l2);
+        STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * xx, a);
+        if (has_lse && xx == 0) lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = l2 * M_LN2_F;
+      }
+  }
 #endif
 }
 
-/* Global (MERGE_THREADS, q_len * heads_q, batch), local (MERGE_THREADS, 1, 1):
- * split_merge.cl's merge of one row per work-group. */
+/* Global (MERGE_THREADS, q_len * heads_q, batch), local (MERGE_THREADS, 1, 1). The
+ * splits are spread over the work-items (no serial chain of num_splits dependent
+ * steps): the LSE max and the weight sum are tree reductions, then work-item
+ * (sg, g) of MSG x DV4 sums splits sg, sg + MSG, ... of granule g. */
+#define MSG (MERGE_THREADS / DV4)
 __kernel __attribute__((reqd_work_group_size(MERGE_THREADS, 1, 1))) void decode_merge(
     __global const float *work, long wo_off, long wl_off, int num_splits, int q_len, int heads_q,
     __global store_t *o, long o_off, long o_sb, long o_sn, long o_sh,
     __global float *lse, long l_off, long l_sb, long l_sn, long l_sh, int has_lse) {
-  __local float loc[SM_LOCAL_FLOATS(MERGE_THREADS, DV4)] __attribute__((aligned(16)));
-  const int tid = get_local_id(0), th = get_group_id(1), b = get_group_id(2);
+  __local float W[MERGE_MAX_SPLITS];
+  __local float Red[MERGE_THREADS];
+  __local float4 Acc[MSG * DV4];
+  const int tid = get_local_id(0);
+  const int th = get_group_id(1), b = get_group_id(2);
   const int t = th / heads_q, hq = th - (th / heads_q) * heads_q;
   const long id = (long)b * q_len * heads_q + th;
-  const float ml = sm_merge_row(work + wo_off + id * num_splits * HEAD_DIM_V, work + wl_off + id * num_splits,
-                                num_splits, DV4, tid, MERGE_THREADS, loc);
-  for (int g = tid; g < DV4; g += MERGE_THREADS)
-    STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * g, ((__local float4 *)loc)[g]);
-  if (has_lse && tid == 0) lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = ml;
+  __global const float *wl = work + wl_off + id * num_splits;
+  float m = -INFINITY;
+  for (int s = tid; s < num_splits; s += MERGE_THREADS) {
+    const float ls = wl[s];
+    W[s] = ls;
+    m = fmax(m, ls);
+  }
+  Red[tid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = MERGE_THREADS / 2; h > 0; h >>= 1) {
+    if (tid < h) Red[tid] = fmax(Red[tid], Red[tid + h]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = Red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float sum = 0.0f;
+  for (int s = tid; s < num_splits; s += MERGE_THREADS) {
+    const float ls = W[s];
+    const float w = (m == -INFINITY || ls == -INFINITY) ? 0.0f : exp2(ls - m);
+    W[s] = w;
+    sum += w;
+  }
+  Red[tid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = MERGE_THREADS / 2; h > 0; h >>= 1) {
+    if (tid < h) Red[tid] += Red[tid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  sum = Red[0];
+  const int sg = tid / DV4, g = tid - (tid / DV4) * DV4;
+  if (sg < MSG) {
+    float4 acc = (float4)(0.0f);
+    /* A split with weight 0 (no visible key) holds o = 0, so it adds nothing. */
+    for (int s = sg; s < num_splits; s += MSG)
+      acc = mad((float4)(W[s]), vload4(0, work + wo_off + (id * num_splits + s) * HEAD_DIM_V + 4 * g), acc);
+    Acc[sg * DV4 + g] = acc;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (tid < DV4) {
+    float4 acc = Acc[tid];
+    for (int i = 1; i < MSG; i++) acc += Acc[i * DV4 + tid];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * tid, acc * inv);
+    if (has_lse && tid == 0)
+      lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = sum > 0.0f ? (m + log2(sum)) * M_LN2_F : -INFINITY;
+  }
 }

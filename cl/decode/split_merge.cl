@@ -1,43 +1,47 @@
 /*
- * split_merge.cl: the merge of split-KV decode partials into o and lse, shared
- * by its two forms:
- *   - decode_merge (decode.cl), a second kernel with one work-group per row;
- *   - the one-launch form (MERGE_LAST = 1) of decode_attn and decode_mma: once
- *     a split's work-group has stored its partials it counts itself in on its
- *     row block's counter, and the work-group that arrives last merges the
- *     block's rows. A batch-1 call then pays one launch instead of two.
+ * split_merge.cl: the one-launch form of split-KV decode (MERGE_LAST = 1 in
+ * decode.cl's decode_attn and decode_mma.cl): the split partials are merged
+ * by the attention kernel's own work-groups, so a call pays one launch
+ * instead of two (decode.cl's decode_merge is the two-kernel form).
  *
  * Workspace (decode.cl's layout): row id = (b * q_len + t) * heads_q + hq; split
- *   s's partial o (normalised, fp32) at wo[(id * num_splits + s) * DV + x], its
- *   log2-domain LSE at wl[id * num_splits + s].
+ *   s's partial o (normalised, fp32) at wo[(id * S + s) * DV + x], its
+ *   log2-domain LSE at wl[id * S + s], S = num_splits.
  *
- * The merge of a row: m = max_s lse_s, w_s = exp2(lse_s - m) (0 for an empty
- *   split, whose o is 0), o = sum_s w_s o_s / sum_s w_s, lse = (m + log2 sum) ln 2;
- *   no visible key in any split gives o = 0 and lse = -inf. The n work-items
- *   spread the splits (tree reductions for m and the sum) and then, as msg
- *   split groups times DV / 4 granules, the weighted sums.
+ * A tree of two levels, so that no work-group merges many partials: the S
+ *   splits of a row block form groups of G = ceil(sqrt(S)) consecutive splits
+ *   (the last one shorter). Once a split's work-group has stored its partials
+ *   it counts itself in on its group's counter; the group's last arrival
+ *   merges the group's partials into the slot of the group's first split (the
+ *   same format), then counts the group in on the block's counter, whose last
+ *   arrival merges the groups' slots (every G-th) into o and lse. A work-group
+ *   reads at most G partials per row at each level, with four loads in
+ *   flight per work-item. One row block merged by one work-group with all S
+ *   partials (66 at batch 1 on an H100) made a call slower than the second
+ *   kernel (BENCHMARKS.md).
  *
- * Ordering in the one-launch form. OpenCL 1.2 has no device-scope acquire or
- *   release, so the form leans on what every GPU and CPU implementation gives:
- *   each work-item fences its partial stores (mem_fence; with USE_PTX also
- *   membar.gl, CUDA's __threadfence), the work-group meets at a barrier, and
- *   work-item 0 takes a ticket with atomic_inc. The work-group that draws
- *   num_splits - 1 sets the counter back to 0 (no other work-group of the
- *   block touches it again in this launch, so the next launch finds it zero)
- *   and reads the partials through volatile pointers, which no cache line read
- *   before the other work-groups' stores can satisfy. No work-group waits for
- *   another: the form needs no forward-progress guarantee. The counters start
- *   at zero (the host zero-fills them once) and every launch leaves them zero.
+ * Merge of count partials (log2 LSEs l_i, o_i): m = max l_i, w_i = exp2(l_i - m)
+ *   (0 for l_i = -inf, whose o_i is never read), o = sum w_i o_i / sum w_i,
+ *   l = m + log2(sum w_i); every l_i = -inf gives o = 0, l = -inf.
  *
- * Local memory of a merge (n work-items, DV4 = DV / 4 granules):
- *   SM_LOCAL_FLOATS(n, DV4) floats, 16-byte aligned: float4 Acc[max(n, DV4)],
- *   W[MERGE_MAX_SPLITS], Red[n], and the arrival flag.
+ * Ordering. OpenCL 1.2 has no device-scope acquire or release, so the form
+ *   leans on what GPU and CPU implementations give: each work-item fences its
+ *   stores (mem_fence, membar.gl on NVIDIA's compiler; with USE_PTX also an
+ *   explicit membar.gl), the work-group meets at a barrier, and work-item 0
+ *   takes a ticket with atomic_inc. The work-group that draws the last ticket
+ *   sets the counter back to 0 (no other work-group touches it again in this
+ *   launch, so the next launch finds it zero) and reads the partials through
+ *   volatile pointers, which no cache line read before the other work-groups'
+ *   stores can satisfy. No work-group waits for another: the form needs no
+ *   forward-progress guarantee. The host zero-fills the counters once; every
+ *   launch leaves them zero. Counters per row block: the groups', then the
+ *   block's: ceil(S / G) + 1, blocks one after another.
  *
- * Parameters (-D): MERGE_LAST (0 or 1), MERGE_MAX_SPLITS (at least the split
- *   count), USE_PTX (1 on NVIDIA: the PTX fence as well).
+ * Local memory: SM_LOCAL_FLOATS(rows) floats (rows: the most rows of a
+ *   block): the LSEs of one level, rows x SM_GROUP_MAX, and the arrival flag.
  *
- * The caller stores the merged rows in its own dtype (sm_merge_row leaves
- * them in local memory), so this file needs no other.
+ * Parameters (-D): MERGE_LAST (0 or 1), USE_PTX (1 on NVIDIA: the PTX fence
+ *   as well). S is at most SM_GROUP_MAX^2 = 256 (FLASHCL_DECODE_MAX_SPLITS).
  */
 #ifndef SPLIT_MERGE_CL
 #define SPLIT_MERGE_CL
@@ -45,111 +49,128 @@
 #ifndef MERGE_LAST
 #define MERGE_LAST 0
 #endif
-#ifndef MERGE_MAX_SPLITS
-#define MERGE_MAX_SPLITS 256
-#endif
 #ifndef USE_PTX
 #define USE_PTX 0
 #endif
 
-#define SM_LOCAL_FLOATS(n, dv4) (4 * ((n) > (dv4) ? (n) : (dv4)) + MERGE_MAX_SPLITS + (n) + 1)
+#define SM_GROUP_MAX 16
+#define SM_LOCAL_FLOATS(rows) ((rows) * SM_GROUP_MAX + 1)
 
-#if MERGE_LAST
-/* Partials written by other work-groups of this launch. The workspace here is
+/* Partials written by other work-groups of this launch. The workspace is
  * the context's scratch at offset 0, so float4 reads are aligned. */
-#define SM_QUAL volatile
-#define SM_LOAD4(p) (*(SM_QUAL __global const float4 *)(p))
-#else
-#define SM_QUAL
-#define SM_LOAD4(p) vload4(0, (p))
-#endif
+#define SM_LOAD4(p) (*(volatile __global const float4 *)(p))
 
-/* max (is_max) or sum of v over work-items 0..n-1 (any n); every work-item
- * gets the result, and Red is free again on return. */
-inline float sm_reduce(float v, __local float *Red, int tid, int n, int is_max) {
-  Red[tid] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int width = n; width > 1;) {
-    const int h = (width + 1) / 2;
-    if (tid < width - h) Red[tid] = is_max ? fmax(Red[tid], Red[tid + h]) : Red[tid] + Red[tid + h];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    width = h;
-  }
-  const float r = Red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
+/* G for S splits: the least G with G * G >= S. */
+inline int sm_group(int S) {
+  int g = 1;
+  while (g * g < S) g++;
+  return g;
 }
 
-/* One row's num_splits partials (wo, wl: the row's first split), merged by
- * work-items 0..n-1 of the work-group together: the normalised o row is left
- * in ((__local float4 *)loc)[0, dv4) and every work-item gets the LSE
- * (natural log). The row stays there until the next call's reductions, so the
- * caller stores it from there without a barrier of its own. */
-inline float sm_merge_row(SM_QUAL __global const float *wo, SM_QUAL __global const float *wl, int num_splits,
-                          int dv4, int tid, int n, __local float *loc) {
-  const int msg = n > dv4 ? n / dv4 : 1;
-  __local float4 *Acc = (__local float4 *)loc;
-  __local float *W = loc + 4 * (n > dv4 ? n : dv4);
-  __local float *Red = W + MERGE_MAX_SPLITS;
-  float m = -INFINITY;
-  for (int s = tid; s < num_splits; s += n) {
-    const float ls = wl[s];
-    W[s] = ls;
-    m = fmax(m, ls);
-  }
-  m = sm_reduce(m, Red, tid, n, 1);
-  float sum = 0.0f;
-  for (int s = tid; s < num_splits; s += n) { /* each work-item rereads its own W[s] */
-    const float ls = W[s];
-    const float w = (m == -INFINITY || ls == -INFINITY) ? 0.0f : exp2(ls - m);
-    W[s] = w;
-    sum += w;
-  }
-  sum = sm_reduce(sum, Red, tid, n, 0); /* its barriers publish W */
-  for (int e = tid; e < msg * dv4; e += n) {
-    const int sg = e / dv4, g = e - (e / dv4) * dv4;
-    float4 a = (float4)(0.0f);
-    for (int s = sg; s < num_splits; s += msg) a = mad((float4)(W[s]), SM_LOAD4(wo + (long)s * 4 * dv4 + 4 * g), a);
-    Acc[e] = a;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  /* Granule g's msg sums are read and replaced by their owner alone. */
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  for (int g = tid; g < dv4; g += n) {
-    float4 a = Acc[g];
-    for (int i = 1; i < msg; i++) a += Acc[i * dv4 + g];
-    Acc[g] = a * inv;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return sum > 0.0f ? (m + log2(sum)) * M_LN2_F : -INFINITY;
+/* Row rg of a row block of sequence b, KV head hk: its workspace id, token and query head. */
+inline long sm_row(int b, int q_len, int heads_q, int hk, int group, int rg, int *t, int *hq) {
+  const int gi = rg / q_len;
+  *t = rg - gi * q_len;
+  *hq = hk * group + gi;
+  return ((long)b * q_len + *t) * heads_q + *hq;
 }
 
-#if MERGE_LAST
-inline void sm_global_fence(void) {
+inline void sm_fence(void) {
   mem_fence(CLK_GLOBAL_MEM_FENCE);
 #if USE_PTX
   __asm__ volatile("membar.gl;" ::: "memory");
 #endif
 }
 
-/* 1 in every work-item of the work-group that arrives last at counter cid:
- * the one-launch form's tail, in every work-item of a split's work-group once
- * its partials are stored. */
-inline int sm_arrive(__global uint *counters, long cid, int num_splits, __local float *loc, int n, int dv4) {
-  __local int *flag = (__local int *)(loc + SM_LOCAL_FLOATS(n, dv4) - 1);
-  sm_global_fence();
+/* 1 in every work-item of the work-group that takes the last of `total`
+ * tickets of counter c (and resets it). */
+inline int sm_arrive(__global uint *c, int total, __local int *flag) {
+  sm_fence();
   barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
   if (get_local_id(0) == 0) {
-    const int last = atomic_inc(counters + cid) == (uint)(num_splits - 1);
-    if (last) atomic_xchg(counters + cid, 0u);
+    const int last = atomic_inc(c) == (uint)(total - 1);
+    if (last) atomic_xchg(c, 0u);
     *flag = last;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   const int last = *flag;
-  if (last) sm_global_fence();
+  if (last) sm_fence();
+  barrier(CLK_LOCAL_MEM_FENCE); /* flag is free again */
   return last;
 }
 
-#endif
+/* The log2 LSEs of partials first, first + stride, ... (count of them) of
+ * rows [row0, row0 + nr) into W[r * SM_GROUP_MAX + i]. Ends with a barrier. */
+inline void sm_gather(__global const float *work, long wl_off, int S, int b, int q_len, int heads_q, int hk,
+                      int group, int row0, int nr, int first, int stride, int count, __local float *W) {
+  const int n = get_local_size(0);
+  for (int e = get_local_id(0); e < nr * count; e += n) {
+    const int r = e / count, i = e - r * count;
+    int t, hq;
+    const long id = sm_row(b, q_len, heads_q, hk, group, row0 + r, &t, &hq);
+    W[r * SM_GROUP_MAX + i] = ((volatile __global const float *)work)[wl_off + id * S + first + i * stride];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* Granule g (4 elements) of one row's merge over the gathered LSEs Wr; wo is
+ * the row's split 0. Returns o's granule, *l2 the log2 LSE. */
+inline float4 sm_merge4(__global const float *wo, __local const float *Wr, int first, int stride, int count,
+                        int dv4, int g, float *l2) {
+  float m = -INFINITY;
+  for (int i = 0; i < count; i++) m = fmax(m, Wr[i]);
+  float sum = 0.0f;
+  float4 acc = (float4)(0.0f);
+  for (int i0 = 0; i0 < count; i0 += 4) {
+    float4 p[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) /* the loads first: four in flight */
+      p[u] = i0 + u < count && Wr[i0 + u] != -INFINITY
+                 ? SM_LOAD4(wo + (long)(first + (i0 + u) * stride) * 4 * dv4 + 4 * g)
+                 : (float4)(0.0f);
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const float l = i0 + u < count ? Wr[i0 + u] : -INFINITY;
+      const float w = l == -INFINITY ? 0.0f : exp2(l - m);
+      sum += w;
+      acc = mad((float4)(w), p[u], acc);
+    }
+  }
+  *l2 = sum > 0.0f ? m + log2(sum) : -INFINITY;
+  return sum > 0.0f ? acc * (1.0f / sum) : (float4)(0.0f);
+}
+
+/* The one-launch tail of split `split`'s work-group, once its partials of
+ * rows [row0, row0 + nr) are stored: the group level (if this work-group's
+ * group is complete with it), then the block's arrival. Returns 1 in the
+ * work-group that must merge the groups into o; W then holds their LSEs
+ * (first 0, stride *G, *groups of them, for sm_merge4). */
+inline int sm_tail(__global uint *counters, long block, int S, int split, __global float *work, long wo_off,
+                   long wl_off, int dv4, int b, int q_len, int heads_q, int hk, int group, int row0, int nr,
+                   __local float *loc, int *G, int *groups) {
+  const int g = sm_group(S), ng = (S + g - 1) / g, j = split / g;
+  const int first = j * g, count = min(g, S - first);
+  __local int *flag = (__local int *)(loc + SM_LOCAL_FLOATS(nr) - 1);
+  __global uint *c = counters + block * (ng + 1);
+  *G = g;
+  *groups = ng;
+  if (count > 1) {
+    if (!sm_arrive(c + j, count, flag)) return 0;
+    sm_gather(work, wl_off, S, b, q_len, heads_q, hk, group, row0, nr, first, 1, count, loc);
+    for (int e = get_local_id(0); e < nr * dv4; e += get_local_size(0)) {
+      const int r = e / dv4, x = e - r * dv4;
+      int t, hq;
+      const long id = sm_row(b, q_len, heads_q, hk, group, row0 + r, &t, &hq);
+      __global float *wo = work + wo_off + id * S * 4 * dv4;
+      float l2;
+      const float4 v = sm_merge4(wo, loc + r * SM_GROUP_MAX, first, 1, count, dv4, x, &l2);
+      vstore4(v, 0, wo + (long)first * 4 * dv4 + 4 * x);
+      if (x == 0) work[wl_off + id * S + first] = l2;
+    }
+  }
+  if (!sm_arrive(c + ng, ng, flag)) return 0;
+  sm_gather(work, wl_off, S, b, q_len, heads_q, hk, group, row0, nr, 0, g, ng, loc);
+  return 1;
+}
 
 #endif

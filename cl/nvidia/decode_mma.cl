@@ -171,7 +171,7 @@
 #define SMEM_BODY ((CONV_OFF + CONV_BYTES) / 16 > OBUF_FLOATS / 4 ? (CONV_OFF + CONV_BYTES) / 16 : OBUF_FLOATS / 4)
 #if SPLIT && MERGE_LAST
 /* The last work-group's merge reuses smem (split_merge.cl). */
-#define SM_CHUNKS ((SM_LOCAL_FLOATS(NTHREADS, HEAD_DIM / 4) + 3) / 4)
+#define SM_CHUNKS ((SM_LOCAL_FLOATS(WR * 16) + 3) / 4)
 #define SMEM_CHUNKS (SMEM_BODY > SM_CHUNKS ? SMEM_BODY : SM_CHUNKS)
 #else
 #define SMEM_CHUNKS SMEM_BODY
@@ -650,21 +650,24 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
 #endif
   }
 #if SPLIT && MERGE_LAST
-  /* Every warp takes part: the block is all WR m-tiles of the work-group. */
-  __local float *ml_loc = (__local float *)smem;
-  if (sm_arrive(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, ml_loc, NTHREADS, HEAD_DIM / 4))
-    for (int rg = rb * (WR * 16); rg < min(nrows, (rb + 1) * (WR * 16)); rg++) {
-      const int gi = rg / q_len, tt = rg - (rg / q_len) * q_len, hq = hk * group + gi;
-      const long id = ((long)b * q_len + tt) * heads_q + hq;
-      const float ml = sm_merge_row(work + wo_off + id * num_splits * HEAD_DIM, work + wl_off + id * num_splits,
-                                    num_splits, HEAD_DIM / 4, tid, NTHREADS, ml_loc);
-      __global ushort *orow = o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh;
-      for (int c = tid; c < HEAD_DIM / 4; c += NTHREADS) {
-        const float4 x = ((__local float4 *)ml_loc)[c];
-        vstore4((ushort4)(as_ushort2(pack2(x.x, x.y)), as_ushort2(pack2(x.z, x.w))), 0, orow + 4 * c);
+  { /* every warp takes part: the block is the work-group's WR m-tiles */
+    const int brow0 = rb * (WR * 16), nr = min(WR * 16, nrows - brow0);
+    __local float *sm_loc = (__local float *)smem;
+    int G, ng;
+    if (sm_tail(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, split, work, wo_off, wl_off,
+                HEAD_DIM / 4, b, q_len, heads_q, hk, group, brow0, nr, sm_loc, &G, &ng))
+      for (int e = tid; e < nr * (HEAD_DIM / 4); e += NTHREADS) {
+        const int r = e / (HEAD_DIM / 4), c = e - r * (HEAD_DIM / 4);
+        int tt, hq;
+        const long id = sm_row(b, q_len, heads_q, hk, group, brow0 + r, &tt, &hq);
+        float l2;
+        const float4 a = sm_merge4(work + wo_off + id * num_splits * HEAD_DIM, sm_loc + r * SM_GROUP_MAX, 0, G, ng,
+                                   HEAD_DIM / 4, c, &l2);
+        vstore4((ushort4)(as_ushort2(pack2(a.x, a.y)), as_ushort2(pack2(a.z, a.w))), 0,
+                o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh + 4 * c);
+        if (has_lse && c == 0) lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = l2 * M_LN2_F;
       }
-      if (has_lse && tid == 0) lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = ml;
-    }
+  }
 #endif
 #undef LOAD_TILE
 #undef COPY_ROWS

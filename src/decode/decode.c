@@ -234,13 +234,15 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
   if (kvq) fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
   snprintf(mopts, sizeof mopts,
            "-cl-std=CL1.2 -DUSE_PTX=1 -DDTYPE=%d -DHEAD_DIM=%d -DWR=%d -DWK=%d -DKV_STAGES=%d -DSPLIT=%d "
-           "-DMERGE_LAST=%d -DMERGE_MAX_SPLITS=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
+           "-DMERGE_LAST=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DSINKS=%d%s%s%s%s",
            (int)L->q->dtype, p->head_dim, p->mma_wr, p->mma_wk, p->mma_stages, L->split, p->merge_last,
-           FLASHCL_DECODE_MAX_SPLITS, p->kv.paged, page_shift,
+           p->kv.paged, page_shift,
            L->desc->tree_mask != NULL, L->desc->score.sinks != NULL, quant,
            kvq && ctx->mma_cc >= 89 ? " -DCVT_E4M3=1" : "", extra ? " " : "", extra ? extra : "");
   if ((st = fcl_get_kernel(ctx,
-                           "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+split_merge.cl+decode_mma.cl",
+                           p->merge_last
+                               ? "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+split_merge.cl+decode_mma.cl"
+                               : "mma_ptx.cl+kv_quant.cl+kvq_ptx.cl+score_variant.cl+decode_mma.cl",
                            mopts, "decode_mma", &L->kern)))
     return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, L->kern, "decode_mma", mopts);
@@ -268,8 +270,11 @@ static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
   flashcl_status st;
   fcl_decode_options(L, page_shift, opts, sizeof opts);
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
-  const char *file = p->stages ? "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl"
-                               : "dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl";
+  static const char *const files[2][2] = {
+      {"dtype.cl+kv_quant.cl+score_variant.cl+decode.cl", "dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl"},
+      {"mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl",
+       "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl"}};
+  const char *file = files[p->stages > 0][p->merge_last];
   L->merge = NULL;
   L->threads = p->threads;
   if (p->mma && (st = fcl_decode_mma_kernel(L, page_shift))) return st;
@@ -382,7 +387,7 @@ static flashcl_status fcl_decode_enqueue(const fcl_decode_launch *L, cl_uint num
    * (BENCHMARKS.md). */
   cl_event ev = NULL, done = NULL;
   cl_int err = clEnqueueNDRangeKernel(ctx->queue, L->kern, 3, NULL, global, local, nwait, wait,
-                                      merge2 ? (L->in_order ? NULL : &ev) : out_event ? &done : NULL);
+                                      merge2 ? (L->in_order ? NULL : &ev) : (out_event || chain) ? &done : NULL);
   free(wait_heap);
   const char *failed = "clEnqueueNDRangeKernel(decode)";
   /* If the merge cannot be enqueued the partials are lost, but o and lse are untouched. */
@@ -432,7 +437,9 @@ static flashcl_status fcl_attention_decode_locked(flashcl_context *ctx, const fl
 
   if (L.cached && (st = fcl_decode_scratch(ctx, L.need, &L.work))) return st;
   if (p.merge_last &&
-      (st = fcl_decode_counters(ctx, (size_t)p.batch * (size_t)p.heads_kv * (size_t)p.row_blocks, &L.counters)))
+      (st = fcl_decode_counters(ctx, (size_t)p.batch * (size_t)p.heads_kv * (size_t)p.row_blocks *
+                                            (size_t)fcl_dec_merge_counters(p.splits),
+                                &L.counters)))
     return st;
   L.wo_off = L.split ? (int64_t)((L.cached ? 0 : desc->split.workspace_offset) / sizeof(float)) : 0;
   L.wl_off = L.wo_off + (int64_t)(p.work_floats / ((size_t)p.head_dim_v + 1) * (size_t)p.head_dim_v);
@@ -471,7 +478,7 @@ static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flash
   c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
   c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;
   c.local_bytes = p.mma ? fcl_dec_mma_local_bytes(p.head_dim, p.mma_wr, p.mma_wk, p.mma_stages, &p.kv,
-                                                  p.merge_last ? fcl_dec_merge_floats(32 * p.mma_wr * p.mma_wk, p.head_dim)
+                                                  p.merge_last ? fcl_dec_merge_floats(16 * p.mma_wr)
                                                                : 0)
                          : p.local_bytes;
   *config = c;

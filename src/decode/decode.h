@@ -76,8 +76,10 @@ typedef struct fcl_decode_plan {
 /* Local bytes of cl/nvidia/decode_mma.cl's K | V stages and merge buffer, at
  * least merge_floats (fcl_dec_merge_floats under MERGE_LAST, else 0) (decode_plan.c). */
 size_t fcl_dec_mma_local_bytes(int d, int wr, int wk, int stages, const fcl_kv_info *kv, size_t merge_floats);
-/* cl/decode/split_merge.cl's SM_LOCAL_FLOATS for n work-items and V head dim dv. */
-size_t fcl_dec_merge_floats(int n, int dv);
+/* cl/decode/split_merge.cl's SM_LOCAL_FLOATS for row blocks of `rows` rows,
+ * and its counters per row block for `splits` splits (decode_plan.c). */
+size_t fcl_dec_merge_floats(int rows);
+int fcl_dec_merge_counters(int splits);
 /* Checks a decode call's arguments and fills p's shapes (decode_check.c). */
 flashcl_status fcl_decode_validate(flashcl_context *ctx, const flashcl_decode_desc *desc, const flashcl_tensor *q,
                                    const flashcl_tensor *kc, const flashcl_tensor *vc, const flashcl_tensor *o,

@@ -110,12 +110,17 @@
 #define FCL_DEC_MERGE_LAST 1
 
 
-/* cl/decode/split_merge.cl's SM_LOCAL_FLOATS: the local floats of the last
- * work-group's merge (n work-items, V head dim dv), which reuses the
- * kernel's local memory. */
-size_t fcl_dec_merge_floats(int n, int dv) {
-  const size_t dv4 = (size_t)dv / 4, wide = (size_t)n > dv4 ? (size_t)n : dv4;
-  return 4 * wide + FLASHCL_DECODE_MAX_SPLITS + (size_t)n + 1;
+/* cl/decode/split_merge.cl's SM_LOCAL_FLOATS: the local floats of the
+ * one-launch merge for row blocks of `rows` rows, which reuses the kernel's
+ * local memory. */
+size_t fcl_dec_merge_floats(int rows) { return (size_t)rows * 16 + 1; }
+
+/* split_merge.cl's counters per row block for S splits: ceil(S / G) groups,
+ * G = ceil(sqrt(S)), and the block's. */
+int fcl_dec_merge_counters(int splits) {
+  int g = 1;
+  while (g * g < splits) g++;
+  return (splits + g - 1) / g + 1;
 }
 
 /* cl/decode/decode.cl's Sh and Sc; merge_floats: at least that many in Sh
@@ -207,7 +212,7 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   const int min_rows = fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS);
   const int wk = fcl_tuned_get(tu, FCL_DEC_P_MMA_WK, wr == 3 ? 2 : 1);
   int st2 = fcl_tuned_get(tu, FCL_DEC_P_MMA_STAGES, d == 64 || wr == 4 ? 3 : 2);
-  const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(32 * wr * wk, d) : 0;
+  const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(16 * wr) : 0;
   while (st2 > 2 && fcl_dec_mma_local_bytes(d, wr, wk, st2, &p->kv, mf) > cap) st2--;
   /* Only q and the caches decide (not o, which the workspace query does not
    * see), so that the query and the call plan the same split count. The
@@ -257,7 +262,7 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   /* The split count comes later: the fit leaves room for the last work-group's
    * merge whenever the tuning asks for it. */
-  const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(threads, p->head_dim_v) : 0;
+  const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(rows) : 0;
   int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
   /* A quantized side loads 8 bytes with vload8, which needs no alignment. */
   const int quant = p->kv.k_quant || p->kv.v_quant;
@@ -337,7 +342,7 @@ static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_dec
   p->merge_last = splits > 1 && !desc->split.workspace && fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST);
   if (!p->mma)
     p->local_bytes = fcl_dec_local_bytes(p->head_dim, p->rows, p->threads, p->kpt, p->stages,
-                                         p->merge_last ? fcl_dec_merge_floats(p->threads, p->head_dim_v) : 0);
+                                         p->merge_last ? fcl_dec_merge_floats(p->rows) : 0);
   const int ran[FCL_DEC_P_COUNT] = {
       p->kpt, p->prefetch, p->mma ? fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU_ASYNC) : p->wg_per_cu,
       fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS), fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS),
