@@ -196,8 +196,25 @@ static const mcase CASES[] = {
     {"f32_counters_grow", FLASHCL_F32, 40, 1, 64, 32, 32, 32, 50, LENS_E, 4},
 };
 
+/* 0 on a device where the one-launch form must not run: NVIDIA without the
+ * inline PTX of its fence (no tensor-core path). Elsewhere it must run. */
+static int one_launch_runs_here(void) {
+  fct_env *env = fct_env_get();
+  char platform[256] = "";
+  cl_platform_id pid = NULL;
+  clGetDeviceInfo(env->device, CL_DEVICE_PLATFORM, sizeof pid, &pid, NULL);
+  if (pid) clGetPlatformInfo(pid, CL_PLATFORM_NAME, sizeof platform, platform, NULL);
+  if (!strstr(platform, "NVIDIA") || fct_device_requires_mma(env->device, NULL, 0)) return 1;
+  print_message("[ MERGE    ] NVIDIA without the tensor-core path: the one-launch form is refused here\n");
+  return 0;
+}
+
 static void test_one_launch_vs_two(void **state) {
   (void)state;
+  if (!one_launch_runs_here()) {
+    FCT_SKIP();
+    return;
+  }
   for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) {
     const mcase *c = &CASES[k];
     mprob p;
@@ -220,7 +237,9 @@ static void test_one_launch_vs_two(void **state) {
     size_t lse_off = 0;
     for (size_t i = 0; i < rows; i++)
       lse_off += !(l1[i] == l2[i] || fabs(l1[i] - l2[i]) <= 1e-5 * (1.0 + fabs(l2[i])));
-    FCT_CHECK(sqrt(num / (den > 0 ? den : 1)) <= 1e-6 && lse_off == 0,
+    /* fp16 / bf16 outputs: a last-bit difference in fp32 can round either way. */
+    const double bound = c->dtype == FLASHCL_F32 ? 1e-6 : fct_tolerance(c->dtype) / 10;
+    FCT_CHECK(sqrt(num / (den > 0 ? den : 1)) <= bound && lse_off == 0,
               "%s: the forms disagree: O relL2 %.3e, %zu LSEs apart", c->name, sqrt(num / (den > 0 ? den : 1)),
               lse_off);
     free(o1);
@@ -236,6 +255,10 @@ static void test_one_launch_vs_two(void **state) {
  * default runs the two-kernel form. Unsplit, merge = 1 is refused too. */
 static void test_one_launch_refusals(void **state) {
   (void)state;
+  if (!one_launch_runs_here()) {
+    FCT_SKIP();
+    return;
+  }
   fct_env *env = fct_env_get();
   mprob p;
   prob_create(&p, &CASES[0]);

@@ -26,8 +26,8 @@
  *
  * Ordering. OpenCL 1.2 has no device-scope acquire or release, so the form
  *   leans on what GPU and CPU implementations give: each work-item fences its
- *   stores (mem_fence, membar.gl on NVIDIA's compiler; with USE_PTX also an
- *   explicit membar.gl), the work-group meets at a barrier, and work-item 0
+ *   stores (mem_fence, and on NVIDIA membar.gl by inline PTX, SM_FENCE_PTX),
+ *   the work-group meets at a barrier, and work-item 0
  *   takes a ticket with atomic_inc. The work-group that draws the last ticket
  *   sets the counter back to 0 (no other work-group touches it again in this
  *   launch, so the next launch finds it zero) and reads the partials through
@@ -40,8 +40,9 @@
  * Local memory: SM_LOCAL_FLOATS(rows) floats (rows: the most rows of a
  *   block): the LSEs of one level, rows x SM_GROUP_MAX, and the arrival flag.
  *
- * Parameters (-D): MERGE_LAST (0 or 1), USE_PTX (1 on NVIDIA: the PTX fence
- *   as well). S is at most SM_GROUP_MAX^2 = 256 (FLASHCL_DECODE_MAX_SPLITS).
+ * Parameters (-D): MERGE_LAST (0 or 1), SM_FENCE_PTX (1 on NVIDIA: membar.gl
+ *   by inline PTX as well; default USE_PTX). S is at most SM_GROUP_MAX^2 = 256
+ *   (FLASHCL_DECODE_MAX_SPLITS).
  */
 #ifndef SPLIT_MERGE_CL
 #define SPLIT_MERGE_CL
@@ -51,6 +52,11 @@
 #endif
 #ifndef USE_PTX
 #define USE_PTX 0
+#endif
+/* NVIDIA's compiler makes mem_fence(CLK_GLOBAL_MEM_FENCE) a membar.cta, which
+ * orders nothing for other multiprocessors: there the fence is membar.gl. */
+#ifndef SM_FENCE_PTX
+#define SM_FENCE_PTX USE_PTX
 #endif
 
 #define SM_GROUP_MAX 16
@@ -77,7 +83,7 @@ inline long sm_row(int b, int q_len, int heads_q, int hk, int group, int rg, int
 
 inline void sm_fence(void) {
   mem_fence(CLK_GLOBAL_MEM_FENCE);
-#if USE_PTX
+#if SM_FENCE_PTX
   __asm__ volatile("membar.gl;" ::: "memory");
 #endif
 }

@@ -214,12 +214,12 @@ static void fcl_decode_options(const fcl_decode_launch *L, int page_shift, char 
            "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DHEAD_DIM_V=%d -DROWS=%d -DNTHREADS=%d -DKPT=%d -DPREFETCH=%d "
            "-DVEC_ALIGNED=%d -DSPLIT=%d -DPAGED=%d -DPAGE_SHIFT=%d -DTREE_MASK=%d -DMERGE_THREADS=%d "
            "-DMERGE_MAX_SPLITS=%d -DMERGE_LAST=%d -DASYNC_STAGES=%d -DUSE_PTX=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d "
-           "-DSINKS=%d%s%s%s",
+           "-DSINKS=%d -DSM_FENCE_PTX=%d%s%s%s",
            (int)L->q->dtype, p->head_dim, p->head_dim_v, p->rows, p->threads, p->kpt, p->prefetch, p->vec_aligned, L->split,
            p->kv.paged, page_shift, desc->tree_mask != NULL, p->merge_threads, FLASHCL_DECODE_MAX_SPLITS, p->merge_last,
            p->stages,
-           p->stages > 0, p->window, desc->score.softcap > 0.0f, desc->score.alibi_slopes != NULL, desc->score.sinks != NULL, quant,
-           extra ? " " : "", extra ? extra : "");
+           p->stages > 0, p->window, desc->score.softcap > 0.0f, desc->score.alibi_slopes != NULL, desc->score.sinks != NULL,
+           p->merge_last && fcl_platform_is_nvidia(L->ctx), quant, extra ? " " : "", extra ? extra : "");
 }
 
 /* decode_mma for a plan that chose it. */

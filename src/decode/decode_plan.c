@@ -105,9 +105,13 @@
  * 32 splits, slower than 48-66 (BENCHMARKS.md). Below 8K keys a call costs
  * about a launch, and the runs disagree. */
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
-/* Split partials: merged by the last work-group of each row block in the
- * attention kernel's own launch (1) rather than by decode_merge (0). */
-#define FCL_DEC_MERGE_LAST 1
+/* Split partials: merged by decode_merge, a second kernel (0), rather than in
+ * the attention kernel's own launch (1, cl/decode/split_merge.cl). On the
+ * H100 the one-launch form was 6-10% faster at 1K keys (batch 1 and 2) and
+ * 2-11% slower from 4K keys on (BENCHMARKS.md), and it leans on fence
+ * behaviour OpenCL 1.2 does not promise: a tuning file turns it on where
+ * flashcl-tune measured it faster. */
+#define FCL_DEC_MERGE_LAST 0
 
 
 /* cl/decode/split_merge.cl's SM_LOCAL_FLOATS: the local floats of the
@@ -316,11 +320,19 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   return FLASHCL_SUCCESS;
 }
 
+/* Whether the one-launch merge's fence reaches every work-group: NVIDIA's
+ * mem_fence does not (membar.cta), so there it needs the inline PTX that the
+ * tensor-core probe proved; elsewhere mem_fence is taken to (see
+ * cl/decode/split_merge.cl). */
+static int fcl_decode_device_fence(flashcl_context *ctx) {
+  return !fcl_platform_is_nvidia(ctx) || fcl_mma_available(ctx);
+}
+
 /* The split count (desc.split.num_splits, else one wave: the largest count whose
  * grid fits wg_per_cu work-groups per compute unit, since a second, partial
  * wave of whole chunks would cost as much as the first; at least min_keys
  * keys per split), and the values that ran, recorded in p->tu. */
-static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_decode_desc *desc, fcl_decode_plan *p) {
+static void fcl_decode_plan_splits(flashcl_context *ctx, const flashcl_decode_desc *desc, fcl_decode_plan *p) {
   const int min_keys = p->mma ? fcl_tuned_get(&p->tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT)
                               : fcl_tuned_get(&p->tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT);
   int splits = desc->split.num_splits;
@@ -339,7 +351,8 @@ static void fcl_decode_plan_splits(const flashcl_context *ctx, const flashcl_dec
   fcl_tuned *tu = &p->tu;
   /* The one-launch merge counts arrivals in the context's counters, which
    * only calls on the context's scratch are ordered against. */
-  p->merge_last = splits > 1 && !desc->split.workspace && fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST);
+  p->merge_last = splits > 1 && !desc->split.workspace && fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) &&
+                  fcl_decode_device_fence(ctx);
   if (!p->mma)
     p->local_bytes = fcl_dec_local_bytes(p->head_dim, p->rows, p->threads, p->kpt, p->stages,
                                          p->merge_last ? fcl_dec_merge_floats(p->rows) : 0);
