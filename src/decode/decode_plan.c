@@ -108,7 +108,7 @@
 /* Split partials: merged by decode_merge, a second kernel (0), rather than in
  * the attention kernel's own launch (1, cl/decode/split_merge.cl). On the
  * H100 the one-launch form was 6-10% faster at 1K keys (batch 1 and 2) and
- * 2-11% slower from 4K keys on (BENCHMARKS.md), and it leans on fence
+ * 2-12% slower from 4K keys on (BENCHMARKS.md), and it leans on fence
  * behaviour OpenCL 1.2 does not promise: a tuning file turns it on where
  * flashcl-tune measured it faster. */
 #define FCL_DEC_MERGE_LAST 0
