@@ -800,6 +800,7 @@ static void attn_check_backward(fz_case *c, attn *a) {
 }
 
 static flashcl_tuning g_decode_tuning;
+static flashcl_tuning g_merge1_tuning; /* decode merge=1: the one-launch split merge */
 
 /* Breaks one field of an attention descriptor. */
 static void mutate_adesc(fz_case *c, attn *a, int bwd) {
@@ -1731,6 +1732,13 @@ static void run_decode(fz_case *c, int entry) {
       d.desc.split.workspace_offset = 32;
     }
   }
+  /* The one-launch merge where the plan splits on the context's scratch and
+   * the device runs it (the config query says so before any mutation). */
+  if (entry == E_DEC && !d.desc.split.workspace && nsplit > 1 && rchance(&c->r, 0.3)) {
+    d.desc.tuning = &g_merge1_tuning;
+    if (flashcl_decode_config(g_ctx, &d.desc, q, kc, vc, &cfg) != 0) d.desc.tuning = NULL;
+    else clog_(c, "desc.tuning merge=1");
+  }
   nmut = rchance(&c->r, 0.12) ? 0 : rrange(&c->r, 1, 3);
   for (i = 0; i < nmut; i++) {
     int what = rbelow(&c->r, 10);
@@ -2306,6 +2314,8 @@ static void child_setup(void) {
   g_user_event = clCreateUserEvent(g_cl, &err);
   if (g_user_event) clSetUserEventStatus(g_user_event, CL_COMPLETE);
   flashcl_tuning_init(&g_decode_tuning, FLASHCL_TUNE_DECODE);
+  flashcl_tuning_init(&g_merge1_tuning, FLASHCL_TUNE_DECODE);
+  if (flashcl_tuning_set(NULL, &g_merge1_tuning, "merge", 1) != 0) die("flashcl_tuning_set(merge)", 1);
   g_has_mma = device_has_mma();
 }
 
