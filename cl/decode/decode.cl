@@ -21,9 +21,9 @@
  *     work[wo_off + (id * num_splits + s) * HEAD_DIM_V + x], work[wl_off + id * num_splits + s].
  *   MERGE_LAST = 1 (with SPLIT; the host joins split_merge.cl in front): the
  *     one-launch form, in which the kernel's own work-groups merge the
- *     partials into o and lse (split_merge.cl's two-level tree; counters: row
- *     block (b * heads_kv + hk) * row_blocks + rb's at that index times
- *     ceil(S / G) + 1, zero before, left zero).
+ *     partials into o and lse (split_merge.cl's two-level tree; counters:
+ *     ceil(S / G) + 1 per row block, in the order of get_group_id(1) within
+ *     sequence b; zero before a launch, zero after).
  * decode_merge: work-group (MERGE_THREADS work-items) per row id: merges the
  *   num_splits (<= MERGE_MAX_SPLITS) partials (the associative merge of merge.cl)
  *   into o and lse (the two-kernel form).
@@ -633,14 +633,12 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
     if (sm_tail(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, split, work, wo_off, wl_off, DV4,
                 b, q_len, heads_q, hk, group, row0, nr, Sh, &G, &ng))
       for (int e = tid; e < nr * DV4; e += NTHREADS) {
-        const int r = e / DV4, xx = e - r * DV4;
         int t, hq;
-        const long id = sm_row(b, q_len, heads_q, hk, group, row0 + r, &t, &hq);
-        float l2;
-        const float4 a = sm_merge4(work + wo_off + id * num_splits * HEAD_DIM_V, Sh + r * SM_GROUP_MAX, 0, G, ng,
-                                   DV4, xx, &l2);
-        STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * xx, a);
-        if (has_lse && xx == 0) lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = l2 * M_LN2_F;
+        float l;
+        const float4 a = sm_final(e, DV4, work, wo_off, num_splits, b, q_len, heads_q, hk, group, row0, Sh, G, ng,
+                                  &t, &hq, &l);
+        STORE4(o, o_off + b * o_sb + t * o_sn + (long)hq * o_sh + 4 * (e % DV4), a);
+        if (has_lse && e % DV4 == 0) lse[l_off + b * l_sb + t * l_sn + (long)hq * l_sh] = l;
       }
   }
 #endif

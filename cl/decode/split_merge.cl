@@ -179,4 +179,19 @@ inline int sm_tail(__global uint *counters, long block, int S, int split, __glob
   return 1;
 }
 
+/* Item e = r * dv4 + x of the final merge, in the work-group sm_tail chose:
+ * granule x of o's row row0 + r, with that row's token *t, query head *hq and
+ * LSE *lse (natural log). The caller stores it in its dtype. */
+inline float4 sm_final(int e, int dv4, __global const float *work, long wo_off, int S, int b, int q_len,
+                       int heads_q, int hk, int group, int row0, __local const float *loc, int G, int groups, int *t,
+                       int *hq, float *lse) {
+  const int r = e / dv4;
+  const long id = sm_row(b, q_len, heads_q, hk, group, row0 + r, t, hq);
+  float l2;
+  const float4 o4 = sm_merge4(work + wo_off + id * S * 4 * dv4, loc + r * SM_GROUP_MAX, 0, G, groups, dv4,
+                              e - r * dv4, &l2);
+  *lse = l2 * M_LN2_F;
+  return o4;
+}
+
 #endif

@@ -22,10 +22,10 @@
  * its keys; at the end the WK warps of an m-tile are merged through local
  * memory, and warp wk = 0 writes the rows: SPLIT = 0 o and lse (natural log),
  * SPLIT = 1 the partial (o normalised, fp32) and its log2-domain LSE at
- * decode.cl's workspace layout, which decode.cl's decode_merge reads, or with
- * MERGE_LAST = 1 the last work-group of the row block merges in this launch
- * (split_merge.cl, decode.cl's counters; the host joins split_merge.cl
- * before this file).
+ * decode.cl's workspace layout, which decode.cl's decode_merge reads; with
+ * MERGE_LAST = 1 the kernel's own work-groups merge them in this launch
+ * (split_merge.cl's tree, decode.cl's counters; the host joins
+ * split_merge.cl before this file).
  *
  * Masks (decode.cl's rules): query t of a sequence of L keys sees key j iff
  * j <= L - q_len + t, or with TREE_MASK every j < L - q_len and new token
@@ -170,7 +170,7 @@
 #define OBUF_FLOATS (WR * 16 * HEAD_DIM)
 #define SMEM_BODY ((CONV_OFF + CONV_BYTES) / 16 > OBUF_FLOATS / 4 ? (CONV_OFF + CONV_BYTES) / 16 : OBUF_FLOATS / 4)
 #if SPLIT && MERGE_LAST
-/* The last work-group's merge reuses smem (split_merge.cl). */
+/* The one-launch merge reuses smem (split_merge.cl). */
 #define SM_CHUNKS ((SM_LOCAL_FLOATS(WR * 16) + 3) / 4)
 #define SMEM_CHUNKS (SMEM_BODY > SM_CHUNKS ? SMEM_BODY : SM_CHUNKS)
 #else
@@ -657,15 +657,13 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_mma(
     if (sm_tail(counters, (long)b * get_num_groups(1) + get_group_id(1), num_splits, split, work, wo_off, wl_off,
                 HEAD_DIM / 4, b, q_len, heads_q, hk, group, brow0, nr, sm_loc, &G, &ng))
       for (int e = tid; e < nr * (HEAD_DIM / 4); e += NTHREADS) {
-        const int r = e / (HEAD_DIM / 4), c = e - r * (HEAD_DIM / 4);
         int tt, hq;
-        const long id = sm_row(b, q_len, heads_q, hk, group, brow0 + r, &tt, &hq);
-        float l2;
-        const float4 a = sm_merge4(work + wo_off + id * num_splits * HEAD_DIM, sm_loc + r * SM_GROUP_MAX, 0, G, ng,
-                                   HEAD_DIM / 4, c, &l2);
+        float l;
+        const float4 a = sm_final(e, HEAD_DIM / 4, work, wo_off, num_splits, b, q_len, heads_q, hk, group, brow0,
+                                  sm_loc, G, ng, &tt, &hq, &l);
         vstore4((ushort4)(as_ushort2(pack2(a.x, a.y)), as_ushort2(pack2(a.z, a.w))), 0,
-                o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh + 4 * c);
-        if (has_lse && c == 0) lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = l2 * M_LN2_F;
+                o + o_off + b * o_sb + tt * o_sn + (long)hq * o_sh + 4 * (e % (HEAD_DIM / 4)));
+        if (has_lse && e % (HEAD_DIM / 4) == 0) lse[l_off + b * l_sb + tt * l_sn + (long)hq * l_sh] = l;
       }
   }
 #endif

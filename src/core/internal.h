@@ -65,8 +65,8 @@ struct flashcl_context {
    * (src/decode/decode.c): grow-only, released by flashcl_context_destroy. last: the
    * last command of the latest call that used it, kept only on an out-of-order
    * queue (the next call waits for it); queue_ooo: 0 unknown, 1 in-order, 2
-   * out-of-order. counters: the one-launch merge's arrival counters (one uint
-   * per row block), zero-filled when made, left zero by every call. */
+   * out-of-order. counters: the one-launch merge's arrival counters
+   * (cl/decode/split_merge.cl), zero-filled when made, left zero by every call. */
   struct fcl_decode_scratch {
     cl_mem mem;
     size_t bytes;

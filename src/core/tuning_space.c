@@ -128,8 +128,8 @@ static const fcl_param_decl fcl_decode_decls[FCL_DEC_P_COUNT] = {
     {"mma_stages", "tensor-core decode: K | V stages. Rule: 2 (3 at d = 64 or 64 rows)", 2, 4, 1, FCL_CAND(2, 3)},
     {"mma_min_keys", "tensor-core decode: keys per split at least. Rule: 64", 16, 8192, 16,
      FCL_CAND(32, 64, 128, 256)},
-    {"merge", "split partials merged by 1: the last work-group of each row block, in the same launch (calls on "
-              "the context's scratch); 0: a second kernel. Rule: 1",
+    {"merge", "split partials merged by 0: a second kernel (decode_merge); 1: the attention kernel's own "
+              "work-groups, in the same launch (calls on the context's scratch). Rule: 0",
      FCL_BOOL},
 };
 

@@ -17,11 +17,11 @@
  *     (at least 1), but at least 256 keys of max_seqlen_k (or the capacity) per
  *     split, and at most FLASHCL_DECODE_MAX_SPLITS. 132 CUs, 8 kv heads, W = 4:
  *     batch 1 -> 66 splits, batch 8 -> 8, batch 64 -> 1 (unsplit, no merge).
- *   merge: by the last work-group of each (sequence, KV head, row block) to
- *     finish, in the same launch (cl/decode/split_merge.cl), where the call
- *     runs on the context's scratch; else (desc.split.workspace, or the
- *     tuning's merge = 0) decode_merge, 128 work-items per (sequence, token,
- *     query head) row, the splits spread over them;
+ *   merge: decode_merge, 128 work-items per (sequence, token, query head) row,
+ *     the splits spread over them; with the tuning's merge = 1, on the
+ *     context's scratch and where the fence reaches every work-group, the
+ *     attention kernel's own work-groups in the same launch
+ *     (cl/decode/split_merge.cl);
  *   stages (NVIDIA, fp16/bf16 caches with 16-byte aligned rows): K and V reach
  *     local memory through cp.async, FCL_DEC_STAGES tiles deep (fewer, down to
  *     2, then fewer keys per work-item, if the local memory does not fit; else
@@ -39,8 +39,8 @@
  *     fit to the head dim), max_rows, stages (0: the register path, which also
  *     keeps the tensor-core kernel out), min_keys, and mma_min_rows (0: never),
  *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
- *     kernel, and merge (0: decode_merge). A per-call tuning whose values do not run as given (they do not
- *     fit, or the kernel they belong to does not run) is refused.
+ *     kernel, and merge. A per-call tuning whose values do not run as given
+ *     (they do not fit, or the kernel they belong to does not run) is refused.
  * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
  *   tensor-core kernel where it applies (as above, with fp16/bf16 tokens and
  *   16-byte aligned cache rows; any scale layout), which copies the codes through cp.async and
@@ -264,8 +264,8 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
   int rows = 1;
   while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
-  /* The split count comes later: the fit leaves room for the last work-group's
-   * merge whenever the tuning asks for it. */
+  /* The split count comes later: the fit leaves room for the one-launch merge
+   * whenever the tuning asks for it. */
   const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(rows) : 0;
   int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
   /* A quantized side loads 8 bytes with vload8, which needs no alignment. */
