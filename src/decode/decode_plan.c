@@ -107,8 +107,9 @@
 #define FCL_DEC_MMA_KEYS_PER_SPLIT 64
 /* Split partials: merged by decode_merge, a second kernel (0), rather than in
  * the attention kernel's own launch (1, cl/decode/split_merge.cl). On the
- * H100 the one-launch form was 6-10% faster at 1K keys (batch 1 and 2) and
- * 2-12% slower from 4K keys on (BENCHMARKS.md), and it leans on fence
+ * H100 the one-launch form was 2-12% slower from 4K keys on, and at 1K keys
+ * 6-9% faster in one call and 15% slower in another (BENCHMARKS.md); it
+ * also leans on fence
  * behaviour OpenCL 1.2 does not promise: a tuning file turns it on where
  * flashcl-tune measured it faster. */
 #define FCL_DEC_MERGE_LAST 0
