@@ -836,6 +836,30 @@ static void check_backward_case(const bwd_case *c) {
       bwd_result_release(&other);
     }
   }
+  if ((c->runs & R_ATOMIC) && (c->runs & R_REPEAT)) {
+    /* mma_bwd atomic_dq = 0: a call that permits the atomic dQ runs the
+     * deterministic kernels, says so, and gives the same bits every run. */
+    flashcl_attention_desc desc;
+    flashcl_config cfg;
+    int ran = -1;
+    bwd_tuning_begin(FLASHCL_TUNE_MMA_BWD);
+    bwd_tuning_set("atomic_dq", 0);
+    bwd_desc(&bp, FLASHCL_ALGO_FLASH, 0, &desc);
+    FCT_CHECK_STATUS(flashcl_attention_config(fct_env_get()->ctx, &desc, &bp.fp.q.t, &bp.fp.k.t, &bp.fp.v.t, &bp.o.t,
+                                              FLASHCL_PASS_BACKWARD, &cfg),
+                     FLASHCL_SUCCESS, "config with atomic_dq=0: %s", bp.desc);
+    FCT_CHECK(flashcl_tuning_get(&cfg.tuning, "atomic_dq", &ran) == FLASHCL_SUCCESS && ran == 0,
+              "%s: atomic_dq=0 reported as %d", bp.desc, ran);
+    bwd_run(&bp, FLASHCL_ALGO_FLASH, 0, &det);
+    bwd_run(&bp, FLASHCL_ALGO_FLASH, 0, &other);
+    g_tuning_on = 0;
+    FCT_CHECK(same_bits(&det.dq, &other.dq) && same_bits(&det.dk, &other.dk) && same_bits(&det.dv, &other.dv),
+              "%s: two atomic-mode calls with atomic_dq=0 differ", bp.desc);
+    print_message("    ok  %s: atomic mode with mma_bwd atomic_dq=0 runs the deterministic dQ, bit-reproducible\n",
+                  bp.desc);
+    bwd_result_release(&det);
+    bwd_result_release(&other);
+  }
 #endif
   if (c->runs & R_ATOMIC) {
     bwd_run(&bp, FLASHCL_ALGO_FLASH, 0, &other);

@@ -93,6 +93,9 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
     {"dq_block_c", "bwd_dq_wgmma keys per K/V tile: 32, 64 or 128 (128 with at most 2 warpgroups, at most 64 past "
                    "d = 128). Rule: 64, past d = 192 32 (2 x 64 do not fit)",
      32, 128, 32, FCL_CAND(32, 64, 128)},
+    {"atomic_dq", "a call with backward.deterministic = false: 1 accumulates dQ with atomics; 0 runs the "
+                  "deterministic dQ kernels (the same bits every run) where they are faster. Rule: 1",
+     FCL_BOOL},
 };
 
 static const fcl_param_decl fcl_wgmma_decls[FCL_WG_COUNT] = {

@@ -199,7 +199,7 @@ flashcl_status fcl_mma_bwd_report(flashcl_context *ctx, const fcl_problem *p, in
   fcl_mma_bwd_config c;
   if ((st = fcl_mma_bwd_config_of(ctx, p, atomic || splits > 0, tu, &c)) != FLASHCL_SUCCESS) return st;
   const int ran[FCL_MMAB_COUNT] = {c.nwarps, c.block_r, c.m_tiles, c.block_c, c.qbuf, c.vec_red, c.v_in_smem,
-                                   atomic ? 0 : splits, c.kv_parts, 0, -1, -1, -1};
+                                   atomic ? 0 : splits, c.kv_parts, 0, -1, -1, -1, atomic};
   for (int i = 0; i < FCL_MMAB_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
   if ((st = fcl_tuned_honoured(ctx, tu)) != FLASHCL_SUCCESS) return st;
   fcl_tuned_report(tu, cfg);

@@ -156,6 +156,7 @@ void fcl_wgmma_bwd_ran(flashcl_context *ctx, const fcl_problem *p, fcl_tuned *tu
   fcl_tuned_ran(tu, FCL_MMAB_WGMMA, 1);
   fcl_tuned_ran(tu, FCL_MMAB_DQ_SPLITS, atomic ? 0 : splits);
   fcl_tuned_ran(tu, FCL_MMAB_BULK_DQ, bulk);
+  fcl_tuned_ran(tu, FCL_MMAB_ATOMIC_DQ, atomic);
   if ((atomic || splits) && !bulk) fcl_tuned_ran(tu, FCL_MMAB_VEC_RED, fcl_tuned_get(tu, FCL_MMAB_VEC_RED, 1) != 0);
   if (dq_kernel) {
     fcl_tuned_ran(tu, FCL_MMAB_DQ_NWG, dq_nwg);

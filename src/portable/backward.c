@@ -57,6 +57,12 @@ static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, const fcl_t
             p->head_dim);
     *atomic = 0;
   }
+  /* The tuning may send it to the deterministic kernels where they are faster
+   * (a measured choice of the tuning database, not a rule). */
+  if (use_mma && *atomic && !fcl_tuned_get(tu, FCL_MMAB_ATOMIC_DQ, 1)) {
+    fcl_log(ctx, "mma_bwd atomic_dq = 0 (%s): the deterministic dQ kernels run", tu->origin);
+    *atomic = 0;
+  }
   *splits = *atomic ? 1 : use_mma ? fcl_mma_bwd_dq_splits(ctx, p, tu) : 0;
 }
 
