@@ -860,6 +860,16 @@ static void check_backward_case(const bwd_case *c) {
     bwd_result_release(&det);
     bwd_result_release(&other);
   }
+  if ((c->runs & R_ATOMIC) && bwd_runs_wgmma(&bp)) {
+    /* On Hopper the rule sends atomic-mode calls at most head dims to the
+     * deterministic kernels: the atomic dQ kernels are checked through
+     * atomic_dq = 1. */
+    bwd_tuning_begin(FLASHCL_TUNE_MMA_BWD);
+    bwd_tuning_set("atomic_dq", 1);
+    bwd_run(&bp, FLASHCL_ALGO_FLASH, 0, &other);
+    g_tuning_on = 0;
+    bwd_result_release(&other);
+  }
 #endif
   if (c->runs & R_ATOMIC) {
     bwd_run(&bp, FLASHCL_ALGO_FLASH, 0, &other);

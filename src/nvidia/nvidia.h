@@ -18,6 +18,9 @@ flashcl_status fcl_wgmma_fwd_config(flashcl_context *ctx, const fcl_problem *p, 
 /* 1 if the tensor-core backward has tiles for p in the given dQ mode under the
  * tuning tu (NULL: the rules; src/nvidia/mma_bwd_plan.c). */
 int fcl_mma_bwd_covered(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu, int atomic);
+/* The mma_bwd rule for atomic_dq: whether a call that permits the atomic dQ
+ * takes it (1) or the deterministic kernels (0) (mma_bwd_plan.c). */
+int fcl_mma_bwd_atomic_rule(flashcl_context *ctx, const fcl_problem *p, const struct fcl_tuned *tu);
 flashcl_status fcl_mma_select(flashcl_context *ctx, const flashcl_attention_desc *desc, const fcl_problem *p,
                               const flashcl_tensor *q, const flashcl_tensor *k, const flashcl_tensor *v,
                               const flashcl_tensor *o, flashcl_pass pass, flashcl_kernel_family forced, int *use);

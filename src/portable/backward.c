@@ -57,9 +57,9 @@ static void fcl_bwd_mode(flashcl_context *ctx, const fcl_problem *p, const fcl_t
             p->head_dim);
     *atomic = 0;
   }
-  /* The tuning may send it to the deterministic kernels where they are faster
-   * (a measured choice of the tuning database, not a rule). */
-  if (use_mma && *atomic && !fcl_tuned_get(tu, FCL_MMAB_ATOMIC_DQ, 1)) {
+  /* ... and where the deterministic kernels are the faster ones (mma_bwd
+   * atomic_dq, src/nvidia/mma_bwd_plan.c's rule). */
+  if (use_mma && *atomic && !fcl_tuned_get(tu, FCL_MMAB_ATOMIC_DQ, fcl_mma_bwd_atomic_rule(ctx, p, tu))) {
     fcl_log(ctx, "mma_bwd atomic_dq = 0 (%s): the deterministic dQ kernels run", tu->origin);
     *atomic = 0;
   }
