@@ -99,7 +99,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
 }
 
 /* On the Hopper backward the atomic dQ is the faster mode only at d <= 64 and
- * d = 128: at the 13 other head dims measured on the H100 (72-256, f16,
+ * d = 128: at the 12 other head dims measured on the H100 (72-256, f16,
  * N = 8192) its deterministic kernels took 5-19% less time (BENCHMARKS.md,
  * "Thirtieth session"). mma.sync keeps the atomic dQ (not measured against). */
 int fcl_mma_bwd_atomic_rule(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
