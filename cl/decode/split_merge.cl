@@ -17,8 +17,9 @@
  *   arrival merges the groups' slots (every G-th) into o and lse. A work-group
  *   reads at most G partials per row at each level, with four loads in
  *   flight per work-item. One row block merged by one work-group with all S
- *   partials (66 at batch 1 on an H100) made a call slower than the second
- *   kernel (BENCHMARKS.md).
+ *   partials (66 at batch 1 on an H100) made a call 4-40% slower than the
+ *   second kernel there; the tree 2-12% from 4K keys on (BENCHMARKS.md), so
+ *   the default rule keeps two kernels (src/decode/decode_plan.c).
  *
  * Merge of count partials (log2 LSEs l_i, o_i): m = max l_i, w_i = exp2(l_i - m)
  *   (0 for l_i = -inf, whose o_i is never read), o = sum w_i o_i / sum w_i,
