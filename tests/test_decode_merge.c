@@ -36,34 +36,24 @@ typedef struct mprob {
   double *ref_o, *ref_lse;
 } mprob;
 
-/* The reference: query t of a sequence of L keys sees keys j <= L - q_len + t. */
+/* The reference: sequence b's q_len tokens against its first L keys, causal
+ * from the bottom right (token t sees keys j <= L - q_len + t), through the
+ * shared double reference, one sequence at a time. */
 static void reference(mprob *p) {
   const mcase *c = p->c;
-  const int G = c->heads_q / c->heads_kv;
-  const double scale = 1.0 / sqrt((double)c->d);
-  double *s = malloc(sizeof(double) * (size_t)(c->cap + 1));
-  for (int b = 0; b < c->batch; b++)
-    for (int t = 0; t < c->q_len; t++)
-      for (int h = 0; h < c->heads_q; h++) {
-        const int L = c->lens[b], last = L - c->q_len + t, hk = h / G;
-        double *ro = p->ref_o + (((size_t)b * c->q_len + t) * c->heads_q + h) * c->dv;
-        double m = -INFINITY, sum = 0.0;
-        for (int j = 0; j <= last && j < L; j++) {
-          double dot = 0.0;
-          for (int x = 0; x < c->d; x++) dot += fct_tensor_get(&p->q, b, t, h, x) * fct_tensor_get(&p->k, b, j, hk, x);
-          s[j] = dot * scale;
-          if (s[j] > m) m = s[j];
-        }
-        for (int x = 0; x < c->dv; x++) ro[x] = 0.0;
-        for (int j = 0; j <= last && j < L; j++) {
-          const double w = exp(s[j] - m);
-          sum += w;
-          for (int x = 0; x < c->dv; x++) ro[x] += w * fct_tensor_get(&p->v, b, j, hk, x);
-        }
-        for (int x = 0; x < c->dv && sum > 0.0; x++) ro[x] /= sum;
-        p->ref_lse[((size_t)b * c->q_len + t) * c->heads_q + h] = sum > 0.0 ? m + log(sum) : -INFINITY;
-      }
-  free(s);
+  const ref_attention_params rp = {.scale = 0.0, .causal = 1};
+  const size_t rows = (size_t)c->q_len * c->heads_q;
+  for (int b = 0; b < c->batch; b++) {
+    ref_tensor q = fct_tensor_ref(&p->q), k = fct_tensor_ref(&p->k), v = fct_tensor_ref(&p->v);
+    q.offset += b * q.stride[0];
+    k.offset += b * k.stride[0];
+    v.offset += b * v.stride[0];
+    q.shape[0] = k.shape[0] = v.shape[0] = 1;
+    k.shape[1] = v.shape[1] = c->lens[b];
+    const ref_out o = ref_out_bnhd(p->ref_o + b * rows * c->dv, 1, c->q_len, c->heads_q, c->dv);
+    const ref_out l = ref_out_bnhd(p->ref_lse + b * rows, 1, c->q_len, c->heads_q, 1);
+    FCT_CHECK(ref_attention_forward(&rp, &q, &k, &v, &o, &l) == 0, "%s: reference for sequence %d", c->name, b);
+  }
 }
 
 static void prob_create(mprob *p, const mcase *c) {
