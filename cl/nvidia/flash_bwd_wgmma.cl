@@ -397,13 +397,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
         *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr, 2 * j + 1) + 4 * t) = sa[j][2];
         *(__local uint *)(ds8 + TOFF(KV_BLOCK, kr + 8, 2 * j + 1) + 4 * t) = sa[j][3];
       }
-      proxy_fence(); /* generic-proxy stores, read by wgmma through the async proxy */
-#if BULK_DQ
-      bulk_wait_read(); /* after the barrier the dQ staging may be rewritten */
-#endif
-      barrier(CLK_LOCAL_MEM_FENCE);
     }
-    float dq[32];
 #endif
     wg_fence();
     #pragma unroll
@@ -411,7 +405,16 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void bwd_dkdv_wgm
     #pragma unroll
     for (int j = 0; j < QN / 2; j++) WG_RS(NP)(dka, sa[j], wg_desc(qb + j * 2048, REGION(BLOCK_R), 1024));
 #if ATOMIC_DQ
-    /* dQ (64 x 64 per warpgroup) = dS K over the block's 128 keys. */
+    /* dQ (64 x 64 per warpgroup) = dS K over the block's 128 keys: it needs the
+     * other warpgroup's dS^T, whose barrier waits under dV's and dK's products. */
+    wg_commit();
+    proxy_fence(); /* generic-proxy stores, read by wgmma through the async proxy */
+#if BULK_DQ
+    bulk_wait_read(); /* after the barrier the dQ staging may be rewritten */
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float dq[32];
+    wg_fence();
     {
       const uint dsa = sb + SM_DS + (DQ_MSPLIT ? wg : 0) * REGION(KV_BLOCK);
       const uint kb = kbuf + (DQ_MSPLIT ? 0 : wg) * REGION(KV_BLOCK);
