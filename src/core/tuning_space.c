@@ -94,8 +94,8 @@ static const fcl_param_decl fcl_mma_bwd_decls[FCL_MMAB_COUNT] = {
                    "d = 128). Rule: 64, past d = 192 32 (2 x 64 do not fit)",
      32, 128, 32, FCL_CAND(32, 64, 128)},
     {"atomic_dq", "a call with backward.deterministic = false: 1 accumulates dQ with atomics; 0 runs the "
-                  "deterministic dQ kernels (the same bits every run). Rule: 1 at d <= 64 and d = 128 or off "
-                  "Hopper, else 0 (src/nvidia/mma_bwd_plan.c)",
+                  "deterministic dQ kernels (the same bits every run). Rule: 1 at d <= 64, at 104 <= d <= 128 "
+                  "and off Hopper, else 0 (src/nvidia/mma_bwd_plan.c)",
      FCL_BOOL},
 };
 
