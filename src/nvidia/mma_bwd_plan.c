@@ -102,8 +102,7 @@ static int fcl_mma_bwd_pick(flashcl_context *ctx, const fcl_problem *p, int atom
  * d = 104 to 128: on the H100 (f16, N = 8192; BENCHMARKS.md, "Thirtieth" and
  * "Thirty-first session") the deterministic kernels took 1.04-1.10x its time
  * at 104-120, but 0.91-0.98x at 72-96 and 0.81-0.93x past 128 (the wide
- * kernel).
- * mma.sync keeps the atomic dQ (not measured against). */
+ * kernel). mma.sync keeps the atomic dQ (not measured against). */
 int fcl_mma_bwd_atomic_rule(flashcl_context *ctx, const fcl_problem *p, const fcl_tuned *tu) {
   return p->head_dim <= 64 || (p->head_dim >= 104 && p->head_dim <= 128) || !fcl_wgmma_bwd_wanted(ctx, p, tu, 1);
 }
