@@ -114,9 +114,9 @@ static const qcase QCASES[] = {
     /* Other load schedules: 4 keys per work-item, and K loaded at the end of
      * the tile (prefetch 0) with 1 key per work-item. */
     {"quant_k_i8_v_e5m2_paged16_f16_kpt4", FLASHCL_F16, I8, E5, TOK, TOK, 2, 2, 8, 2, 64, {70, 33}, 16, 2,
-     "decode kpt=4 stages=0"},
+     "decode map=0 kpt=4 stages=0"},
     {"quant_e4m3_token_contig_f32_prefetch0", FLASHCL_F32, E4, I8, TOK, TOK, 2, 1, 4, 1, 64, {90, 41}, 0, 2,
-     "decode prefetch=0 kpt=1 stages=0"},
+     "decode map=0 prefetch=0 kpt=1 stages=0"},
     /* Caches 3 elements into their buffers: rows not 8-byte aligned (the
      * kernel loads codes with vload8, which must not assume alignment). */
     {"quant_i8_e4m3_token_paged16_f16_offset3", FLASHCL_F16, I8, E4, TOK, TOK, 2, 1, 8, 2, 64, {47, 19}, 16, 2, NULL,
@@ -141,7 +141,7 @@ static const qcase QCASES[] = {
     {"quant_k_e5m2blk_v_i8blk_paged16_bf16_d64_q2", FLASHCL_BF16, E5, I8, BLK, BLK, 2, 2, 8, 2, 64, {70, 41}, 16, 2},
     {"quant_k_i8blk_v_e4m3tok_contig_f16_d64", FLASHCL_F16, I8, E4, BLK, TOK, 1, 3, 8, 2, 64, {77}, 0, 2},
     {"quant_k_f16_v_i8blk_paged12_f16_d128_kpt4", FLASHCL_F16, FLASHCL_F16, I8, TOK, BLK, 2, 1, 8, 2, 128, {40, 25},
-     12, 1, "decode kpt=4 stages=0"},
+     12, 1, "decode map=0 kpt=4 stages=0"},
     {"quant_k_e5m2tens_v_i8blk_contig_f32_d64_offset3", FLASHCL_F32, E5, I8, TENS, BLK, 2, 1, 4, 2, 64, {31, 58}, 0,
      2, NULL, 3},
     /* int4, two codes a byte (q4_0-like with BLOCK32 scales): every scale
@@ -169,7 +169,7 @@ static const qcase QCASES[] = {
      NULL, 3},
     {"quant_k_f16_v_i4head_paged8_f16_d32", FLASHCL_F16, FLASHCL_F16, I4, TOK, HEAD, 2, 1, 4, 1, 32, {50, 91}, 8, 0},
     {"quant_k_i4tens_v_e4m3blk_contig_f32_d64_kpt4", FLASHCL_F32, I4, E4, TENS, BLK, 1, 3, 8, 2, 64, {77}, 0, 2,
-     "decode kpt=4 stages=0"},
+     "decode map=0 kpt=4 stages=0"},
 };
 
 /* One side (K or V) of a cache: codes or plain elements, dense
@@ -567,11 +567,18 @@ static void run_quant_case(const qcase *c) {
                    "%s: config", c->name);
   /* The tensor-core kernel dequantizes in local memory where it covers the
    * call (16-bit tokens, d 64 or 128, 16-byte aligned cache rows) on a device
-   * that must have it; decode.cl's register path takes every other call. */
+   * that must have it; decode.cl's register path takes every other call on a
+   * GPU, decode_cpu.cl's kernel on other devices (both dequantize on load),
+   * unless a tuning (the case's, or an override file) sets map. */
   char what[128];
   const int mma_case = c->dtype != FLASHCL_F32 && (d == 64 || d == 128) && c->elem_offset % 16 == 0 && !c->tuning;
   const int want_mma = mma_case && fct_device_requires_mma(env->device, what, sizeof what);
-  FCT_CHECK(strcmp(cfg.kernel, want_mma ? "decode_mma" : "decode_attn") == 0 ||
+  int map = -1;
+  FCT_CHECK(flashcl_tuning_get(&cfg.tuning, "map", &map) == FLASHCL_SUCCESS &&
+                (c->tuning || getenv("FLASHCL_TUNING") || map == !env->info.is_gpu),
+            "%s: map %d on a %sGPU device", c->name, map, env->info.is_gpu ? "" : "non-");
+  const char *portable = map == 1 ? "decode_attn_cpu" : "decode_attn";
+  FCT_CHECK(strcmp(cfg.kernel, want_mma ? "decode_mma" : portable) == 0 ||
                 (!want_mma && strcmp(cfg.kernel, "decode_mma") == 0 && mma_case),
             "%s: a quantized call reports kernel %s", c->name, cfg.kernel);
   int splits = -1;

@@ -470,7 +470,9 @@ static void test_decode_config(void **state) {
   FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_SUCCESS, "decode config");
   FCT_CHECK(cfg.family == FLASHCL_TUNE_DECODE && cfg.tuning.count > 0 && cfg.threads > 0,
             "decode config: family %s, %d parameters", flashcl_tuning_family_name(cfg.family), cfg.tuning.count);
+  /* The GPU mapping's parameters (decode.cl), on any device with map = 0. */
   flashcl_tuning_init(&t, FLASHCL_TUNE_DECODE);
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "map", 0), FLASHCL_SUCCESS, "map");
   FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "kpt", 1), FLASHCL_SUCCESS, "kpt");
   FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "max_rows", 2), FLASHCL_SUCCESS, "max_rows");
   desc.tuning = &t;
@@ -492,6 +494,21 @@ static void test_decode_config(void **state) {
   FCT_CHECK(cfg_value(&cfg, "min_keys") == 128 && cfg_value(&cfg, "mma_min_keys") == 0,
             "f32 decode: min_keys %d, mma_min_keys %d (0: not read)", cfg_value(&cfg, "min_keys"),
             cfg_value(&cfg, "mma_min_keys"));
+  /* The CPU kernel (map = 1, on any device): its tile and rows are reported
+   * as they run (8 query heads over 2 kv heads, one token: 4 rows), and the
+   * GPU mapping's keys per work-item, which it does not read, are refused. */
+  flashcl_tuning_init(&t, FLASHCL_TUNE_DECODE);
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "map", 1), FLASHCL_SUCCESS, "map 1");
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "cpu_block_c", 32), FLASHCL_SUCCESS, "cpu_block_c");
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "cpu_rows", 8), FLASHCL_SUCCESS, "cpu_rows");
+  FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_SUCCESS, "CPU decode config");
+  FCT_CHECK(strcmp(cfg.kernel, "decode_attn_cpu") == 0 && cfg.block_c == 32 && cfg.block_r == 4 && cfg.threads == 1 &&
+                cfg_value(&cfg, "map") == 1 && cfg_value(&cfg, "kpt") == 0,
+            "CPU decode: kernel %s, %d keys x %d rows, %d work-items, map %d, kpt %d", cfg.kernel, cfg.block_c,
+            cfg.block_r, cfg.threads, cfg_value(&cfg, "map"), cfg_value(&cfg, "kpt"));
+  FCT_CHECK_STATUS(flashcl_tuning_set(env->ctx, &t, "kpt", 1), FLASHCL_SUCCESS, "kpt with map 1");
+  FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_ERROR_UNSUPPORTED,
+                   "CPU decode with kpt");
   flashcl_tuning_init(&t, FLASHCL_TUNE_FWD);
   FCT_CHECK_STATUS(flashcl_decode_config(env->ctx, &desc, &q, &kc, &kc, &cfg), FLASHCL_ERROR_UNSUPPORTED,
                    "decode with a fwd tuning");

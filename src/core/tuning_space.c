@@ -135,6 +135,15 @@ static const fcl_param_decl fcl_decode_decls[FCL_DEC_P_COUNT] = {
     {"merge", "split partials merged by 0: a second kernel (decode_merge); 1: the attention kernel's own "
               "work-groups, in the same launch (calls on the context's scratch). Rule: 0",
      FCL_BOOL},
+    {"map", "1: the CPU kernel (cl/decode/decode_cpu.cl: one work-item owns a row block); 0: the GPU "
+            "mapping. Rule: 1 on non-GPU devices unless merge = 1 (which only the GPU mapping runs)",
+     FCL_BOOL},
+    {"cpu_block_c", "CPU kernel (map = 1): keys per tile. Rule: 64, halved while the K and V tiles pass "
+                    "min(local memory, 64 KiB)",
+     8, 256, 8, FCL_CAND(16, 32, 64, 128)},
+    {"cpu_rows", "CPU kernel (map = 1): rows per work-group at most, a multiple of 4. Rule: 64, fewer where its "
+                 "Q, S and O rows would pass 256 KiB of private memory",
+     4, 64, 4, FCL_CAND(8, 16, 32, 64)},
 };
 
 static const fcl_param_decl fcl_device_decls[FCL_DEV_COUNT] = {

@@ -260,14 +260,49 @@ static flashcl_status fcl_decode_mma_kernel(fcl_decode_launch *L, int page_shift
   return FLASHCL_SUCCESS;
 }
 
+/* decode_cpu.cl's kernel for a plan with map = 1, and decode.cl's program for
+ * decode_merge built with the smallest mapping its checks take (one row, one
+ * key group), which its merge kernel does not read. */
+static flashcl_status fcl_decode_cpu_kernels(fcl_decode_launch *L, int page_shift) {
+  flashcl_context *ctx = L->ctx;
+  const fcl_decode_plan *p = L->p;
+  const flashcl_decode_desc *desc = L->desc;
+  const char *extra = ctx->build_options;
+  char opts[512], quant[96];
+  flashcl_status st;
+  fcl_kv_quant_options(&p->kv, L->kc, L->vc, L->q->dtype, quant, sizeof quant);
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHEAD_DIM=%d -DHEAD_DIM_V=%d -DROWS=%d -DBLOCK_C=%d -DSPLIT=%d -DPAGED=%d "
+           "-DTREE_MASK=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DSINKS=%d%s%s%s",
+           (int)L->q->dtype, p->head_dim, p->head_dim_v, p->rows, p->tile, L->split, p->kv.paged,
+           desc->tree_mask != NULL, p->window, desc->score.softcap > 0.0f, desc->score.alibi_slopes != NULL,
+           desc->score.sinks != NULL, quant, extra ? " " : "", extra ? extra : "");
+  L->threads = 1;
+  L->merge = NULL;
+  if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode_cpu.cl", opts, "decode_attn_cpu",
+                           &L->kern)))
+    return st;
+  if (!L->merge2) return FLASHCL_SUCCESS;
+  fcl_decode_plan mp = *p;
+  mp.rows = 1;
+  mp.threads = p->head_dim / 8;
+  mp.kpt = 1;
+  fcl_decode_launch ml = *L;
+  ml.p = &mp;
+  fcl_decode_options(&ml, page_shift, opts, sizeof opts);
+  return fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode.cl", opts, "decode_merge", &L->merge);
+}
+
 /* The attention kernel (decode_mma, or decode_attn where it is not planned or
- * cannot run as planned) and, when split, decode_merge. */
+ * cannot run as planned; decode_attn_cpu with map = 1) and, when split,
+ * decode_merge. */
 static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
   flashcl_context *ctx = L->ctx;
   const fcl_decode_plan *p = L->p;
   const int page_shift = p->kv.paged ? fcl_page_shift(p->kv.page_size) : -1;
   char opts[512];
   flashcl_status st;
+  if (p->map) return fcl_decode_cpu_kernels(L, page_shift);
   fcl_decode_options(L, page_shift, opts, sizeof opts);
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
   static const char *const files[2][2] = {
@@ -473,7 +508,8 @@ static flashcl_status fcl_decode_config_locked(flashcl_context *ctx, const flash
   flashcl_config c;
   memset(&c, 0, sizeof c);
   fcl_tuned_report(&p.tu, &c);
-  snprintf(c.kernel, sizeof c.kernel, "%s", p.mma ? "decode_mma" : p.stages ? "decode_attn (cp.async)" : "decode_attn");
+  snprintf(c.kernel, sizeof c.kernel, "%s",
+           p.mma ? "decode_mma" : p.map ? "decode_attn_cpu" : p.stages ? "decode_attn (cp.async)" : "decode_attn");
   c.block_r = p.mma ? 16 * p.mma_wr : p.rows;
   c.block_c = p.mma ? 16 * p.mma_wk : p.tile;
   c.threads = p.mma ? 32 * p.mma_wr * p.mma_wk : p.threads;

@@ -66,6 +66,7 @@ typedef struct fcl_decode_plan {
   /* 1: cl/nvidia/decode_mma.cl (tensor cores, NVIDIA) with mma_wr x mma_wk warps */
   int mma, mma_wr, mma_wk, mma_stages;
   int merge_last; /* 1: the attention kernel's work-groups merge the splits (split_merge.cl; no decode_merge) */
+  int map;        /* 1: cl/decode/decode_cpu.cl (one work-item per work-group, tile keys per tile) */
   int window; /* 1: window_left or window_right >= 0 */
   int wg_per_cu; /* work-groups per compute unit the split count aims at */
   fcl_tuned tu;  /* the decode tuning, with the values that run */

@@ -1,7 +1,12 @@
-/* The plan of flashcl_attention_decode (cl/decode/decode.cl and
- * cl/nvidia/decode_mma.cl): kernel, rows, tiles, stages and split count.
+/* The plan of flashcl_attention_decode (cl/decode/decode.cl,
+ * cl/decode/decode_cpu.cl and cl/nvidia/decode_mma.cl): kernel, rows, tiles,
+ * stages and split count.
  *
- * Plan (per call, from the shapes only):
+ * Devices that are not GPUs run decode_cpu.cl's kernel (one work-item per
+ * work-group; fcl_decode_plan_cpu), unless the call asks for the one-launch
+ * merge or the NVIDIA kernels; the split count below applies to it too.
+ *
+ * Plan (per call, from the shapes only; GPUs):
  *   rows per work-group: the GQA group's G * q_len (query head, token) rows,
  *     rounded up to a power of two in [1, 8] (Q and the O accumulators of every
  *     row live in registers), more rows in further row blocks;
@@ -39,7 +44,7 @@
  *     fit to the head dim), max_rows, stages (0: the register path, which also
  *     keeps the tensor-core kernel out), min_keys, and mma_min_rows (0: never),
  *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
- *     kernel, and merge. A per-call tuning whose values do not run as given
+ *     kernel, merge, and map, cpu_block_c, cpu_rows for the CPU kernel. A per-call tuning whose values do not run as given
  *     (they do not fit, or the kernel they belong to does not run) is refused.
  * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
  *   tensor-core kernel where it applies (as above, with fp16/bf16 tokens and
@@ -71,6 +76,11 @@
 #include <string.h>
 
 #define FCL_DEC_THREADS 128
+/* The CPU kernel's rule (fcl_decode_plan_cpu). */
+#define FCL_DEC_CPU_BLOCK_C 64
+#define FCL_DEC_CPU_ROWS 64
+#define FCL_DEC_CPU_TILE_BYTES (64 * 1024)
+#define FCL_DEC_CPU_PRIVATE (256 * 1024)
 #define FCL_DEC_LOCAL_CAP (48 * 1024)
 #define FCL_DEC_KEYS_PER_SPLIT 256
 #define FCL_DEC_MAX_ROWS 8
@@ -238,6 +248,42 @@ static void fcl_decode_plan_mma(const flashcl_context *ctx, const flashcl_tensor
   }
 }
 
+/* The CPU kernel (cl/decode/decode_cpu.cl): one work-item per work-group owns
+ * up to cpu_rows rows (a multiple of 4; fewer where its Q, S and O rows would
+ * pass FCL_DEC_CPU_PRIVATE bytes) and walks the keys in tiles of cpu_block_c
+ * (halved until the K and V tiles fit min(local memory,
+ * FCL_DEC_CPU_TILE_BYTES)). */
+static flashcl_status fcl_decode_plan_cpu(flashcl_context *ctx, fcl_decode_plan *p) {
+  const fcl_tuned *tu = &p->tu;
+  const int d = p->head_dim, dv = p->head_dim_v, need_rows = p->group * p->q_len;
+  const size_t M = ctx->info.local_mem_size, budget = M < FCL_DEC_CPU_TILE_BYTES ? M : FCL_DEC_CPU_TILE_BYTES;
+  /* A tuned tile that the local memory does not take gives way to the rule
+   * (a call's own is then refused: fcl_tuned_honoured). */
+  const int tuned_bc = fcl_tuned_get(tu, FCL_DEC_P_CPU_BLOCK_C, 0);
+  int bc = FCL_DEC_CPU_BLOCK_C;
+  while (bc > 8 && (size_t)(d + dv) * (size_t)bc * 4 > budget) bc /= 2;
+  if (tuned_bc && (size_t)(d + dv) * (size_t)tuned_bc * 4 <= M) bc = tuned_bc;
+  const size_t local = (size_t)(d + dv) * (size_t)bc * 4;
+  if (local > M)
+    return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                    "decode's CPU kernel: %d-key tiles at head dims %d / %d need %zu bytes of local memory; the "
+                    "device has %zu",
+                    bc, d, dv, local, M);
+  int rows = (need_rows + 3) / 4 * 4;
+  const int cap = fcl_tuned_get(tu, FCL_DEC_P_CPU_ROWS, FCL_DEC_CPU_ROWS);
+  if (rows > cap) rows = cap;
+  while (rows > 4 && (size_t)rows * (size_t)(d + dv + bc) * 4 > FCL_DEC_CPU_PRIVATE) rows -= 4;
+  p->map = 1;
+  p->rows = rows;
+  p->row_blocks = (need_rows + rows - 1) / rows;
+  p->tile = bc;
+  p->threads = 1;
+  p->kpt = p->prefetch = p->stages = p->mma = p->vec_aligned = 0;
+  p->local_bytes = local;
+  p->wg_per_cu = fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU);
+  return FLASHCL_SUCCESS;
+}
+
 /* Rows per work-group, keys per work-item, work-group size, stages and the
  * kernel (see the top of this file), from the decode tuning over the rule. */
 static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl_decode_desc *desc,
@@ -262,18 +308,27 @@ static flashcl_status fcl_decode_plan_kernel(flashcl_context *ctx, const flashcl
     return fcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the device's work-groups (%zu work-items) are too small",
                     max_wg);
   p->merge_threads = mt;
+  int nvidia = 0, stages = 0;
+  flashcl_status st = fcl_decode_nvidia(ctx, desc, &nvidia);
+  if (st != FLASHCL_SUCCESS) return st;
+  /* A CPU runs decode.cl's mapping slowly (decode_cpu.cl's banner); the
+   * one-launch merge exists for that mapping only, and a call that asks for
+   * the NVIDIA kernels does not get the CPU one. */
+  const flashcl_kernel_family fam = desc->kernel == FLASHCL_KERNEL_AUTO ? ctx->env_kernel : desc->kernel;
+  if (fam != FLASHCL_KERNEL_NVIDIA_MMA &&
+      fcl_tuned_get(tu, FCL_DEC_P_MAP, !ctx->info.is_gpu && !fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST)))
+    return fcl_decode_plan_cpu(ctx, p);
+  p->map = 0;
   int rows = 1;
   while (rows < need_rows && rows < fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS)) rows *= 2;
   const size_t cap = ctx->info.local_mem_size < FCL_DEC_LOCAL_CAP ? ctx->info.local_mem_size : FCL_DEC_LOCAL_CAP;
   /* The split count comes later: the fit leaves room for the one-launch merge
    * whenever the tuning asks for it. */
   const size_t mf = fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) ? fcl_dec_merge_floats(rows) : 0;
-  int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT), nvidia = 0, stages = 0;
+  int kpt = fcl_tuned_get(tu, FCL_DEC_P_KPT, FCL_DEC_KPT);
   /* A quantized side loads 8 bytes with vload8, which needs no alignment. */
   const int quant = p->kv.k_quant || p->kv.v_quant;
   p->vec_aligned = (p->kv.k_quant || fcl_dec_vec_aligned(kc)) && (p->kv.v_quant || fcl_dec_vec_aligned(vc));
-  flashcl_status st = fcl_decode_nvidia(ctx, desc, &nvidia);
-  if (st != FLASHCL_SUCCESS) return st;
   /* cp.async copies 16-byte pieces of 8 16-bit elements; fp32 caches, unaligned
    * rows and quantized caches (whose rows the register path dequantizes) keep
    * the register path, and with it the tensor-core kernel out: under
@@ -352,18 +407,21 @@ static void fcl_decode_plan_splits(flashcl_context *ctx, const flashcl_decode_de
   fcl_tuned *tu = &p->tu;
   /* The one-launch merge counts arrivals in the context's counters, which
    * only calls on the context's scratch are ordered against. */
-  p->merge_last = splits > 1 && !desc->split.workspace && fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) &&
-                  fcl_decode_device_fence(ctx);
-  if (!p->mma)
+  p->merge_last = splits > 1 && !desc->split.workspace && !p->map &&
+                  fcl_tuned_get(tu, FCL_DEC_P_MERGE, FCL_DEC_MERGE_LAST) && fcl_decode_device_fence(ctx);
+  if (!p->mma && !p->map)
     p->local_bytes = fcl_dec_local_bytes(p->head_dim, p->rows, p->threads, p->kpt, p->stages,
                                          p->merge_last ? fcl_dec_merge_floats(p->rows) : 0);
+  const int gpu = !p->map; /* decode.cl's or decode_mma's parameters */
   const int ran[FCL_DEC_P_COUNT] = {
       p->kpt, p->prefetch, p->mma ? fcl_tuned_get(tu, FCL_DEC_P_WG_PER_CU, FCL_DEC_WG_PER_CU_ASYNC) : p->wg_per_cu,
-      fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS), fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS),
+      gpu ? fcl_tuned_get(tu, FCL_DEC_P_THREADS, FCL_DEC_THREADS) : 0,
+      gpu ? fcl_tuned_get(tu, FCL_DEC_P_MAX_ROWS, FCL_DEC_MAX_ROWS) : 0,
       p->stages, p->mma ? 0 : fcl_tuned_get(tu, FCL_DEC_P_MIN_KEYS, FCL_DEC_KEYS_PER_SPLIT),
-      fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS), p->mma ? p->wg_per_cu : 0,
+      gpu ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_ROWS, FCL_DEC_MMA_MIN_ROWS) : 0, p->mma ? p->wg_per_cu : 0,
       p->mma ? p->mma_wk : 0, p->mma ? p->mma_stages : 0,
-      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0, p->merge_last};
+      p->mma ? fcl_tuned_get(tu, FCL_DEC_P_MMA_MIN_KEYS, FCL_DEC_MMA_KEYS_PER_SPLIT) : 0, p->merge_last,
+      p->map, p->map ? p->tile : 0, p->map ? fcl_tuned_get(tu, FCL_DEC_P_CPU_ROWS, FCL_DEC_CPU_ROWS) : 0};
   /* 0: the kernel that runs does not read it (a call that sets it is refused,
    * and flashcl-tune does not time it twice). */
   for (int i = 0; i < FCL_DEC_P_COUNT; i++) fcl_tuned_ran(tu, i, ran[i]);
