@@ -11,12 +11,14 @@
  * 2% of a CPU's arithmetic rate (BENCHMARKS.md, "the portable decode on the
  * CPU device"). Here the one work-item owns its ROWS rows (query head of the
  * GQA group x new token, decode.cl's row numbering) and walks the split's
- * keys in tiles of BLOCK_C, as flash_fwd_cpu.cl walks a forward tile: K is
- * staged transposed (Kt[x][j]) so that S = Q K^T is a sum of rank-1 updates
- * along the head dim in float8 over the keys, V as rows (Vs[j][x]) for
- * O += P V in float8 over the head dim, both in fp32 after the load's
+ * keys in tiles of BLOCK_C: K and V rows are staged in fp32 after the load's
  * conversion (a quantized side's codes times their scales: kv_quant.cl's
- * kvq_load4, so every format and scale layout of decode.cl is read).
+ * kvq_load4, so every format and scale layout of decode.cl is read), S is
+ * a float8 dot product per (row, key), and O += P V runs in float8 over the
+ * head dim in register blocks of rows, as in flash_fwd_cpu.cl. K is not
+ * transposed as flash_fwd_cpu.cl does: with a decode's few rows per key the
+ * transposing stores cost more than the dot products' sums (d = 128, 4 rows,
+ * batch 8 on PoCL: 24% less time; BENCHMARKS.md).
  *
  * Not here: MERGE_LAST (the one-launch merge; the host never asks for it
  * with this kernel) and decode.cl's cp.async stages (NVIDIA).
@@ -62,7 +64,6 @@
 #define CV (BLOCK_C / VW)
 #define DVV (HEAD_DIM_V / VW)
 #define RB 4 /* rows per register block */
-#define CB (CV % 4 == 0 ? 4 : CV % 2 == 0 ? 2 : 1)
 #define DB (DVV % 4 == 0 ? 4 : DVV % 2 == 0 ? 2 : 1)
 #if HEAD_DIM % 8 || HEAD_DIM_V % 8 || HEAD_DIM_V > HEAD_DIM || ROWS % RB || ROWS < RB || BLOCK_C % VW || BLOCK_C < VW
 #error "inconsistent decode_attn_cpu tile"
@@ -108,7 +109,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
     __global float *work, long wo_off, long wl_off, int window_left, int window_right,
     __global const float *alibi, float softcap_in, float softcap_log2, __global const float *sinks,
     __global const float *k_scale, __global const float *v_scale, __global uint *counters) {
-  __local float Kt[HEAD_DIM * BLOCK_C];   /* K tile, transposed: Kt[x][j] */
+  __local float Ks[HEAD_DIM * BLOCK_C];   /* K tile: Ks[j][x] */
   __local float Vs[BLOCK_C * HEAD_DIM_V]; /* V tile: Vs[j][x] */
   float Qp[ROWS * HEAD_DIM];              /* pre-scaled Q rows */
   float Sp[ROWS * BLOCK_C];               /* scores, then probabilities */
@@ -169,37 +170,30 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
 #endif
         const long srow = (long)pg * srows + sl;
         const long kb = k_off + pg * k_sb + sl * k_sn + hk * k_sh, vb = v_off + pg * v_sb + sl * v_sn + hk * v_sh;
-        for (int e = 0; e < HEAD_DIM; e += 4) {
-          const float4 kv = DC_KLOAD4(kb, srow, e);
-          Kt[(e + 0) * BLOCK_C + j] = kv.x;
-          Kt[(e + 1) * BLOCK_C + j] = kv.y;
-          Kt[(e + 2) * BLOCK_C + j] = kv.z;
-          Kt[(e + 3) * BLOCK_C + j] = kv.w;
-        }
+        for (int e = 0; e < HEAD_DIM; e += 4) vstore4(DC_KLOAD4(kb, srow, e), 0, Ks + j * HEAD_DIM + e);
         for (int e = 0; e < HEAD_DIM_V; e += 4) vstore4(DC_VLOAD4(vb, srow, e), 0, Vs + j * HEAD_DIM_V + e);
       } else {
-        for (int e = 0; e < HEAD_DIM; e++) Kt[e * BLOCK_C + j] = 0.0f;
+        for (int e = 0; e < HEAD_DIM; e += 4) vstore4((float4)(0.0f), 0, Ks + j * HEAD_DIM + e);
         for (int e = 0; e < HEAD_DIM_V; e += 4) vstore4((float4)(0.0f), 0, Vs + j * HEAD_DIM_V + e);
       }
     }
 
-    /* S = Q K^T, RB rows x CB * VW keys at a time. */
-    for (int r0 = 0; r0 < ROWS; r0 += RB)
-      for (int c0 = 0; c0 < CV; c0 += CB) {
-        float8 a[RB][CB];
-        for (int i = 0; i < RB; i++)
-          for (int c = 0; c < CB; c++) a[i][c] = (float8)(0.0f);
-        for (int x = 0; x < HEAD_DIM; x++) {
-          float8 kv[CB];
-          for (int c = 0; c < CB; c++) kv[c] = vload8(c0 + c, Kt + x * BLOCK_C);
-          for (int i = 0; i < RB; i++) {
-            const float8 qv = (float8)(Qp[(r0 + i) * HEAD_DIM + x]);
-            for (int c = 0; c < CB; c++) a[i][c] = fma(qv, kv[c], a[i][c]);
-          }
+    /* S = Q K^T as dot products of rows, RB rows at a time. */
+    for (int r0 = 0; r0 < ROWS; r0 += RB) {
+      if (row0 + r0 >= nrows) break;
+      for (int j = 0; j < BLOCK_C; j++) {
+        float8 a[RB];
+        for (int i = 0; i < RB; i++) a[i] = (float8)(0.0f);
+        for (int x = 0; x < HEAD_DIM; x += VW) {
+          const float8 kv = vload8(0, Ks + j * HEAD_DIM + x);
+          for (int i = 0; i < RB; i++) a[i] = fma(vload8(0, Qp + (r0 + i) * HEAD_DIM + x), kv, a[i]);
         }
-        for (int i = 0; i < RB; i++)
-          for (int c = 0; c < CB; c++) vstore8(a[i][c], c0 + c, Sp + (r0 + i) * BLOCK_C);
+        for (int i = 0; i < RB; i++) {
+          const float4 h4 = a[i].lo + a[i].hi;
+          Sp[(r0 + i) * BLOCK_C + j] = (h4.x + h4.y) + (h4.z + h4.w);
+        }
       }
+    }
 
     /* Visibility, score variants and the online softmax, row by row. */
     for (int r = 0; r < ROWS; r++) {
