@@ -44,8 +44,9 @@
  *     fit to the head dim), max_rows, stages (0: the register path, which also
  *     keeps the tensor-core kernel out), min_keys, and mma_min_rows (0: never),
  *     mma_wg_per_cu, mma_wk, mma_stages, mma_min_keys for the tensor-core
- *     kernel, merge, and map, cpu_block_c, cpu_rows for the CPU kernel. A per-call tuning whose values do not run as given
- *     (they do not fit, or the kernel they belong to does not run) is refused.
+ *     kernel, merge, and map, cpu_block_c, cpu_rows for the CPU kernel. A
+ *     per-call tuning whose values do not run as given (they do not fit, or
+ *     the kernel they belong to does not run) is refused.
  * Quantized caches (an I8 / F8 side, flashcl.h "Quantized KV cache"): the
  *   tensor-core kernel where it applies (as above, with fp16/bf16 tokens and
  *   16-byte aligned cache rows; any scale layout), which copies the codes through cp.async and
