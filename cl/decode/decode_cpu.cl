@@ -24,9 +24,10 @@
  * with this kernel) and decode.cl's cp.async stages (NVIDIA).
  *
  * Parameters (-D): DTYPE, HEAD_DIM, HEAD_DIM_V, SPLIT, PAGED, TREE_MASK,
- * WINDOW, SOFTCAP, ALIBI, SINKS, K_DTYPE, V_DTYPE, K_SCALE, V_SCALE and
- * VEC_ALIGNED as in decode.cl; ROWS (a multiple of 4) rows per work-group;
- * BLOCK_C (a multiple of 8) keys per tile.
+ * WINDOW, SOFTCAP, ALIBI, SINKS, K_DTYPE, V_DTYPE, K_SCALE and V_SCALE as
+ * in decode.cl (rows are read element-aligned, so no VEC_ALIGNED); ROWS (a
+ * multiple of 4) rows per work-group; BLOCK_C (a multiple of 8) keys per
+ * tile.
  *
  * requires: dtype.cl kv_quant.cl score_variant.cl
  */
@@ -41,9 +42,6 @@
 #endif
 #ifndef BLOCK_C
 #define BLOCK_C 32
-#endif
-#ifndef VEC_ALIGNED
-#define VEC_ALIGNED 0
 #endif
 #ifndef SPLIT
 #define SPLIT 0
