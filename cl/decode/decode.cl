@@ -105,7 +105,7 @@
  *   storage: DTYPE, or KVQ_I8 / KVQ_E4M3 / KVQ_E5M2 / KVQ_I4), K_SCALE, V_SCALE (their
  *   KVQ_SCALE_* layouts; ignored for a plain cache), MERGE_LAST (split_merge.cl).
  *
- * requires: dtype.cl kv_quant.cl score_variant.cl
+ * requires: dtype.cl kv_quant.cl score_variant.cl decode_keys.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -413,21 +413,8 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
   const float v_uni = V_UNISCALE ? v_scale[kvq_scale_index(V_SCALE, 0, heads_kv, hk, HEAD_DIM_V, 0)] : 1.0f;
   float ksc[KPT], vsc[KPT];
   for (int u = 0; u < KPT; u++) ksc[u] = vsc[u] = 1.0f;
-  /* With a left window no row sees a key before kbase; a tile-aligned start
-   * keeps the paged path's one-page-per-tile rule. */
-  int kbase = 0;
-#if WINDOW
-  if (window_left >= 0) kbase = max(L - q_len - window_left, 0) / TILE * TILE;
-#endif
-  int kstart = kbase, kend = L;
-#if SPLIT
-  {
-    int chunk = (L - kbase + num_splits - 1) / num_splits;
-    chunk = (chunk + TILE - 1) / TILE * TILE;
-    kstart = min(kbase + split * chunk, L);
-    kend = min(kstart + chunk, L);
-  }
-#endif
+  const int2 keys = dec_split_keys(L, q_len, window_left, split, num_splits, TILE);
+  const int kstart = keys.x, kend = keys.y;
 
   float8 qr[ROWS], acc[ROWS];
   float m[ROWS], l[ROWS];
@@ -521,18 +508,9 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1))) void decode_attn(
       float s = 0.0f;
       for (int xx = 0; xx < TPK; xx++) s += pp[xx * PSTR];
       const int c = e / ROWS, r = e - (e / ROWS) * ROWS, j = k0 + c, rg = row0 + r;
-#if TREE_MASK
-      /* The keys before the new tokens are visible; new token u = j - (L - q_len)
-       * only where bit u of the query token's word is set. */
-      const int u = j - (L - q_len);
-      int vis = j < kend && rg < nrows && (u < 0 || ((tree_mask[b * q_len + rg % q_len] >> u) & 1u));
-#else
-      int vis = j < kend && rg < nrows && j <= L - q_len + rg % q_len;
-#endif
+      const int vis =
+          j < kend && rg < nrows && dec_key_visible(j, rg % q_len, L, q_len, b, tree_mask, window_left, window_right);
       const int pos = L - q_len + rg % q_len; /* the query's position */
-#if WINDOW
-      vis = vis && sv_in_window(j, pos, window_left, window_right);
-#endif
       /* Hidden pairs include rows past nrows, whose head has no slope. */
       const float slope_log2 = ALIBI && vis ? alibi[hk * group + rg / q_len] * M_LOG2E_F : 0.0f;
       float th;

@@ -29,7 +29,7 @@
  * multiple of 4) rows per work-group; BLOCK_C (a multiple of 8) keys per
  * tile.
  *
- * requires: dtype.cl kv_quant.cl score_variant.cl
+ * requires: dtype.cl kv_quant.cl score_variant.cl decode_keys.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -43,15 +43,10 @@
 #ifndef BLOCK_C
 #define BLOCK_C 32
 #endif
-#ifndef SPLIT
-#define SPLIT 0
-#endif
 #ifndef PAGED
 #define PAGED 0
 #endif
-#ifndef TREE_MASK
-#define TREE_MASK 0
-#endif
+/* SPLIT and TREE_MASK: defaults in decode_keys.cl. */
 /* K_DTYPE, V_DTYPE, K_SCALE, V_SCALE: defaults in kv_quant.cl, which the
  * host joins in front for every cache format. */
 #ifndef KV_QUANT_CL
@@ -126,20 +121,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
   (void)heads_kv;
   (void)srows;
 
-  /* decode.cl's split of the keys, with BLOCK_C as its tile. */
-  int kbase = 0;
-#if WINDOW
-  if (window_left >= 0) kbase = max(L - q_len - window_left, 0) / BLOCK_C * BLOCK_C;
-#endif
-  int kstart = kbase, kend = L;
-#if SPLIT
-  {
-    int chunk = (L - kbase + num_splits - 1) / num_splits;
-    chunk = (chunk + BLOCK_C - 1) / BLOCK_C * BLOCK_C;
-    kstart = min(kbase + split * chunk, L);
-    kend = min(kstart + chunk, L);
-  }
-#endif
+  const int2 keys = dec_split_keys(L, q_len, window_left, split, num_splits, BLOCK_C);
+  const int kstart = keys.x, kend = keys.y;
 
   for (int r = 0; r < ROWS; r++) {
     const int rg = row0 + r;
@@ -202,15 +185,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
       float *srow = Sp + r * BLOCK_C;
       for (int j = 0; j < BLOCK_C; j++) {
         const int key = k0 + j;
-#if TREE_MASK
-        const int u = key - (L - q_len);
-        int vis = key < kend && (u < 0 || ((tree_mask[b * q_len + t] >> u) & 1u));
-#else
-        int vis = key < kend && key <= pos;
-#endif
-#if WINDOW
-        vis = vis && sv_in_window(key, pos, window_left, window_right);
-#endif
+        const int vis =
+            key < kend && dec_key_visible(key, t, L, q_len, b, tree_mask, window_left, window_right);
         float th;
         const float s = sv_logit(srow[j], 1.0f, softcap_in, softcap_log2, slope_log2, abs(key - pos), &th);
         srow[j] = vis ? s : -INFINITY;

@@ -279,8 +279,8 @@ static flashcl_status fcl_decode_cpu_kernels(fcl_decode_launch *L, int page_shif
            desc->score.sinks != NULL, quant, extra ? " " : "", extra ? extra : "");
   L->threads = 1;
   L->merge = NULL;
-  if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode_cpu.cl", opts, "decode_attn_cpu",
-                           &L->kern)))
+  if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode_keys.cl+decode_cpu.cl", opts,
+                           "decode_attn_cpu", &L->kern)))
     return st;
   if (!L->merge2) return FLASHCL_SUCCESS;
   fcl_decode_plan mp = *p;
@@ -290,7 +290,8 @@ static flashcl_status fcl_decode_cpu_kernels(fcl_decode_launch *L, int page_shif
   fcl_decode_launch ml = *L;
   ml.p = &mp;
   fcl_decode_options(&ml, page_shift, opts, sizeof opts);
-  return fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode.cl", opts, "decode_merge", &L->merge);
+  return fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode_keys.cl+decode.cl", opts, "decode_merge",
+                        &L->merge);
 }
 
 /* The attention kernel (decode_mma, or decode_attn where it is not planned or
@@ -306,9 +307,10 @@ static flashcl_status fcl_decode_kernels(fcl_decode_launch *L) {
   fcl_decode_options(L, page_shift, opts, sizeof opts);
   /* The cp.async helpers live in mma_ptx.cl, compiled first into the same program. */
   static const char *const files[2][2] = {
-      {"dtype.cl+kv_quant.cl+score_variant.cl+decode.cl", "dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl"},
-      {"mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode.cl",
-       "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode.cl"}};
+      {"dtype.cl+kv_quant.cl+score_variant.cl+decode_keys.cl+decode.cl",
+       "dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode_keys.cl+decode.cl"},
+      {"mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+decode_keys.cl+decode.cl",
+       "mma_ptx.cl+dtype.cl+kv_quant.cl+score_variant.cl+split_merge.cl+decode_keys.cl+decode.cl"}};
   const char *file = files[p->stages > 0][p->merge_last];
   L->merge = NULL;
   L->threads = p->threads;
