@@ -164,11 +164,14 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
       if (row0 + r0 >= nrows) break;
       for (int j = 0; j < BLOCK_C; j++) {
         float8 a[RB];
+        #pragma unroll
         for (int i = 0; i < RB; i++) a[i] = (float8)(0.0f);
         for (int x = 0; x < HEAD_DIM; x += VW) {
           const float8 kv = vload8(0, Ks + j * HEAD_DIM + x);
+          #pragma unroll
           for (int i = 0; i < RB; i++) a[i] = fma(vload8(0, Qp + (r0 + i) * HEAD_DIM + x), kv, a[i]);
         }
+        #pragma unroll
         for (int i = 0; i < RB; i++) {
           const float4 h4 = a[i].lo + a[i].hi;
           Sp[(r0 + i) * BLOCK_C + j] = (h4.x + h4.y) + (h4.z + h4.w);
@@ -217,17 +220,24 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
       if (row0 + r0 >= nrows) break;
       for (int d0 = 0; d0 < DVV; d0 += DB) {
         float8 a[RB][DB];
+        #pragma unroll
         for (int i = 0; i < RB; i++)
+          #pragma unroll
           for (int c = 0; c < DB; c++) a[i][c] = vload8(d0 + c, Op + (r0 + i) * HEAD_DIM_V);
         for (int j = 0; j < jn; j++) {
           float8 vv[DB];
+          #pragma unroll
           for (int c = 0; c < DB; c++) vv[c] = vload8(d0 + c, Vs + j * HEAD_DIM_V);
+          #pragma unroll
           for (int i = 0; i < RB; i++) {
             const float8 pv = (float8)(Sp[(r0 + i) * BLOCK_C + j]);
+            #pragma unroll
             for (int c = 0; c < DB; c++) a[i][c] = fma(pv, vv[c], a[i][c]);
           }
         }
+        #pragma unroll
         for (int i = 0; i < RB; i++)
+          #pragma unroll
           for (int c = 0; c < DB; c++) vstore8(a[i][c], d0 + c, Op + (r0 + i) * HEAD_DIM_V);
       }
     }
