@@ -57,7 +57,7 @@ static char *read_file(const char *path, size_t *size) {
   return buf;
 }
 
-enum { MAX_REQUIRES = 8 };
+enum { MAX_REQUIRES = 4 };
 
 /* The path of the file called name in dir or one of its sub-folders, or 0. */
 static int find_file(const char *dirpath, const char *name, int depth, char *out, size_t cap) {

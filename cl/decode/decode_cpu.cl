@@ -29,7 +29,7 @@
  * multiple of 4) rows per work-group; BLOCK_C (a multiple of 8) keys per
  * tile.
  *
- * requires: dtype.cl kv_quant.cl score_variant.cl decode_keys.cl cpu_tiles.cl
+ * requires: dtype.cl kv_quant.cl score_variant.cl decode_keys.cl
  */
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -53,8 +53,11 @@
 #error "decode_cpu.cl needs kv_quant.cl compiled first in the same program"
 #endif
 
-#define VW CPU_VW /* cpu_tiles.cl: float8; the head dims and BLOCK_C are multiples of 8 */
-#define RB CPU_RB /* rows per register block */
+#define VW 8 /* float8: one AVX register; the head dims and BLOCK_C are multiples of 8 */
+#define CV (BLOCK_C / VW)
+#define DVV (HEAD_DIM_V / VW)
+#define RB 4 /* rows per register block */
+#define DB (DVV % 4 == 0 ? 4 : DVV % 2 == 0 ? 2 : 1)
 #if HEAD_DIM % 8 || HEAD_DIM_V % 8 || HEAD_DIM_V > HEAD_DIM || ROWS % RB || ROWS < RB || BLOCK_C % VW || BLOCK_C < VW
 #error "inconsistent decode_attn_cpu tile"
 #endif
@@ -191,12 +194,53 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void decode_attn_cpu(
         const float s = sv_logit(srow[j], 1.0f, softcap_in, softcap_log2, slope_log2, abs(key - pos), &th);
         srow[j] = vis ? s : -INFINITY;
       }
-      cpu_softmax_row(srow, m_r + r, l_r + r, Op + r * HEAD_DIM_V);
+      float8 mv = vload8(0, srow);
+      for (int c = 1; c < CV; c++) mv = fmax(mv, vload8(c, srow));
+      const float4 m4 = fmax(mv.lo, mv.hi);
+      const float mx = fmax(m_r[r], fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w)));
+      /* No visible key so far: pivot 0 keeps exp2(-inf - pivot) = 0, not NaN. */
+      const float pivot = mx == -INFINITY ? 0.0f : mx;
+      const float alpha = exp2(m_r[r] - pivot);
+      m_r[r] = mx;
+      float8 sv = (float8)(0.0f);
+      for (int c = 0; c < CV; c++) {
+        const float8 pv = exp2(vload8(c, srow) - (float8)(pivot));
+        sv += pv;
+        vstore8(pv, c, srow);
+      }
+      const float4 s4 = sv.lo + sv.hi;
+      l_r[r] = l_r[r] * alpha + ((s4.x + s4.y) + (s4.z + s4.w));
+      if (alpha != 1.0f)
+        for (int c = 0; c < DVV; c++) vstore8(vload8(c, Op + r * HEAD_DIM_V) * alpha, c, Op + r * HEAD_DIM_V);
     }
 
-    /* O += P V, RB rows at a time (rows past nrows are never written). */
+    /* O += P V, RB rows x DB * VW columns at a time. */
     const int jn = min(BLOCK_C, kend - k0);
-    for (int r0 = 0; r0 < ROWS && row0 + r0 < nrows; r0 += RB) cpu_pv_block(Op, Sp, Vs, r0, jn);
+    for (int r0 = 0; r0 < ROWS; r0 += RB) {
+      if (row0 + r0 >= nrows) break;
+      for (int d0 = 0; d0 < DVV; d0 += DB) {
+        float8 a[RB][DB];
+        #pragma unroll
+        for (int i = 0; i < RB; i++)
+          #pragma unroll
+          for (int c = 0; c < DB; c++) a[i][c] = vload8(d0 + c, Op + (r0 + i) * HEAD_DIM_V);
+        for (int j = 0; j < jn; j++) {
+          float8 vv[DB];
+          #pragma unroll
+          for (int c = 0; c < DB; c++) vv[c] = vload8(d0 + c, Vs + j * HEAD_DIM_V);
+          #pragma unroll
+          for (int i = 0; i < RB; i++) {
+            const float8 pv = (float8)(Sp[(r0 + i) * BLOCK_C + j]);
+            #pragma unroll
+            for (int c = 0; c < DB; c++) a[i][c] = fma(pv, vv[c], a[i][c]);
+          }
+        }
+        #pragma unroll
+        for (int i = 0; i < RB; i++)
+          #pragma unroll
+          for (int c = 0; c < DB; c++) vstore8(a[i][c], d0 + c, Op + (r0 + i) * HEAD_DIM_V);
+      }
+    }
   }
 
   for (int r = 0; r < ROWS && row0 + r < nrows; r++) {

@@ -15,13 +15,15 @@
  * multiples of 8, BLOCK_R a multiple of 4 and BLOCK_C of 8, here). One work-item per
  * work-group: flash_fwd.cl's NTHREADS / S_* / O_* mapping does not apply.
  *
- * requires: dtype.cl seq_bounds.cl score_variant.cl flash_fwd_common.cl cpu_tiles.cl
+ * requires: dtype.cl seq_bounds.cl score_variant.cl flash_fwd_common.cl
  */
 
-#define VW CPU_VW /* cpu_tiles.cl: float8, and the head dims and BLOCK_C are multiples of 8 */
-#define CV CPU_CV
-#define RB CPU_RB /* rows per register block; BLOCK_R is a multiple of 8 */
+#define VW 8 /* float8: one AVX register, and the head dims and BLOCK_C are multiples of 8 */
+#define CV (BLOCK_C / VW)
+#define DV (HEAD_DIM_V / VW) /* O and V columns */
+#define RB 4 /* rows per register block; BLOCK_R is a multiple of 8 */
 #define CB (CV % 4 == 0 ? 4 : CV % 2 == 0 ? 2 : 1) /* key vectors per register block of S */
+#define DB (DV % 4 == 0 ? 4 : DV % 2 == 0 ? 2 : 1) /* head-dim vectors per register block of O */
 #if BLOCK_R % RB || BLOCK_C % VW || HEAD_DIM % VW || HEAD_DIM_V % VW
 #error "inconsistent flash_fwd CPU tile"
 #endif
@@ -140,24 +142,59 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_fwd(
         for (int j = 0; j < BLOCK_C; j++)
           if (q0 + r >= nq || k0 + j >= nk || !MASK_OK(q0 + r, k0 + j)) srow[j] = -INFINITY;
 #endif
-      cpu_softmax_row(srow, m_r + r, l_r + r, Op + r * HEAD_DIM_V);
-#if DROPOUT
-      /* One Philox call gives the words of four consecutive keys (k0 is a multiple of 8). */
+      float8 mv = vload8(0, srow);
+      for (int c = 1; c < CV; c++) mv = fmax(mv, vload8(c, srow));
+      const float4 m4 = fmax(mv.lo, mv.hi);
+      const float mx = fmax(m_r[r], fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w)));
+      const float pivot = (mx == -INFINITY) ? 0.0f : mx;
+      const float alpha = exp2(m_r[r] - pivot);
+      m_r[r] = mx;
+      float8 sv = (float8)(0.0f);
       for (int c = 0; c < CV; c++) {
+        const float8 pv = exp2(vload8(c, srow) - (float8)(pivot));
+        sv += pv;
+#if DROPOUT
+        /* One Philox call gives the words of four consecutive keys (k0 is a multiple of 8). */
         const ulong t = (ulong)b * heads_q + h + offset;
         const uint2 key = (uint2)((uint)seed, (uint)(seed >> 32));
         const uint4 w0 = philox4x32_10((uint4)((uint)(k0 + c * VW) >> 2, (uint)(q0 + r), (uint)t, (uint)(t >> 32)), key);
         const uint4 w1 = philox4x32_10((uint4)(((uint)(k0 + c * VW) >> 2) + 1, (uint)(q0 + r), (uint)t, (uint)(t >> 32)), key);
         const int8 keep = (int8)(w0.x >= threshold, w0.y >= threshold, w0.z >= threshold, w0.w >= threshold,
                                  w1.x >= threshold, w1.y >= threshold, w1.z >= threshold, w1.w >= threshold);
-        vstore8(select((float8)(0.0f), vload8(c, srow) * keep_scale, keep != 0), c, srow);
-      }
+        vstore8(select((float8)(0.0f), pv * keep_scale, keep != 0), c, srow);
+#else
+        vstore8(pv, c, srow);
 #endif
+      }
+      const float4 s4 = sv.lo + sv.hi;
+      l_r[r] = l_r[r] * alpha + ((s4.x + s4.y) + (s4.z + s4.w));
+      if (alpha != 1.0f)
+        for (int c = 0; c < DV; c++) vstore8(vload8(c, Op + r * HEAD_DIM_V) * alpha, c, Op + r * HEAD_DIM_V);
     }
 
-    /* O += P V, RB rows at a time. */
+    /* O += P V, RB rows x DB*VW columns at a time. */
     const int jn = min(BLOCK_C, kend - k0);
-    for (int r0 = 0; r0 < BLOCK_R; r0 += RB) cpu_pv_block(Op, Sp, Vs, r0, jn);
+    for (int r0 = 0; r0 < BLOCK_R; r0 += RB)
+      for (int d0 = 0; d0 < DV; d0 += DB) {
+        float8 a[RB][DB];
+        #pragma unroll
+        for (int i = 0; i < RB; i++)
+          for (int c = 0; c < DB; c++) a[i][c] = vload8(d0 + c, Op + (r0 + i) * HEAD_DIM_V);
+        for (int j = 0; j < jn; j++) {
+          float8 vv[DB];
+          #pragma unroll
+          for (int c = 0; c < DB; c++) vv[c] = vload8(d0 + c, Vs + j * HEAD_DIM_V);
+          #pragma unroll
+          for (int i = 0; i < RB; i++) {
+            const float8 pv = (float8)(Sp[(r0 + i) * BLOCK_C + j]);
+            #pragma unroll
+            for (int c = 0; c < DB; c++) a[i][c] = fma(pv, vv[c], a[i][c]);
+          }
+        }
+        #pragma unroll
+        for (int i = 0; i < RB; i++)
+          for (int c = 0; c < DB; c++) vstore8(a[i][c], d0 + c, Op + (r0 + i) * HEAD_DIM_V);
+      }
   }
 
   const long obase = o_off + bq * o_sb + row_q * o_sn + (long)h * o_sh;

@@ -279,7 +279,7 @@ static flashcl_status fcl_decode_cpu_kernels(fcl_decode_launch *L, int page_shif
            desc->score.sinks != NULL, quant, extra ? " " : "", extra ? extra : "");
   L->threads = 1;
   L->merge = NULL;
-  if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode_keys.cl+cpu_tiles.cl+decode_cpu.cl", opts,
+  if ((st = fcl_get_kernel(ctx, "dtype.cl+kv_quant.cl+score_variant.cl+decode_keys.cl+decode_cpu.cl", opts,
                            "decode_attn_cpu", &L->kern)))
     return st;
   if (!L->merge2) return FLASHCL_SUCCESS;

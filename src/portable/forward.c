@@ -117,7 +117,7 @@ flashcl_status fcl_flash_forward(flashcl_context *ctx, const fcl_problem *p, con
   char src[192];
   snprintf(src, sizeof src, "%s%s%sdtype.cl+%sseq_bounds.cl+score_variant.cl+flash_fwd_common.cl+%s",
            !cpu && shfl ? "warp_ptx.cl+" : "", p->dropout ? "philox.cl+" : "", p->mask_kind ? "mask.cl+" : "",
-           p->k_quant || p->v_quant ? "kv_quant.cl+" : "", cpu ? "cpu_tiles.cl+flash_fwd_cpu.cl" : "flash_fwd.cl");
+           p->k_quant || p->v_quant ? "kv_quant.cl+" : "", cpu ? "flash_fwd_cpu.cl" : "flash_fwd.cl");
   st = fcl_get_kernel(ctx, src, opts, "flash_fwd", &kern);
   if (st != FLASHCL_SUCCESS) return st;
   if (ctx->verbose >= 2) fcl_print_build_log(ctx, kern, "flash_fwd", opts);
